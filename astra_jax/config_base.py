@@ -1,0 +1,115 @@
+"""The default configuration every experiment starts from, and its validation.
+
+Experiments (`experiments/*.py`) call `base_config()` and change what differs; any field
+can be overridden on the command line (`--config.train.epochs=3`); an unknown key is an
+error from ml_collections that names it.
+"""
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+
+  c.data = ml_collections.ConfigDict()
+  c.data.dir = ""                  # dataset directory (repository layout)
+  c.data.layout = "auto"           # auto | renee | ngame | json
+  c.data.tokenizer_dir = ""        # local HF tokenizer directory
+  c.data.max_len = 32              # 32 titles, 128 full text, 256 Wikipedia
+  c.data.use_content = False       # json layout: title + content instead of title
+  c.data.augment_label_text = False  # label texts as extra training rows
+  c.data.filter_file = "filter_labels_test.txt"  # relative to data.dir; ignored if absent
+  c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
+  c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
+  c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
+  # Synthetic data: when enabled, generated once into data.dir (or a cache dir) first.
+  c.data.synthetic = ml_collections.ConfigDict()
+  c.data.synthetic.enabled = False
+  c.data.synthetic.num_labels = 2000
+  c.data.synthetic.num_train = 20000
+  c.data.synthetic.num_test = 4000
+  c.data.synthetic.group_size = 8
+  c.data.synthetic.vocab_size = 8000
+  c.data.synthetic.zipf_exponent = 0.75
+  c.data.synthetic.mean_labels = 2.5
+  c.data.synthetic.max_labels = 7
+  c.data.synthetic.seed = 0
+
+  c.encoder = ml_collections.ConfigDict()
+  c.encoder.hf_dir = ""            # dir with config.json (+ model.safetensors); "" = tiny BERT
+  c.encoder.load_weights = True    # load model.safetensors from hf_dir when present
+  c.encoder.hidden_size = 64       # used when hf_dir is empty (random init)
+  c.encoder.num_layers = 2
+  c.encoder.num_heads = 2
+  c.encoder.intermediate_size = 128
+  c.encoder.hidden_dropout = 0.1
+  c.encoder.bottleneck_dim = 0     # 64 for very large L (SS datasets)
+  c.encoder.embedding_dropout = 0.5  # the paper's (high) dropout on E(x)
+  c.encoder.dtype = "float32"      # compute dtype: float32 | bfloat16 | float16
+
+  c.negatives = ml_collections.ConfigDict()
+  c.negatives.strategy = "random"  # hard-negative strategies arrive with the ANNS index
+  c.negatives.k_p = 7              # positives per query (padded with a mask)
+  c.negatives.k_h = 50             # hard negatives per query
+  c.negatives.k_r = 400            # random negatives per batch
+  c.negatives.tau_s = 5            # first epoch with hard negatives
+  c.negatives.tau_r = 5            # epochs between index refreshes
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.encoder_lr = 1e-4
+  c.optim.classifier_lr = 0.05
+  c.optim.warmup_steps = 3000
+  c.optim.encoder_weight_decay = 0.0
+  c.optim.classifier_weight_decay = 1e-4
+  c.optim.classifier_momentum = 0.0
+  c.optim.grad_clip_norm = 0.0
+
+  c.train = ml_collections.ConfigDict()
+  c.train.epochs = 10
+  c.train.batch_size = 256
+  c.train.seed = 0
+  c.train.log_every_steps = 50
+  c.train.eval_every_epochs = 0    # 0: evaluate at the end only
+  c.train.profile_steps = 10       # steps timed phase by phase for the time break-up
+  c.train.prefetch = 4
+  c.train.classifier_init_std = 0.02
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.ks = (1, 3, 5)
+  c.eval.batch_size = 1024
+  c.eval.label_block = 32768
+  c.eval.max_test_rows = 0         # 0: all; >0 evaluates the first rows only (periodic evals)
+  return c
+
+
+STRATEGIES = ("random",)
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises ValueError naming the first bad field."""
+  def need(cond, field, msg):
+    if not cond:
+      raise ValueError(f"config.{field}: {msg}")
+
+  need(c.data.dir, "data.dir", "no dataset directory given (--config.data.dir=PATH)")
+  need(c.data.tokenizer_dir or c.data.synthetic.enabled, "data.tokenizer_dir",
+       "no tokenizer directory given")
+  need(c.data.max_len >= 2, "data.max_len", f"must be >= 2, got {c.data.max_len}")
+  need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",
+       f"unknown layout {c.data.layout!r}")
+  need(c.negatives.strategy in STRATEGIES, "negatives.strategy",
+       f"unknown strategy {c.negatives.strategy!r}; choose from {', '.join(STRATEGIES)}")
+  for k in ("k_p", "k_r"):
+    need(c.negatives[k] >= 1, f"negatives.{k}", f"must be >= 1, got {c.negatives[k]}")
+  need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  need(c.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+  need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
+  need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
+       f"unknown dtype {c.encoder.dtype!r}")
+  need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
+  if c.encoder.hf_dir:
+    need(os.path.exists(os.path.join(c.encoder.hf_dir, "config.json")), "encoder.hf_dir",
+         f"{c.encoder.hf_dir}/config.json does not exist")

@@ -1,0 +1,136 @@
+"""Finds a dataset on disk (any of the repository's layouts), tokenizes it (cached) and
+returns token matrices plus sparse label rows for training and evaluation."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+from absl import logging
+
+from astra_jax.data import tokenize, xc_format
+from astra_jax.data.xc_format import SparseRows, XCFormatError
+
+# Text files per layout: (train, test, labels). Label matrices are trn_X_Y.txt / tst_X_Y.txt
+# except for "json", where they come from target_ind.
+LAYOUTS = {
+    "renee": ("trn_X.txt", "tst_X.txt", "Y.txt"),
+    "ngame": ("raw_data/train.raw.txt", "raw_data/test.raw.txt", "raw_data/label.raw.txt"),
+    "json": ("trn.json.gz", "tst.json.gz", "lbl.json.gz"),
+}
+
+
+class RowConcat:
+  """Rows of several (n_i, T) arrays as one (sum n_i, T) array, for fancy row indexing
+  without copying memmaps (used for label-text augmentation)."""
+
+  def __init__(self, *parts: np.ndarray):
+    self.parts = parts
+    self.offsets = np.cumsum([0] + [len(p) for p in parts])
+    self.shape = (int(self.offsets[-1]), parts[0].shape[1])
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __getitem__(self, rows) -> np.ndarray:
+    rows = np.asarray(rows)
+    out = np.empty((len(rows), self.shape[1]), self.parts[0].dtype)
+    which = np.searchsorted(self.offsets, rows, side="right") - 1
+    for i, part in enumerate(self.parts):
+      sel = which == i
+      if sel.any():
+        out[sel] = part[rows[sel] - self.offsets[i]]
+    return out
+
+
+@dataclasses.dataclass
+class XCData:
+  data_dir: str
+  num_labels: int
+  train_tokens: np.ndarray | RowConcat  # (N, T) int32
+  train_labels: SparseRows
+  test_tokens: np.ndarray
+  test_labels: SparseRows
+  label_tokens: np.ndarray | None       # (L, T) int32, when label texts exist
+  test_filter: np.ndarray               # (n, 2) (test row, label) pairs to ignore
+  pad_id: int
+  num_train_original: int               # before label-text augmentation
+
+
+def detect_layout(data_dir: str) -> str:
+  for name, (trn, _, _) in LAYOUTS.items():
+    if os.path.exists(os.path.join(data_dir, trn)):
+      return name
+  expected = "; ".join(f"{k}: {', '.join(v)}" for k, v in LAYOUTS.items())
+  raise FileNotFoundError(
+      f"no dataset found in {data_dir!r}. Expected one of these layouts ({expected}) plus "
+      f"trn_X_Y.txt and tst_X_Y.txt (except for json).")
+
+
+def _require(path: str) -> str:
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"missing dataset file {path}")
+  return path
+
+
+def load(data_cfg, cache_dir: str | None = None) -> XCData:
+  """Loads (and tokenizes, cached) the dataset a `config.data` describes."""
+  d = data_cfg.dir
+  layout = data_cfg.layout if data_cfg.layout != "auto" else detect_layout(d)
+  if layout not in LAYOUTS:
+    raise ValueError(f"config.data.layout={layout!r}; use auto, {', '.join(LAYOUTS)}")
+  trn_x, tst_x, lbl_x = (os.path.join(d, f) for f in LAYOUTS[layout])
+  _require(trn_x), _require(tst_x)
+  cache_dir = cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache")
+  try:
+    os.makedirs(cache_dir, exist_ok=True)
+    probe = os.path.join(cache_dir, f".write-test-{os.getpid()}")
+    open(probe, "w").close(), os.remove(probe)
+  except OSError:
+    raise OSError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
+
+  if layout == "json":
+    lbl_texts_path = _require(lbl_x)
+    num_labels = sum(1 for _ in xc_format._lines(lbl_texts_path))
+    train_labels = xc_format.read_json_labels(trn_x, num_labels)
+    test_labels = xc_format.read_json_labels(tst_x, num_labels)
+  else:
+    trn_y = _require(os.path.join(d, "trn_X_Y.txt"))
+    train_labels = xc_format.read_sparse(trn_y)
+    num_labels = train_labels.num_cols
+    test_labels = xc_format.read_sparse(_require(os.path.join(d, "tst_X_Y.txt")), num_labels)
+
+  tok = lambda p: tokenize.cached_tokens(p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len,
+                                         use_content=data_cfg.use_content)
+  train_tokens, test_tokens = tok(trn_x), tok(tst_x)
+  xc_format.check_same_rows(trn_x, len(train_tokens),
+                            "trn_X_Y.txt" if layout != "json" else trn_x, train_labels.num_rows)
+  xc_format.check_same_rows(tst_x, len(test_tokens),
+                            "tst_X_Y.txt" if layout != "json" else tst_x, test_labels.num_rows)
+  label_tokens = None
+  if os.path.exists(lbl_x):
+    label_tokens = tok(lbl_x)
+    if len(label_tokens) != num_labels:
+      raise XCFormatError(lbl_x, None, f"{len(label_tokens)} label texts but the label "
+                          f"matrices have {num_labels} columns")
+  filter_path = os.path.join(d, data_cfg.filter_file) if data_cfg.filter_file else ""
+  if filter_path and os.path.exists(filter_path):
+    test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
+  else:
+    test_filter = np.zeros((0, 2), np.int64)
+
+  pad_id = tokenize.load_tokenizer(data_cfg.tokenizer_dir).pad_token_id or 0
+  n_orig = train_labels.num_rows
+  if data_cfg.augment_label_text:
+    if label_tokens is None:
+      raise FileNotFoundError(f"config.data.augment_label_text needs label texts at {lbl_x}")
+    identity = SparseRows(np.arange(num_labels + 1, dtype=np.int64),
+                          np.arange(num_labels, dtype=np.int32),
+                          np.ones(num_labels, np.float32), num_labels)
+    train_tokens = RowConcat(train_tokens, label_tokens)
+    train_labels = train_labels.vstack(identity)
+  logging.info("dataset %s (%s layout): L=%d, %d train rows (%d with label texts), %d test rows, "
+               "%d filter pairs", d, layout, num_labels, n_orig, train_labels.num_rows,
+               test_labels.num_rows, len(test_filter))
+  return XCData(d, num_labels, train_tokens, train_labels, test_tokens, test_labels,
+                label_tokens, test_filter, int(pad_id), n_orig)

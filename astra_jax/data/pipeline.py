@@ -1,0 +1,80 @@
+"""The numpy input pipeline: shuffled epochs of (tokens, label arrays) prepared by a
+background thread while the device runs the previous step.
+
+Batch i of epoch e is a pure function of (seed, e, i), so a resumed run sees the same
+batches and the thread's timing never changes results. The last incomplete batch of an
+epoch is dropped (static shapes: one compiled step).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+
+from astra_jax.sampler import NegativeSampler
+
+
+class TrainBatches:
+
+  def __init__(self, tokens, sampler: NegativeSampler, batch_size: int, seed: int,
+               prefetch: int = 4):
+    self.tokens, self.sampler = tokens, sampler
+    self.batch_size, self.seed, self.prefetch = batch_size, seed, prefetch
+    self.num_rows = len(tokens)
+    if self.num_rows < batch_size:
+      raise ValueError(f"batch size {batch_size} exceeds the {self.num_rows} training rows")
+
+  @property
+  def steps_per_epoch(self) -> int:
+    return self.num_rows // self.batch_size
+
+  def make_batch(self, epoch: int, step: int, order: np.ndarray,
+                 hard_negatives: np.ndarray | None) -> dict[str, np.ndarray]:
+    rows = order[step * self.batch_size:(step + 1) * self.batch_size]
+    rng = np.random.default_rng([self.seed, epoch, step, 1])
+    hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
+    batch = self.sampler(rows, rng, hard)
+    batch["input_ids"] = np.asarray(self.tokens[rows], np.int32)
+    batch["rows"] = rows.astype(np.int32)
+    return batch
+
+  def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
+            start_step: int = 0) -> Iterator[tuple[dict[str, np.ndarray], float]]:
+    """Yields (batch, seconds the thread spent preparing it) from `start_step` on."""
+    order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
+    q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+    stop = threading.Event()
+
+    def produce():
+      try:
+        for step in range(start_step, self.steps_per_epoch):
+          t0 = time.perf_counter()
+          item = (self.make_batch(epoch, step, order, hard_negatives), time.perf_counter() - t0)
+          while not stop.is_set():
+            try:
+              q.put(item, timeout=0.1)
+              break
+            except queue.Full:
+              continue
+          if stop.is_set():
+            return
+        q.put(None)
+      except BaseException as e:  # surface errors in the consumer, not a silent hang
+        q.put(e)
+
+    thread = threading.Thread(target=produce, name=f"batches-epoch{epoch}", daemon=True)
+    thread.start()
+    try:
+      while True:
+        item = q.get()
+        if item is None:
+          return
+        if isinstance(item, BaseException):
+          raise item
+        yield item
+    finally:
+      stop.set()
+      thread.join(timeout=5)

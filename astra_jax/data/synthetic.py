@@ -1,0 +1,211 @@
+"""A synthetic extreme-classification dataset in the repository's on-disk layout.
+
+What makes it a useful stand-in for real XC data:
+  * power-law label popularity (a few head labels, a long tail; see `decile_label_shares`),
+  * groups of `group_size` confusable labels whose texts share most of their words, so the
+    labels that score highest for a query (hard negatives) differ from random ones,
+  * queries built from words of their positive labels plus noise words,
+  * deterministic by seed, streamed to disk in chunks so 10^7 labels fit in O(L) memory
+    (a permutation and a CDF), never O(L x text).
+
+Files written into `out_dir` (Renée layout): `trn_X.txt`, `tst_X.txt`, `Y.txt`,
+`trn_X_Y.txt`, `tst_X_Y.txt`, plus `tokenizer/` (a word-level HF tokenizer over the
+generator's vocabulary) and `synthetic.json` (the parameters and statistics).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import numpy as np
+from absl import logging
+
+from astra_jax.data import xc_format
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]  # 70 syllables
+_CHUNK = 65536  # rows per generated chunk; fixed so output does not depend on memory
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticSpec:
+  num_labels: int = 2000
+  num_train: int = 20000
+  num_test: int = 4000
+  group_size: int = 8           # labels per confusable group
+  group_words: int = 3          # words every label of a group shares
+  own_words: int = 2            # words that tell a label apart inside its group
+  vocab_size: int = 8000        # content words (noise words are the first 200)
+  zipf_exponent: float = 0.75   # label popularity ~ (rank + 1) ^ -exponent
+  mean_labels: float = 2.5      # mean positives per query
+  max_labels: int = 7
+  same_group_prob: float = 0.3  # an extra positive comes from the first one's group
+  own_word_prob: float = 0.85   # a query mentions each own word of a positive with it
+  noise_words: int = 2          # mean noise words per query
+  seed: int = 0
+
+
+def word(i: int | np.ndarray) -> str:
+  """Pseudo-word number i: syllables as base-70 digits, at least two ('baka', 'bake'...)."""
+  i = int(i)
+  out = []
+  while True:
+    out.append(_SYLLABLES[i % len(_SYLLABLES)])
+    i //= len(_SYLLABLES)
+    if i == 0 and len(out) >= 2:
+      break
+  return "".join(reversed(out))
+
+
+def vocabulary(spec: SyntheticSpec) -> list[str]:
+  return [word(i) for i in range(spec.vocab_size)]
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  x = x.astype(np.uint64, copy=True)
+  with np.errstate(over="ignore"):
+    x += np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _hash(seed: int, stream: int, ids: np.ndarray, j: int) -> np.ndarray:
+  """A counter-based hash: the same (seed, stream, id, j) always gives the same value."""
+  with np.errstate(over="ignore"):
+    key = _splitmix64(np.array([seed * 1_000_003 + stream * 7919 + j], np.uint64))[0]
+    return _splitmix64(ids.astype(np.uint64) ^ key)
+
+
+def label_word_ids(spec: SyntheticSpec, labels: np.ndarray) -> np.ndarray:
+  """(n, group_words + own_words) word ids of the given labels' texts."""
+  groups = labels // spec.group_size
+  cols = [_hash(spec.seed, 1, groups, j) for j in range(spec.group_words)]
+  cols += [_hash(spec.seed, 2, labels, j) for j in range(spec.own_words)]
+  content = spec.vocab_size - 200  # the first 200 words are reserved for noise
+  return (np.stack(cols, 1) % np.uint64(content)).astype(np.int64) + 200
+
+
+class _Popularity:
+  """Samples labels with P(label of rank r) ~ (r + 1)^-s; ranks are a seeded permutation."""
+
+  def __init__(self, spec: SyntheticSpec):
+    rng = np.random.default_rng([spec.seed, 11])
+    self.label_of_rank = rng.permutation(spec.num_labels).astype(np.int64)
+    weights = (np.arange(spec.num_labels, dtype=np.float64) + 1.0) ** -spec.zipf_exponent
+    self.cdf = np.cumsum(weights)
+    self.cdf /= self.cdf[-1]
+
+  def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
+    return self.label_of_rank[np.minimum(ranks, len(self.cdf) - 1)]
+
+
+def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: int, n: int):
+  """Yields (texts, label_rows) chunks for `n` queries of one split."""
+  for start in range(0, n, _CHUNK):
+    m = min(_CHUNK, n - start)
+    rng = np.random.default_rng([spec.seed, stream, start // _CHUNK])
+    counts = np.minimum(1 + rng.poisson(spec.mean_labels - 1.0, m), spec.max_labels)
+    first = pop.sample(rng, m)
+    texts, rows = [], []
+    for i in range(m):
+      labels = [int(first[i])]
+      for _ in range(counts[i] - 1):
+        if rng.random() < spec.same_group_prob:
+          g0 = labels[0] - labels[0] % spec.group_size
+          cand = g0 + int(rng.integers(spec.group_size))
+          cand = cand if cand < spec.num_labels else int(pop.sample(rng, 1)[0])
+        else:
+          cand = int(pop.sample(rng, 1)[0])
+        if cand not in labels:
+          labels.append(cand)
+      ids = label_word_ids(spec, np.asarray(labels))
+      toks = []
+      for row in ids:
+        shared = row[:spec.group_words]
+        toks += list(rng.choice(shared, size=rng.integers(1, spec.group_words + 1), replace=False))
+        own = row[spec.group_words:]
+        toks += [w for w in own if rng.random() < spec.own_word_prob]
+      toks += list(rng.integers(0, 200, size=rng.poisson(spec.noise_words)))
+      rng.shuffle(toks)
+      texts.append(" ".join(words[t] for t in toks))
+      rows.append(sorted(labels))
+    yield texts, rows
+
+
+def generate(out_dir: str, spec: SyntheticSpec) -> dict:
+  """Writes the dataset; returns its statistics (also saved as `synthetic.json`)."""
+  os.makedirs(out_dir, exist_ok=True)
+  t0 = time.time()
+  words = vocabulary(spec)
+  pop = _Popularity(spec)
+  # Label texts, streamed.
+  with xc_format.atomic_text_writer(os.path.join(out_dir, "Y.txt")) as f:
+    for start in range(0, spec.num_labels, _CHUNK):
+      labels = np.arange(start, min(start + _CHUNK, spec.num_labels))
+      for row in label_word_ids(spec, labels):
+        f.write(" ".join(words[w] for w in row) + "\n")
+      logging.log_every_n_seconds(logging.INFO, "synthetic: %d/%d label texts", 10,
+                                  labels[-1] + 1, spec.num_labels)
+  counts = np.zeros(spec.num_labels, np.int64)
+  for split, stream, n in (("trn", 3, spec.num_train), ("tst", 4, spec.num_test)):
+    x_path = os.path.join(out_dir, f"{split}_X.txt")
+    y_path = os.path.join(out_dir, f"{split}_X_Y.txt")
+    with xc_format.atomic_text_writer(x_path) as fx, xc_format.atomic_text_writer(y_path) as fy:
+      fy.write(f"{n} {spec.num_labels}\n")
+      done = 0
+      for texts, rows in _queries(spec, pop, words, stream, n):
+        for text, row in zip(texts, rows):
+          fx.write(text + "\n")
+          fy.write(" ".join(f"{l}:1" for l in row) + "\n")
+          if split == "trn":
+            counts[row] += 1
+        done += len(texts)
+        logging.info("synthetic: %s %d/%d queries (%.0fs)", split, done, n, time.time() - t0)
+  write_word_tokenizer(os.path.join(out_dir, "tokenizer"), words)
+  stats = {"spec": dataclasses.asdict(spec),
+           "label_deciles_pct": [round(100 * float(s), 2) for s in decile_label_shares(counts)],
+           "train_labels_seen": int((counts > 0).sum()),
+           "seconds": round(time.time() - t0, 1)}
+  with xc_format.atomic_text_writer(os.path.join(out_dir, "synthetic.json")) as f:
+    json.dump(stats, f, indent=1)
+  return stats
+
+
+def decile_label_shares(label_counts: np.ndarray) -> list[float]:
+  """The paper's decile table: sort labels by training count (head first), cut the training
+  (point, label) pairs into 10 equal parts, return the share of labels in each part,
+  head decile first (the paper prints decile 10 = head first too)."""
+  counts = np.sort(label_counts[label_counts > 0])[::-1]
+  if counts.size == 0:
+    return [0.0] * 10
+  cum = np.cumsum(counts) / counts.sum()
+  decile = np.minimum((np.concatenate([[0.0], cum[:-1]]) * 10).astype(int), 9)
+  return list(np.bincount(decile, minlength=10) / counts.size)
+
+
+def write_word_tokenizer(out_dir: str, words: list[str]) -> None:
+  """A whitespace word-level tokenizer with BERT's special tokens, saved for AutoTokenizer."""
+  from tokenizers import Tokenizer, models, pre_tokenizers, processors
+  from transformers import PreTrainedTokenizerFast
+
+  vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+  for w in words:
+    vocab.setdefault(w, len(vocab))
+  tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+  tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+  tok.post_processor = processors.TemplateProcessing(
+      single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                 cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+  tmp = out_dir + f".tmp-{os.getpid()}"
+  fast.save_pretrained(tmp)
+  if os.path.exists(out_dir):
+    import shutil
+    shutil.rmtree(out_dir)
+  os.replace(tmp, out_dir)

@@ -1,0 +1,59 @@
+"""The paper's BCE loss: the unbiased sampled estimator (eq. 2) and the full-L reference (eq. 1).
+
+For one query with positives P, hard negatives H and k_r uniform draws r_1..r_k from [L]:
+
+  loss = sum_{l in P} softplus(-f_l)                      (positives)
+       + sum_{l in H \\ P} softplus(f_l)                  (hard negatives)
+       + (L / k_r) * sum_j [r_j not in P u H] softplus(f_{r_j})   (random negatives)
+
+softplus(f) = f + log(1 + exp(-f)) is the paper's negative term. The draws are uniform over
+all of [L] with replacement and the indicator masks out positives and hard negatives, so
+E[random term] = sum_{l not in P u H} softplus(f_l) exactly: the estimator is unbiased for
+the full BCE (Lemma 1). The paper draws from [L] \\ H with weight (L - k_h)/k_r; drawing
+from [L] lets one draw serve the whole batch (a dense B x k_r matmul) at the cost of
+losing the ~k_h/L of draws that hit H, which is negligible for L >> k_h.
+
+Reduction: sum over labels, mean over the batch (the paper's peers found mean-over-labels
+trains worse).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
+                          hard_scores: jax.Array, hard_mask: jax.Array,
+                          rand_scores: jax.Array, rand_mask: jax.Array,
+                          rand_weight: jax.Array | float) -> jax.Array:
+  """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean."""
+  pos = jnp.where(pos_mask, jax.nn.softplus(-pos_scores), 0.0).sum(-1)
+  hard = jnp.where(hard_mask, jax.nn.softplus(hard_scores), 0.0).sum(-1)
+  rand = jnp.where(rand_mask, jax.nn.softplus(rand_scores), 0.0).sum(-1)
+  return pos + hard + rand_weight * rand
+
+
+def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
+  """Mean over the batch of the estimator; W rows are gathered per the batch's label ids.
+
+  embeddings: (B, d); classifier: (L, d); batch holds pos/hard ids (B, k) and masks,
+  shared random ids (k_r,), their (B, k_r) mask and the scalar weight L/k_r.
+  """
+  emb = embeddings.astype(jnp.float32)
+  w = classifier.astype(jnp.float32)
+  pos = jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]])
+  hard = jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]])
+  rand = emb @ w[batch["rand_ids"]].T
+  per_query = sampled_bce_per_query(pos, batch["pos_mask"], hard, batch["hard_mask"],
+                                    rand, batch["rand_mask"], batch["rand_weight"])
+  return per_query.mean()
+
+
+def full_bce(embeddings: jax.Array, classifier: jax.Array, targets: jax.Array) -> jax.Array:
+  """Eq. 1 over all L labels, mean over the batch: the reference the estimator is unbiased for.
+
+  targets: (B, L) in {0, 1}. O(B L) memory: for tests and small L only.
+  """
+  scores = embeddings.astype(jnp.float32) @ classifier.astype(jnp.float32).T
+  per_label = jnp.where(targets > 0, jax.nn.softplus(-scores), jax.nn.softplus(scores))
+  return per_label.sum(-1).mean()

@@ -1,0 +1,38 @@
+"""python -m astra_jax.main --config=experiments/demo.py --workdir=DIR [--config.a.b=v]"""
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from astra_jax import evaluate, train
+
+config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
+flags.DEFINE_string("workdir", "workdir/run", "where results.json and logs go")
+
+
+def main(argv):
+  if len(argv) > 1:
+    sys.exit(f"unexpected arguments: {argv[1:]}")
+  config = flags.FLAGS.config
+  if config is None:
+    sys.exit("--config=experiments/<name>.py is required")
+  logging.get_absl_handler().python_handler.stream = sys.stdout
+  try:
+    results = train.train_and_evaluate(config, flags.FLAGS.workdir)
+  except (ValueError, FileNotFoundError, OSError) as e:
+    logging.error("%s", e)
+    sys.exit(f"error: {e}")
+  print()
+  print(f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "
+        f"test rows, {results['epochs']} epochs in {results['train_time_s']:.0f}s "
+        f"(strategy {results['strategy']})")
+  print(evaluate.format_table({"astra_jax": results["metrics"],
+                               "label popularity": results["popularity_baseline"]}))
+  print(f"\nresults: {flags.FLAGS.workdir}/results.json")
+
+
+if __name__ == "__main__":
+  flags.mark_flags_as_required(["config"])
+  app.run(main)

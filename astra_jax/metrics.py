@@ -1,0 +1,94 @@
+"""XC metrics as the field computes them (pyxclib conventions), from top-k predictions.
+
+P@k, nDCG@k (normaliser: DCG of min(k, |y|) ones), PSP@k and PSnDCG@k with inverse
+propensity w_l = 1 + C (n_l + B)^-A, C = (ln N - 1)(B + 1)^A. PS metrics are normalised by
+the best possible ranking as a ratio of test-set means (not a mean of ratios). Test rows
+without labels stay in every denominator; a missing prediction (-1) is a miss. Values are
+fractions; `as_percent` reports x100 as papers do.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from astra_jax.data.xc_format import SparseRows
+
+# Propensity constants (Jain et al. 2016) by dataset family.
+PROPENSITY = {"amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4), "default": (0.55, 1.5)}
+
+
+def inverse_propensity(train_labels: SparseRows, A: float, B: float) -> np.ndarray:
+  n = train_labels.column_counts().astype(np.float64)
+  N = train_labels.num_rows
+  C = (np.log(N) - 1.0) * (B + 1.0) ** A
+  return 1.0 + C * (n + B) ** (-A)
+
+
+def _hits(pred: np.ndarray, truth: SparseRows) -> np.ndarray:
+  """hits[i, r] = pred[i, r] is a true label of row i."""
+  n, k = pred.shape
+  L = np.int64(truth.num_cols)
+  rows = np.repeat(np.arange(truth.num_rows, dtype=np.int64), truth.row_lengths())
+  keys = np.sort(rows * L + truth.indices)
+  q = np.arange(n, dtype=np.int64)[:, None] * L + pred
+  if not len(keys):
+    return np.zeros((n, k), bool)
+  pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+  return (keys[pos] == q) & (pred >= 0)
+
+
+def compute(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
+            ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+  """pred: (n, >= max(ks)) label ids ranked best first (-1 = no prediction)."""
+  pred = np.asarray(pred, np.int64)
+  if pred.shape[0] != truth.num_rows:
+    raise ValueError(f"{pred.shape[0]} prediction rows but {truth.num_rows} truth rows")
+  kmax = max(ks)
+  if pred.shape[1] < kmax:
+    pred = np.pad(pred, ((0, 0), (0, kmax - pred.shape[1])), constant_values=-1)
+  pred = pred[:, :kmax]
+  hits = _hits(pred, truth).astype(np.float64)
+  discount = 1.0 / np.log2(np.arange(2, kmax + 2))
+  num_true = truth.row_lengths()
+  out = {}
+  if inv_prop is not None:
+    w_pred = np.where(pred >= 0, inv_prop[np.maximum(pred, 0)], 0.0) * hits
+    # Best possible ranking: each row's true labels sorted by propensity weight.
+    best = np.zeros((truth.num_rows, kmax))
+    for i in range(truth.num_rows):
+      w = np.sort(inv_prop[truth.row(i)])[::-1][:kmax]
+      best[i, :len(w)] = w
+  for k in ks:
+    out[f"P@{k}"] = float(hits[:, :k].sum(1).mean() / k)
+    ideal = np.cumsum(discount)[np.minimum(num_true, k) - 1] * (num_true > 0)
+    dcg = (hits[:, :k] * discount[:k]).sum(1)
+    out[f"nDCG@{k}"] = float(np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1), 0).mean())
+    if inv_prop is not None:
+      out[f"PSP@{k}"] = float(w_pred[:, :k].sum(1).mean() / best[:, :k].sum(1).mean())
+      out[f"PSnDCG@{k}"] = float((w_pred[:, :k] * discount[:k]).sum(1).mean() /
+                                 (best[:, :k] * discount[:k]).sum(1).mean())
+  return out
+
+
+def as_percent(metrics: dict[str, float]) -> dict[str, float]:
+  return {k: round(100.0 * v, 4) for k, v in metrics.items()}
+
+
+def remove_filtered(pred: np.ndarray, filter_pairs: np.ndarray, k: int) -> np.ndarray:
+  """Drops (row, label) pairs of the filter file from ranked predictions, keeps the top k."""
+  pred = np.asarray(pred, np.int64)
+  if len(filter_pairs):
+    n = pred.shape[0]
+    keys = np.sort(filter_pairs[:, 0] * np.int64(2**31) + filter_pairs[:, 1])
+    q = np.arange(n, dtype=np.int64)[:, None] * np.int64(2**31) + pred
+    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    drop = (keys[pos] == q) | (pred < 0)
+    # Stable compaction: kept entries keep their order, dropped ones go to the end as -1.
+    order = np.argsort(drop, axis=1, kind="stable")
+    pred = np.where(np.take_along_axis(drop, order, 1), -1, np.take_along_axis(pred, order, 1))
+  if pred.shape[1] < k:
+    pred = np.pad(pred, ((0, 0), (0, k - pred.shape[1])), constant_values=-1)
+  return pred[:, :k]
+
+
+def max_filtered_per_row(filter_pairs: np.ndarray) -> int:
+  return int(np.bincount(filter_pairs[:, 0]).max()) if len(filter_pairs) else 0

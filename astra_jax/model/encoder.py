@@ -1,0 +1,197 @@
+"""BERT / DistilBERT query encoder in Flax NNX, built from a HuggingFace `config.json`.
+
+Both architectures are the same post-LayerNorm transformer; they differ in parameter names
+(handled by `weights.py`), DistilBERT has no token-type embeddings. The sentence embedding
+is the mean of the last hidden states over the attention mask (as sentence-transformers
+does), optionally followed by a bias-free bottleneck to `bottleneck_dim` (Renée/ASTRA use
+d=64 for very large L) and by the paper's high `embedding_dropout` (0.7-0.85): that is the
+dropout the appendix table tunes, applied to the embedding the classifiers see. Dropout
+takes an explicit PRNG key, so a train step is a pure function of (params, batch, key).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+  model_type: str = "bert"          # "bert" or "distilbert"
+  vocab_size: int = 30522
+  hidden_size: int = 384
+  num_layers: int = 6
+  num_heads: int = 12
+  intermediate_size: int = 1536
+  max_position: int = 512
+  type_vocab_size: int = 2          # 0 for DistilBERT
+  layer_norm_eps: float = 1e-12
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  pad_token_id: int = 0
+  bottleneck_dim: int = 0           # 0: no bottleneck, d = hidden_size
+  embedding_dropout: float = 0.0    # dropout on the pooled embedding (the paper's "dropout")
+  dtype: str = "float32"            # compute dtype; parameters stay float32
+
+  @property
+  def embed_dim(self) -> int:
+    return self.bottleneck_dim or self.hidden_size
+
+  @staticmethod
+  def from_hf(config: str | dict, **overrides) -> "EncoderConfig":
+    """From a HF config.json path/dict (BERT or DistilBERT keys)."""
+    if isinstance(config, (str, os.PathLike)):
+      path = os.path.join(config, "config.json") if os.path.isdir(config) else config
+      try:
+        with open(path) as f:
+          config = json.load(f)
+      except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read encoder config: {e}") from e
+    mt = config.get("model_type", "bert")
+    if mt == "distilbert":
+      kw = dict(model_type=mt, vocab_size=config["vocab_size"], hidden_size=config["dim"],
+                num_layers=config["n_layers"], num_heads=config["n_heads"],
+                intermediate_size=config["hidden_dim"],
+                max_position=config.get("max_position_embeddings", 512), type_vocab_size=0,
+                layer_norm_eps=1e-12, hidden_dropout=config.get("dropout", 0.1),
+                attention_dropout=config.get("attention_dropout", 0.1),
+                pad_token_id=config.get("pad_token_id", 0))
+      if config.get("activation", "gelu") != "gelu" or config.get("sinusoidal_pos_embds"):
+        raise ValueError("only gelu DistilBERT with learned position embeddings is supported")
+    elif mt in ("bert", "roberta", "xlm-roberta") or "hidden_size" in config:
+      if config.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"hidden_act {config.get('hidden_act')!r} not supported (gelu only)")
+      if mt != "bert":
+        raise ValueError(f"model_type {mt!r} not supported; use bert or distilbert")
+      kw = dict(model_type="bert", vocab_size=config["vocab_size"],
+                hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
+                num_heads=config["num_attention_heads"],
+                intermediate_size=config["intermediate_size"],
+                max_position=config.get("max_position_embeddings", 512),
+                type_vocab_size=config.get("type_vocab_size", 2),
+                layer_norm_eps=config.get("layer_norm_eps", 1e-12),
+                hidden_dropout=config.get("hidden_dropout_prob", 0.1),
+                attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
+                pad_token_id=config.get("pad_token_id", 0))
+    else:
+      raise ValueError(f"model_type {mt!r} not supported; use bert or distilbert")
+    kw.update(overrides)
+    return EncoderConfig(**kw)
+
+
+def _dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+  if key is None or rate <= 0.0:
+    return x
+  keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+  return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+class _Keys:
+  """Hands out fresh dropout keys (or None when deterministic)."""
+
+  def __init__(self, key: jax.Array | None):
+    self.key, self.n = key, 0
+
+  def __call__(self) -> jax.Array | None:
+    if self.key is None:
+      return None
+    self.n += 1
+    return jax.random.fold_in(self.key, self.n)
+
+
+def _linear(cin: int, cout: int, cfg: EncoderConfig, rngs: nnx.Rngs, bias: bool = True):
+  return nnx.Linear(cin, cout, use_bias=bias, dtype=_DTYPES[cfg.dtype],
+                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+
+
+def _layer_norm(n: int, cfg: EncoderConfig, rngs: nnx.Rngs):
+  return nnx.LayerNorm(n, epsilon=cfg.layer_norm_eps, dtype=_DTYPES[cfg.dtype], rngs=rngs)
+
+
+class SelfAttention(nnx.Module):
+
+  def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
+    h = cfg.hidden_size
+    self.cfg = cfg
+    self.query, self.key, self.value, self.out = (_linear(h, h, cfg, rngs) for _ in range(4))
+
+  def __call__(self, x: jax.Array, mask: jax.Array, keys: _Keys) -> jax.Array:
+    b, t, h = x.shape
+    nh = self.cfg.num_heads
+    split = lambda y: y.reshape(b, t, nh, h // nh)
+    q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / jnp.sqrt(h / nh)
+    logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(x.dtype)
+    probs = _dropout(probs, self.cfg.attention_dropout, keys())
+    ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, t, h)
+    return self.out(ctx)
+
+
+class TransformerLayer(nnx.Module):
+
+  def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.attention = SelfAttention(cfg, rngs)
+    self.attention_norm = _layer_norm(cfg.hidden_size, cfg, rngs)
+    self.ffn_in = _linear(cfg.hidden_size, cfg.intermediate_size, cfg, rngs)
+    self.ffn_out = _linear(cfg.intermediate_size, cfg.hidden_size, cfg, rngs)
+    self.output_norm = _layer_norm(cfg.hidden_size, cfg, rngs)
+
+  def __call__(self, x: jax.Array, mask: jax.Array, keys: _Keys) -> jax.Array:
+    p = self.cfg.hidden_dropout
+    x = self.attention_norm(x + _dropout(self.attention(x, mask, keys), p, keys()))
+    y = self.ffn_out(jax.nn.gelu(self.ffn_in(x), approximate=False))
+    return self.output_norm(x + _dropout(y, p, keys()))
+
+
+class Encoder(nnx.Module):
+  """E(x): token ids (B, T) -> embeddings (B, d) float32."""
+
+  def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    init = nnx.initializers.normal(0.02)
+    self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=init, rngs=rngs)
+    self.position_embeddings = nnx.Embed(cfg.max_position, cfg.hidden_size, embedding_init=init,
+                                         rngs=rngs)
+    if cfg.type_vocab_size:
+      self.token_type_embeddings = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size,
+                                             embedding_init=init, rngs=rngs)
+    self.embedding_norm = _layer_norm(cfg.hidden_size, cfg, rngs)
+    self.layers = nnx.List([TransformerLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+    if cfg.bottleneck_dim:
+      self.bottleneck = _linear(cfg.hidden_size, cfg.bottleneck_dim, cfg, rngs, bias=False)
+
+  def token_states(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Last hidden states (B, T, hidden)."""
+    cfg = self.cfg
+    keys = _Keys(dropout_key)
+    mask = input_ids != cfg.pad_token_id
+    t = input_ids.shape[1]
+    if t > cfg.max_position:
+      raise ValueError(f"sequence length {t} exceeds max_position {cfg.max_position}")
+    x = self.word_embeddings(input_ids) + self.position_embeddings(jnp.arange(t))[None]
+    if cfg.type_vocab_size:
+      x = x + self.token_type_embeddings(jnp.zeros_like(input_ids))
+    x = _dropout(self.embedding_norm(x.astype(_DTYPES[cfg.dtype])), cfg.hidden_dropout, keys())
+    for layer in self.layers:
+      x = layer(x, mask, keys)
+    return x
+
+  def __call__(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Mean-pooled (over non-pad tokens) sentence embeddings, (B, d) float32.
+
+    `dropout_key=None` means evaluation (no dropout)."""
+    mask = (input_ids != self.cfg.pad_token_id)[..., None].astype(jnp.float32)
+    states = self.token_states(input_ids, dropout_key).astype(jnp.float32)
+    pooled = (states * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
+    if self.cfg.bottleneck_dim:
+      pooled = self.bottleneck(pooled).astype(jnp.float32)
+    key = None if dropout_key is None else jax.random.fold_in(dropout_key, -1 % (2**31))
+    return _dropout(pooled, self.cfg.embedding_dropout, key)

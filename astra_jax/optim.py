@@ -1,0 +1,42 @@
+"""One optax chain for the whole model: Adam(W) for the encoder, SGD + weight decay for the
+classifier, each with its own linear-warmup + cosine-decay schedule (paper appendix).
+
+Parameters are a dict {"encoder": <nnx.State>, "classifier": (L, d) array}.
+Weight decay on the classifier is decoupled (`add_decayed_weights` before SGD):
+w <- w - lr * (g + wd * w) over all rows each step. That is O(L) per step; the sparse
+(touched-rows) update that keeps a step O(1) in L belongs to the sharded kernel.
+"""
+from __future__ import annotations
+
+import jax
+import optax
+
+
+def schedule(peak: float, warmup_steps: int, total_steps: int, end_fraction: float = 0.0):
+  warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=peak, warmup_steps=warmup_steps,
+      decay_steps=max(total_steps, warmup_steps + 1), end_value=peak * end_fraction)
+
+
+def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
+  enc_lr = schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)
+  clf_lr = schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)
+  encoder = optax.adamw(enc_lr, b1=0.9, b2=0.999, eps=1e-8,
+                        weight_decay=optim_cfg.encoder_weight_decay)
+  classifier = optax.chain(
+      optax.add_decayed_weights(optim_cfg.classifier_weight_decay),
+      optax.sgd(clf_lr, momentum=optim_cfg.classifier_momentum or None))
+  if optim_cfg.grad_clip_norm > 0:
+    encoder = optax.chain(optax.clip_by_global_norm(optim_cfg.grad_clip_norm), encoder)
+
+  def labels(params):
+    return {"encoder": jax.tree.map(lambda _: "encoder", params["encoder"]),
+            "classifier": "classifier"}
+
+  return optax.multi_transform({"encoder": encoder, "classifier": classifier}, labels)
+
+
+def learning_rates(optim_cfg, total_steps: int, step: int) -> tuple[float, float]:
+  return (float(schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)(step)),
+          float(schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)(step)))

@@ -1,0 +1,303 @@
+"""train_and_evaluate(config, workdir): data -> encoder + classifier -> train -> evaluate.
+
+The train step is one jitted pure function of (params, opt_state, batch, key) with params
+and optimizer state donated. Outputs in the workdir: results.json, time_breakup.json,
+metrics.jsonl (one JSON object per log line / evaluation).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+
+from astra_jax import config_base, loss, metrics, optim, predict
+from astra_jax.data import dataset, synthetic, tokenize, xc_format
+from astra_jax.data.pipeline import TrainBatches
+from astra_jax.model.encoder import Encoder, EncoderConfig
+from astra_jax.model.weights import load_hf_weights
+from astra_jax.sampler import NegativeSampler
+
+_DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
+                "rand_mask", "rand_weight")
+
+
+# ------------------------------------------------------------------------------- data
+def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
+  """Generates the synthetic dataset when asked (cached by its spec), then loads."""
+  dc = config.data
+  if dc.synthetic.enabled:
+    s = dc.synthetic
+    spec = synthetic.SyntheticSpec(
+        num_labels=s.num_labels, num_train=s.num_train, num_test=s.num_test,
+        group_size=s.group_size, vocab_size=s.vocab_size, zipf_exponent=s.zipf_exponent,
+        mean_labels=s.mean_labels, max_labels=s.max_labels, seed=s.seed)
+    stats_path = os.path.join(dc.dir, "synthetic.json")
+    have = None
+    if os.path.exists(stats_path):
+      with open(stats_path) as f:
+        have = json.load(f).get("spec")
+    if have != dataclasses.asdict(spec):
+      logging.info("generating synthetic dataset into %s", dc.dir)
+      synthetic.generate(dc.dir, spec)
+    with dc.unlocked():
+      if not dc.tokenizer_dir:
+        dc.tokenizer_dir = os.path.join(dc.dir, "tokenizer")
+  return dataset.load(dc)
+
+
+# ------------------------------------------------------------------------------ model
+def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
+  ec = config.encoder
+  common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
+                dtype=ec.dtype)
+  if ec.hf_dir:
+    cfg = EncoderConfig.from_hf(ec.hf_dir, **common)
+    if cfg.vocab_size < vocab_size:
+      raise ValueError(f"{ec.hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
+                       f"the tokenizer's {vocab_size}")
+  else:
+    cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=ec.hidden_size,
+                        num_layers=ec.num_layers, num_heads=ec.num_heads,
+                        intermediate_size=ec.intermediate_size,
+                        max_position=max(512, config.data.max_len), pad_token_id=pad_id,
+                        hidden_dropout=ec.hidden_dropout, attention_dropout=ec.hidden_dropout,
+                        **common)
+  model = Encoder(cfg, nnx.Rngs(params=seed))
+  weights = os.path.join(ec.hf_dir, "model.safetensors") if ec.hf_dir else ""
+  if weights and ec.load_weights and os.path.exists(weights):
+    load_hf_weights(model, weights)
+    logging.info("loaded encoder weights from %s", weights)
+  elif ec.hf_dir:
+    logging.warning("no weights at %s: encoder randomly initialised", weights)
+  return model
+
+
+# ------------------------------------------------------------------------------- steps
+def classifier_scores(emb, w, batch):
+  """Scores of positives, hard and random negatives: the classifier forward pass."""
+  emb, w = emb.astype(jnp.float32), w.astype(jnp.float32)
+  return (jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]]),
+          jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]]),
+          emb @ w[batch["rand_ids"]].T)
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation):
+
+  def loss_fn(params, batch, key):
+    encoder = nnx.merge(graphdef, params["encoder"])
+    emb = encoder(batch["input_ids"], dropout_key=key)
+    return loss.sampled_bce(emb, params["classifier"], batch)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, batch, key):
+    value, grads = jax.value_and_grad(loss_fn)(params, batch, key)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, value
+
+  return train_step
+
+
+def make_phase_fns(graphdef):
+  """Separately compiled pieces of the step, timed for the iteration-time break-up."""
+  enc_fwd = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
+  clf_fwd = jax.jit(classifier_scores)
+  loss_fn = jax.jit(lambda s, b: loss.sampled_bce_per_query(
+      s[0], b["pos_mask"], s[1], b["hard_mask"], s[2], b["rand_mask"], b["rand_weight"]).mean())
+  return enc_fwd, clf_fwd, loss_fn
+
+
+def make_embed_fn(graphdef):
+  return jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
+
+
+def embed(embed_fn, enc_params, tokens, batch_size: int) -> np.ndarray:
+  out = []
+  for start in range(0, len(tokens), batch_size):
+    ids = np.asarray(tokens[start:start + batch_size], np.int32)
+    m = len(ids)
+    if m < batch_size:
+      ids = np.pad(ids, ((0, batch_size - m), (0, 0)))
+    out.append(np.asarray(embed_fn(enc_params, jnp.asarray(ids)))[:m])
+  return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+# -------------------------------------------------------------------------- evaluation
+def evaluate_model(embed_fn, params, data: dataset.XCData, config, inv_prop,
+                   max_rows: int = 0) -> dict[str, float]:
+  ks = tuple(config.eval.ks)
+  n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
+  emb = embed(embed_fn, params["encoder"], data.test_tokens[:n], config.eval.batch_size)
+  filt = data.test_filter[data.test_filter[:, 0] < n]
+  k = max(ks) + metrics.max_filtered_per_row(filt)
+  _, ids = predict.topk(emb, params["classifier"], k, config.eval.batch_size,
+                        config.eval.label_block)
+  ranked = metrics.remove_filtered(ids, filt, max(ks))
+  truth = data.test_labels
+  if n < truth.num_rows:
+    truth = xc_format.SparseRows(truth.indptr[:n + 1], truth.indices[:truth.indptr[n]],
+                                 truth.values[:truth.indptr[n]], truth.num_cols)
+  return metrics.as_percent(metrics.compute(ranked, truth, inv_prop, ks))
+
+
+def popularity_baseline(data: dataset.XCData, config, inv_prop) -> dict[str, float]:
+  """Every test row gets the most frequent training labels (filter applied)."""
+  ks = tuple(config.eval.ks)
+  counts = data.train_labels.column_counts()
+  k = max(ks) + metrics.max_filtered_per_row(data.test_filter)
+  top = np.argsort(-counts, kind="stable")[:k]
+  ranked = np.broadcast_to(top, (data.test_labels.num_rows, len(top)))
+  ranked = metrics.remove_filtered(ranked, data.test_filter, max(ks))
+  return metrics.as_percent(metrics.compute(ranked, data.test_labels, inv_prop, ks))
+
+
+# ------------------------------------------------------------------------------- loop
+class _JsonLines:
+
+  def __init__(self, path: str):
+    self.f = open(path, "a")
+
+  def write(self, **record):
+    self.f.write(json.dumps(record) + "\n")
+    self.f.flush()
+
+
+def _median_ms(xs):
+  return round(1000 * statistics.median(xs), 3) if xs else None
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  config_base.validate(config)
+  os.makedirs(workdir, exist_ok=True)
+  t_start = time.time()
+  data = prepare_data(config)
+  tok = tokenize.load_tokenizer(config.data.tokenizer_dir)
+  seed = config.train.seed
+  encoder = build_encoder(config, len(tok), data.pad_id, seed)
+  graphdef, enc_params = nnx.split(encoder, nnx.Param)
+  d = encoder.cfg.embed_dim
+  w = config.train.classifier_init_std * jax.random.normal(
+      jax.random.key(seed + 1), (data.num_labels, d), jnp.float32)
+  params = {"encoder": enc_params, "classifier": w}
+  nc = config.negatives
+  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r)
+  batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
+                         config.train.prefetch)
+  steps_per_epoch = batches.steps_per_epoch
+  total_steps = steps_per_epoch * config.train.epochs
+  tx = optim.make_optimizer(config.optim, total_steps)
+  opt_state = tx.init(params)
+  train_step = make_train_step(graphdef, tx)
+  embed_fn = make_embed_fn(graphdef)
+  enc_fwd, clf_fwd, loss_only = make_phase_fns(graphdef)
+  inv_prop = metrics.inverse_propensity(data.train_labels.__class__(
+      data.train_labels.indptr[:data.num_train_original + 1],
+      data.train_labels.indices[:data.train_labels.indptr[data.num_train_original]],
+      data.train_labels.values[:data.train_labels.indptr[data.num_train_original]],
+      data.num_labels), config.data.propensity_A, config.data.propensity_B)
+  log = _JsonLines(os.path.join(workdir, "metrics.jsonl"))
+  n_params = sum(x.size for x in jax.tree.leaves(enc_params))
+  logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
+               encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,
+               config.train.epochs)
+
+  base_key = jax.random.key(seed + 2)
+  phases = {k: [] for k in ("data_prep", "host_to_device", "encoder_forward",
+                            "classifier_forward", "loss", "step")}
+  step_times, evals = [], []
+  profile_at = set(range(3, 3 + config.train.profile_steps))
+  global_step, t_train = 0, time.time()
+  train_seconds = 0.0
+  for epoch in range(config.train.epochs):
+    t_epoch = time.time()
+    window_loss, window_n, t_window = 0.0, 0, time.time()
+    for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch)):
+      key = jax.random.fold_in(base_key, global_step)
+      profiling = global_step in profile_at
+      t0 = time.perf_counter()
+      batch = jax.device_put({k: host_batch[k] for k in _DEVICE_KEYS})
+      if profiling:
+        jax.block_until_ready(batch)
+        t1 = time.perf_counter()
+        emb = jax.block_until_ready(enc_fwd(params["encoder"], batch["input_ids"], key))
+        t2 = time.perf_counter()
+        scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], batch))
+        t3 = time.perf_counter()
+        jax.block_until_ready(loss_only(scores, batch))
+        t4 = time.perf_counter()
+      params, opt_state, value = train_step(params, opt_state, batch, key)
+      if profiling:
+        value.block_until_ready()
+        t5 = time.perf_counter()
+        for name, dt in (("data_prep", prep_s), ("host_to_device", t1 - t0),
+                         ("encoder_forward", t2 - t1), ("classifier_forward", t3 - t2),
+                         ("loss", t4 - t3), ("step", t5 - t4)):
+          phases[name].append(dt)
+      window_loss += float(value) if (step + 1) % config.train.log_every_steps == 0 else 0.0
+      global_step += 1
+      if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
+        value = float(value)
+        dt = time.time() - t_window
+        n_steps = step + 1 - window_n
+        qps = n_steps * config.train.batch_size / max(dt, 1e-9)
+        eta = (total_steps - global_step) * dt / max(n_steps, 1)
+        lr_e, lr_c = optim.learning_rates(config.optim, total_steps, global_step)
+        logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | lr %.2e/%.2e | ETA %s",
+                     epoch, step + 1, steps_per_epoch, value, qps, lr_e, lr_c,
+                     time.strftime("%H:%M:%S", time.gmtime(eta)))
+        if not np.isfinite(value):
+          raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
+        log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps)
+        window_n, t_window = step + 1, time.time()
+    epoch_s = time.time() - t_epoch
+    train_seconds += epoch_s
+    step_times.append(epoch_s / steps_per_epoch)
+    every = config.train.eval_every_epochs
+    if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
+      m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
+      evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
+      log.write(kind="eval", **evals[-1])
+      logging.info("eval after epoch %d: %s", epoch + 1,
+                   ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+
+  final = evaluate_model(embed_fn, params, data, config, inv_prop)
+  evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
+  log.write(kind="eval", **evals[-1])
+  baseline = popularity_baseline(data, config, inv_prop)
+
+  breakup = {k: _median_ms(v) for k, v in phases.items()}
+  if breakup["step"] is not None:
+    fwd = sum(breakup[k] for k in ("encoder_forward", "classifier_forward", "loss"))
+    breakup["backward_update"] = round(max(breakup["step"] - fwd, 0.0), 3)
+  breakup = {"unit": "ms (median over profiled steps)", "steps_profiled": len(phases["step"]),
+             "batch_size": config.train.batch_size, **breakup,
+             "mean_step_wall_ms": round(1000 * statistics.median(step_times), 3),
+             "note": "step = the fused forward+backward+update actually used; backward_update ="
+                     " step - (encoder_forward + classifier_forward + loss)"}
+  with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
+    json.dump(breakup, f, indent=1)
+
+  results = {
+      "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
+      "num_labels": data.num_labels, "num_train": data.num_train_original,
+      "num_train_with_label_texts": data.train_labels.num_rows,
+      "num_test": data.test_labels.num_rows, "epochs": config.train.epochs,
+      "steps": global_step, "train_time_s": round(train_seconds, 2),
+      "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
+      "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
+      "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
+      "config": json.loads(config.to_json()),
+  }
+  with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
+    json.dump(results, f, indent=1)
+  return results

@@ -1,0 +1,37 @@
+"""The embedded demo: a synthetic XC dataset (generated once, cached) and a tiny BERT.
+
+  python -m astra_jax.main --config=experiments/demo.py --workdir=workdir/demo
+
+Runs end to end in a few minutes on 2 CPU cores.
+"""
+import os
+
+from astra_jax.config_base import base_config
+
+
+def get_config():
+  c = base_config()
+  c.data.dir = os.path.join(os.environ.get("ASTRA_DATA", os.path.expanduser("~/.cache/astra_jax")),
+                            "demo")
+  c.data.synthetic.enabled = True
+  c.data.synthetic.num_labels = 2000
+  c.data.synthetic.num_train = 20000
+  c.data.synthetic.num_test = 4000
+  c.data.max_len = 24
+  c.data.augment_label_text = True
+  c.encoder.hidden_size = 64
+  c.encoder.num_layers = 2
+  c.encoder.num_heads = 2
+  c.encoder.intermediate_size = 128
+  c.encoder.embedding_dropout = 0.2
+  c.negatives.k_p = 7
+  c.negatives.k_h = 16
+  c.negatives.k_r = 256
+  c.optim.encoder_lr = 2e-3
+  c.optim.classifier_lr = 0.5
+  c.optim.warmup_steps = 100
+  c.train.epochs = 10
+  c.train.batch_size = 128
+  c.train.eval_every_epochs = 2
+  c.eval.max_test_rows = 1000
+  return c
