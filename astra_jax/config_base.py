@@ -10,6 +10,8 @@ import os
 
 import ml_collections
 
+from astra_jax.model import pretrained
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -111,5 +113,6 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"unknown dtype {c.encoder.dtype!r}")
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   if c.encoder.hf_dir:
-    need(os.path.exists(os.path.join(c.encoder.hf_dir, "config.json")), "encoder.hf_dir",
-         f"{c.encoder.hf_dir}/config.json does not exist")
+    hf_dir = pretrained.resolve(c.encoder.hf_dir)
+    need(os.path.exists(os.path.join(hf_dir, "config.json")), "encoder.hf_dir",
+         f"{hf_dir}/config.json does not exist")

@@ -24,6 +24,7 @@ from flax import nnx
 from astra_jax import config_base, loss, metrics, optim, predict
 from astra_jax.data import dataset, synthetic, tokenize, xc_format
 from astra_jax.data.pipeline import TrainBatches
+from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
 from astra_jax.sampler import NegativeSampler
@@ -53,6 +54,8 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
     with dc.unlocked():
       if not dc.tokenizer_dir:
         dc.tokenizer_dir = os.path.join(dc.dir, "tokenizer")
+  with dc.unlocked():
+    dc.tokenizer_dir = pretrained.resolve(dc.tokenizer_dir)
   return dataset.load(dc)
 
 
@@ -61,10 +64,11 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
   ec = config.encoder
   common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
                 dtype=ec.dtype)
-  if ec.hf_dir:
-    cfg = EncoderConfig.from_hf(ec.hf_dir, **common)
+  hf_dir = pretrained.resolve(ec.hf_dir)
+  if hf_dir:
+    cfg = EncoderConfig.from_hf(hf_dir, **common)
     if cfg.vocab_size < vocab_size:
-      raise ValueError(f"{ec.hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
+      raise ValueError(f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
                        f"the tokenizer's {vocab_size}")
   else:
     cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=ec.hidden_size,
@@ -74,11 +78,11 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
                         hidden_dropout=ec.hidden_dropout, attention_dropout=ec.hidden_dropout,
                         **common)
   model = Encoder(cfg, nnx.Rngs(params=seed))
-  weights = os.path.join(ec.hf_dir, "model.safetensors") if ec.hf_dir else ""
+  weights = os.path.join(hf_dir, "model.safetensors") if hf_dir else ""
   if weights and ec.load_weights and os.path.exists(weights):
     load_hf_weights(model, weights)
     logging.info("loaded encoder weights from %s", weights)
-  elif ec.hf_dir:
+  elif hf_dir:
     logging.warning("no weights at %s: encoder randomly initialised", weights)
   return model
 
@@ -220,7 +224,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_seconds = 0.0
   for epoch in range(config.train.epochs):
     t_epoch = time.time()
-    window_loss, window_n, t_window = 0.0, 0, time.time()
+    window_n, t_window = 0, time.time()
     for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch)):
       key = jax.random.fold_in(base_key, global_step)
       profiling = global_step in profile_at
@@ -243,7 +247,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          ("encoder_forward", t2 - t1), ("classifier_forward", t3 - t2),
                          ("loss", t4 - t3), ("step", t5 - t4)):
           phases[name].append(dt)
-      window_loss += float(value) if (step + 1) % config.train.log_every_steps == 0 else 0.0
       global_step += 1
       if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
         value = float(value)

@@ -28,7 +28,7 @@ def get_config():
   c.negatives.k_h = 16
   c.negatives.k_r = 256
   c.optim.encoder_lr = 2e-3
-  c.optim.classifier_lr = 0.5
+  c.optim.classifier_lr = 20.0  # per-row SGD step is lr / batch_size (mean over batch)
   c.optim.warmup_steps = 100
   c.train.epochs = 10
   c.train.batch_size = 128

@@ -95,10 +95,12 @@ class _Popularity:
 
   def __init__(self, spec: SyntheticSpec):
     rng = np.random.default_rng([spec.seed, 11])
-    self.label_of_rank = rng.permutation(spec.num_labels).astype(np.int64)
-    weights = (np.arange(spec.num_labels, dtype=np.float64) + 1.0) ** -spec.zipf_exponent
-    self.cdf = np.cumsum(weights)
-    self.cdf /= self.cdf[-1]
+    self.label_of_rank = rng.permutation(spec.num_labels)
+    cdf = np.arange(1, spec.num_labels + 1, dtype=np.float64)  # in place: O(L) once
+    np.power(cdf, -spec.zipf_exponent, out=cdf)
+    np.cumsum(cdf, out=cdf)
+    cdf /= cdf[-1]
+    self.cdf = cdf
 
   def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
     ranks = np.searchsorted(self.cdf, rng.random(n), side="right")
@@ -152,7 +154,7 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
         f.write(" ".join(words[w] for w in row) + "\n")
       logging.log_every_n_seconds(logging.INFO, "synthetic: %d/%d label texts", 10,
                                   labels[-1] + 1, spec.num_labels)
-  counts = np.zeros(spec.num_labels, np.int64)
+  counts = np.zeros(spec.num_labels, np.int32)
   for split, stream, n in (("trn", 3, spec.num_train), ("tst", 4, spec.num_test)):
     x_path = os.path.join(out_dir, f"{split}_X.txt")
     y_path = os.path.join(out_dir, f"{split}_X_Y.txt")

@@ -76,33 +76,34 @@ class SparseRows:
         np.concatenate([self.values, other.values]), self.num_cols)
 
 
-def _open_text(path: str | os.PathLike):
+def _open_binary(path: str | os.PathLike):
   path = os.fspath(path)
   try:
-    if path.endswith(".gz"):
-      return gzip.open(path, "rt", encoding="utf-8", newline="\n")
-    return open(path, "r", encoding="utf-8", newline="\n")
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
   except OSError as e:
     raise XCFormatError(path, None, f"cannot open: {e.strerror or e}") from e
 
 
 def _lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
-  """(1-based line number, line without newline); decoding errors name the line."""
-  f = _open_text(path)
+  """(1-based line number, line without newline). Lines are decoded one by one so a
+  decoding error names its own line."""
+  f = _open_binary(path)
   lineno = 0
-  try:
-    with f:
-      while True:
-        try:
-          line = f.readline()
-        except (UnicodeDecodeError, EOFError, OSError, gzip.BadGzipFile) as e:
-          raise XCFormatError(path, lineno + 1, f"unreadable: {e}") from e
-        if not line:
-          return
-        lineno += 1
-        yield lineno, line.rstrip("\n").rstrip("\r")
-  except OSError as e:
-    raise XCFormatError(path, lineno + 1, f"unreadable: {e}") from e
+  with f:
+    while True:
+      try:
+        raw = f.readline()
+      except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise XCFormatError(path, lineno + 1, f"unreadable: {e}") from e
+      if not raw:
+        return
+      lineno += 1
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise XCFormatError(path, lineno, f"unreadable: not UTF-8 ({e.reason} at byte "
+                            f"{e.start})") from None
+      yield lineno, line.rstrip("\n").rstrip("\r")
 
 
 def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseRows:

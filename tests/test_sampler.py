@@ -1,0 +1,38 @@
+import numpy as np
+
+from astra_jax.data.xc_format import SparseRows
+from astra_jax.sampler import NegativeSampler
+
+
+def test_masks_follow_the_positive_and_hard_sets():
+  L = 30
+  positives = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [11], []]  # row 0 has more than k_p
+  labels = SparseRows.from_lists(positives, L)
+  sampler = NegativeSampler(labels, k_p=4, k_h=3, k_r=200)
+  hard = np.array([[12, 3, -1], [11, 13, 14], [15, 16, 17]])
+  b = sampler(np.arange(3), np.random.default_rng(0), hard)
+  # Positives: a subset of the row's labels, padded with a mask.
+  assert set(b["pos_ids"][0][b["pos_mask"][0]]) <= set(positives[0])
+  assert b["pos_mask"][0].sum() == 4
+  assert list(b["pos_ids"][1][b["pos_mask"][1]]) == [11] and b["pos_mask"][2].sum() == 0
+  # Hard: positives and missing (-1) slots masked out.
+  np.testing.assert_array_equal(b["hard_mask"], [[True, False, False], [False, True, True],
+                                                 [True, True, True]])
+  # Random: a draw is masked exactly when it is any positive (even one not among the k_p
+  # kept) or a valid hard negative of that row -- checked by brute force.
+  for i in range(3):
+    excluded = set(positives[i]) | {h for h, m in zip(hard[i], b["hard_mask"][i]) if m}
+    want = np.array([r not in excluded for r in b["rand_ids"]])
+    np.testing.assert_array_equal(b["rand_mask"][i], want)
+  assert not b["rand_mask"][0].all()  # with 200 draws over 30 labels some hit positives
+  assert b["rand_weight"] == np.float32(L / 200)
+
+
+def test_draws_are_uniform():
+  L = 10
+  sampler = NegativeSampler(SparseRows.from_lists([[0]], L), k_p=1, k_h=0, k_r=50000)
+  b = sampler(np.arange(1), np.random.default_rng(0))
+  counts = np.bincount(b["rand_ids"], minlength=L)
+  # chi-square against uniform, 9 dof: 99.9% quantile is 27.9
+  expected = 50000 / L
+  assert ((counts - expected) ** 2 / expected).sum() < 27.9

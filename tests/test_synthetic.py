@@ -1,0 +1,78 @@
+import filecmp
+
+import numpy as np
+
+from astra_jax.data import synthetic, xc_format
+from astra_jax.data.synthetic import SyntheticSpec
+
+SPEC = SyntheticSpec(num_labels=400, num_train=3000, num_test=500, vocab_size=3000, seed=3)
+
+
+def test_written_files_parse_and_are_deterministic(tmp_path):
+  a, b = tmp_path / "a", tmp_path / "b"
+  stats = synthetic.generate(str(a), SPEC)
+  synthetic.generate(str(b), SPEC)
+  for name in ("trn_X.txt", "tst_X.txt", "Y.txt", "trn_X_Y.txt", "tst_X_Y.txt"):
+    assert filecmp.cmp(a / name, b / name, shallow=False), name
+  trn = xc_format.read_sparse(a / "trn_X_Y.txt", 400)
+  assert trn.num_rows == 3000 == len(xc_format.read_texts(a / "trn_X.txt"))
+  assert len(xc_format.read_texts(a / "Y.txt")) == 400
+  assert 1 <= trn.row_lengths().min() and trn.row_lengths().max() <= SPEC.max_labels
+  assert stats["train_labels_seen"] > 300
+  other = tmp_path / "c"
+  synthetic.generate(str(other), SyntheticSpec(**{**SPEC.__dict__, "seed": 4}))
+  assert not filecmp.cmp(a / "trn_X.txt", other / "trn_X.txt", shallow=False)
+
+
+def test_power_law_head_and_tail(tmp_path):
+  stats = synthetic.generate(str(tmp_path), SPEC)
+  deciles = stats["label_deciles_pct"]
+  # Like the paper's decile table: the head decile holds few labels, the tail decile many.
+  assert deciles[0] < 3 and deciles[-1] > 25 and deciles == sorted(deciles)
+
+
+def test_decile_shares_hand_case():
+  # counts 6,2,1,1 (10 pairs): cumulative starts 0, .6, .8, .9 -> deciles 0, 6, 8, 9
+  shares = synthetic.decile_label_shares(np.array([1, 6, 0, 2, 1]))
+  np.testing.assert_allclose(shares, [.25, 0, 0, 0, 0, 0, .25, 0, .25, .25])
+
+
+def test_confusable_groups_and_queries_use_label_words(tmp_path):
+  synthetic.generate(str(tmp_path), SPEC)
+  labels = [t.split() for t in xc_format.read_texts(tmp_path / "Y.txt")]
+  g = SPEC.group_size
+  # Labels of one group share their group words, labels of different groups rarely do.
+  assert labels[0][:SPEC.group_words] == labels[g - 1][:SPEC.group_words]
+  assert labels[0][:SPEC.group_words] != labels[g][:SPEC.group_words]
+  assert labels[0] != labels[1]
+  texts = [t.split() for t in xc_format.read_texts(tmp_path / "trn_X.txt")]
+  trn = xc_format.read_sparse(tmp_path / "trn_X_Y.txt")
+  overlap = np.mean([len(set(texts[i]) & set(labels[trn.row(i)[0]])) > 0 for i in range(500)])
+  assert overlap > 0.95
+
+
+def test_tokenizer_round_trip(tmp_path):
+  synthetic.generate(str(tmp_path), SPEC)
+  from astra_jax.data.tokenize import load_tokenizer
+  tok = load_tokenizer(str(tmp_path / "tokenizer"))
+  text = xc_format.read_texts(tmp_path / "Y.txt")[0]
+  ids = tok(text)["input_ids"]
+  assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id
+  assert tok.unk_token_id not in ids and len(ids) == len(text.split()) + 2
+  assert tok.pad_token_id == 0
+
+
+def test_bounded_memory_streaming(tmp_path):
+  # Memory is O(L) (a permutation and a CDF), not O(L x text): generating 4x the labels
+  # must not grow the Python heap's peak by more than the O(L) arrays.
+  import tracemalloc
+  peaks = []
+  for L in (150_000, 450_000):  # both above the 65536-label chunk
+    spec = SyntheticSpec(num_labels=L, num_train=100, num_test=10, vocab_size=5000)
+    tracemalloc.start()
+    synthetic.generate(str(tmp_path / str(L)), spec)
+    peaks.append(tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+  per_label = (peaks[1] - peaks[0]) / 300_000
+  # A few 8-byte arrays per label; keeping one Python str per label would cost > 50 bytes.
+  assert per_label < 48, per_label

@@ -1,0 +1,133 @@
+"""End to end: the main job on a small synthetic set, and xc_text.py on a dataset in the
+NGAME raw layout written here with English words (tokenised by all-MiniLM's tokenizer)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from astra_jax import config_base, train
+from astra_jax.data import xc_format
+from astra_jax.data.xc_format import SparseRows
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_config(path, arg=None):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("cfg", os.path.join(REPO, path))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(arg) if arg else mod.get_config()
+
+
+def test_main_job_on_small_synthetic_data(tmp_path):
+  c = _load_config("experiments/demo.py")
+  c.data.dir = str(tmp_path / "data")
+  c.data.synthetic.num_labels = 300
+  c.data.synthetic.num_train = 3000
+  c.data.synthetic.num_test = 500
+  c.train.epochs = 4
+  c.train.batch_size = 64
+  c.train.eval_every_epochs = 2
+  c.train.profile_steps = 3
+  c.optim.warmup_steps = 20
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  saved = json.loads((tmp_path / "wd" / "results.json").read_text())
+  for key in ("data_dir", "train_time_s", "epochs", "num_labels", "num_train", "num_test",
+              "strategy", "config", "P@1", "nDCG@3", "PSP@5", "PSnDCG@5", "popularity_baseline"):
+    assert key in saved, key
+  assert saved["num_labels"] == 300 and saved["num_train"] == 3000 and saved["num_test"] == 500
+  assert saved["config"]["train"]["epochs"] == 4
+  assert r["P@1"] > 2 * r["popularity_baseline"]["P@1"] + 5
+  assert len(r["evaluations"]) == 2
+  breakup = json.loads((tmp_path / "wd" / "time_breakup.json").read_text())
+  for k in ("data_prep", "host_to_device", "encoder_forward", "classifier_forward", "loss",
+            "backward_update"):
+    assert breakup[k] is not None and breakup[k] >= 0
+  lines = [json.loads(l) for l in (tmp_path / "wd" / "metrics.jsonl").read_text().splitlines()]
+  assert any(l["kind"] == "train" for l in lines) and lines[-1]["kind"] == "eval"
+
+
+WORDS = {"colour": ["red", "green", "blue", "black", "white", "yellow"],
+         "thing": ["shoe", "shirt", "lamp", "chair", "phone", "watch", "table", "bottle"]}
+
+
+def write_ngame_dataset(d, seed=0):
+  """Labels = colour x thing; queries mention their labels' words among filler."""
+  rng = np.random.default_rng(seed)
+  labels = [f"{c} {t}" for c in WORDS["colour"] for t in WORDS["thing"]]
+  L = len(labels)
+  filler = "cheap new best buy online for sale with free delivery".split()
+
+  def queries(n):
+    texts, rows = [], []
+    for _ in range(n):
+      pos = sorted(set(rng.choice(L, rng.integers(1, 3), replace=False).tolist()))
+      words = [w for p in pos for w in labels[p].split()] + list(rng.choice(filler, 2))
+      rng.shuffle(words)
+      texts.append(" ".join(words))
+      rows.append(pos)
+    return texts, SparseRows.from_lists(rows, L)
+
+  os.makedirs(d / "raw_data")
+  trn_t, trn_y = queries(1500)
+  tst_t, tst_y = queries(200)
+  xc_format.write_texts(d / "raw_data" / "train.raw.txt", trn_t, layout="uid")
+  xc_format.write_texts(d / "raw_data" / "test.raw.txt", tst_t, layout="uid")
+  xc_format.write_texts(d / "raw_data" / "label.raw.txt", labels, layout="uid")
+  xc_format.write_sparse(d / "trn_X_Y.txt", trn_y)
+  xc_format.write_sparse(d / "tst_X_Y.txt", tst_y)
+  (d / "filter_labels_test.txt").write_text("0 0\n1 1\n")
+  return L
+
+
+def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path):
+  d = tmp_path / "ds"
+  write_ngame_dataset(d)
+  wd = tmp_path / "wd"
+  cmd = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
+         f"--config.data.dir={d}", f"--workdir={wd}", "--config.train.epochs=6",
+         "--config.train.batch_size=64", "--config.negatives.k_r=16", "--config.negatives.k_h=4",
+         "--config.optim.warmup_steps=20", "--config.train.eval_every_epochs=0",
+         "--config.data.max_len=12"]
+  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  assert "label popularity" in r.stdout and "P@1" in r.stdout
+  res = json.loads((wd / "results.json").read_text())
+  assert res["num_labels"] == 48 and res["num_train"] == 1500
+  assert res["num_train_with_label_texts"] == 1548  # label texts appended
+  assert res["P@1"] > res["popularity_baseline"]["P@1"] + 20
+
+
+def test_bad_config_key_and_missing_data_fail_clearly(tmp_path):
+  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
+                      "--config.train.epochz=3"], cwd=REPO, capture_output=True, text=True,
+                     timeout=300)
+  assert r.returncode != 0 and "epochz" in r.stderr
+  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py",
+                      f"--config.data.dir={tmp_path}", f"--workdir={tmp_path / 'wd'}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert r.returncode != 0 and "no dataset found in" in r.stderr
+
+
+def test_texts_and_labels_of_different_lengths(tmp_path):
+  d = tmp_path / "ds"
+  write_ngame_dataset(d)
+  lines = (d / "raw_data" / "test.raw.txt").read_text().splitlines()
+  (d / "raw_data" / "test.raw.txt").write_text("\n".join(lines[:-1]) + "\n")
+  c = _load_config("experiments/xc_text.py", "tiny")
+  c.data.dir = str(d)
+  with pytest.raises(xc_format.XCFormatError, match=r"test.raw.txt: 199 texts but tst_X_Y.txt has 200"):
+    train.train_and_evaluate(c, str(tmp_path / "wd"))
+
+
+def test_validation_names_the_field():
+  c = config_base.base_config()
+  c.data.dir = "/x"
+  c.data.tokenizer_dir = "/y"
+  c.negatives.strategy = "nope"
+  with pytest.raises(ValueError, match=r"config.negatives.strategy: unknown strategy 'nope'"):
+    config_base.validate(c)
