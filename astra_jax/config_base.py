@@ -75,7 +75,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.seed = 0
   c.train.log_every_steps = 50
   c.train.eval_every_epochs = 0    # 0: evaluate at the end only
-  c.train.profile_steps = 10       # steps timed phase by phase for the time break-up
+  c.train.profile_steps = 20       # steps timed phase by phase for the time break-up
   c.train.prefetch = 4
   c.train.classifier_init_std = 0.02
 

@@ -219,7 +219,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   phases = {k: [] for k in ("data_prep", "host_to_device", "encoder_forward",
                             "classifier_forward", "loss", "step")}
   step_times, evals = [], []
-  profile_at = set(range(3, 3 + config.train.profile_steps))
+  # Profile warm steps (second epoch when there is one): compile time and first-touch
+  # effects stay out of the break-up.
+  first = steps_per_epoch + 2 if config.train.epochs > 1 else min(3, steps_per_epoch - 1)
+  profile_at = set(range(first, first + config.train.profile_steps))
   global_step, t_train = 0, time.time()
   train_seconds = 0.0
   for epoch in range(config.train.epochs):
