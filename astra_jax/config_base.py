@@ -10,6 +10,7 @@ import os
 
 import ml_collections
 
+from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 
 
@@ -91,10 +92,10 @@ STRATEGIES = ("random",)
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
-  """Raises ValueError naming the first bad field."""
+  """Raises InputError naming the first bad field."""
   def need(cond, field, msg):
     if not cond:
-      raise ValueError(f"config.{field}: {msg}")
+      raise InputError(f"config.{field}: {msg}")
 
   need(c.data.dir, "data.dir", "no dataset directory given (--config.data.dir=PATH)")
   need(c.data.tokenizer_dir or c.data.synthetic.enabled, "data.tokenizer_dir",

@@ -7,6 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from astra_jax import evaluate, train
+from astra_jax.errors import InputError
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 flags.DEFINE_string("workdir", "workdir/run", "where results.json and logs go")
@@ -21,8 +22,7 @@ def main(argv):
   logging.get_absl_handler().python_handler.stream = sys.stdout
   try:
     results = train.train_and_evaluate(config, flags.FLAGS.workdir)
-  except (ValueError, FileNotFoundError, OSError) as e:
-    logging.error("%s", e)
+  except (InputError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
   print()
   print(f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "

@@ -24,6 +24,7 @@ from flax import nnx
 from astra_jax import config_base, loss, metrics, optim, predict
 from astra_jax.data import dataset, synthetic, tokenize, xc_format
 from astra_jax.data.pipeline import TrainBatches
+from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
@@ -68,7 +69,7 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
   if hf_dir:
     cfg = EncoderConfig.from_hf(hf_dir, **common)
     if cfg.vocab_size < vocab_size:
-      raise ValueError(f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
+      raise InputError(f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
                        f"the tokenizer's {vocab_size}")
   else:
     cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=ec.hidden_size,
@@ -77,6 +78,9 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
                         max_position=max(512, config.data.max_len), pad_token_id=pad_id,
                         hidden_dropout=ec.hidden_dropout, attention_dropout=ec.hidden_dropout,
                         **common)
+  if config.data.max_len > cfg.max_position:
+    raise InputError(f"config.data.max_len={config.data.max_len} exceeds the encoder's "
+                     f"max_position_embeddings={cfg.max_position}")
   model = Encoder(cfg, nnx.Rngs(params=seed))
   weights = os.path.join(hf_dir, "model.safetensors") if hf_dir else ""
   if weights and ec.load_weights and os.path.exists(weights):

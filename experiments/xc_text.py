@@ -31,7 +31,7 @@ def get_config(variant: str = "minilm"):
     c.encoder.hf_dir = "all-MiniLM-L6-v2"
     c.encoder.embedding_dropout = 0.7
     c.optim.encoder_lr = 1e-4
-    c.optim.classifier_lr = 10.0
+    c.optim.classifier_lr = 1.0
   else:
     c.encoder.hidden_size = 64
     c.encoder.num_layers = 2

@@ -10,6 +10,7 @@ from absl import logging
 
 from astra_jax.data import tokenize, xc_format
 from astra_jax.data.xc_format import SparseRows, XCFormatError
+from astra_jax.errors import InputError
 
 # Text files per layout: (train, test, labels). Label matrices are trn_X_Y.txt / tst_X_Y.txt
 # except for "json", where they come from target_ind.
@@ -78,7 +79,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   d = data_cfg.dir
   layout = data_cfg.layout if data_cfg.layout != "auto" else detect_layout(d)
   if layout not in LAYOUTS:
-    raise ValueError(f"config.data.layout={layout!r}; use auto, {', '.join(LAYOUTS)}")
+    raise InputError(f"config.data.layout={layout!r}; use auto, {', '.join(LAYOUTS)}")
   trn_x, tst_x, lbl_x = (os.path.join(d, f) for f in LAYOUTS[layout])
   _require(trn_x), _require(tst_x)
   cache_dir = cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache")
@@ -87,7 +88,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     probe = os.path.join(cache_dir, f".write-test-{os.getpid()}")
     open(probe, "w").close(), os.remove(probe)
   except OSError:
-    raise OSError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
+    raise InputError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
 
   if layout == "json":
     lbl_texts_path = _require(lbl_x)

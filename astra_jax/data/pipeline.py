@@ -14,6 +14,7 @@ from typing import Iterator
 
 import numpy as np
 
+from astra_jax.errors import InputError
 from astra_jax.sampler import NegativeSampler
 
 
@@ -25,7 +26,7 @@ class TrainBatches:
     self.batch_size, self.seed, self.prefetch = batch_size, seed, prefetch
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
-      raise ValueError(f"batch size {batch_size} exceeds the {self.num_rows} training rows")
+      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
 
   @property
   def steps_per_epoch(self) -> int:

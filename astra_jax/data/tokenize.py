@@ -17,11 +17,12 @@ import numpy as np
 from absl import logging
 
 from astra_jax.data import xc_format
+from astra_jax.errors import InputError
 
 _BATCH = 8192  # texts per call into the Rust tokenizer (which parallelises internally)
 
 
-class TokenizerError(ValueError):
+class TokenizerError(InputError):
   pass
 
 

@@ -14,8 +14,10 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from astra_jax.errors import InputError
 
-class XCFormatError(ValueError):
+
+class XCFormatError(InputError):
   """A data file does not follow the format; the message names file and line."""
 
   def __init__(self, path: str | os.PathLike, line: int | None, message: str):
@@ -260,7 +262,7 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
         text = f"{text} {obj.get('content', '')}".strip()
       texts.append(text)
     return texts
-  raise ValueError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
+  raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
 
 
 def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:

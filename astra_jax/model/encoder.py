@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from astra_jax.errors import InputError
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -52,7 +54,7 @@ class EncoderConfig:
         with open(path) as f:
           config = json.load(f)
       except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: cannot read encoder config: {e}") from e
+        raise InputError(f"{path}: cannot read encoder config: {e}") from e
     mt = config.get("model_type", "bert")
     if mt == "distilbert":
       kw = dict(model_type=mt, vocab_size=config["vocab_size"], hidden_size=config["dim"],
@@ -63,12 +65,12 @@ class EncoderConfig:
                 attention_dropout=config.get("attention_dropout", 0.1),
                 pad_token_id=config.get("pad_token_id", 0))
       if config.get("activation", "gelu") != "gelu" or config.get("sinusoidal_pos_embds"):
-        raise ValueError("only gelu DistilBERT with learned position embeddings is supported")
+        raise InputError("only gelu DistilBERT with learned position embeddings is supported")
     elif mt in ("bert", "roberta", "xlm-roberta") or "hidden_size" in config:
       if config.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(f"hidden_act {config.get('hidden_act')!r} not supported (gelu only)")
+        raise InputError(f"hidden_act {config.get('hidden_act')!r} not supported (gelu only)")
       if mt != "bert":
-        raise ValueError(f"model_type {mt!r} not supported; use bert or distilbert")
+        raise InputError(f"model_type {mt!r} not supported; use bert or distilbert")
       kw = dict(model_type="bert", vocab_size=config["vocab_size"],
                 hidden_size=config["hidden_size"], num_layers=config["num_hidden_layers"],
                 num_heads=config["num_attention_heads"],
@@ -80,7 +82,7 @@ class EncoderConfig:
                 attention_dropout=config.get("attention_probs_dropout_prob", 0.1),
                 pad_token_id=config.get("pad_token_id", 0))
     else:
-      raise ValueError(f"model_type {mt!r} not supported; use bert or distilbert")
+      raise InputError(f"model_type {mt!r} not supported; use bert or distilbert")
     kw.update(overrides)
     return EncoderConfig(**kw)
 

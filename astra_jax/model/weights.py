@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
+from astra_jax.errors import InputError
 from astra_jax.model.encoder import Encoder
 
 _BERT_LAYER = {
@@ -29,7 +30,7 @@ _DISTIL_LAYER = {
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 
 
-class WeightsError(ValueError):
+class WeightsError(InputError):
   pass
 
 
