@@ -12,6 +12,7 @@ import ml_collections
 
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
+from astra_jax.negatives.schedule import STRATEGIES
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -54,12 +55,19 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder.dtype = "float32"      # compute dtype: float32 | bfloat16 | float16
 
   c.negatives = ml_collections.ConfigDict()
-  c.negatives.strategy = "random"  # hard-negative strategies arrive with the ANNS index
+  c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/schedule.py
   c.negatives.k_p = 7              # positives per query (padded with a mask)
   c.negatives.k_h = 50             # hard negatives per query
-  c.negatives.k_r = 400            # random negatives per batch
+  c.negatives.k_r = 400            # random negatives per batch (shared by its queries)
   c.negatives.tau_s = 5            # first epoch with hard negatives
   c.negatives.tau_r = 5            # epochs between index refreshes
+  c.negatives.index = "auto"       # auto (exact up to 50k labels, else scann) | exact | scann
+  c.negatives.scann_leaves = 0     # 0: scaled to L (2 sqrt(L))
+  c.negatives.scann_leaves_to_search = 0  # 0: max(32, leaves / 10)
+  c.negatives.scann_reorder = 0    # 0: max(4 k, 200)
+  c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
+  c.negatives.curriculum_final_hard_fraction = 0.5
+  c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
 
   c.optim = ml_collections.ConfigDict()
   c.optim.encoder_lr = 1e-4
@@ -88,7 +96,6 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-STRATEGIES = ("random",)
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -108,6 +115,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for k in ("k_p", "k_r"):
     need(c.negatives[k] >= 1, f"negatives.{k}", f"must be >= 1, got {c.negatives[k]}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",
+       f"unknown index {c.negatives.index!r}; use auto, exact or scann")
+  need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
+       "use '', 'raise' or 'kill'")
   need(c.train.batch_size >= 1, "train.batch_size", "must be >= 1")
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
   need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",

@@ -37,8 +37,10 @@ class NegativeSampler:
     self.k_p, self.k_h, self.k_r = k_p, k_h, k_r
 
   def __call__(self, rows: np.ndarray, rng: np.random.Generator,
-               hard_negatives: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """rows: (B,) training row ids; hard_negatives: (B, k_h) label ids or None."""
+               hard_negatives: np.ndarray | None = None,
+               num_random: int | None = None) -> dict[str, np.ndarray]:
+    """rows: (B,) training row ids; hard_negatives: (B, h) label ids (-1: none) or None;
+    num_random: shared random draws (default k_r, or k_r + k_h without hard negatives)."""
     b, L = len(rows), self.num_labels
     indptr, indices = self.labels.indptr, self.labels.indices
     starts, ends = indptr[rows], indptr[rows + 1]
@@ -55,12 +57,12 @@ class NegativeSampler:
     all_pos_ids = np.concatenate([indices[s:e] for s, e in zip(starts, ends)]) if b else []
 
     if hard_negatives is None:
-      k_r = self.k_r + self.k_h
+      k_r = self.k_r + self.k_h if num_random is None else num_random
       hard_ids = np.zeros((b, 0), np.int32)
       hard_mask = np.zeros((b, 0), bool)
     else:
-      k_r = self.k_r
-      hard_ids = np.asarray(hard_negatives, np.int32).reshape(b, self.k_h)
+      k_r = self.k_r if num_random is None else num_random
+      hard_ids = np.asarray(hard_negatives, np.int32).reshape(b, -1)
       hard_mask = (hard_ids >= 0) & ~_member(np.arange(b), hard_ids, all_pos_row,
                                              np.asarray(all_pos_ids), L)
       hard_ids = np.where(hard_ids >= 0, hard_ids, 0)
@@ -72,4 +74,4 @@ class NegativeSampler:
     rand_mask = ~_member(np.arange(b), rand_full, excluded_rows, excluded_ids, L)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
             "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
-            "rand_mask": rand_mask, "rand_weight": np.float32(L / k_r)}
+            "rand_mask": rand_mask, "rand_weight": np.float32(L / k_r if k_r else 0.0)}

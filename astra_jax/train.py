@@ -28,6 +28,8 @@ from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
+from astra_jax.negatives.manager import HardNegatives
+from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
 
 _DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
@@ -100,18 +102,36 @@ def classifier_scores(emb, w, batch):
           emb @ w[batch["rand_ids"]].T)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation):
+def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
+  """The `uptodate` oracle: each query's k top-scoring non-positive labels under the current
+  W and E(x), exact over all L (O(B L) per step: small L only)."""
+  scores = jax.lax.stop_gradient(emb @ w.T)
+  rows = jnp.arange(emb.shape[0])[:, None]
+  pos = jnp.where(batch["pos_mask"], batch["pos_ids"], w.shape[0])  # masked -> out of range
+  scores = scores.at[rows, pos].set(-jnp.inf, mode="drop")
+  _, hard = jax.lax.top_k(scores, k)
+  hit = (batch["rand_ids"][None, :, None] == hard[:, None, :]).any(-1)
+  return dict(batch, hard_ids=hard.astype(jnp.int32), hard_mask=jnp.ones_like(hard, bool),
+              rand_mask=batch["rand_mask"] & ~hit)
+
+
+def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0):
+  """One jitted step. Returns (params, opt_state, loss, E(x) before embedding dropout); the
+  embeddings feed the hard-negative refresh at no extra forward pass."""
 
   def loss_fn(params, batch, key):
     encoder = nnx.merge(graphdef, params["encoder"])
-    emb = encoder(batch["input_ids"], dropout_key=key)
-    return loss.sampled_bce(emb, params["classifier"], batch)
+    pooled = encoder.pooled(batch["input_ids"], dropout_key=key)
+    emb = encoder.embedding_dropout(pooled, key)
+    if uptodate_k:
+      batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
+    return loss.sampled_bce(emb, params["classifier"], batch), pooled
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
-    value, grads = jax.value_and_grad(loss_fn)(params, batch, key)
+    (value, pooled), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value
+    return optax.apply_updates(params, updates), opt_state, value, pooled
 
   return train_step
 
@@ -198,6 +218,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       jax.random.key(seed + 1), (data.num_labels, d), jnp.float32)
   params = {"encoder": enc_params, "classifier": w}
   nc = config.negatives
+  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
+                              config.train.epochs, nc.curriculum_final_hard_fraction)
+  if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
+    raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
+                     f"but {data.data_dir} has no label texts")
+  hard_negatives = HardNegatives(
+      schedule, workdir, data.train_labels, encoder.cfg.embed_dim, nc.index,
+      {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
+       "reorder": nc.scann_reorder}, nc.recall_sample, seed, nc.inject_fault)
   sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
                          config.train.prefetch)
@@ -205,7 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   total_steps = steps_per_epoch * config.train.epochs
   tx = optim.make_optimizer(config.optim, total_steps)
   opt_state = tx.init(params)
-  train_step = make_train_step(graphdef, tx)
+  train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0)
   embed_fn = make_embed_fn(graphdef)
   enc_fwd, clf_fwd, loss_only = make_phase_fns(graphdef)
   inv_prop = metrics.inverse_propensity(data.train_labels.__class__(
@@ -222,63 +251,94 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   base_key = jax.random.key(seed + 2)
   phases = {k: [] for k in ("data_prep", "host_to_device", "encoder_forward",
                             "classifier_forward", "loss", "step")}
-  step_times, evals = [], []
+  step_times, evals, negatives_per_epoch = [], [], []
   # Profile warm steps (second epoch when there is one): compile time and first-touch
   # effects stay out of the break-up.
   first = steps_per_epoch + 2 if config.train.epochs > 1 else min(3, steps_per_epoch - 1)
   profile_at = set(range(first, first + config.train.profile_steps))
-  global_step, t_train = 0, time.time()
-  train_seconds = 0.0
-  for epoch in range(config.train.epochs):
-    t_epoch = time.time()
-    window_n, t_window = 0, time.time()
-    for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch)):
-      key = jax.random.fold_in(base_key, global_step)
-      profiling = global_step in profile_at
-      t0 = time.perf_counter()
-      batch = jax.device_put({k: host_batch[k] for k in _DEVICE_KEYS})
-      if profiling:
-        jax.block_until_ready(batch)
-        t1 = time.perf_counter()
-        emb = jax.block_until_ready(enc_fwd(params["encoder"], batch["input_ids"], key))
-        t2 = time.perf_counter()
-        scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], batch))
-        t3 = time.perf_counter()
-        jax.block_until_ready(loss_only(scores, batch))
-        t4 = time.perf_counter()
-      params, opt_state, value = train_step(params, opt_state, batch, key)
-      if profiling:
-        value.block_until_ready()
-        t5 = time.perf_counter()
-        for name, dt in (("data_prep", prep_s), ("host_to_device", t1 - t0),
-                         ("encoder_forward", t2 - t1), ("classifier_forward", t3 - t2),
-                         ("loss", t4 - t3), ("step", t5 - t4)):
-          phases[name].append(dt)
-      global_step += 1
-      if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
-        value = float(value)
-        dt = time.time() - t_window
-        n_steps = step + 1 - window_n
-        qps = n_steps * config.train.batch_size / max(dt, 1e-9)
-        eta = (total_steps - global_step) * dt / max(n_steps, 1)
-        lr_e, lr_c = optim.learning_rates(config.optim, total_steps, global_step)
-        logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | lr %.2e/%.2e | ETA %s",
-                     epoch, step + 1, steps_per_epoch, value, qps, lr_e, lr_c,
-                     time.strftime("%H:%M:%S", time.gmtime(eta)))
-        if not np.isfinite(value):
-          raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
-        log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps)
-        window_n, t_window = step + 1, time.time()
-    epoch_s = time.time() - t_epoch
-    train_seconds += epoch_s
-    step_times.append(epoch_s / steps_per_epoch)
-    every = config.train.eval_every_epochs
-    if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
-      m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
-      evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
-      log.write(kind="eval", **evals[-1])
-      logging.info("eval after epoch %d: %s", epoch + 1,
-                   ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+  global_step, train_seconds = 0, 0.0
+
+  # What a refresh needs from the host, evaluated when called: the label vectors to index
+  # (W, or E(z_l) for e_hard) and embeddings of given training rows.
+  def vectors_fn():
+    if schedule.index_over == "E":
+      return embed(embed_fn, params["encoder"], data.label_tokens, config.eval.batch_size)
+    return np.asarray(params["classifier"])
+
+  def embed_rows(rows):
+    order = np.argsort(rows)
+    emb = embed(embed_fn, params["encoder"], data.train_tokens[rows[order]],
+                config.eval.batch_size)
+    out = np.empty_like(emb)
+    out[order] = emb
+    return out
+
+  try:
+    for epoch in range(config.train.epochs):
+      t_epoch = time.time()
+      hard, n_hard, n_random = hard_negatives.start_epoch(epoch, vectors_fn, embed_rows)
+      negatives_per_epoch.append({"epoch": epoch, "source": schedule.source(epoch) if
+                                  hard is not None else None, "hard": n_hard, "random": n_random})
+      window_n, t_window = 0, time.time()
+      pending = None  # (rows, device embeddings) of the previous step, fetched one step late
+      for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch, hard, 0, n_random)):
+        key = jax.random.fold_in(base_key, global_step)
+        profiling = global_step in profile_at
+        t0 = time.perf_counter()
+        batch = jax.device_put({k: host_batch[k] for k in _DEVICE_KEYS})
+        if profiling:
+          jax.block_until_ready(batch)
+          t1 = time.perf_counter()
+          emb = jax.block_until_ready(enc_fwd(params["encoder"], batch["input_ids"], key))
+          t2 = time.perf_counter()
+          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], batch))
+          t3 = time.perf_counter()
+          jax.block_until_ready(loss_only(scores, batch))
+          t4 = time.perf_counter()
+        params, opt_state, value, pooled = train_step(params, opt_state, batch, key)
+        if profiling:
+          value.block_until_ready()
+          t5 = time.perf_counter()
+          for name, dt in (("data_prep", prep_s), ("host_to_device", t1 - t0),
+                           ("encoder_forward", t2 - t1), ("classifier_forward", t3 - t2),
+                           ("loss", t4 - t3), ("step", t5 - t4)):
+            phases[name].append(dt)
+        if hard_negatives.collecting:
+          if pending is not None:
+            hard_negatives.collect(pending[0], np.asarray(pending[1]))
+          pooled.copy_to_host_async()
+          pending = (host_batch["rows"], pooled)
+        global_step += 1
+        if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
+          value = float(value)
+          dt = time.time() - t_window
+          n_steps = step + 1 - window_n
+          qps = n_steps * config.train.batch_size / max(dt, 1e-9)
+          eta = (total_steps - global_step) * dt / max(n_steps, 1)
+          lr_e, lr_c = optim.learning_rates(config.optim, total_steps, global_step)
+          logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | lr %.2e/%.2e | "
+                       "negatives %d hard + %d random | ETA %s", epoch, step + 1,
+                       steps_per_epoch, value, qps, lr_e, lr_c, n_hard, n_random,
+                       time.strftime("%H:%M:%S", time.gmtime(eta)))
+          if not np.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
+          log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps)
+          window_n, t_window = step + 1, time.time()
+      if pending is not None:
+        hard_negatives.collect(pending[0], np.asarray(pending[1]))
+      hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
+      epoch_s = time.time() - t_epoch
+      train_seconds += epoch_s
+      step_times.append(epoch_s / steps_per_epoch)
+      every = config.train.eval_every_epochs
+      if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
+        m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
+        evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
+        log.write(kind="eval", **evals[-1])
+        logging.info("eval after epoch %d: %s", epoch + 1,
+                     ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+  finally:
+    hard_negatives.close()
 
   final = evaluate_model(embed_fn, params, data, config, inv_prop)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
@@ -305,6 +365,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "steps": global_step, "train_time_s": round(train_seconds, 2),
       "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
       "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
+      "negatives": {**hard_negatives.summary(), "per_epoch": negatives_per_epoch},
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "config": json.loads(config.to_json()),
   }

@@ -27,6 +27,8 @@ def get_config():
   c.negatives.k_p = 7
   c.negatives.k_h = 16
   c.negatives.k_r = 256
+  c.negatives.tau_s = 4
+  c.negatives.tau_r = 2
   c.optim.encoder_lr = 2e-3
   c.optim.classifier_lr = 20.0  # per-row SGD step is lr / batch_size (mean over batch)
   c.optim.warmup_steps = 100

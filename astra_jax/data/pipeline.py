@@ -33,18 +33,21 @@ class TrainBatches:
     return self.num_rows // self.batch_size
 
   def make_batch(self, epoch: int, step: int, order: np.ndarray,
-                 hard_negatives: np.ndarray | None) -> dict[str, np.ndarray]:
+                 hard_negatives: np.ndarray | None, num_random: int | None) -> dict[str, np.ndarray]:
     rows = order[step * self.batch_size:(step + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
-    batch = self.sampler(rows, rng, hard)
+    batch = self.sampler(rows, rng, hard, num_random)
     batch["input_ids"] = np.asarray(self.tokens[rows], np.int32)
     batch["rows"] = rows.astype(np.int32)
     return batch
 
   def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
-            start_step: int = 0) -> Iterator[tuple[dict[str, np.ndarray], float]]:
-    """Yields (batch, seconds the thread spent preparing it) from `start_step` on."""
+            start_step: int = 0, num_random: int | None = None
+            ) -> Iterator[tuple[dict[str, np.ndarray], float]]:
+    """Yields (batch, seconds the thread spent preparing it) from `start_step` on.
+
+    hard_negatives: (N, h) per training row, or None; num_random: shared random draws."""
     order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
     q: queue.Queue = queue.Queue(maxsize=self.prefetch)
     stop = threading.Event()
@@ -53,7 +56,8 @@ class TrainBatches:
       try:
         for step in range(start_step, self.steps_per_epoch):
           t0 = time.perf_counter()
-          item = (self.make_batch(epoch, step, order, hard_negatives), time.perf_counter() - t0)
+          item = (self.make_batch(epoch, step, order, hard_negatives, num_random),
+                  time.perf_counter() - t0)
           while not stop.is_set():
             try:
               q.put(item, timeout=0.1)

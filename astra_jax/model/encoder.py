@@ -186,14 +186,19 @@ class Encoder(nnx.Module):
       x = layer(x, mask, keys)
     return x
 
-  def __call__(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
-    """Mean-pooled (over non-pad tokens) sentence embeddings, (B, d) float32.
-
-    `dropout_key=None` means evaluation (no dropout)."""
+  def pooled(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Mean-pooled (over non-pad tokens) embeddings before the embedding dropout, (B, d)."""
     mask = (input_ids != self.cfg.pad_token_id)[..., None].astype(jnp.float32)
     states = self.token_states(input_ids, dropout_key).astype(jnp.float32)
     pooled = (states * mask).sum(1) / jnp.maximum(mask.sum(1), 1e-9)
     if self.cfg.bottleneck_dim:
       pooled = self.bottleneck(pooled).astype(jnp.float32)
-    key = None if dropout_key is None else jax.random.fold_in(dropout_key, -1 % (2**31))
+    return pooled
+
+  def embedding_dropout(self, pooled: jax.Array, dropout_key: jax.Array | None) -> jax.Array:
+    key = None if dropout_key is None else jax.random.fold_in(dropout_key, 2**31 - 1)
     return _dropout(pooled, self.cfg.embedding_dropout, key)
+
+  def __call__(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    """E(x): (B, d) float32. `dropout_key=None` means evaluation (no dropout)."""
+    return self.embedding_dropout(self.pooled(input_ids, dropout_key), dropout_key)

@@ -1,0 +1,151 @@
+"""Maximum-inner-product search over label vectors, and mining of hard negatives with it.
+
+Two backends with one interface, `search(queries, k) -> (N, k) ids` (best first):
+  * `ExactIndex`: blocked numpy matmul + partial sort; exact, O(N L d), for small L and tests.
+  * `ScannIndex`: ScaNN (pybind API, no TensorFlow): a k-means tree + anisotropic
+    quantisation + exact re-ranking. Knob defaults are scaled to L by `scann_defaults`.
+No jax here: this module also runs inside the refresh worker process.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import numpy as np
+
+from astra_jax.data.xc_format import SparseRows
+
+
+class ExactIndex:
+
+  def __init__(self, rows: np.ndarray, query_block: int = 4096):
+    self.rows = np.ascontiguousarray(rows, np.float32)
+    self.query_block = query_block
+
+  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+    L = len(self.rows)
+    k = min(k, L)
+    out = np.empty((len(queries), k), np.int32)
+    for s in range(0, len(queries), self.query_block):
+      scores = np.asarray(queries[s:s + self.query_block], np.float32) @ self.rows.T
+      top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < L else np.tile(np.arange(L), (len(scores), 1))
+      order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+      out[s:s + len(scores)] = np.take_along_axis(top, order, 1)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ScannParams:
+  num_leaves: int
+  num_leaves_to_search: int
+  reorder: int
+  training_sample_size: int
+
+
+def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search: int = 0,
+                   reorder: int = 0) -> ScannParams:
+  """ScaNN's own guidance: ~sqrt(L) leaves, search a few percent of them, re-rank a few x k.
+  Zeros mean "scaled to L"."""
+  leaves = num_leaves or int(min(max(2 * math.sqrt(num_rows), 16), 20000))
+  search = leaves_to_search or max(min(leaves, 32), leaves // 10)
+  return ScannParams(leaves, min(search, leaves), reorder or max(4 * k, 200),
+                     min(num_rows, max(250_000, 50 * leaves)))
+
+
+class ScannIndex:
+
+  def __init__(self, rows: np.ndarray, k: int, params: ScannParams):
+    import scann  # imported lazily: heavy, and only needed on the host that mines
+    self.params = params
+    rows = np.ascontiguousarray(rows, np.float32)
+    self.searcher = (scann.scann_ops_pybind.builder(rows, k, "dot_product")
+                     .tree(num_leaves=params.num_leaves,
+                           num_leaves_to_search=params.num_leaves_to_search,
+                           training_sample_size=params.training_sample_size)
+                     .score_ah(2, anisotropic_quantization_threshold=0.2)
+                     .reorder(params.reorder).build())
+
+  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+    ids, _ = self.searcher.search_batched_parallel(
+        np.ascontiguousarray(queries, np.float32), final_num_neighbors=k,
+        pre_reorder_num_neighbors=max(self.params.reorder, k))
+    return ids.astype(np.int32)
+
+
+def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None):
+  """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap)."""
+  if backend == "auto":
+    backend = "exact" if len(rows) <= 50_000 else "scann"
+  if backend == "exact":
+    return ExactIndex(rows)
+  if backend == "scann":
+    return ScannIndex(rows, k, scann_defaults(len(rows), k, **(scann_knobs or {})))
+  raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
+
+
+def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: SparseRows,
+                     k: int) -> tuple[np.ndarray, np.ndarray]:
+  """Drops each query's positives from its ranked candidates and keeps the first k.
+
+  Returns (negatives (n, k) int32 with -1 where fewer than k remain, short (n,) bool)."""
+  n, c = candidates.shape
+  starts, ends = positives.indptr[rows], positives.indptr[rows + 1]
+  pos_rows = np.repeat(np.arange(n, dtype=np.int64), ends - starts)
+  pos_ids = positives.indices[np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+                              .astype(np.int64)] if n else np.zeros(0, np.int32)
+  L = np.int64(positives.num_cols)
+  keys = np.sort(pos_rows * L + pos_ids)
+  q = np.arange(n, dtype=np.int64)[:, None] * L + candidates
+  if len(keys):
+    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    drop = (keys[at] == q) | (candidates < 0)
+  else:
+    drop = candidates < 0
+  order = np.argsort(drop, axis=1, kind="stable")  # kept first, in rank order
+  kept = np.take_along_axis(candidates, order, 1)
+  kept = np.where(np.take_along_axis(drop, order, 1), -1, kept)[:, :k]
+  if kept.shape[1] < k:
+    kept = np.pad(kept, ((0, 0), (0, k - kept.shape[1])), constant_values=-1)
+  return kept.astype(np.int32), (kept < 0).any(1)
+
+
+def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: int,
+         batch: int = 65536) -> np.ndarray:
+  """Each query's k top-scoring labels that are not its positives, (N, k) int32.
+
+  Retrieves k + (the row's positives, capped) candidates; rows left short (many positives
+  among the top) are searched again with a larger k."""
+  n = len(queries)
+  out = np.full((n, k), -1, np.int32)
+  lengths = positives.row_lengths()
+  for s in range(0, n, batch):
+    rows = np.arange(s, min(s + batch, n))
+    extra = int(min(lengths[rows].max(initial=0), 4 * k))
+    want = min(k + extra, num_labels)
+    neg, short = remove_positives(index.search(queries[rows], want), rows, positives, k)
+    while short.any() and want < num_labels:
+      want = min(2 * want, num_labels)
+      redo = rows[short]
+      neg[short], short_redo = remove_positives(index.search(queries[redo], want), redo,
+                                                positives, k)
+      short[short] = short_redo
+    out[rows] = neg
+  return out
+
+
+def recall_at_k(index, exact: ExactIndex, queries: np.ndarray, k: int) -> float:
+  """Mean |ANN top-k ∩ exact top-k| / k."""
+  a, b = index.search(queries, k), exact.search(queries, k)
+  return float(np.mean([len(np.intersect1d(x, y)) / k for x, y in zip(a, b)]))
+
+
+def save_atomic(path: str, array: np.ndarray) -> None:
+  """np.save to a temporary name, fsync, rename: a reader never sees a half-written file."""
+  tmp = f"{path}.tmp-{os.getpid()}.npy"
+  with open(tmp, "wb") as f:
+    np.save(f, array)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)

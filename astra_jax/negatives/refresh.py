@@ -1,0 +1,157 @@
+"""One hard-negative refresh as a job, run in a worker process off the critical path.
+
+A job reads a snapshot of the label vectors (W, or label-text embeddings E(z_l)) and the
+training queries' embeddings from .npy files, builds an index, mines k negatives per query
+(positives removed), writes them atomically to `out_path` and its timings and recall to
+`stats_path`, then exits (dropping the index). The worker is a separate process
+(`python -m astra_jax.negatives.refresh JOB.json`): ScaNN runs on the host's cores beside
+training, and an exception, a kill or an out-of-memory in it cannot take training down.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from astra_jax.data.xc_format import SparseRows, atomic_text_writer
+from astra_jax.negatives import index as index_lib
+
+
+@dataclasses.dataclass
+class RefreshJob:
+  epoch: int              # the epoch whose training uses the result
+  vectors_path: str       # (L, d) float32 .npy: label vectors to index
+  queries_path: str       # (N, d) float32 .npy: training-query embeddings
+  labels_path: str        # .npz: CSR positives of the N queries
+  out_path: str           # (N, k) int32 .npy written here
+  stats_path: str         # JSON: build_s, search_s, recall
+  k: int
+  backend: str = "auto"
+  scann_knobs: dict = dataclasses.field(default_factory=dict)
+  recall_sample: int = 1000
+  seed: int = 0
+  fault: str = ""         # tests: "raise" or "kill" makes the job fail that way
+
+  def save(self, path: str) -> None:
+    with atomic_text_writer(path) as f:
+      json.dump(dataclasses.asdict(self), f)
+
+
+def save_labels(path: str, labels: SparseRows) -> None:
+  tmp = f"{path}.tmp-{os.getpid()}.npz"
+  np.savez(tmp, indptr=labels.indptr, indices=labels.indices, num_cols=labels.num_cols)
+  os.replace(tmp, path)
+
+
+def load_labels(path: str) -> SparseRows:
+  z = np.load(path)
+  return SparseRows(z["indptr"], z["indices"], np.ones(len(z["indices"]), np.float32),
+                    int(z["num_cols"]))
+
+
+def run_job(job: RefreshJob) -> dict:
+  """The refresh itself (the same code runs in the worker and synchronously)."""
+  if job.fault == "raise":
+    raise RuntimeError("injected refresh fault")
+  if job.fault == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+  vectors = np.load(job.vectors_path, mmap_mode="r")
+  queries = np.load(job.queries_path, mmap_mode="r")
+  labels = load_labels(job.labels_path)
+  t0 = time.time()
+  index = index_lib.build_index(np.asarray(vectors), job.k, job.backend, job.scann_knobs)
+  t1 = time.time()
+  negatives = index_lib.mine(index, queries, labels, job.k, len(vectors))
+  t2 = time.time()
+  if isinstance(index, index_lib.ExactIndex) or job.recall_sample <= 0:
+    recall = 1.0 if isinstance(index, index_lib.ExactIndex) else None
+  else:
+    rng = np.random.default_rng(job.seed)
+    sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
+    recall = index_lib.recall_at_k(index, index_lib.ExactIndex(vectors), queries[sample],
+                                   min(job.k, len(vectors)))
+  del index
+  index_lib.save_atomic(job.out_path, negatives)
+  stats = {"epoch": job.epoch, "build_s": round(t1 - t0, 3), "search_s": round(t2 - t1, 3),
+           "recall": recall, "num_queries": len(queries), "num_labels": len(vectors)}
+  with atomic_text_writer(job.stats_path) as f:
+    json.dump(stats, f)
+  return stats
+
+
+class RefreshFailed(RuntimeError):
+  pass
+
+
+class RefreshWorker:
+  """Runs one job at a time in a child process."""
+
+  def __init__(self):
+    self.proc: subprocess.Popen | None = None
+    self.job: RefreshJob | None = None
+    self.started = 0.0
+
+  def start(self, job: RefreshJob, job_path: str) -> None:
+    if self.proc is not None:
+      raise RuntimeError("a refresh is already running")
+    job.save(job_path)
+    for p in (job.out_path, job.stats_path):
+      if os.path.exists(p):
+        os.remove(p)
+    self.job, self.started = job, time.time()
+    self.log_path = job_path + ".log"
+    with open(self.log_path, "w") as log:
+      self.proc = subprocess.Popen([sys.executable, "-m", "astra_jax.negatives.refresh", job_path],
+                                   stdout=log, stderr=subprocess.STDOUT)
+
+  @property
+  def busy(self) -> bool:
+    return self.proc is not None
+
+  def wait(self) -> dict:
+    """Blocks until the job ends; returns its stats or raises RefreshFailed."""
+    if self.proc is None:
+      raise RuntimeError("no refresh running")
+    code = self.proc.wait()
+    job, self.proc = self.job, None
+    if code != 0:
+      tail = ""
+      try:
+        with open(self.log_path) as f:
+          tail = f.read()[-500:].strip().splitlines()[-1:]
+      except OSError:
+        pass
+      how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+      raise RefreshFailed(f"refresh for epoch {job.epoch} failed ({how}) {' '.join(tail)}")
+    try:
+      with open(job.stats_path) as f:
+        return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+      raise RefreshFailed(f"refresh for epoch {job.epoch} left no stats: {e}") from e
+
+  def stop(self) -> None:
+    if self.proc is not None:
+      self.proc.kill()
+      self.proc.wait()
+      self.proc = None
+
+
+def _main(argv: list[str]) -> int:
+  if len(argv) != 2:
+    print("usage: python -m astra_jax.negatives.refresh JOB.json", file=sys.stderr)
+    return 2
+  with open(argv[1]) as f:
+    job = RefreshJob(**json.load(f))
+  stats = run_job(job)
+  print(json.dumps(stats))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(_main(sys.argv))

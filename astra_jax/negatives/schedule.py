@@ -1,0 +1,98 @@
+"""Which negatives each epoch trains with: the paper's Algorithm 1 and the ablation
+strategies of its negative-sampling table, as pure functions of the epoch.
+
+Every strategy uses the same number of negatives per query, T = k_h + k_r:
+  random          T random
+  random+w_hard   k_h hard from an index over W + k_r random (ASTRA)
+  random+e_hard   k_h hard from an index over label-text embeddings E(z_l) + k_r random
+  w_hard, e_hard  T hard, no random
+  curriculum      hard from W; the hard share rises linearly from k_h/T at tau_s to
+                  `curriculum_final_hard_fraction` at the last epoch, the rest random
+  uptodate        k_h hard re-mined inside every step with the current W and E(x) (exact,
+                  small L only) + k_r random
+Before tau_s every strategy trains with T random negatives. Index strategies refresh at
+epochs tau_s, tau_s + tau_r, ...; the refresh for epoch e collects query embeddings during
+epoch e-2, snapshots W at its end, and mines during epoch e-1.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
+              "uptodate")
+
+
+@dataclasses.dataclass(frozen=True)
+class NegativeSchedule:
+  strategy: str
+  k_h: int
+  k_r: int
+  tau_s: int
+  tau_r: int
+  epochs: int
+  curriculum_final_hard_fraction: float = 0.5
+
+  def __post_init__(self):
+    if self.strategy not in STRATEGIES:
+      raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
+
+  @property
+  def total(self) -> int:
+    return self.k_h + self.k_r
+
+  @property
+  def uses_index(self) -> bool:
+    return self.strategy not in ("random", "uptodate")
+
+  @property
+  def index_over(self) -> str:
+    """"W" (classifier rows) or "E" (label-text embeddings)."""
+    return "E" if "e_hard" in self.strategy else "W"
+
+  @property
+  def refresh_epochs(self) -> list[int]:
+    if not self.uses_index:
+      return []
+    return list(range(self.tau_s, self.epochs, max(self.tau_r, 1)))
+
+  def collect_epoch(self, refresh_epoch: int) -> int | None:
+    """The epoch whose forward passes provide the refresh's query embeddings (None: the
+    refresh has no earlier epoch to pipeline from and runs synchronously)."""
+    e = refresh_epoch - 2
+    return e if e >= 0 else None
+
+  def refresh_collected_in(self, epoch: int) -> int | None:
+    """The refresh epoch whose inputs are collected during `epoch`, if any."""
+    r = epoch + 2
+    return r if r in self.refresh_epochs else None
+
+  def source(self, epoch: int) -> int | None:
+    """The refresh whose negatives `epoch` trains with (None: random only)."""
+    past = [r for r in self.refresh_epochs if r <= epoch]
+    return past[-1] if past else None
+
+  def mined_k(self) -> int:
+    """Columns each refresh mines."""
+    if self.strategy in ("w_hard", "e_hard"):
+      return self.total
+    if self.strategy == "curriculum":
+      return max(self.k_h, round(self.curriculum_final_hard_fraction * self.total))
+    return self.k_h
+
+  def split(self, epoch: int, have_hard: bool) -> tuple[int, int]:
+    """(hard, random) negatives per query in `epoch`."""
+    if self.strategy == "random" or epoch < self.tau_s:
+      return 0, self.total
+    if self.strategy == "uptodate":
+      return self.k_h, self.k_r
+    if not have_hard:
+      return 0, self.total
+    if self.strategy in ("w_hard", "e_hard"):
+      return self.total, 0
+    if self.strategy == "curriculum":
+      last = max(self.epochs - 1, self.tau_s + 1)
+      f0 = self.k_h / self.total
+      f = f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s) / (last - self.tau_s)
+      h = min(self.mined_k(), max(0, round(f * self.total)))
+      return h, self.total - h
+    return self.k_h, self.k_r
