@@ -108,3 +108,19 @@ def test_weight_matches_the_paper_before_tau_s():
   b = NegativeSampler(labels, k_p=3, k_h=4, k_r=8)(np.arange(2), np.random.default_rng(0))
   assert b["hard_ids"].shape == (2, 0) and b["rand_ids"].shape == (12,)
   assert b["rand_weight"] == np.float32(L / 12)
+
+
+def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
+  from astra_jax.train import mine_in_step
+  rng = np.random.default_rng(0)
+  emb = rng.normal(size=(3, 4)).astype(np.float32)
+  w = rng.normal(size=(20, 4)).astype(np.float32)
+  batch = {"pos_ids": np.array([[0, 5], [1, 0], [2, 0]]),
+           "pos_mask": np.array([[True, True], [True, False], [False, False]]),
+           "rand_ids": np.arange(20), "rand_mask": np.ones((3, 20), bool)}
+  out = mine_in_step(jnp.asarray(emb), jnp.asarray(w), {k: jnp.asarray(v) for k, v in batch.items()}, 3)
+  for i, pos in enumerate([{0, 5}, {1}, set()]):
+    ranked = [l for l in np.argsort(-(emb[i] @ w.T)) if l not in pos][:3]
+    np.testing.assert_array_equal(out["hard_ids"][i], ranked)
+    # A random draw equal to a hard negative is not counted twice.
+    np.testing.assert_array_equal(out["rand_mask"][i], ~np.isin(np.arange(20), ranked))

@@ -145,3 +145,48 @@ def test_validation_names_the_field():
   c.negatives.strategy = "nope"
   with pytest.raises(ValueError, match=r"config.negatives.strategy: unknown strategy 'nope'"):
     config_base.validate(c)
+
+
+def _small_synthetic(tmp_path, **negatives):
+  c = _load_config("experiments/demo.py")
+  c.data.dir = str(tmp_path.parent / "small_synthetic")  # shared between tests, generated once
+  c.data.synthetic.num_labels = 300
+  c.data.synthetic.num_train = 3000
+  c.data.synthetic.num_test = 500
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 4, 64, 0
+  c.train.eval_every_epochs = 0
+  c.optim.warmup_steps = 20
+  c.negatives.update(negatives)
+  return c
+
+
+def test_hard_negatives_follow_the_schedule_in_training(tmp_path):
+  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1)
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  neg = r["negatives"]
+  assert neg["strategy"] == "random+w_hard"
+  assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
+  assert [(e["hard"], e["random"]) for e in neg["per_epoch"]] == [(0, 272), (0, 272),
+                                                                   (16, 256), (16, 256)]
+  assert [x["epoch"] for x in neg["refreshes"]] == [2, 3] and all(x["ok"] for x in neg["refreshes"])
+  for x in neg["refreshes"]:
+    assert {"build_s", "search_s", "recall", "wait_s"} <= set(x)
+  # Only the negatives in use remain on disk; the refresh inputs are gone.
+  assert sorted(os.listdir(tmp_path / "wd" / "negatives")) == ["hard_epoch3.npy",
+                                                              "train_labels.npz"]
+  hard = np.load(tmp_path / "wd" / "negatives" / "hard_epoch3.npy")
+  labels = xc_format.read_sparse(tmp_path.parent / "small_synthetic" / "trn_X_Y.txt")
+  assert hard.shape == (3300, 16)  # label-text rows included
+  for i in range(0, 3000, 7):
+    assert not set(hard[i]) & set(labels.row(i))
+  assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
+
+
+def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path):
+  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1, inject_fault="kill")
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  refreshes = r["negatives"]["refreshes"]
+  assert not refreshes[0]["ok"] and "killed by signal 9" in refreshes[0]["error"]
+  assert refreshes[1]["ok"]  # the next period retried
+  assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, None, None, 3]
+  assert r["steps"] == 4 * (3300 // 64)

@@ -63,7 +63,8 @@ class ScannIndex:
     self.searcher = (scann.scann_ops_pybind.builder(rows, k, "dot_product")
                      .tree(num_leaves=params.num_leaves,
                            num_leaves_to_search=params.num_leaves_to_search,
-                           training_sample_size=params.training_sample_size)
+                           training_sample_size=params.training_sample_size,
+                           random_init=False)  # deterministic: same inputs, same negatives
                      .score_ah(2, anisotropic_quantization_threshold=0.2)
                      .reorder(params.reorder).build())
 

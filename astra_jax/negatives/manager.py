@@ -34,7 +34,7 @@ class HardNegatives:
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
     self.dir = os.path.join(workdir, "negatives")
-    self.worker = RefreshWorker()
+    self.pending: dict[int, RefreshWorker] = {}  # refresh epoch -> its running worker
     self.current: np.ndarray | None = None
     self.current_path: str | None = None
     self.refreshes: list[dict] = []
@@ -65,8 +65,8 @@ class HardNegatives:
     if epoch in self.schedule.refresh_epochs:
       t0 = time.time()
       try:
-        if self.worker.busy:
-          stats = self.worker.wait()
+        if epoch in self.pending:
+          stats = self.pending.pop(epoch).wait()
         else:  # nothing pipelined (tau_s < 2): collect and mine now, blocking
           logging.info("negatives: refresh for epoch %d runs synchronously", epoch)
           self._write_inputs(epoch, vectors_fn(), embed_fn(np.arange(self.num_rows)))
@@ -119,7 +119,9 @@ class HardNegatives:
     self.queries = None
     os.replace(paths["queries"] + ".partial", paths["queries"])
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
-    self.worker.start(self._job(r), paths["job"])
+    # With tau_r = 1 the refresh for r - 1 may still be running: each has its own worker.
+    self.pending[r] = RefreshWorker()
+    self.pending[r].start(self._job(r), paths["job"])
     logging.info("negatives: refresh for epoch %d launched (%d queries, W snapshot of epoch %d)",
                  r, self.num_rows, epoch)
 
@@ -147,7 +149,9 @@ class HardNegatives:
           os.remove(p)
 
   def close(self) -> None:
-    self.worker.stop()
+    for worker in self.pending.values():
+      worker.stop()
+    self.pending.clear()
 
   def summary(self) -> dict:
     return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,

@@ -1,0 +1,143 @@
+"""Hard-negative mining, the Algorithm-1 schedule and the refresh worker."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from astra_jax.data.xc_format import SparseRows
+from astra_jax.negatives import index as index_lib
+from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job,
+                                         save_labels)
+from astra_jax.negatives.schedule import NegativeSchedule
+
+
+def clustered(n_rows, d=32, n_clusters=200, seed=0):
+  """Label vectors in groups around shared centres, like trained classifier rows of
+  confusable labels."""
+  rng = np.random.default_rng(seed)
+  centres = rng.normal(size=(n_clusters, d))
+  rows = centres[rng.integers(0, n_clusters, n_rows)] + 0.5 * rng.normal(size=(n_rows, d))
+  return rows.astype(np.float32), rng
+
+
+def test_exact_index_is_brute_force():
+  w, rng = clustered(500)
+  q = rng.normal(size=(40, 32)).astype(np.float32)
+  got = index_lib.ExactIndex(w, query_block=16).search(q, 7)
+  np.testing.assert_array_equal(got, np.argsort(-(q @ w.T), axis=1, kind="stable")[:, :7])
+
+
+@pytest.mark.parametrize("backend", ["exact", "scann"])
+def test_mined_negatives_never_contain_positives(backend):
+  w, rng = clustered(3000)
+  q = rng.normal(size=(300, 32)).astype(np.float32)
+  exact_top = index_lib.ExactIndex(w).search(q, 40)
+  # Positives: many of each query's own top labels (the hard case for filling k), plus
+  # some random ones; one row with none.
+  rows = [sorted(set(exact_top[i, :rng.integers(0, 30)]) | set(rng.integers(0, 3000, 3)))
+          for i in range(300)]
+  rows[0] = []
+  labels = SparseRows.from_lists(rows, 3000)
+  k = 10
+  idx = index_lib.build_index(w, k, backend)
+  neg = index_lib.mine(idx, q, labels, k, 3000)
+  assert neg.shape == (300, k) and neg.dtype == np.int32
+  assert (neg >= 0).all()  # always filled: extra candidates are retrieved as needed
+  for i in range(300):
+    assert not set(neg[i]) & set(rows[i])
+    assert len(set(neg[i])) == k
+  if backend == "exact":  # exactly the top-k non-positives
+    for i in range(300):
+      want = [l for l in np.argsort(-(q[i] @ w.T), kind="stable") if l not in set(rows[i])][:k]
+      np.testing.assert_array_equal(neg[i], want)
+
+
+def test_scann_recall_with_default_knobs():
+  w, rng = clustered(100_000, d=64, n_clusters=2000)
+  # Queries near label vectors, as trained query embeddings are near their positives' rows.
+  q = (w[rng.integers(0, len(w), 500)] + 0.3 * rng.normal(size=(500, 64))).astype(np.float32)
+  idx = index_lib.build_index(w, 50, "scann")
+  assert isinstance(idx, index_lib.ScannIndex)
+  assert index_lib.recall_at_k(idx, index_lib.ExactIndex(w), q, 50) >= 0.9
+
+
+def test_scann_defaults_scale_with_labels():
+  small, big = index_lib.scann_defaults(10_000, 50), index_lib.scann_defaults(10_000_000, 50)
+  assert small.num_leaves < big.num_leaves and small.num_leaves_to_search <= small.num_leaves
+  assert big.reorder >= 200 and index_lib.scann_defaults(10_000, 50, num_leaves=7).num_leaves == 7
+
+
+@pytest.mark.parametrize("tau_s, tau_r, epochs, refreshes, sources", [
+    # Algorithm 1: random before tau_s; from tau_s a refresh every tau_r epochs, whose
+    # negatives are used until the next refresh.
+    (5, 5, 16, [5, 10, 15], [None] * 5 + [5] * 5 + [10] * 5 + [15]),
+    (2, 3, 9, [2, 5, 8], [None, None, 2, 2, 2, 5, 5, 5, 8]),
+    (0, 1, 3, [0, 1, 2], [0, 1, 2]),
+    (4, 10, 6, [4], [None] * 4 + [4, 4]),
+])
+def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
+  s = NegativeSchedule("random+w_hard", k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r, epochs=epochs)
+  assert s.refresh_epochs == refreshes
+  assert [s.source(e) for e in range(epochs)] == sources
+  for e in range(epochs):
+    assert s.split(e, have_hard=s.source(e) is not None) == ((5, 20) if s.source(e) is not None
+                                                             else (0, 25))
+  # Embeddings for the refresh of epoch r are collected during epoch r - 2.
+  for r in refreshes:
+    assert s.collect_epoch(r) == (r - 2 if r >= 2 else None)
+    if r >= 2:
+      assert s.refresh_collected_in(r - 2) == r
+
+
+def test_strategies_keep_the_number_of_negatives():
+  for strategy in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
+                   "uptodate"):
+    s = NegativeSchedule(strategy, k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
+    for e in range(8):
+      h, r = s.split(e, have_hard=True)
+      assert h + r == 50 and h <= max(s.mined_k(), 10)
+  assert NegativeSchedule("w_hard", 10, 40, 2, 2, 8).split(3, True) == (50, 0)
+  c = NegativeSchedule("curriculum", 10, 40, 2, 2, 8)
+  hard = [c.split(e, True)[0] for e in range(2, 8)]
+  assert hard[0] == 10 and hard[-1] == 25 and hard == sorted(hard)
+  assert NegativeSchedule("random", 10, 40, 2, 2, 8).refresh_epochs == []
+  assert NegativeSchedule("e_hard", 10, 40, 2, 2, 8).index_over == "E"
+
+
+def _job_inputs(tmp_path, epoch=3, k=8, backend="exact", fault=""):
+  w, rng = clustered(2000)
+  q = rng.normal(size=(500, 32)).astype(np.float32)
+  labels = SparseRows.from_lists([list(rng.choice(2000, 3, replace=False)) for _ in range(500)],
+                                 2000)
+  np.save(tmp_path / "w.npy", w)
+  np.save(tmp_path / "q.npy", q)
+  save_labels(str(tmp_path / "labels.npz"), labels)
+  return RefreshJob(epoch, str(tmp_path / "w.npy"), str(tmp_path / "q.npy"),
+                    str(tmp_path / "labels.npz"), str(tmp_path / f"out{epoch}.npy"),
+                    str(tmp_path / f"stats{epoch}.json"), k, backend, fault=fault)
+
+
+@pytest.mark.parametrize("backend", ["exact", "scann"])
+def test_worker_gives_the_same_negatives_as_a_synchronous_refresh(tmp_path, backend):
+  job = _job_inputs(tmp_path, backend=backend)
+  worker = RefreshWorker()
+  worker.start(job, str(tmp_path / "job.json"))
+  stats = worker.wait()
+  pipelined = np.load(job.out_path)
+  sync_job = RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
+                           "stats_path": str(tmp_path / "sync.json")})
+  run_job(sync_job)
+  np.testing.assert_array_equal(pipelined, np.load(sync_job.out_path))
+  assert stats["epoch"] == 3 and stats["build_s"] >= 0 and 0 <= stats["recall"] <= 1
+
+
+@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"), ("kill", "killed by signal 9")])
+def test_failing_worker_is_reported_and_writes_nothing(tmp_path, fault, message):
+  job = _job_inputs(tmp_path, fault=fault)
+  worker = RefreshWorker()
+  worker.start(job, str(tmp_path / "job.json"))
+  with pytest.raises(RefreshFailed, match=message):
+    worker.wait()
+  assert not os.path.exists(job.out_path)
+  assert not [f for f in os.listdir(tmp_path) if f.startswith("out")]
