@@ -40,6 +40,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.zipf_exponent = 0.75
   c.data.synthetic.mean_labels = 2.5
   c.data.synthetic.max_labels = 7
+  c.data.synthetic.same_group_prob = 0.3  # an extra positive comes from the first's group
+  c.data.synthetic.own_word_prob = 0.85   # a query names each positive's own words with it
+  c.data.synthetic.noise_words = 2
   c.data.synthetic.seed = 0
 
   c.encoder = ml_collections.ConfigDict()

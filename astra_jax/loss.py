@@ -33,20 +33,28 @@ def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
   return pos + hard + rand_weight * rand
 
 
-def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
-  """Mean over the batch of the estimator; W rows are gathered per the batch's label ids.
-
-  embeddings: (B, d); classifier: (L, d); batch holds pos/hard ids (B, k) and masks,
-  shared random ids (k_r,), their (B, k_r) mask and the scalar weight L/k_r.
-  """
+def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
+  """The classifier forward pass: scores of positives (B, k_p), hard negatives (B, k_h)
+  (rows gathered per query) and the shared random negatives (B, k_r) (one dense matmul)."""
   emb = embeddings.astype(jnp.float32)
   w = classifier.astype(jnp.float32)
-  pos = jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]])
-  hard = jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]])
-  rand = emb @ w[batch["rand_ids"]].T
-  per_query = sampled_bce_per_query(pos, batch["pos_mask"], hard, batch["hard_mask"],
-                                    rand, batch["rand_mask"], batch["rand_weight"])
-  return per_query.mean()
+  return (jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]]),
+          jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]]),
+          emb @ w[batch["rand_ids"]].T)
+
+
+def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:
+  """Mean over the batch of the estimator, from `classifier_scores`."""
+  pos, hard, rand = scores
+  return sampled_bce_per_query(pos, batch["pos_mask"], hard, batch["hard_mask"], rand,
+                               batch["rand_mask"], batch["rand_weight"]).mean()
+
+
+def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
+  """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); batch holds
+  pos/hard ids (B, k) and masks, shared random ids (k_r,), their (B, k_r) mask and the
+  scalar weight L/k_r."""
+  return batch_loss(classifier_scores(embeddings, classifier, batch), batch)
 
 
 def full_bce(embeddings: jax.Array, classifier: jax.Array, targets: jax.Array) -> jax.Array:

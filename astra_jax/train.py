@@ -45,7 +45,8 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
     spec = synthetic.SyntheticSpec(
         num_labels=s.num_labels, num_train=s.num_train, num_test=s.num_test,
         group_size=s.group_size, vocab_size=s.vocab_size, zipf_exponent=s.zipf_exponent,
-        mean_labels=s.mean_labels, max_labels=s.max_labels, seed=s.seed)
+        mean_labels=s.mean_labels, max_labels=s.max_labels, same_group_prob=s.same_group_prob,
+        own_word_prob=s.own_word_prob, noise_words=s.noise_words, seed=s.seed)
     stats_path = os.path.join(dc.dir, "synthetic.json")
     have = None
     if os.path.exists(stats_path):
@@ -94,14 +95,6 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
 
 
 # ------------------------------------------------------------------------------- steps
-def classifier_scores(emb, w, batch):
-  """Scores of positives, hard and random negatives: the classifier forward pass."""
-  emb, w = emb.astype(jnp.float32), w.astype(jnp.float32)
-  return (jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]]),
-          jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]]),
-          emb @ w[batch["rand_ids"]].T)
-
-
 def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
   """The `uptodate` oracle: each query's k top-scoring non-positive labels under the current
   W and E(x), exact over all L (O(B L) per step: small L only)."""
@@ -139,9 +132,8 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
 def make_phase_fns(graphdef):
   """Separately compiled pieces of the step, timed for the iteration-time break-up."""
   enc_fwd = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
-  clf_fwd = jax.jit(classifier_scores)
-  loss_fn = jax.jit(lambda s, b: loss.sampled_bce_per_query(
-      s[0], b["pos_mask"], s[1], b["hard_mask"], s[2], b["rand_mask"], b["rand_weight"]).mean())
+  clf_fwd = jax.jit(loss.classifier_scores)
+  loss_fn = jax.jit(loss.batch_loss)
   return enc_fwd, clf_fwd, loss_fn
 
 
@@ -171,11 +163,7 @@ def evaluate_model(embed_fn, params, data: dataset.XCData, config, inv_prop,
   _, ids = predict.topk(emb, params["classifier"], k, config.eval.batch_size,
                         config.eval.label_block)
   ranked = metrics.remove_filtered(ids, filt, max(ks))
-  truth = data.test_labels
-  if n < truth.num_rows:
-    truth = xc_format.SparseRows(truth.indptr[:n + 1], truth.indices[:truth.indptr[n]],
-                                 truth.values[:truth.indptr[n]], truth.num_cols)
-  return metrics.as_percent(metrics.compute(ranked, truth, inv_prop, ks))
+  return metrics.as_percent(metrics.compute(ranked, data.test_labels.head(n), inv_prop, ks))
 
 
 def popularity_baseline(data: dataset.XCData, config, inv_prop) -> dict[str, float]:
@@ -237,11 +225,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0)
   embed_fn = make_embed_fn(graphdef)
   enc_fwd, clf_fwd, loss_only = make_phase_fns(graphdef)
-  inv_prop = metrics.inverse_propensity(data.train_labels.__class__(
-      data.train_labels.indptr[:data.num_train_original + 1],
-      data.train_labels.indices[:data.train_labels.indptr[data.num_train_original]],
-      data.train_labels.values[:data.train_labels.indptr[data.num_train_original]],
-      data.num_labels), config.data.propensity_A, config.data.propensity_B)
+  # Propensities from the original training rows (label-text rows would add 1 to each n_l).
+  inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
+                                        config.data.propensity_A, config.data.propensity_B)
   log = _JsonLines(os.path.join(workdir, "metrics.jsonl"))
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",

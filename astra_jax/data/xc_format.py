@@ -50,6 +50,11 @@ class SparseRows:
   def column_counts(self) -> np.ndarray:
     return np.bincount(self.indices, minlength=self.num_cols)
 
+  def head(self, n: int) -> "SparseRows":
+    """The first n rows."""
+    end = self.indptr[n]
+    return SparseRows(self.indptr[:n + 1], self.indices[:end], self.values[:end], self.num_cols)
+
   def to_dense(self) -> np.ndarray:
     dense = np.zeros((self.num_rows, self.num_cols), np.float32)
     rows = np.repeat(np.arange(self.num_rows), self.row_lengths())
