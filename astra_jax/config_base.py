@@ -66,8 +66,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.negatives.tau_r = 5            # epochs between index refreshes
   c.negatives.index = "auto"       # auto (exact up to 50k labels, else scann) | exact | scann
   c.negatives.scann_leaves = 0     # 0: scaled to L (2 sqrt(L))
-  c.negatives.scann_leaves_to_search = 0  # 0: max(32, leaves / 10)
-  c.negatives.scann_reorder = 0    # 0: max(4 k, 200)
+  c.negatives.scann_leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
+  c.negatives.scann_reorder = 0    # 0: max(20 k, 1000)
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
