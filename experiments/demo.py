@@ -19,10 +19,7 @@ def get_config():
   c.data.synthetic.num_test = 4000
   c.data.max_len = 24
   c.data.augment_label_text = True
-  c.encoder.hidden_size = 64
-  c.encoder.num_layers = 2
-  c.encoder.num_heads = 2
-  c.encoder.intermediate_size = 128
+  # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).
   c.encoder.embedding_dropout = 0.2
   c.negatives.k_p = 7
   c.negatives.k_h = 16

@@ -33,10 +33,7 @@ def get_config(variant: str = "minilm"):
     c.optim.encoder_lr = 1e-4
     c.optim.classifier_lr = 1.0
   else:
-    c.encoder.hidden_size = 64
-    c.encoder.num_layers = 2
-    c.encoder.num_heads = 2
-    c.encoder.intermediate_size = 128
+    # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).
     c.encoder.embedding_dropout = 0.2
     c.optim.encoder_lr = 2e-3
     c.optim.classifier_lr = 20.0
