@@ -78,7 +78,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.warmup_steps = 3000
   c.optim.encoder_weight_decay = 0.0
   c.optim.classifier_weight_decay = 1e-4
-  c.optim.classifier_momentum = 0.0
+  c.optim.classifier_momentum = 0.0  # dense update only (a momentum buffer is O(L)/step)
+  c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
   c.optim.grad_clip_norm = 0.0
 
   c.train = ml_collections.ConfigDict()
@@ -123,6 +124,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   need(c.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+  need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",
+       f"use sparse or dense, got {c.optim.classifier_update!r}")
+  need(not (c.optim.classifier_update == "sparse" and c.optim.classifier_momentum),
+       "optim.classifier_momentum", "needs optim.classifier_update=dense (dense momentum "
+       "buffer); the sparse update is plain SGD + decoupled weight decay")
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
   need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
        f"unknown dtype {c.encoder.dtype!r}")

@@ -33,14 +33,20 @@ def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
   return pos + hard + rand_weight * rand
 
 
-def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
-  """The classifier forward pass: scores of positives (B, k_p), hard negatives (B, k_h)
-  (rows gathered per query) and the shared random negatives (B, k_r) (one dense matmul)."""
+def scores_from_rows(embeddings: jax.Array, pos_rows: jax.Array, hard_rows: jax.Array,
+                     rand_rows: jax.Array):
+  """Scores of positives (B, k_p), hard negatives (B, k_h) (rows gathered per query) and the
+  shared random negatives (B, k_r) (one dense matmul), from the gathered W rows."""
   emb = embeddings.astype(jnp.float32)
-  w = classifier.astype(jnp.float32)
-  return (jnp.einsum("bd,bkd->bk", emb, w[batch["pos_ids"]]),
-          jnp.einsum("bd,bkd->bk", emb, w[batch["hard_ids"]]),
-          emb @ w[batch["rand_ids"]].T)
+  return (jnp.einsum("bd,bkd->bk", emb, pos_rows.astype(jnp.float32)),
+          jnp.einsum("bd,bkd->bk", emb, hard_rows.astype(jnp.float32)),
+          emb @ rand_rows.astype(jnp.float32).T)
+
+
+def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
+  """The classifier forward pass over W (L, d)."""
+  return scores_from_rows(embeddings, classifier[batch["pos_ids"]],
+                          classifier[batch["hard_ids"]], classifier[batch["rand_ids"]])
 
 
 def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:

@@ -21,7 +21,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import config_base, loss, metrics, optim, predict
+from astra_jax import config_base, loss, metrics, optim, predict, sparse_sgd
 from astra_jax.data import dataset, synthetic, tokenize, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -129,6 +129,41 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
   return train_step
 
 
+def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
+                           weight_decay: float):
+  """The same step with the classifier updated in O(rows touched): gradients are taken
+  w.r.t. the gathered rows of W = scale * V, never w.r.t. the (L, d) matrix, and applied by
+  `sparse_sgd.sgd_update` into the donated V. opt_state: {"encoder", "scale", "step"}."""
+
+  def loss_fn(enc_params, rows, batch, key):
+    encoder = nnx.merge(graphdef, enc_params)
+    pooled = encoder.pooled(batch["input_ids"], dropout_key=key)
+    emb = encoder.embedding_dropout(pooled, key)
+    return loss.batch_loss(loss.scores_from_rows(emb, *rows), batch), pooled
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, batch, key):
+    v, scale = params["classifier"], opt_state["scale"]
+    ids = (batch["pos_ids"], batch["hard_ids"], batch["rand_ids"])
+    rows = tuple(scale * v[i].astype(jnp.float32) for i in ids)
+    (value, pooled), (g_enc, g_rows) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+        params["encoder"], rows, batch, key)
+    updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
+    v, scale = sparse_sgd.sgd_update(
+        v, scale, jnp.concatenate([i.reshape(-1) for i in ids]),
+        jnp.concatenate([g.reshape(-1, g.shape[-1]) for g in g_rows]),
+        lr_schedule(opt_state["step"]), weight_decay)
+    return ({"encoder": optax.apply_updates(params["encoder"], updates), "classifier": v},
+            {"encoder": enc_state, "scale": scale, "step": opt_state["step"] + 1}, value, pooled)
+
+  return train_step
+
+
+def init_sparse_opt_state(tx_encoder: optax.GradientTransformation, params) -> dict:
+  return {"encoder": tx_encoder.init(params["encoder"]), "scale": jnp.float32(1.0),
+          "step": jnp.int32(0)}
+
+
 def make_phase_fns(graphdef):
   """Separately compiled pieces of the step, timed for the iteration-time break-up."""
   enc_fwd = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
@@ -220,9 +255,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                          config.train.prefetch)
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
-  tx = optim.make_optimizer(config.optim, total_steps)
-  opt_state = tx.init(params)
-  train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0)
+  # The sparse O(touched rows) classifier update, except for the uptodate oracle (which
+  # scores all L labels every step anyway) or when asked for the dense optax chain.
+  sparse = config.optim.classifier_update == "sparse" and nc.strategy != "uptodate"
+  if sparse:
+    tx = optim.encoder_optimizer(config.optim, total_steps)
+    opt_state = init_sparse_opt_state(tx, params)
+    train_step = make_sparse_train_step(graphdef, tx,
+                                        optim.classifier_schedule(config.optim, total_steps),
+                                        config.optim.classifier_weight_decay)
+  else:
+    tx = optim.make_optimizer(config.optim, total_steps)
+    opt_state = tx.init(params)
+    train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0)
+
+  def fold_classifier():
+    """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""
+    nonlocal params, opt_state
+    if sparse:
+      params["classifier"], opt_state["scale"] = sparse_sgd.fold(params["classifier"],
+                                                                 opt_state["scale"])
+
   embed_fn = make_embed_fn(graphdef)
   enc_fwd, clf_fwd, loss_only = make_phase_fns(graphdef)
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
@@ -310,8 +363,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
           log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps)
           window_n, t_window = step + 1, time.time()
+          if sparse and float(opt_state["scale"]) < 1e-2:
+            fold_classifier()
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
+      fold_classifier()  # from here on params["classifier"] is W itself
       hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
       epoch_s = time.time() - t_epoch
       train_seconds += epoch_s

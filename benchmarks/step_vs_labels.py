@@ -1,0 +1,86 @@
+r"""Classifier train-step time and temporary memory against the number of labels.
+
+  python benchmarks/step_vs_labels.py --out=step_vs_labels.jsonl [--num_labels=1e4,1e5,1e6,1e7]
+
+The classifier part of an ASTRA step (d=64, B=256, k_p=7, k_h=50, k_r=400; the encoder's
+cost does not depend on L): gather the sampled rows, scores, the estimator, gradients w.r.t.
+the rows, and the update of W. Two updates are compared:
+  astra         the sparse update of `sparse_sgd.py` into a donated W (O(rows touched))
+  astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
+One JSON line per (strategy, L): strategy, num_labels, step_ms (median of --steps),
+temp_bytes (XLA's temporary allocation for the compiled step).
+"""
+import functools
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from astra_jax import loss, sparse_sgd
+
+flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
+flags.DEFINE_list("strategies", ["astra", "astra_dense"], "which updates to time")
+flags.DEFINE_integer("steps", 30, "timed steps (after 3 warm-up steps)")
+flags.DEFINE_string("out", None, "append JSON lines here")
+B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def astra_step(v, scale, emb, batch):
+  ids = (batch["pos_ids"], batch["hard_ids"], batch["rand_ids"])
+  rows = tuple(scale * v[i] for i in ids)
+  grads = jax.grad(lambda r: loss.batch_loss(loss.scores_from_rows(emb, *r), batch))(rows)
+  return sparse_sgd.sgd_update(v, scale, jnp.concatenate([i.reshape(-1) for i in ids]),
+                               jnp.concatenate([g.reshape(-1, D) for g in grads]), LR, WD)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def astra_dense_step(w, scale, emb, batch):
+  g = jax.grad(lambda w: loss.sampled_bce(emb, w, batch))(w)
+  return (1 - LR * WD) * w - LR * g, scale
+
+
+def make_batch(L, rng):
+  return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, KP)), jnp.int32),
+          "pos_mask": jnp.ones((B, KP), bool),
+          "hard_ids": jnp.asarray(rng.integers(0, L, (B, KH)), jnp.int32),
+          "hard_mask": jnp.ones((B, KH), bool),
+          "rand_ids": jnp.asarray(rng.integers(0, L, KR), jnp.int32),
+          "rand_mask": jnp.ones((B, KR), bool), "rand_weight": jnp.float32(L / KR)}
+
+
+def main(_):
+  F = flags.FLAGS
+  rng = np.random.default_rng(0)
+  for L in (int(float(x)) for x in F.num_labels):
+    for strategy in F.strategies:
+      fn = astra_step if strategy == "astra" else astra_dense_step
+      w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
+      scale = jnp.float32(1.0)
+      emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
+      batches = [make_batch(L, rng) for _ in range(4)]
+      compiled = fn.lower(w, scale, emb, batches[0]).compile()
+      temp = compiled.memory_analysis().temp_size_in_bytes
+      times = []
+      for i in range(F.steps + 3):
+        t0 = time.perf_counter()
+        w, scale = fn(w, scale, emb, batches[i % 4])
+        w.block_until_ready()
+        if i >= 3:
+          times.append(time.perf_counter() - t0)
+      row = {"strategy": strategy, "num_labels": L, "step_ms": round(1000 * statistics.median(times), 3),
+             "temp_bytes": int(temp), "d": D, "batch_size": B, "k_p": KP, "k_h": KH, "k_r": KR,
+             "device": jax.devices()[0].platform}
+      print(json.dumps(row), flush=True)
+      if F.out:
+        with open(F.out, "a") as f:
+          f.write(json.dumps(row) + "\n")
+      del w
+
+
+if __name__ == "__main__":
+  app.run(main)
