@@ -316,8 +316,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for epoch in range(config.train.epochs):
       t_epoch = time.time()
       hard, n_hard, n_random = hard_negatives.start_epoch(epoch, vectors_fn, embed_rows)
-      negatives_per_epoch.append({"epoch": epoch, "source": schedule.source(epoch) if
-                                  hard is not None else None, "hard": n_hard, "random": n_random})
+      negatives_per_epoch.append({"epoch": epoch, "hard": n_hard, "random": n_random,
+                                  "source": hard_negatives.current_epoch if hard is not None
+                                  else None})
       window_n, t_window = 0, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch, hard, 0, n_random)):

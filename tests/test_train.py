@@ -190,3 +190,28 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path):
   assert refreshes[1]["ok"]  # the next period retried
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, None, None, 3]
   assert r["steps"] == 4 * (3300 // 64)
+
+
+def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path):
+  # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
+  c = _small_synthetic(tmp_path, tau_s=1, tau_r=1)
+  c.train.epochs = 4
+  from astra_jax.negatives import manager
+  original = manager.HardNegatives._job
+  calls = []
+
+  def job(self, epoch):
+    j = original(self, epoch)
+    calls.append(epoch)
+    if epoch == 2:
+      j.fault = "raise"
+    return j
+
+  manager.HardNegatives._job = job
+  try:
+    r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  finally:
+    manager.HardNegatives._job = original
+  ok = {x["epoch"]: x["ok"] for x in r["negatives"]["refreshes"]}
+  assert ok == {1: True, 2: False, 3: True}
+  assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]

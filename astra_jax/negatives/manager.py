@@ -37,6 +37,7 @@ class HardNegatives:
     self.pending: dict[int, RefreshWorker] = {}  # refresh epoch -> its running worker
     self.current: np.ndarray | None = None
     self.current_path: str | None = None
+    self.current_epoch: int | None = None  # the refresh that produced `current`
     self.refreshes: list[dict] = []
     self.queries: np.ndarray | None = None
     self.filled: np.ndarray | None = None
@@ -138,6 +139,7 @@ class HardNegatives:
       raise RefreshFailed(f"{path} has shape {new.shape}, expected "
                           f"{(self.num_rows, self.schedule.mined_k())}")
     old, self.current, self.current_path = self.current_path, new, path
+    self.current_epoch = epoch
     if old and old != path and os.path.exists(old):
       os.remove(old)
 
