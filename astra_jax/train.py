@@ -21,7 +21,7 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import config_base, loss, metrics, optim, predict, sparse_sgd
+from astra_jax import config_base, loss, metrics, optim, predict, sharding, sparse_sgd
 from astra_jax.data import dataset, synthetic, tokenize, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -153,6 +153,33 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
         v, scale, jnp.concatenate([i.reshape(-1) for i in ids]),
         jnp.concatenate([g.reshape(-1, g.shape[-1]) for g in g_rows]),
         lr_schedule(opt_state["step"]), weight_decay)
+    return ({"encoder": optax.apply_updates(params["encoder"], updates), "classifier": v},
+            {"encoder": enc_state, "scale": scale, "step": opt_state["step"] + 1}, value, pooled)
+
+  return train_step
+
+
+def make_sharded_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
+                            weight_decay: float, mesh, global_batch: int):
+  """The sparse step on a (data, model) mesh: the encoder runs data-parallel under jit's
+  automatic partitioning, the classifier through `sharding.classifier_kernel`; the encoder's
+  gradient is the VJP of its forward pass with the kernel's dloss/dE(x)."""
+  kernel = sharding.classifier_kernel(mesh, global_batch, weight_decay)
+
+  def encode(enc_params, ids, key):
+    encoder = nnx.merge(graphdef, enc_params)
+    pooled = encoder.pooled(ids, dropout_key=key)
+    return encoder.embedding_dropout(pooled, key), pooled
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def train_step(params, opt_state, batch, key):
+    emb, enc_vjp, pooled = jax.vjp(lambda p: encode(p, batch["input_ids"], key),
+                                   params["encoder"], has_aux=True)
+    labels = {k: v for k, v in batch.items() if k != "input_ids"}
+    value, d_emb, v, scale = kernel(emb, params["classifier"], opt_state["scale"], labels,
+                                    lr_schedule(opt_state["step"]))
+    (g_enc,) = enc_vjp(d_emb)
+    updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
     return ({"encoder": optax.apply_updates(params["encoder"], updates), "classifier": v},
             {"encoder": enc_state, "scale": scale, "step": opt_state["step"] + 1}, value, pooled)
 

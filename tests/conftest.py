@@ -3,6 +3,10 @@ import sys
 
 import pytest
 
+# Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
+# code runs on the first of them as usual.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, os.path.dirname(__file__))
