@@ -92,6 +92,12 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.prefetch = 4
   c.train.classifier_init_std = 0.02
 
+  # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
+  # device the model axis leaves. W's rows are split over 'model'.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.model = 1
+
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = (1, 3, 5)
   c.eval.batch_size = 1024

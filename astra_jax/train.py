@@ -222,7 +222,7 @@ def evaluate_model(embed_fn, params, data: dataset.XCData, config, inv_prop,
   emb = embed(embed_fn, params["encoder"], data.test_tokens[:n], config.eval.batch_size)
   filt = data.test_filter[data.test_filter[:, 0] < n]
   k = max(ks) + metrics.max_filtered_per_row(filt)
-  _, ids = predict.topk(emb, params["classifier"], k, config.eval.batch_size,
+  _, ids = predict.topk(emb, params["classifier"][:data.num_labels], k, config.eval.batch_size,
                         config.eval.label_block)
   ranked = metrics.remove_filtered(ids, filt, max(ks))
   return metrics.as_percent(metrics.compute(ranked, data.test_labels.head(n), inv_prop, ks))
@@ -264,10 +264,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   encoder = build_encoder(config, len(tok), data.pad_id, seed)
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
   d = encoder.cfg.embed_dim
-  w = config.train.classifier_init_std * jax.random.normal(
-      jax.random.key(seed + 1), (data.num_labels, d), jnp.float32)
-  params = {"encoder": enc_params, "classifier": w}
   nc = config.negatives
+  mesh = None
+  if config.mesh.data * config.mesh.model != 1:
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    if config.optim.classifier_update != "sparse" or nc.strategy == "uptodate":
+      raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
+                       "and a strategy other than uptodate")
+    if config.train.batch_size % mesh.shape["data"]:
+      raise InputError(f"config.train.batch_size={config.train.batch_size} is not divisible by "
+                       f"the mesh's data axis ({mesh.shape['data']})")
+  # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
+  # sampler draws from [0, L)) and never predicted (evaluation reads W[:L]).
+  rows = sharding.padded_rows(data.num_labels, mesh) if mesh else data.num_labels
+  w = config.train.classifier_init_std * jax.random.normal(
+      jax.random.key(seed + 1), (rows, d), jnp.float32)
+  params = {"encoder": enc_params, "classifier": w}
   schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
                               config.train.epochs, nc.curriculum_final_hard_fraction)
   if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
@@ -288,9 +300,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
     opt_state = init_sparse_opt_state(tx, params)
-    train_step = make_sparse_train_step(graphdef, tx,
-                                        optim.classifier_schedule(config.optim, total_steps),
-                                        config.optim.classifier_weight_decay)
+    lr_c = optim.classifier_schedule(config.optim, total_steps)
+    if mesh is not None:
+      params, opt_state = sharding.shard_params(params, opt_state, mesh)
+      train_step = make_sharded_train_step(graphdef, tx, lr_c, config.optim.classifier_weight_decay,
+                                           mesh, config.train.batch_size)
+    else:
+      train_step = make_sparse_train_step(graphdef, tx, lr_c, config.optim.classifier_weight_decay)
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
@@ -329,7 +345,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   def vectors_fn():
     if schedule.index_over == "E":
       return embed(embed_fn, params["encoder"], data.label_tokens, config.eval.batch_size)
-    return np.asarray(params["classifier"])
+    return np.asarray(params["classifier"])[:data.num_labels]
 
   def embed_rows(rows):
     order = np.argsort(rows)
@@ -352,7 +368,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         key = jax.random.fold_in(base_key, global_step)
         profiling = global_step in profile_at
         t0 = time.perf_counter()
-        batch = jax.device_put({k: host_batch[k] for k in _DEVICE_KEYS})
+        batch = {k: host_batch[k] for k in _DEVICE_KEYS}
+        batch = sharding.shard_batch(batch, mesh) if mesh else jax.device_put(batch)
         if profiling:
           jax.block_until_ready(batch)
           t1 = time.perf_counter()
@@ -437,6 +454,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": negatives_per_epoch},
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
+      "mesh": dict(mesh.shape) if mesh else {"data": 1, "model": 1},
       "config": json.loads(config.to_json()),
   }
   with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:

@@ -215,3 +215,17 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path):
   ok = {x["epoch"]: x["ok"] for x in r["negatives"]["refreshes"]}
   assert ok == {1: True, 2: False, 3: True}
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]
+
+
+def test_training_on_a_mesh_matches_single_device(tmp_path):
+  c = _small_synthetic(tmp_path, strategy="random")
+  c.train.epochs = 2
+  single = train.train_and_evaluate(c, str(tmp_path / "single"))
+  # 8 fake CPU devices (conftest); on (1, 8) the 300 labels are padded to 304 rows.
+  for shape in ((2, 4), (1, 8)):
+    c.mesh.data, c.mesh.model = shape
+    sharded = train.train_and_evaluate(c, str(tmp_path / f"mesh{shape}"))
+    assert sharded["mesh"] == {"data": shape[0], "model": shape[1]}
+    # The same computation up to float summation order: metrics agree closely.
+    assert abs(sharded["P@1"] - single["P@1"]) <= 1.0, (shape, sharded["P@1"], single["P@1"])
+    assert abs(sharded["P@5"] - single["P@5"]) <= 1.0
