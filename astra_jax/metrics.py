@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from astra_jax import rowsets
 from astra_jax.data.xc_format import SparseRows
 
 # Propensity constants (Jain et al. 2016) by dataset family.
@@ -25,15 +26,8 @@ def inverse_propensity(train_labels: SparseRows, A: float, B: float) -> np.ndarr
 
 def _hits(pred: np.ndarray, truth: SparseRows) -> np.ndarray:
   """hits[i, r] = pred[i, r] is a true label of row i."""
-  n, k = pred.shape
-  L = np.int64(truth.num_cols)
-  rows = np.repeat(np.arange(truth.num_rows, dtype=np.int64), truth.row_lengths())
-  keys = np.sort(rows * L + truth.indices)
-  q = np.arange(n, dtype=np.int64)[:, None] * L + pred
-  if not len(keys):
-    return np.zeros((n, k), bool)
-  pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-  return (keys[pos] == q) & (pred >= 0)
+  rows, labels = rowsets.rows_of(truth, np.arange(truth.num_rows))
+  return rowsets.member(pred, rows, labels)
 
 
 def compute(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
@@ -76,18 +70,8 @@ def as_percent(metrics: dict[str, float]) -> dict[str, float]:
 def remove_filtered(pred: np.ndarray, filter_pairs: np.ndarray, k: int) -> np.ndarray:
   """Drops (row, label) pairs of the filter file from ranked predictions, keeps the top k."""
   pred = np.asarray(pred, np.int64)
-  if len(filter_pairs):
-    n = pred.shape[0]
-    keys = np.sort(filter_pairs[:, 0] * np.int64(2**31) + filter_pairs[:, 1])
-    q = np.arange(n, dtype=np.int64)[:, None] * np.int64(2**31) + pred
-    pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    drop = (keys[pos] == q) | (pred < 0)
-    # Stable compaction: kept entries keep their order, dropped ones go to the end as -1.
-    order = np.argsort(drop, axis=1, kind="stable")
-    pred = np.where(np.take_along_axis(drop, order, 1), -1, np.take_along_axis(pred, order, 1))
-  if pred.shape[1] < k:
-    pred = np.pad(pred, ((0, 0), (0, k - pred.shape[1])), constant_values=-1)
-  return pred[:, :k]
+  drop = rowsets.member(pred, filter_pairs[:, 0], filter_pairs[:, 1])
+  return rowsets.drop_and_compact(pred, drop, k)
 
 
 def max_filtered_per_row(filter_pairs: np.ndarray) -> int:

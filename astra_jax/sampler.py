@@ -17,16 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from astra_jax import rowsets
 from astra_jax.data.xc_format import SparseRows
-
-
-def _member(rows: np.ndarray, ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
-            num_labels: int) -> np.ndarray:
-  """mask[i, j] = ids[i, j] is in the set of row rows[i], the set given as (row, id) pairs."""
-  keys = np.sort(set_rows.astype(np.int64) * num_labels + set_ids)
-  query = rows[:, None].astype(np.int64) * num_labels + ids
-  pos = np.minimum(np.searchsorted(keys, query), max(len(keys) - 1, 0))
-  return (keys[pos] == query) if len(keys) else np.zeros(query.shape, bool)
 
 
 class NegativeSampler:
@@ -44,7 +36,6 @@ class NegativeSampler:
     b, L = len(rows), self.num_labels
     indptr, indices = self.labels.indptr, self.labels.indices
     starts, ends = indptr[rows], indptr[rows + 1]
-    lengths = ends - starts
     pos_ids = np.zeros((b, self.k_p), np.int32)
     pos_mask = np.zeros((b, self.k_p), bool)
     for i in range(b):
@@ -53,8 +44,7 @@ class NegativeSampler:
         row = rng.choice(row, self.k_p, replace=False)
       pos_ids[i, :len(row)] = row
       pos_mask[i, :len(row)] = True
-    all_pos_row = np.repeat(np.arange(b), lengths)
-    all_pos_ids = np.concatenate([indices[s:e] for s, e in zip(starts, ends)]) if b else []
+    all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
 
     if hard_negatives is None:
       k_r = self.k_r + self.k_h if num_random is None else num_random
@@ -63,15 +53,13 @@ class NegativeSampler:
     else:
       k_r = self.k_r if num_random is None else num_random
       hard_ids = np.asarray(hard_negatives, np.int32).reshape(b, -1)
-      hard_mask = (hard_ids >= 0) & ~_member(np.arange(b), hard_ids, all_pos_row,
-                                             np.asarray(all_pos_ids), L)
+      hard_mask = (hard_ids >= 0) & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids)
       hard_ids = np.where(hard_ids >= 0, hard_ids, 0)
     rand_ids = rng.integers(0, L, size=k_r, dtype=np.int64)
     rand_full = np.broadcast_to(rand_ids, (b, k_r))
     excluded_rows = np.concatenate([all_pos_row, np.nonzero(hard_mask)[0]])
-    excluded_ids = np.concatenate([np.asarray(all_pos_ids, np.int64),
-                                   hard_ids[hard_mask].astype(np.int64)])
-    rand_mask = ~_member(np.arange(b), rand_full, excluded_rows, excluded_ids, L)
+    excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
+    rand_mask = ~rowsets.member(rand_full, excluded_rows, excluded_ids)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
             "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
             "rand_mask": rand_mask, "rand_weight": np.float32(L / k_r if k_r else 0.0)}

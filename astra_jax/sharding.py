@@ -11,7 +11,6 @@ data replicas of a shard apply the same update. Nothing in a step is O(L).
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -314,7 +314,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   def fold_classifier():
     """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""
-    nonlocal params, opt_state
     if sparse:
       params["classifier"], opt_state["scale"] = sparse_sgd.fold(params["classifier"],
                                                                  opt_state["scale"])

@@ -8,7 +8,6 @@ negatives per query; each line: strategy, P@1, P@3, P@5, PSP@5, train_time_s, re
 """
 import json
 import os
-import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags

@@ -6,7 +6,6 @@ import pytest
 
 from astra_jax import config_base
 from astra_jax.data import dataset, synthetic
-from astra_jax.errors import InputError
 
 
 def _json_dataset(d, n_labels=4):

@@ -1,5 +1,4 @@
 """Hard-negative mining, the Algorithm-1 schedule and the refresh worker."""
-import json
 import os
 
 import numpy as np

@@ -1,8 +1,6 @@
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 import pytest
 
 from astra_jax import optim

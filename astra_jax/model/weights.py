@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 
-import numpy as np
 import jax.numpy as jnp
 from absl import logging
 from flax import nnx

@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import time
 
 import numpy as np
 
+from astra_jax import rowsets
 from astra_jax.data.xc_format import SparseRows
 
 
@@ -94,24 +94,8 @@ def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: Sparse
   """Drops each query's positives from its ranked candidates and keeps the first k.
 
   Returns (negatives (n, k) int32 with -1 where fewer than k remain, short (n,) bool)."""
-  n, c = candidates.shape
-  starts, ends = positives.indptr[rows], positives.indptr[rows + 1]
-  pos_rows = np.repeat(np.arange(n, dtype=np.int64), ends - starts)
-  pos_ids = positives.indices[np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
-                              .astype(np.int64)] if n else np.zeros(0, np.int32)
-  L = np.int64(positives.num_cols)
-  keys = np.sort(pos_rows * L + pos_ids)
-  q = np.arange(n, dtype=np.int64)[:, None] * L + candidates
-  if len(keys):
-    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
-    drop = (keys[at] == q) | (candidates < 0)
-  else:
-    drop = candidates < 0
-  order = np.argsort(drop, axis=1, kind="stable")  # kept first, in rank order
-  kept = np.take_along_axis(candidates, order, 1)
-  kept = np.where(np.take_along_axis(drop, order, 1), -1, kept)[:, :k]
-  if kept.shape[1] < k:
-    kept = np.pad(kept, ((0, 0), (0, k - kept.shape[1])), constant_values=-1)
+  pos_rows, pos_ids = rowsets.rows_of(positives, rows)
+  kept = rowsets.drop_and_compact(candidates, rowsets.member(candidates, pos_rows, pos_ids), k)
   return kept.astype(np.int32), (kept < 0).any(1)
 
 

@@ -1,0 +1,41 @@
+"""Per-row set operations on ranked id arrays, vectorised with sorted (row, id) keys (numpy
+only: the refresh worker uses them too)."""
+from __future__ import annotations
+
+import numpy as np
+
+from astra_jax.data.xc_format import SparseRows
+
+
+def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.ndarray:
+  """mask[i, j] = ids[i, j] belongs to row i's set, the sets given as (row, id) pairs."""
+  ids = np.asarray(ids, np.int64)
+  if not len(set_rows):
+    return np.zeros(ids.shape, bool)
+  width = np.int64(max(int(ids.max(initial=0)), int(np.max(set_ids))) + 1)
+  keys = np.sort(np.asarray(set_rows, np.int64) * width + np.asarray(set_ids, np.int64))
+  query = np.arange(ids.shape[0], dtype=np.int64)[:, None] * width + ids
+  at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
+  return (keys[at] == query) & (ids >= 0)
+
+
+def rows_of(labels: SparseRows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  """The (position in `rows`, label) pairs of the given rows of a sparse matrix."""
+  starts, ends = labels.indptr[rows], labels.indptr[rows + 1]
+  which = np.repeat(np.arange(len(rows), dtype=np.int64), ends - starts)
+  if not len(which):
+    return which, np.zeros(0, np.int64)
+  flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+  return which, labels.indices[flat].astype(np.int64)
+
+
+def drop_and_compact(ranked: np.ndarray, drop: np.ndarray, k: int) -> np.ndarray:
+  """Removes the dropped entries of each row (and -1s), keeps the order of the rest, returns
+  the first k per row padded with -1."""
+  ranked = np.asarray(ranked, np.int64)
+  drop = drop | (ranked < 0)
+  order = np.argsort(drop, axis=1, kind="stable")
+  kept = np.where(np.take_along_axis(drop, order, 1), -1, np.take_along_axis(ranked, order, 1))
+  if kept.shape[1] < k:
+    kept = np.pad(kept, ((0, 0), (0, k - kept.shape[1])), constant_values=-1)
+  return kept[:, :k]
