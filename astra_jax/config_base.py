@@ -91,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.profile_steps = 20       # steps timed phase by phase for the time break-up
   c.train.prefetch = 4
   c.train.classifier_init_std = 0.02
+  c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
 
   # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
   # device the model axis leaves. W's rows are split over 'model'.

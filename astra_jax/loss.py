@@ -63,6 +63,34 @@ def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> ja
   return batch_loss(classifier_scores(embeddings, classifier, batch), batch)
 
 
+def full_bce_chunked(embeddings: jax.Array, classifier: jax.Array, pos_ids: jax.Array,
+                     pos_mask: jax.Array, block: int = 8192) -> jax.Array:
+  """Eq. 1 over all L labels (the Renée-style full-L baseline), mean over the batch, in
+  label blocks: each block's scores are recomputed in the backward pass (jax.checkpoint),
+  so memory is O(B x block) whatever L; time and the gradient w.r.t. W are O(L).
+  Positives are the batch's padded pos_ids (a row's positives beyond k_p count as
+  negatives here)."""
+  L, d = classifier.shape
+  block = min(block, L)
+  nb = -(-L // block)
+  w = jnp.pad(classifier.astype(jnp.float32), ((0, nb * block - L), (0, 0))).reshape(nb, block, d)
+  emb = embeddings.astype(jnp.float32)
+
+  @jax.checkpoint
+  def block_loss(w_b, b):
+    ids = b * block + jnp.arange(block)
+    s = emb @ w_b.T
+    target = ((ids[None, :, None] == pos_ids[:, None, :]) & pos_mask[:, None, :]).any(-1)
+    per = jnp.where(target, jax.nn.softplus(-s), jax.nn.softplus(s))
+    return jnp.where(ids[None, :] < L, per, 0.0).sum()
+
+  def body(total, xs):
+    return total + block_loss(*xs), None
+
+  total, _ = jax.lax.scan(body, jnp.float32(0.0), (w, jnp.arange(nb)))
+  return total / embeddings.shape[0]
+
+
 def full_bce(embeddings: jax.Array, classifier: jax.Array, targets: jax.Array) -> jax.Array:
   """Eq. 1 over all L labels, mean over the batch: the reference the estimator is unbiased for.
 

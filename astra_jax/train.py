@@ -108,14 +108,19 @@ def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
               rand_mask=batch["rand_mask"] & ~hit)
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0):
+def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0,
+                    full_block: int = 0):
   """One jitted step. Returns (params, opt_state, loss, E(x) before embedding dropout); the
-  embeddings feed the hard-negative refresh at no extra forward pass."""
+  embeddings feed the hard-negative refresh at no extra forward pass. full_block > 0: the
+  full-L BCE baseline (all labels, in blocks of that many) instead of the estimator."""
 
   def loss_fn(params, batch, key):
     encoder = nnx.merge(graphdef, params["encoder"])
     pooled = encoder.pooled(batch["input_ids"], dropout_key=key)
     emb = encoder.embedding_dropout(pooled, key)
+    if full_block:
+      return loss.full_bce_chunked(emb, params["classifier"], batch["pos_ids"],
+                                   batch["pos_mask"], full_block), pooled
     if uptodate_k:
       batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
     return loss.sampled_bce(emb, params["classifier"], batch), pooled
@@ -268,9 +273,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   mesh = None
   if config.mesh.data * config.mesh.model != 1:
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
-    if config.optim.classifier_update != "sparse" or nc.strategy == "uptodate":
+    if config.optim.classifier_update != "sparse" or nc.strategy in ("uptodate", "full"):
       raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
-                       "and a strategy other than uptodate")
+                       "and a strategy other than uptodate or full")
     if config.train.batch_size % mesh.shape["data"]:
       raise InputError(f"config.train.batch_size={config.train.batch_size} is not divisible by "
                        f"the mesh's data axis ({mesh.shape['data']})")
@@ -296,7 +301,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   total_steps = steps_per_epoch * config.train.epochs
   # The sparse O(touched rows) classifier update, except for the uptodate oracle (which
   # scores all L labels every step anyway) or when asked for the dense optax chain.
-  sparse = config.optim.classifier_update == "sparse" and nc.strategy != "uptodate"
+  sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
     opt_state = init_sparse_opt_state(tx, params)
@@ -310,7 +315,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
-    train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0)
+    train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0,
+                                 config.train.full_label_block if nc.strategy == "full" else 0)
 
   def fold_classifier():
     """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""

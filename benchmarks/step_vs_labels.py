@@ -7,6 +7,8 @@ cost does not depend on L): gather the sampled rows, scores, the estimator, grad
 the rows, and the update of W. Two updates are compared:
   astra         the sparse update of `sparse_sgd.py` into a donated W (O(rows touched))
   astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
+  full          the full-L BCE baseline (every label, blocks of 8192) + dense SGD; stops at
+                --full_max_labels
 One JSON line per (strategy, L): strategy, num_labels, step_ms (median of --steps),
 temp_bytes (XLA's temporary allocation for the compiled step).
 """
@@ -23,7 +25,8 @@ from absl import app, flags
 from astra_jax import loss, sparse_sgd
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
-flags.DEFINE_list("strategies", ["astra", "astra_dense"], "which updates to time")
+flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
+flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
 flags.DEFINE_integer("steps", 30, "timed steps (after 3 warm-up steps)")
 flags.DEFINE_string("out", None, "append JSON lines here")
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
@@ -44,6 +47,12 @@ def astra_dense_step(w, scale, emb, batch):
   return (1 - LR * WD) * w - LR * g, scale
 
 
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def full_step(w, scale, emb, batch):
+  g = jax.grad(lambda w: loss.full_bce_chunked(emb, w, batch["pos_ids"], batch["pos_mask"]))(w)
+  return (1 - LR * WD) * w - LR * g, scale
+
+
 def make_batch(L, rng):
   return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, KP)), jnp.int32),
           "pos_mask": jnp.ones((B, KP), bool),
@@ -58,7 +67,9 @@ def main(_):
   rng = np.random.default_rng(0)
   for L in (int(float(x)) for x in F.num_labels):
     for strategy in F.strategies:
-      fn = astra_step if strategy == "astra" else astra_dense_step
+      if strategy == "full" and L > F.full_max_labels:
+        continue
+      fn = {"astra": astra_step, "astra_dense": astra_dense_step, "full": full_step}[strategy]
       w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
       scale = jnp.float32(1.0)
       emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)

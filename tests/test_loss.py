@@ -124,3 +124,21 @@ def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
     np.testing.assert_array_equal(out["hard_ids"][i], ranked)
     # A random draw equal to a hard negative is not counted twice.
     np.testing.assert_array_equal(out["rand_mask"][i], ~np.isin(np.arange(20), ranked))
+
+
+def test_chunked_full_bce_equals_dense_reference():
+  rng = np.random.default_rng(3)
+  emb = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(23, 5)), jnp.float32)  # not a multiple of the block
+  pos_ids = jnp.array([[1, 7, 0], [22, 0, 0], [0, 0, 0], [3, 4, 5]])
+  pos_mask = jnp.array([[True, True, False], [True, False, False], [False] * 3, [True] * 3])
+  targets = np.zeros((4, 23))
+  for i in range(4):
+    targets[i, np.asarray(pos_ids[i])[np.asarray(pos_mask[i])]] = 1
+  want = loss.full_bce(emb, w, jnp.asarray(targets))
+  np.testing.assert_allclose(loss.full_bce_chunked(emb, w, pos_ids, pos_mask, block=6), want,
+                             rtol=1e-6)
+  g = jax.grad(loss.full_bce_chunked, argnums=(0, 1))(emb, w, pos_ids, pos_mask, 6)
+  g_ref = jax.grad(loss.full_bce, argnums=(0, 1))(emb, w, jnp.asarray(targets))
+  for a, b in zip(g, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)

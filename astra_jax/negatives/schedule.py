@@ -10,6 +10,8 @@ Every strategy uses the same number of negatives per query, T = k_h + k_r:
                   `curriculum_final_hard_fraction` at the last epoch, the rest random
   uptodate        k_h hard re-mined inside every step with the current W and E(x) (exact,
                   small L only) + k_r random
+  full            no sampling: the full-L BCE over every label (the Renee-style baseline,
+                  O(L) per step; the sampled negatives are ignored)
 Before tau_s every strategy trains with T random negatives. Index strategies refresh at
 epochs tau_s, tau_s + tau_r, ...; the refresh for epoch e collects query embeddings during
 epoch e-2, snapshots W at its end, and mines during epoch e-1.
@@ -19,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-              "uptodate")
+              "uptodate", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +44,7 @@ class NegativeSchedule:
 
   @property
   def uses_index(self) -> bool:
-    return self.strategy not in ("random", "uptodate")
+    return self.strategy not in ("random", "uptodate", "full")
 
   @property
   def index_over(self) -> str:
@@ -81,7 +83,7 @@ class NegativeSchedule:
 
   def split(self, epoch: int, have_hard: bool) -> tuple[int, int]:
     """(hard, random) negatives per query in `epoch`."""
-    if self.strategy == "random" or epoch < self.tau_s:
+    if self.strategy in ("random", "full") or epoch < self.tau_s:
       return 0, self.total
     if self.strategy == "uptodate":
       return self.k_h, self.k_r
