@@ -22,7 +22,7 @@ from absl import logging
 from flax import nnx
 
 from astra_jax import config_base, loss, metrics, optim, predict, sharding, sparse_sgd
-from astra_jax.data import dataset, synthetic, tokenize, xc_format
+from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -108,6 +108,14 @@ def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
               rand_mask=batch["rand_mask"] & ~hit)
 
 
+def encode(graphdef, enc_params, ids: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Training-mode E(x): (after the embedding dropout, before it). The pre-dropout
+  embeddings are what the hard-negative refresh collects."""
+  encoder = nnx.merge(graphdef, enc_params)
+  pooled = encoder.pooled(ids, dropout_key=key)
+  return encoder.embedding_dropout(pooled, key), pooled
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0,
                     full_block: int = 0):
   """One jitted step. Returns (params, opt_state, loss, E(x) before embedding dropout); the
@@ -115,9 +123,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
   full-L BCE baseline (all labels, in blocks of that many) instead of the estimator."""
 
   def loss_fn(params, batch, key):
-    encoder = nnx.merge(graphdef, params["encoder"])
-    pooled = encoder.pooled(batch["input_ids"], dropout_key=key)
-    emb = encoder.embedding_dropout(pooled, key)
+    emb, pooled = encode(graphdef, params["encoder"], batch["input_ids"], key)
     if full_block:
       return loss.full_bce_chunked(emb, params["classifier"], batch["pos_ids"],
                                    batch["pos_mask"], full_block), pooled
@@ -141,9 +147,7 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   `sparse_sgd.sgd_update` into the donated V. opt_state: {"encoder", "scale", "step"}."""
 
   def loss_fn(enc_params, rows, batch, key):
-    encoder = nnx.merge(graphdef, enc_params)
-    pooled = encoder.pooled(batch["input_ids"], dropout_key=key)
-    emb = encoder.embedding_dropout(pooled, key)
+    emb, pooled = encode(graphdef, enc_params, batch["input_ids"], key)
     return loss.batch_loss(loss.scores_from_rows(emb, *rows), batch), pooled
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -171,14 +175,9 @@ def make_sharded_train_step(graphdef, tx_encoder: optax.GradientTransformation, 
   gradient is the VJP of its forward pass with the kernel's dloss/dE(x)."""
   kernel = sharding.classifier_kernel(mesh, global_batch, weight_decay)
 
-  def encode(enc_params, ids, key):
-    encoder = nnx.merge(graphdef, enc_params)
-    pooled = encoder.pooled(ids, dropout_key=key)
-    return encoder.embedding_dropout(pooled, key), pooled
-
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
-    emb, enc_vjp, pooled = jax.vjp(lambda p: encode(p, batch["input_ids"], key),
+    emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, batch["input_ids"], key),
                                    params["encoder"], has_aux=True)
     labels = {k: v for k, v in batch.items() if k != "input_ids"}
     value, d_emb, v, scale = kernel(emb, params["classifier"], opt_state["scale"], labels,
@@ -264,9 +263,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   data = prepare_data(config)
-  tok = tokenize.load_tokenizer(config.data.tokenizer_dir)
   seed = config.train.seed
-  encoder = build_encoder(config, len(tok), data.pad_id, seed)
+  encoder = build_encoder(config, data.vocab_size, data.pad_id, seed)
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
   d = encoder.cfg.embed_dim
   nc = config.negatives

@@ -55,6 +55,7 @@ class XCData:
   label_tokens: np.ndarray | None       # (L, T) int32, when label texts exist
   test_filter: np.ndarray               # (n, 2) (test row, label) pairs to ignore
   pad_id: int
+  vocab_size: int                       # the tokenizer's, including added tokens
   num_train_original: int               # before label-text augmentation
 
 
@@ -120,7 +121,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   else:
     test_filter = np.zeros((0, 2), np.int64)
 
-  pad_id = tokenize.load_tokenizer(data_cfg.tokenizer_dir).pad_token_id or 0
+  tokenizer = tokenize.load_tokenizer(data_cfg.tokenizer_dir)
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
@@ -134,4 +135,5 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
                "%d filter pairs", d, layout, num_labels, n_orig, train_labels.num_rows,
                test_labels.num_rows, len(test_filter))
   return XCData(d, num_labels, train_tokens, train_labels, test_tokens, test_labels,
-                label_tokens, test_filter, int(pad_id), n_orig)
+                label_tokens, test_filter, int(tokenizer.pad_token_id or 0), len(tokenizer),
+                n_orig)

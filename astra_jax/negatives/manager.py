@@ -77,7 +77,7 @@ class HardNegatives:
         logging.info("negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, "
                      "waited %.2fs)", epoch, stats["build_s"], stats["search_s"],
                      stats["recall"], stats["wait_s"])
-      except (RefreshFailed, Exception) as e:  # training goes on with what it had
+      except Exception as e:  # RefreshFailed or any other: training goes on with what it had
         stats = {"epoch": epoch, "ok": False, "error": str(e)[:300],
                  "wait_s": round(time.time() - t0, 3)}
         logging.warning("negatives: %s; epoch %d keeps the %s", e, epoch,
@@ -87,9 +87,8 @@ class HardNegatives:
         self._cleanup_inputs(epoch)
       self.refreshes.append(stats)
     h, r = self.schedule.split(epoch, self.current is not None)
+    # uptodate has h > 0 without a file: its hard negatives are mined inside the step.
     hard = None if h == 0 or self.current is None else self.current[:, :h]
-    if hard is None and h:  # e.g. uptodate, or no negatives yet: all random
-      h, r = (h, r) if self.schedule.strategy == "uptodate" else (0, self.schedule.total)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None:
       self.queries = np.lib.format.open_memmap(
