@@ -81,10 +81,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.classifier_momentum = 0.0  # dense update only (a momentum buffer is O(L)/step)
   c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
   c.optim.grad_clip_norm = 0.0
+  # Loss scaling for float16 compute: 0 = dynamic (start 2^15, halve on overflow and skip
+  # the update, double after 2000 good steps) when encoder.dtype=float16, off otherwise;
+  # > 0 = that static scale.
+  c.optim.loss_scale = 0.0
 
   c.train = ml_collections.ConfigDict()
   c.train.epochs = 10
-  c.train.batch_size = 256
+  c.train.batch_size = 256        # global batch (all devices, all accumulation steps)
+  c.train.grad_accum_steps = 1     # micro-batches per update (batch_size / this each)
   c.train.seed = 0
   c.train.log_every_steps = 50
   c.train.eval_every_epochs = 0    # 0: evaluate at the end only
@@ -98,6 +103,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1
   c.mesh.model = 1
+  # Multi-process runs (one process per GPU): auto = jax.distributed.initialize() when the
+  # environment says so (SLURM with more than one task, or JAX_COORDINATOR_ADDRESS set).
+  c.mesh.distributed = "auto"      # auto | on | off
 
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = (1, 3, 5)
