@@ -96,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.profile_steps = 20       # steps timed phase by phase for the time break-up
   c.train.prefetch = 4
   c.train.classifier_init_std = 0.02
+  c.train.stop_after_steps = 0     # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
 
   # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
@@ -106,6 +107,14 @@ def base_config() -> ml_collections.ConfigDict:
   # Multi-process runs (one process per GPU): auto = jax.distributed.initialize() when the
   # environment says so (SLURM with more than one task, or JAX_COORDINATOR_ADDRESS set).
   c.mesh.distributed = "auto"      # auto | on | off
+
+  # Checkpoints (orbax) in <workdir>/checkpoints: at every epoch end, every `every_steps`
+  # steps and every `every_minutes` minutes (0 = not by that rule), and on SIGTERM/SIGINT.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.enabled = True
+  c.checkpoint.every_steps = 0
+  c.checkpoint.every_minutes = 30.0
+  c.checkpoint.keep = 3            # the last N, plus the best by P@5 (periodic evals)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = (1, 3, 5)

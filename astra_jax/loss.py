@@ -26,11 +26,12 @@ def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
                           hard_scores: jax.Array, hard_mask: jax.Array,
                           rand_scores: jax.Array, rand_mask: jax.Array,
                           rand_weight: jax.Array | float) -> jax.Array:
-  """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean."""
+  """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean;
+  rand_weight: a scalar or one weight per draw (k_r,) (per-shard draws, see sampler.py)."""
   pos = jnp.where(pos_mask, jax.nn.softplus(-pos_scores), 0.0).sum(-1)
   hard = jnp.where(hard_mask, jax.nn.softplus(hard_scores), 0.0).sum(-1)
-  rand = jnp.where(rand_mask, jax.nn.softplus(rand_scores), 0.0).sum(-1)
-  return pos + hard + rand_weight * rand
+  rand = (jnp.where(rand_mask, jax.nn.softplus(rand_scores), 0.0) * rand_weight).sum(-1)
+  return pos + hard + rand
 
 
 def scores_from_rows(embeddings: jax.Array, pos_rows: jax.Array, hard_rows: jax.Array,
@@ -58,8 +59,8 @@ def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> j
 
 def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
   """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); batch holds
-  pos/hard ids (B, k) and masks, shared random ids (k_r,), their (B, k_r) mask and the
-  scalar weight L/k_r."""
+  pos/hard ids (B, k) and masks, shared random ids (k_r,), their (B, k_r) mask and
+  weights (see sampler.py)."""
   return batch_loss(classifier_scores(embeddings, classifier, batch), batch)
 
 

@@ -6,11 +6,12 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from astra_jax import evaluate, train
+from astra_jax import checkpoint, distributed, evaluate, train
 from astra_jax.errors import InputError
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 flags.DEFINE_string("workdir", "workdir/run", "where results.json and logs go")
+PREEMPTED_EXIT_CODE = 75  # SIGTERM/SIGINT: checkpoint written, rerun to resume
 
 
 def main(argv):
@@ -21,9 +22,15 @@ def main(argv):
     sys.exit("--config=experiments/<name>.py is required")
   logging.get_absl_handler().python_handler.stream = sys.stdout
   try:
+    distributed.initialize(config.mesh.distributed)
     results = train.train_and_evaluate(config, flags.FLAGS.workdir)
   except (InputError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
+  except checkpoint.Preempted as e:  # EX_TEMPFAIL: a launcher may requeue the job
+    print(f"preempted: {e}", flush=True)
+    sys.exit(PREEMPTED_EXIT_CODE)
+  if not distributed.is_leader():
+    return
   print()
   print(f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "
         f"test rows, {results['epochs']} epochs in {results['train_time_s']:.0f}s "

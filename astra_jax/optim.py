@@ -51,3 +51,15 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
 def learning_rates(optim_cfg, total_steps: int, step: int) -> tuple[float, float]:
   return (float(schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)(step)),
           float(schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)(step)))
+
+
+def loss_scaling(config) -> str:
+  """off | static | dynamic, from optim.loss_scale and encoder.dtype (see loss_scale.py)."""
+  if config.optim.loss_scale > 0:
+    return "static"
+  return "dynamic" if config.encoder.dtype == "float16" else "off"
+
+
+def initial_loss_scale(config) -> float:
+  mode = loss_scaling(config)
+  return {"static": config.optim.loss_scale, "dynamic": 2.0 ** 15, "off": 1.0}[mode]

@@ -1,17 +1,21 @@
-"""Label side of a training batch: padded positives, hard negatives, shared random negatives.
+"""Label side of a training batch: padded positives, hard negatives, random negatives.
 
-A batch always has the same array shapes, whatever the phase of training:
-  pos_ids, pos_mask   (B, k_p)  positives, padded with a False mask (more than k_p: a fresh
-                                random subset of k_p each time the row is drawn)
-  hard_ids, hard_mask (B, k_h)  stale hard negatives from the index (-1 = none); False
-                                where missing or a positive
-  rand_ids            (k_r,)    uniform draws over [L] shared by the whole batch
-  rand_mask           (B, k_r)  False where the draw is a positive (any of the row's
-                                positives, not only the k_p kept) or one of its hard negatives
-  rand_weight         ()        L / k_r, the estimator's weight (see loss.py)
-Before hard negatives exist (epoch < tau_s), the k_h hard slots are filled with random draws
-instead (k_r + k_h shared draws, weight L/(k_r + k_h)): same negatives per query, same
-weights in the estimator, and `hard_ids` is (B, 0).
+A batch always has the same array shapes, whatever the phase of training. With W's rows
+split into S shards (S = the mesh's 'model' axis; shard s owns rows [s R, (s+1) R) of the
+padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
+  pos_ids, pos_mask   (B, k_p)     positives, padded with a False mask (more than k_p: a
+                                   fresh random subset of k_p each time the row is drawn)
+  hard_ids, hard_mask (B, S k_h)   stale hard negatives, block s from shard s's own index
+                                   (-1 = none); False where missing or a positive
+  rand_ids            (S k_r,)     block s: k_r uniform draws over shard s's rows, shared
+                                   by the whole batch
+  rand_mask           (B, S k_r)   False where the draw is a positive (any of the row's
+                                   positives, not only the k_p kept) or one of its hard
+                                   negatives
+  rand_weight         (S k_r,)     L_s / k_r for the draws of shard s (L_s = its real rows)
+With S = 1 this is one draw over [L] with weight L / k_r. Before hard negatives exist
+(epoch < tau_s) the k_h hard slots are filled with random draws instead (k_r + k_h per
+shard, weight L_s/(k_r + k_h)): same negatives per query, and `hard_ids` is (B, 0).
 """
 from __future__ import annotations
 
@@ -24,16 +28,25 @@ from astra_jax.data.xc_format import SparseRows
 class NegativeSampler:
   """Builds the label arrays of a batch (numpy, on the host)."""
 
-  def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int):
+  def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1):
     self.labels, self.num_labels = labels, labels.num_cols
     self.k_p, self.k_h, self.k_r = k_p, k_h, k_r
+    self.num_shards = num_shards
+    self.shard_rows = -(-self.num_labels // num_shards)
+    starts = np.arange(num_shards) * self.shard_rows
+    self.shard_bounds = np.stack([starts, np.minimum(starts + self.shard_rows,
+                                                     self.num_labels)], 1)
+    if (self.shard_bounds[:, 1] <= self.shard_bounds[:, 0]).any():
+      raise ValueError(f"{self.num_labels} labels cannot fill {num_shards} classifier shards "
+                       f"of {self.shard_rows} rows")
 
   def __call__(self, rows: np.ndarray, rng: np.random.Generator,
                hard_negatives: np.ndarray | None = None,
                num_random: int | None = None) -> dict[str, np.ndarray]:
-    """rows: (B,) training row ids; hard_negatives: (B, h) label ids (-1: none) or None;
-    num_random: shared random draws (default k_r, or k_r + k_h without hard negatives)."""
-    b, L = len(rows), self.num_labels
+    """rows: (B,) training row ids; hard_negatives: (B, S h) label ids (-1: none), block s
+    from shard s, or None; num_random: random draws per shard (default k_r, or k_r + k_h
+    without hard negatives)."""
+    b, S = len(rows), self.num_shards
     indptr, indices = self.labels.indptr, self.labels.indices
     starts, ends = indptr[rows], indptr[rows + 1]
     pos_ids = np.zeros((b, self.k_p), np.int32)
@@ -53,13 +66,20 @@ class NegativeSampler:
     else:
       k_r = self.k_r if num_random is None else num_random
       hard_ids = np.asarray(hard_negatives, np.int32).reshape(b, -1)
-      hard_mask = (hard_ids >= 0) & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids)
-      hard_ids = np.where(hard_ids >= 0, hard_ids, 0)
-    rand_ids = rng.integers(0, L, size=k_r, dtype=np.int64)
-    rand_full = np.broadcast_to(rand_ids, (b, k_r))
+      valid = hard_ids >= 0
+      # Shard s's step only sees block s: a negative outside its block would be lost.
+      lo, hi = (np.repeat(self.shard_bounds[:, j], hard_ids.shape[1] // S) for j in (0, 1))
+      if (valid & ((hard_ids < lo) | (hard_ids >= hi))).any():
+        raise ValueError("hard negatives are not grouped by classifier shard")
+      hard_mask = valid & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids)
+      hard_ids = np.where(valid, hard_ids, lo).astype(np.int32)
+    lo, hi = self.shard_bounds[:, :1], self.shard_bounds[:, 1:]
+    rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
+    rand_weight = np.repeat(((hi - lo) / max(k_r, 1)).astype(np.float32).reshape(-1), k_r)
+    rand_full = np.broadcast_to(rand_ids, (b, S * k_r))
     excluded_rows = np.concatenate([all_pos_row, np.nonzero(hard_mask)[0]])
     excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
     rand_mask = ~rowsets.member(rand_full, excluded_rows, excluded_ids)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
             "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
-            "rand_mask": rand_mask, "rand_weight": np.float32(L / k_r if k_r else 0.0)}
+            "rand_mask": rand_mask, "rand_weight": rand_weight}

@@ -1,51 +1,78 @@
-"""Device mesh and the model-parallel classifier kernel.
+"""Device mesh, the sharding rules, and the model-parallel classifier kernel.
 
-Mesh axes: 'data' (the batch and the encoder's gradient are split over it; encoder
-parameters are replicated) and 'model' (W's rows are split over it: shard s holds global rows
-[s L_s, (s+1) L_s)). Inside `jax.shard_map` each device gathers only the sampled rows it
-owns (others contribute zeros), partial scores are summed over 'model' (one psum of
-B x (k_p + k_h + k_r) numbers), the loss gradient w.r.t. the scores is taken locally, and
-every shard scatter-adds the row gradients of its own rows into its donated slice of V
-(W = scale * V, see sparse_sgd.py). Row gradients are all-gathered over 'data' first, so all
-data replicas of a shard apply the same update. Nothing in a step is O(L).
+Mesh axes: 'data' and 'model'. The rules (`RULES`): the encoder's parameters are replicated
+and its batch is split over *all* devices (data x model), so the encoder is purely data
+parallel; W's rows are split over 'model' (shard s holds rows [s R, (s+1) R) of the padded
+matrix); the queries of one 'data' group are scored against every W shard of that group.
+
+Inside `jax.shard_map` each device
+  1. all-gathers its data group's embeddings over 'model' (B/D x d numbers),
+  2. gathers the rows it owns: positives (global ids, so masked to the shard; partial
+     scores are psum'd over 'model', B/D x k_p numbers), its own block of hard negatives and
+     its own random draws (sampler.py groups both by shard, so they are all local),
+  3. takes the gradient of the per-shard estimator w.r.t. the scores locally,
+  4. reduce-scatters dloss/dE(x) back to the queries it encoded,
+  5. all-gathers the row gradients over 'data' (every data replica of a shard applies the
+     same update) and returns them with their local row ids.
+`classifier_update` then scatter-adds them into the donated shard of V (W = scale * V, see
+sparse_sgd.py). Nothing in a step is O(L).
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from astra_jax import loss, sparse_sgd
+from astra_jax import sparse_sgd
 
-BATCH_SPECS = {"input_ids": P("data"), "pos_ids": P("data"), "pos_mask": P("data"),
-               "hard_ids": P("data"), "hard_mask": P("data"), "rand_ids": P(),
-               "rand_mask": P("data"), "rand_weight": P()}
+ALL = ("data", "model")
+# Logical axis -> mesh axes. Batch arrays carry a leading micro-batch axis (never split).
+RULES = {"query": ALL, "query_group": "data", "label_shard": "model", "replicated": None}
+_LOGICAL = {  # per batch key: the logical name of each axis after the micro-batch axis
+    "input_ids": ("query", None), "pos_ids": ("query_group", None),
+    "pos_mask": ("query_group", None), "hard_ids": ("query_group", "label_shard"),
+    "hard_mask": ("query_group", "label_shard"), "rand_ids": ("label_shard",),
+    "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",)}
+KERNEL_SPECS = {k: P(*(RULES.get(a) for a in axes)) for k, axes in _LOGICAL.items()}
+BATCH_SPECS = {k: P(None, *spec) for k, spec in KERNEL_SPECS.items()}
 
 
-def make_mesh(data: int, model: int) -> jax.sharding.Mesh:
-  """A (data, model) mesh; data=-1 takes the devices model leaves over."""
-  n = jax.device_count()
+def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
+  """A (data, model) mesh over every device of every process (1 x 1: the first device);
+  data=-1 takes the devices model leaves over."""
+  devices = jax.devices() if devices is None else devices
+  n = len(devices)
   if data == -1:
+    if n % model:
+      raise ValueError(f"mesh.model={model} does not divide the {n} devices")
     data = n // model
-  if data * model != n:
+  if data * model == 1:
+    devices = devices[:1]
+  elif data * model != n:
     raise ValueError(f"mesh {data} x {model} needs {data * model} devices, have {n}")
-  return jax.make_mesh((data, model), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+  return jax.make_mesh((data, model), ALL, axis_types=(AxisType.Auto,) * 2,
+                       devices=devices)
 
 
 def padded_rows(num_labels: int, mesh: jax.sharding.Mesh) -> int:
   """Rows of W after padding to a multiple of the 'model' axis (padded rows are never
-  sampled: the sampler draws from [0, L))."""
+  sampled and never predicted)."""
   m = mesh.shape["model"]
   return -(-num_labels // m) * m
 
 
-def classifier_kernel(mesh: jax.sharding.Mesh, global_batch: int, weight_decay: float):
-  """(emb, V, scale, batch, lr) -> (loss, dloss/demb, V', scale') over the mesh."""
+def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
+  """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch) ->
+  (loss, dloss/demb (B, d), local row ids (M n,), row gradients (M n, d)).
 
-  def body(emb, v, scale, batch, lr):
+  Row ids are local to their shard (rows_per_shard = not this shard's: dropped by the
+  update); loss and gradients are for the mean over `global_batch` queries."""
+
+  def body(emb, v, scale, batch):
     rows_per_shard = v.shape[0]
     offset = jax.lax.axis_index("model") * rows_per_shard
+    emb_group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
 
     def local(ids):
       lid = ids - offset
@@ -55,35 +82,53 @@ def classifier_kernel(mesh: jax.sharding.Mesh, global_batch: int, weight_decay: 
 
     (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = (
         local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
-    scores = jax.lax.psum(loss.scores_from_rows(emb, pos_r, hard_r, rand_r), "model")
+    pos_s = jax.lax.psum(jnp.einsum("bd,bkd->bk", emb_group, pos_r), "model")
+    hard_s = jnp.einsum("bd,bkd->bk", emb_group, hard_r)
+    rand_s = emb_group @ rand_r.T
 
-    def summed(s):
-      return loss.sampled_bce_per_query(s[0], batch["pos_mask"], s[1], batch["hard_mask"],
-                                        s[2], batch["rand_mask"],
-                                        batch["rand_weight"]).sum() / global_batch
+    def estimator(pos_s, hard_s, rand_s):
+      """Positives' term (the same on every shard) + this shard's negatives' terms."""
+      pos = jnp.where(batch["pos_mask"], jax.nn.softplus(-pos_s), 0.0).sum()
+      neg = (jnp.where(batch["hard_mask"], jax.nn.softplus(hard_s), 0.0).sum() +
+             (jnp.where(batch["rand_mask"], jax.nn.softplus(rand_s), 0.0)
+              * batch["rand_weight"]).sum())
+      return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)
 
-    value, (d_pos, d_hard, d_rand) = jax.value_and_grad(summed)(scores)
-    value = jax.lax.psum(value, "data")
-    d_emb = jax.lax.psum(jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
-                         jnp.einsum("bk,bkd->bd", d_hard, hard_r) + d_rand @ rand_r, "model")
-    emb32 = emb.astype(jnp.float32)
-    g_pos = jax.lax.all_gather(d_pos[..., None] * emb32[:, None], "data", tiled=True)
-    g_hard = jax.lax.all_gather(d_hard[..., None] * emb32[:, None], "data", tiled=True)
-    g_rand = jax.lax.psum(d_rand.T @ emb32, "data")
+    (_, (pos, neg)), (d_pos, d_hard, d_rand) = jax.value_and_grad(
+        estimator, argnums=(0, 1, 2), has_aux=True)(pos_s, hard_s, rand_s)
+    value = jax.lax.psum(pos + jax.lax.psum(neg, "model"), "data")
+    d_emb_group = (jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
+                   jnp.einsum("bk,bkd->bd", d_hard, hard_r) + d_rand @ rand_r)
+    d_emb = jax.lax.psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
+    g_pos = jax.lax.all_gather(d_pos[..., None] * emb_group[:, None], "data", tiled=True)
+    g_hard = jax.lax.all_gather(d_hard[..., None] * emb_group[:, None], "data", tiled=True)
+    g_rand = jax.lax.psum(d_rand.T @ emb_group, "data")  # the draws are shared over 'data'
     ids = jnp.concatenate([jax.lax.all_gather(pos_l, "data", tiled=True).reshape(-1),
                            jax.lax.all_gather(hard_l, "data", tiled=True).reshape(-1), rand_l])
     d = emb.shape[-1]
     grads = jnp.concatenate([g_pos.reshape(-1, d), g_hard.reshape(-1, d), g_rand])
-    v, scale = sparse_sgd.sgd_update(v, scale, ids, grads, lr, weight_decay)
-    return value, d_emb, v, scale
+    return value, d_emb.astype(emb.dtype), ids, grads
 
-  specs = {k: BATCH_SPECS[k] for k in BATCH_SPECS if k != "input_ids"}
+  labels = {k: v for k, v in KERNEL_SPECS.items() if k != "input_ids"}
   return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P("data"), P("model"), P(), specs, P()),
-                       out_specs=(P(), P("data"), P("model"), P()),
-                       # all_gather results are identical across data replicas, which the
-                       # vma checker cannot infer; the mesh-equivalence tests check it.
+                       in_specs=(P(ALL), P("model"), P(), labels),
+                       out_specs=(P(), P(ALL), P("model"), P("model")),
+                       # ids/grads are identical across data replicas (all-gathered), which
+                       # the vma checker cannot infer; the mesh-equivalence tests check it.
                        check_vma=False)
+
+
+def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
+  """(V, scale, ids (A, M n), grads (A, M n, d), lr) -> (V', scale'): one SGD + decoupled
+  decay step with the row gradients of A micro-batches, each shard into its own rows."""
+
+  def body(v, scale, ids, grads, lr):
+    return sparse_sgd.sgd_update(v, scale, ids.reshape(-1),
+                                 grads.reshape(-1, grads.shape[-1]), lr, weight_decay)
+
+  return jax.shard_map(body, mesh=mesh,
+                       in_specs=(P("model"), P(), P(None, "model"), P(None, "model"), P()),
+                       out_specs=(P("model"), P()), check_vma=False)
 
 
 def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
@@ -95,4 +140,26 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
 
 
 def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
-  return {k: jax.device_put(v, NamedSharding(mesh, BATCH_SPECS[k])) for k, v in batch.items()}
+  """Host arrays -> global arrays; each process only reads the slices its devices hold."""
+  out = {}
+  for k, v in batch.items():
+    sharding = NamedSharding(mesh, BATCH_SPECS[k])
+    out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
+  return out
+
+
+def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int
+                       ) -> np.ndarray:
+  """(A, B/A) bool: the queries whose tokens this process's devices hold."""
+  sharding = NamedSharding(mesh, BATCH_SPECS["input_ids"])
+  mask = np.zeros((micro_batches, micro_batch), bool)
+  for idx in sharding.addressable_devices_indices_map((micro_batches, micro_batch, 1)).values():
+    mask[idx[:2]] = True
+  return mask
+
+
+def local_model_shards(mesh: jax.sharding.Mesh) -> list[int]:
+  """The W shards ('model' indices) that live on this process's devices."""
+  local = {d.id for d in jax.local_devices()}
+  return [m for m in range(mesh.shape["model"])
+          if any(d.id in local for d in mesh.devices[:, m])]

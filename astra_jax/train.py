@@ -21,7 +21,8 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import config_base, loss, metrics, optim, predict, sharding, sparse_sgd
+from astra_jax import (checkpoint, config_base, distributed, loss, loss_scale, metrics, optim, predict, sharding,
+                       sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -52,15 +53,21 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
     if os.path.exists(stats_path):
       with open(stats_path) as f:
         have = json.load(f).get("spec")
-    if have != dataclasses.asdict(spec):
+    if have != dataclasses.asdict(spec) and distributed.is_leader():
       logging.info("generating synthetic dataset into %s", dc.dir)
       synthetic.generate(dc.dir, spec)
+    distributed.barrier("synthetic data")
     with dc.unlocked():
       if not dc.tokenizer_dir:
         dc.tokenizer_dir = os.path.join(dc.dir, "tokenizer")
   with dc.unlocked():
     dc.tokenizer_dir = pretrained.resolve(dc.tokenizer_dir)
-  return dataset.load(dc)
+  if not distributed.is_leader():  # the leader tokenizes (cached) first, the others read
+    distributed.barrier("tokenized data")
+  data = dataset.load(dc)
+  if distributed.is_leader():
+    distributed.barrier("tokenized data")
+  return data
 
 
 # ------------------------------------------------------------------------------ model
@@ -116,83 +123,108 @@ def encode(graphdef, enc_params, ids: jax.Array, key: jax.Array) -> tuple[jax.Ar
   return encoder.embedding_dropout(pooled, key), pooled
 
 
+def _micro_keys(key: jax.Array, n: int) -> jax.Array:
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
+
+
 def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0,
                     full_block: int = 0):
-  """One jitted step. Returns (params, opt_state, loss, E(x) before embedding dropout); the
-  embeddings feed the hard-negative refresh at no extra forward pass. full_block > 0: the
-  full-L BCE baseline (all labels, in blocks of that many) instead of the estimator."""
+  """The dense step (one device): autodiff w.r.t. all of W and the optax chain of optim.py.
+  Used by the `uptodate` oracle and the full-L baseline, which touch every label anyway, and
+  as the reference the sparse step is tested against. Batch arrays are (A, B/A, ...): the
+  gradients of the A micro-batches are summed before the update. Returns (params,
+  opt_state, loss, E(x) before embedding dropout (B, d)). full_block > 0: the full-L BCE
+  (all labels, in blocks of that many) instead of the estimator."""
 
-  def loss_fn(params, batch, key):
+  def loss_fn(params, batch, key, num_micro):
     emb, pooled = encode(graphdef, params["encoder"], batch["input_ids"], key)
     if full_block:
-      return loss.full_bce_chunked(emb, params["classifier"], batch["pos_ids"],
-                                   batch["pos_mask"], full_block), pooled
-    if uptodate_k:
-      batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
-    return loss.sampled_bce(emb, params["classifier"], batch), pooled
+      value = loss.full_bce_chunked(emb, params["classifier"], batch["pos_ids"],
+                                    batch["pos_mask"], full_block)
+    else:
+      if uptodate_k:
+        batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
+      value = loss.sampled_bce(emb, params["classifier"], batch)
+    return value / num_micro, pooled
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
-    (value, pooled), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, key)
+    a = batch["input_ids"].shape[0]
+
+    def micro(acc, xs):
+      mb, k = xs
+      (value, pooled), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb, k, a)
+      return jax.tree.map(jnp.add, acc, grads), (value, pooled)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (values, pooled) = jax.lax.scan(micro, zeros, (batch, _micro_keys(key, a)))
     updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, value, pooled
+    return (optax.apply_updates(params, updates), opt_state, values.sum(),
+            pooled.reshape(-1, pooled.shape[-1]))
 
   return train_step
 
 
 def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
-                           weight_decay: float):
-  """The same step with the classifier updated in O(rows touched): gradients are taken
-  w.r.t. the gathered rows of W = scale * V, never w.r.t. the (L, d) matrix, and applied by
-  `sparse_sgd.sgd_update` into the donated V. opt_state: {"encoder", "scale", "step"}."""
+                           weight_decay: float, mesh, global_batch: int,
+                           loss_scaling: str = "off"):
+  """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
-  def loss_fn(enc_params, rows, batch, key):
-    emb, pooled = encode(graphdef, enc_params, batch["input_ids"], key)
-    return loss.batch_loss(loss.scores_from_rows(emb, *rows), batch), pooled
+  The encoder runs data-parallel under jit's partitioning; the classifier through
+  `sharding.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
+  the (L, d) matrix); the encoder's gradient is the VJP of its forward pass with the
+  kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
+  sums the encoder gradients and collects the row gradients, then one Adam step and one
+  `sparse_sgd` step into the donated V. W is the same for all micro-batches, as in the
+  dense step. loss_scaling: off | static | dynamic (see loss_scale.py); with dynamic, a step
+  with non-finite gradients changes nothing but the scale.
+  opt_state: {"encoder", "scale", "step", "loss_scale"}."""
+  grads_kernel = sharding.classifier_grads(mesh, global_batch)
+  update_kernel = sharding.classifier_update(mesh, weight_decay)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
     v, scale = params["classifier"], opt_state["scale"]
-    ids = (batch["pos_ids"], batch["hard_ids"], batch["rand_ids"])
-    rows = tuple(scale * v[i].astype(jnp.float32) for i in ids)
-    (value, pooled), (g_enc, g_rows) = jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
-        params["encoder"], rows, batch, key)
+    s = opt_state["loss_scale"]["scale"] if loss_scaling != "off" else jnp.float32(1.0)
+    a = batch["input_ids"].shape[0]
+
+    def micro(acc, xs):
+      mb, k = xs
+      emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb["input_ids"], k),
+                                     params["encoder"], has_aux=True)
+      labels = {name: x for name, x in mb.items() if name != "input_ids"}
+      value, d_emb, ids, grads = grads_kernel(emb, v, scale, labels)
+      (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
+      return jax.tree.map(jnp.add, acc, g_enc), (value, ids, grads, pooled)
+
+    zeros = jax.tree.map(jnp.zeros_like, params["encoder"])
+    g_enc, (values, ids, grads, pooled) = jax.lax.scan(micro, zeros,
+                                                       (batch, _micro_keys(key, a)))
+    g_enc = jax.tree.map(lambda g: g / s, g_enc)
+    value = values.sum()
+    ok = jnp.bool_(True)
+    if loss_scaling == "dynamic":
+      ok = loss_scale.all_finite(g_enc) & jnp.isfinite(value)
     updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
-    v, scale = sparse_sgd.sgd_update(
-        v, scale, jnp.concatenate([i.reshape(-1) for i in ids]),
-        jnp.concatenate([g.reshape(-1, g.shape[-1]) for g in g_rows]),
-        lr_schedule(opt_state["step"]), weight_decay)
-    return ({"encoder": optax.apply_updates(params["encoder"], updates), "classifier": v},
-            {"encoder": enc_state, "scale": scale, "step": opt_state["step"] + 1}, value, pooled)
+    encoder = optax.apply_updates(params["encoder"], updates)
+    lr = jnp.where(ok, lr_schedule(opt_state["step"]), 0.0)
+    v, scale = update_kernel(v, scale, ids, grads, lr)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+    new_state = {"encoder": keep(enc_state, opt_state["encoder"]), "scale": scale,
+                 "step": opt_state["step"] + ok.astype(jnp.int32),
+                 "loss_scale": opt_state["loss_scale"]}
+    if loss_scaling == "dynamic":
+      new_state["loss_scale"] = loss_scale.adjust(opt_state["loss_scale"], ok)
+    return ({"encoder": keep(encoder, params["encoder"]), "classifier": v}, new_state,
+            value, pooled.reshape(-1, pooled.shape[-1]))
 
   return train_step
 
 
-def make_sharded_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
-                            weight_decay: float, mesh, global_batch: int):
-  """The sparse step on a (data, model) mesh: the encoder runs data-parallel under jit's
-  automatic partitioning, the classifier through `sharding.classifier_kernel`; the encoder's
-  gradient is the VJP of its forward pass with the kernel's dloss/dE(x)."""
-  kernel = sharding.classifier_kernel(mesh, global_batch, weight_decay)
-
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def train_step(params, opt_state, batch, key):
-    emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, batch["input_ids"], key),
-                                   params["encoder"], has_aux=True)
-    labels = {k: v for k, v in batch.items() if k != "input_ids"}
-    value, d_emb, v, scale = kernel(emb, params["classifier"], opt_state["scale"], labels,
-                                    lr_schedule(opt_state["step"]))
-    (g_enc,) = enc_vjp(d_emb)
-    updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
-    return ({"encoder": optax.apply_updates(params["encoder"], updates), "classifier": v},
-            {"encoder": enc_state, "scale": scale, "step": opt_state["step"] + 1}, value, pooled)
-
-  return train_step
-
-
-def init_sparse_opt_state(tx_encoder: optax.GradientTransformation, params) -> dict:
+def init_sparse_opt_state(tx_encoder: optax.GradientTransformation, params,
+                          initial_loss_scale: float = 1.0) -> dict:
   return {"encoder": tx_encoder.init(params["encoder"]), "scale": jnp.float32(1.0),
-          "step": jnp.int32(0)}
+          "step": jnp.int32(0), "loss_scale": loss_scale.init(initial_loss_scale)}
 
 
 def make_phase_fns(graphdef):
@@ -219,8 +251,18 @@ def embed(embed_fn, enc_params, tokens, batch_size: int) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------- evaluation
+def host_params(params: dict) -> dict:
+  """Params as this process can compute with alone: in a multi-process run the replicated
+  encoder's local copy and all of W gathered (evaluation and refresh inputs only)."""
+  if jax.process_count() == 1:
+    return params
+  return {"encoder": jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params["encoder"]),
+          "classifier": distributed.gather_rows(params["classifier"])}
+
+
 def evaluate_model(embed_fn, params, data: dataset.XCData, config, inv_prop,
                    max_rows: int = 0) -> dict[str, float]:
+  params = host_params(params)
   ks = tuple(config.eval.ks)
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
   emb = embed(embed_fn, params["encoder"], data.test_tokens[:n], config.eval.batch_size)
@@ -268,18 +310,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
   d = encoder.cfg.embed_dim
   nc = config.negatives
-  mesh = None
-  if config.mesh.data * config.mesh.model != 1:
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
-    if config.optim.classifier_update != "sparse" or nc.strategy in ("uptodate", "full"):
-      raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
-                       "and a strategy other than uptodate or full")
-    if config.train.batch_size % mesh.shape["data"]:
-      raise InputError(f"config.train.batch_size={config.train.batch_size} is not divisible by "
-                       f"the mesh's data axis ({mesh.shape['data']})")
+  sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+  num_devices = mesh.devices.size
+  if num_devices > 1 and not sparse:
+    raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
+                     "and a strategy other than uptodate or full")
+  accum = config.train.grad_accum_steps
+  micro_batch = config.train.batch_size // accum
+  if config.train.batch_size % accum or micro_batch % num_devices:
+    raise InputError(f"config.train.batch_size={config.train.batch_size} must split into "
+                     f"grad_accum_steps={accum} micro-batches divisible by the mesh's "
+                     f"{num_devices} devices")
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
-  # sampler draws from [0, L)) and never predicted (evaluation reads W[:L]).
-  rows = sharding.padded_rows(data.num_labels, mesh) if mesh else data.num_labels
+  # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
+  rows = sharding.padded_rows(data.num_labels, mesh)
   w = config.train.classifier_init_std * jax.random.normal(
       jax.random.key(seed + 1), (rows, d), jnp.float32)
   params = {"encoder": enc_params, "classifier": w}
@@ -288,28 +333,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
+  num_shards = mesh.shape["model"]
+  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards)
+  local_shards = sharding.local_model_shards(mesh)
   hard_negatives = HardNegatives(
-      schedule, workdir, data.train_labels, encoder.cfg.embed_dim, nc.index,
+      schedule, workdir if jax.process_count() == 1 else
+      os.path.join(workdir, f"process{jax.process_index()}"),
+      data.train_labels, encoder.cfg.embed_dim, nc.index,
       {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
-       "reorder": nc.scann_reorder}, nc.recall_sample, seed, nc.inject_fault)
-  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r)
+       "reorder": nc.scann_reorder}, nc.recall_sample, seed, nc.inject_fault,
+      shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
+      num_shards=num_shards)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
-                         config.train.prefetch)
+                         config.train.prefetch, accum,
+                         sharding.process_token_rows(mesh, accum, micro_batch))
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
-  # The sparse O(touched rows) classifier update, except for the uptodate oracle (which
-  # scores all L labels every step anyway) or when asked for the dense optax chain.
-  sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
-    opt_state = init_sparse_opt_state(tx, params)
-    lr_c = optim.classifier_schedule(config.optim, total_steps)
-    if mesh is not None:
-      params, opt_state = sharding.shard_params(params, opt_state, mesh)
-      train_step = make_sharded_train_step(graphdef, tx, lr_c, config.optim.classifier_weight_decay,
-                                           mesh, config.train.batch_size)
-    else:
-      train_step = make_sparse_train_step(graphdef, tx, lr_c, config.optim.classifier_weight_decay)
+    scaling = optim.loss_scaling(config)
+    opt_state = init_sparse_opt_state(tx, params, optim.initial_loss_scale(config))
+    params, opt_state = sharding.shard_params(params, opt_state, mesh)
+    train_step = make_sparse_train_step(
+        graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
+        config.optim.classifier_weight_decay, mesh, config.train.batch_size, scaling)
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
@@ -327,7 +374,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
-  log = _JsonLines(os.path.join(workdir, "metrics.jsonl"))
+  leader = distributed.is_leader()  # writes the run's files; every process logs
+  log = _JsonLines(os.path.join(workdir, "metrics.jsonl") if leader else os.devnull)
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
                encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,
@@ -341,46 +389,93 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # effects stay out of the break-up.
   first = steps_per_epoch + 2 if config.train.epochs > 1 else min(3, steps_per_epoch - 1)
   profile_at = set(range(first, first + config.train.profile_steps))
-  global_step, train_seconds = 0, 0.0
+  global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
+
+  # Resume: the same command with the same workdir continues from the last checkpoint.
+  if leader:
+    checkpoint.check_config(workdir, json.loads(config.to_json()))
+  distributed.barrier("config check")
+  ckpt = checkpoint.Checkpoints(workdir, config.checkpoint.keep) if config.checkpoint.enabled else None
+  if ckpt is not None and ckpt.latest_step() is not None:
+    params, opt_state, progress = ckpt.restore(params, opt_state)
+    start_epoch, start_step = progress["epoch"], progress["step"]
+    global_step, train_seconds = progress["global_step"], progress["train_seconds"]
+    evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
+    step_times = progress["step_times"]
+    hard_negatives.load_state(progress["hard_negatives"])
+    logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
+                 global_step)
+  last_save = time.time()
 
   # What a refresh needs from the host, evaluated when called: the label vectors to index
   # (W, or E(z_l) for e_hard) and embeddings of given training rows.
+  def host_encoder():
+    return host_params({"encoder": params["encoder"], "classifier": None})["encoder"] if (
+        jax.process_count() > 1) else params["encoder"]
+
   def vectors_fn():
+    """Rows of the shards this process mines for, concatenated (W, or E(z_l) for e_hard)."""
+    bounds = hard_negatives.shards
     if schedule.index_over == "E":
-      return embed(embed_fn, params["encoder"], data.label_tokens, config.eval.batch_size)
-    return np.asarray(params["classifier"])[:data.num_labels]
+      rows = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
+      return embed(embed_fn, host_encoder(), data.label_tokens[rows], config.eval.batch_size)
+    held = dict(distributed.local_row_shards(params["classifier"]))  # first row -> rows
+    return np.concatenate([held[lo][:hi - lo] for lo, hi in bounds])
 
   def embed_rows(rows):
     order = np.argsort(rows)
-    emb = embed(embed_fn, params["encoder"], data.train_tokens[rows[order]],
+    emb = embed(embed_fn, host_encoder(), data.train_tokens[rows[order]],
                 config.eval.batch_size)
     out = np.empty_like(emb)
     out[order] = emb
     return out
 
+  def save(epoch, step, metrics=None, wait=False):
+    """A checkpoint that resumes at (epoch, step); step 0 = before start_epoch(epoch)."""
+    nonlocal last_save
+    ckpt.save(global_step, params, opt_state, {
+        "epoch": epoch, "step": step, "global_step": global_step,
+        "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
+        "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
+        "hard_negatives": hard_negatives.state_dict()}, metrics)
+    if wait:
+      ckpt.wait()
+    last_save = time.time()
+
+  every_steps = config.checkpoint.every_steps
+  every_s = 60 * config.checkpoint.every_minutes
+  stop = checkpoint.StopSignal()
   try:
-    for epoch in range(config.train.epochs):
+    stop.__enter__()
+    for epoch in range(start_epoch, config.train.epochs):
       t_epoch = time.time()
-      hard, n_hard, n_random = hard_negatives.start_epoch(epoch, vectors_fn, embed_rows)
-      negatives_per_epoch.append({"epoch": epoch, "hard": n_hard, "random": n_random,
-                                  "source": hard_negatives.current_epoch if hard is not None
-                                  else None})
-      window_n, t_window = 0, time.time()
+      resumed = epoch == start_epoch and start_step > 0
+      if resumed:  # the epoch had started: its negatives are already in place
+        hard, n_hard, n_random = hard_negatives.start_epoch(
+            epoch, vectors_fn, embed_rows, resumed_rows=batches.rows_before(epoch, start_step))
+      else:
+        hard, n_hard, n_random = hard_negatives.start_epoch(epoch, vectors_fn, embed_rows)
+        negatives_per_epoch.append({"epoch": epoch, "hard": n_hard, "random": n_random,
+                                    "source": hard_negatives.current_epoch if hard is not None
+                                    else None})
+      first_step = start_step if resumed else 0
+      window_n, t_window = first_step, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
-      for step, (host_batch, prep_s) in enumerate(batches.epoch(epoch, hard, 0, n_random)):
+      for step, (host_batch, prep_s) in enumerate(
+          batches.epoch(epoch, hard, first_step, n_random), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
         profiling = global_step in profile_at
         t0 = time.perf_counter()
-        batch = {k: host_batch[k] for k in _DEVICE_KEYS}
-        batch = sharding.shard_batch(batch, mesh) if mesh else jax.device_put(batch)
-        if profiling:
+        batch = sharding.shard_batch({k: host_batch[k] for k in _DEVICE_KEYS}, mesh)
+        if profiling:  # phases of the first micro-batch
           jax.block_until_ready(batch)
           t1 = time.perf_counter()
-          emb = jax.block_until_ready(enc_fwd(params["encoder"], batch["input_ids"], key))
+          micro = {k: x[0] for k, x in batch.items()}
+          emb = jax.block_until_ready(enc_fwd(params["encoder"], micro["input_ids"], key))
           t2 = time.perf_counter()
-          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], batch))
+          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], micro))
           t3 = time.perf_counter()
-          jax.block_until_ready(loss_only(scores, batch))
+          jax.block_until_ready(loss_only(scores, micro))
           t4 = time.perf_counter()
         params, opt_state, value, pooled = train_step(params, opt_state, batch, key)
         if profiling:
@@ -391,10 +486,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                            ("loss", t4 - t3), ("step", t5 - t4)):
             phases[name].append(dt)
         if hard_negatives.collecting:
-          if pending is not None:
-            hard_negatives.collect(pending[0], np.asarray(pending[1]))
-          pooled.copy_to_host_async()
-          pending = (host_batch["rows"], pooled)
+          if jax.process_count() > 1:  # every process mines for all queries
+            hard_negatives.collect(host_batch["rows"], distributed.gather_rows(pooled))
+          else:  # fetched one step late, so the copy overlaps the next step
+            if pending is not None:
+              hard_negatives.collect(pending[0], np.asarray(pending[1]))
+            pooled.copy_to_host_async()
+            pending = (host_batch["rows"], pooled)
         global_step += 1
         if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
           value = float(value)
@@ -413,6 +511,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           window_n, t_window = step + 1, time.time()
           if sparse and float(opt_state["scale"]) < 1e-2:
             fold_classifier()
+        if config.train.stop_after_steps and global_step >= config.train.stop_after_steps:
+          stop.received = stop.received or "stop_after_steps"
+        due = ckpt is not None and step + 1 < steps_per_epoch and (
+            (every_steps and global_step % every_steps == 0) or
+            (every_s and time.time() - last_save > every_s) or stop.received)
+        if due:
+          if pending is not None:  # everything up to this step is in the memmap
+            hard_negatives.collect(pending[0], np.asarray(pending[1]))
+            pending = None
+          hard_negatives.flush()
+          save(epoch, step + 1, wait=bool(stop.received))
+        if due and stop.received:  # (at an epoch's last step, the epoch-end save follows)
+          raise checkpoint.Preempted(
+              f"stopped by signal {stop.received} at epoch {epoch} step {step + 1}; "
+              f"checkpoint written" + ("" if ckpt else " (none: checkpoint.enabled=False)") +
+              "; rerun the same command to resume")
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
@@ -427,9 +541,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         log.write(kind="eval", **evals[-1])
         logging.info("eval after epoch %d: %s", epoch + 1,
                      ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+      if ckpt is not None:  # after the last epoch too: a rerun then only evaluates
+        fresh = evals and evals[-1]["epoch"] == epoch + 1
+        save(epoch + 1, 0, {"P@5": evals[-1]["P@5"]} if fresh and "P@5" in evals[-1] else None,
+             wait=bool(stop.received))
+        if stop.received:
+          raise checkpoint.Preempted(
+              f"stopped by signal {stop.received} after epoch {epoch}; checkpoint written; "
+              "rerun the same command to resume")
   finally:
+    stop.__exit__()
     hard_negatives.close()
+    if ckpt is not None:
+      ckpt.close()
 
+  hard_negatives.finish()
   final = evaluate_model(embed_fn, params, data, config, inv_prop)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
@@ -444,8 +570,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
              "mean_step_wall_ms": round(1000 * statistics.median(step_times), 3),
              "note": "step = the fused forward+backward+update actually used; backward_update ="
                      " step - (encoder_forward + classifier_forward + loss)"}
-  with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
-    json.dump(breakup, f, indent=1)
+  if leader:
+    with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
+      json.dump(breakup, f, indent=1)
 
   results = {
       "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
@@ -457,9 +584,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": negatives_per_epoch},
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
-      "mesh": dict(mesh.shape) if mesh else {"data": 1, "model": 1},
+      "num_processes": jax.process_count(),
+      "mesh": dict(mesh.shape), "grad_accum_steps": accum,
       "config": json.loads(config.to_json()),
   }
-  with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
-    json.dump(results, f, indent=1)
+  if leader:
+    with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
+      json.dump(results, f, indent=1)
   return results

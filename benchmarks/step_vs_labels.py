@@ -5,7 +5,8 @@ r"""Classifier train-step time and temporary memory against the number of labels
 The classifier part of an ASTRA step (d=64, B=256, k_p=7, k_h=50, k_r=400; the encoder's
 cost does not depend on L): gather the sampled rows, scores, the estimator, gradients w.r.t.
 the rows, and the update of W. Two updates are compared:
-  astra         the sparse update of `sparse_sgd.py` into a donated W (O(rows touched))
+  astra         the trainer's own kernels (`sharding.classifier_grads` + `classifier_update`
+                on a 1 x 1 mesh): the sparse update of `sparse_sgd.py` into a donated W
   astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
   full          the full-L BCE baseline (every label, blocks of 8192) + dense SGD; stops at
                 --full_max_labels
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from astra_jax import loss, sparse_sgd
+from astra_jax import loss, sharding
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
 flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
@@ -32,13 +33,15 @@ flags.DEFINE_string("out", None, "append JSON lines here")
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
 
 
+_MESH = sharding.make_mesh(1, 1)
+_GRADS = sharding.classifier_grads(_MESH, B)
+_UPDATE = sharding.classifier_update(_MESH, WD)
+
+
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def astra_step(v, scale, emb, batch):
-  ids = (batch["pos_ids"], batch["hard_ids"], batch["rand_ids"])
-  rows = tuple(scale * v[i] for i in ids)
-  grads = jax.grad(lambda r: loss.batch_loss(loss.scores_from_rows(emb, *r), batch))(rows)
-  return sparse_sgd.sgd_update(v, scale, jnp.concatenate([i.reshape(-1) for i in ids]),
-                               jnp.concatenate([g.reshape(-1, D) for g in grads]), LR, WD)
+  _, _, ids, grads = _GRADS(emb, v, scale, batch)
+  return _UPDATE(v, scale, ids[None], grads[None], jnp.float32(LR))
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
@@ -59,7 +62,7 @@ def make_batch(L, rng):
           "hard_ids": jnp.asarray(rng.integers(0, L, (B, KH)), jnp.int32),
           "hard_mask": jnp.ones((B, KH), bool),
           "rand_ids": jnp.asarray(rng.integers(0, L, KR), jnp.int32),
-          "rand_mask": jnp.ones((B, KR), bool), "rand_weight": jnp.float32(L / KR)}
+          "rand_mask": jnp.ones((B, KR), bool), "rand_weight": jnp.full((KR,), L / KR, jnp.float32)}
 
 
 def main(_):

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from astra_jax import loss
 from astra_jax.data.xc_format import SparseRows
@@ -63,10 +64,17 @@ def _full_bce_rows(w, emb, labels):
   return np.where(t, np.logaddexp(0, -s), np.logaddexp(0, s)).sum(1), s, t
 
 
-def test_estimator_is_unbiased_value_and_gradient():
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_estimator_is_unbiased_value_and_gradient(num_shards):
+  # With W split into shards, each shard has its own hard block and its own draws over its
+  # rows with weight L_s / k_r (DESIGN §1); the sum over shards is unbiased.
   L, k_r, k_h, M = 60, 8, 4, 6000
   w, emb, labels, hard = _setup(L)
-  sampler = NegativeSampler(labels, k_p=3, k_h=k_h, k_r=k_r)
+  R = L // num_shards
+  bounds = [(s * R, (s + 1) * R) for s in range(num_shards)]
+  if num_shards > 1:  # hard negatives grouped by shard: shard s's block from its rows
+    hard = np.concatenate([np.where(hard >= 0, lo + hard % R, -1) for lo, _ in bounds], 1)
+  sampler = NegativeSampler(labels, k_p=3, k_h=k_h, k_r=k_r, num_shards=num_shards)
   rows = np.arange(2)
   rng = np.random.default_rng(1)
   draws = [sampler(rows, rng, hard) for _ in range(M)]
@@ -87,15 +95,15 @@ def test_estimator_is_unbiased_value_and_gradient():
   sig = 1 / (1 + np.exp(-s))
   full_grad = np.where(t, -(1 - sig), sig) @ w.astype(np.float64)  # (2, d)
   for i in range(2):
-    # Only the random term is random: X = const + (L/k_r) sum_j g(r_j), r_j ~ U[L] iid, with
-    # g(l) = softplus(s_l) [l not in P u H]. Var of the mean of M estimators:
-    # (L^2 / (k_r M)) Var_l[g(l)] -- derived from the full score vector, not from the samples.
+    # Only the random term is random: X = const + sum_s (L_s/k_r) sum_j g(r_sj), r_sj ~
+    # U[shard s] iid, g(l) = softplus(s_l) [l not in P u H]. Var of the mean of M estimators:
+    # sum_s L_s^2 Var_{l in s}[g(l)] / (k_r M) -- from the full score vector, not the samples.
     excluded = t[i] | np.isin(np.arange(L), hard[i][hard[i] >= 0])
     g = np.where(excluded, 0.0, np.logaddexp(0, s[i]))
-    sd = L * np.sqrt(g.var() / (k_r * M))
+    sd = np.sqrt(sum(R ** 2 * g[lo:hi].var() for lo, hi in bounds) / (k_r * M))
     assert abs(values[:, i].mean() - full[i]) < 5 * sd, (values[:, i].mean(), full[i], sd)
     G = np.where(excluded, 0.0, sig[i])[:, None] * w  # (L, d) per-label gradient terms
-    sd_g = L * np.sqrt(G.var(0) / (k_r * M))
+    sd_g = np.sqrt(sum(R ** 2 * G[lo:hi].var(0) for lo, hi in bounds) / (k_r * M))
     np.testing.assert_array_less(np.abs(grads[:, i].mean(0) - full_grad[i]), 5 * sd_g + 1e-6)
   # The estimator is not trivially exact: single draws do vary.
   assert values[:, 0].std() > 0.1
@@ -107,7 +115,7 @@ def test_weight_matches_the_paper_before_tau_s():
   w, emb, labels, _ = _setup(L)
   b = NegativeSampler(labels, k_p=3, k_h=4, k_r=8)(np.arange(2), np.random.default_rng(0))
   assert b["hard_ids"].shape == (2, 0) and b["rand_ids"].shape == (12,)
-  assert b["rand_weight"] == np.float32(L / 12)
+  np.testing.assert_array_equal(b["rand_weight"], np.full(12, L / 12, np.float32))
 
 
 def test_uptodate_mining_is_the_exact_top_k_of_non_positives():

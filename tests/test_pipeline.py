@@ -6,10 +6,10 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.sampler import NegativeSampler
 
 
-def make(n=50, batch=8, seed=0):
+def make(n=50, batch=8, seed=0, **kw):
   tokens = np.arange(n * 3, dtype=np.int32).reshape(n, 3)
   labels = SparseRows.from_lists([[i % 7] for i in range(n)], 7)
-  return TrainBatches(tokens, NegativeSampler(labels, 2, 0, 4), batch, seed, prefetch=2)
+  return TrainBatches(tokens, NegativeSampler(labels, 2, 0, 4), batch, seed, prefetch=2, **kw)
 
 
 def test_epoch_is_a_permutation_and_deterministic():
@@ -27,9 +27,26 @@ def test_epoch_is_a_permutation_and_deterministic():
 
 def test_batch_contents_match_rows():
   for x, prep_s in make().epoch(0):
-    np.testing.assert_array_equal(x["input_ids"][:, 0], x["rows"] * 3)
-    np.testing.assert_array_equal(x["pos_ids"][:, 0], x["rows"] % 7)
+    assert x["input_ids"].shape == (1, 8, 3) and x["rand_ids"].shape == (1, 4)
+    np.testing.assert_array_equal(x["input_ids"][0, :, 0], x["rows"] * 3)
+    np.testing.assert_array_equal(x["pos_ids"][0, :, 0], x["rows"] % 7)
     assert prep_s >= 0
+
+
+def test_micro_batches_and_process_local_tokens():
+  # 4 micro-batches of 2 rows, each with its own draws; this "process" reads tokens of the
+  # first row of each micro-batch only.
+  local = np.zeros((4, 2), bool)
+  local[:, 0] = True
+  for x, _ in make(micro_batches=4, token_rows=local).epoch(0):
+    assert x["input_ids"].shape == (4, 2, 3) and x["rand_ids"].shape == (4, 4)
+    rows = x["rows"].reshape(4, 2)
+    np.testing.assert_array_equal(x["pos_ids"][..., 0], rows % 7)
+    np.testing.assert_array_equal(x["input_ids"][:, 0, 0], rows[:, 0] * 3)
+    assert (x["input_ids"][:, 1] == 0).all()
+  assert len({tuple(r) for r in x["rand_ids"]}) > 1
+  with pytest.raises(Exception, match="not divisible by config.train.grad_accum_steps=3"):
+    make(micro_batches=3)
 
 
 def test_resume_mid_epoch_gives_the_same_batches():

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.sampler import NegativeSampler
@@ -25,7 +26,7 @@ def test_masks_follow_the_positive_and_hard_sets():
     want = np.array([r not in excluded for r in b["rand_ids"]])
     np.testing.assert_array_equal(b["rand_mask"][i], want)
   assert not b["rand_mask"][0].all()  # with 200 draws over 30 labels some hit positives
-  assert b["rand_weight"] == np.float32(L / 200)
+  np.testing.assert_array_equal(b["rand_weight"], np.full(200, L / 200, np.float32))
 
 
 def test_draws_are_uniform():
@@ -36,3 +37,29 @@ def test_draws_are_uniform():
   # chi-square against uniform, 9 dof: 99.9% quantile is 27.9
   expected = 50000 / L
   assert ((counts - expected) ** 2 / expected).sum() < 27.9
+
+
+def test_per_shard_draws_cover_each_shard_uniformly():
+  # 10 labels over 3 shards of 4 rows: [0, 4), [4, 8), [8, 10).
+  L, k_r = 10, 30000
+  sampler = NegativeSampler(SparseRows.from_lists([[0]], L), k_p=1, k_h=0, k_r=k_r,
+                            num_shards=3)
+  b = sampler(np.arange(1), np.random.default_rng(0), np.zeros((1, 0), np.int32))
+  for s, (lo, hi) in enumerate([(0, 4), (4, 8), (8, 10)]):
+    block = b["rand_ids"][s * k_r:(s + 1) * k_r]
+    assert block.min() >= lo and block.max() < hi
+    counts = np.bincount(block - lo, minlength=hi - lo)
+    expected = k_r / (hi - lo)
+    assert ((counts - expected) ** 2 / expected).sum() < 16.3  # 99.9% quantile, <= 3 dof
+    np.testing.assert_array_equal(b["rand_weight"][s * k_r:(s + 1) * k_r],
+                                  np.float32((hi - lo) / k_r))
+
+
+def test_shard_errors():
+  labels = SparseRows.from_lists([[0]], 5)
+  with pytest.raises(ValueError, match="cannot fill 4 classifier shards"):
+    NegativeSampler(labels, k_p=1, k_h=1, k_r=2, num_shards=4)
+  sampler = NegativeSampler(SparseRows.from_lists([[0]], 10), k_p=1, k_h=1, k_r=2, num_shards=2)
+  with pytest.raises(ValueError, match="not grouped by classifier shard"):
+    sampler(np.arange(1), np.random.default_rng(0), np.array([[7, 2]]))  # block 0 = [0, 5)
+  sampler(np.arange(1), np.random.default_rng(0), np.array([[2, -1]]))

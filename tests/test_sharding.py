@@ -1,69 +1,82 @@
-"""The model-parallel step equals the single-device sparse step on every mesh shape."""
+"""The sparse model-parallel step equals the dense optax step on every mesh shape, with and
+without gradient accumulation; fp16 loss scaling skips overflowing steps."""
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
-from astra_jax import optim, sharding, sparse_sgd, train
+from astra_jax import loss, loss_scale, optim, sharding, sparse_sgd, train
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.sampler import NegativeSampler
 
-L, B, D = 64, 16, 8
+L, B, D, KH = 64, 16, 8, 3
 
 
-def _setup():
+def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32"):
   cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
-                      intermediate_size=16, max_position=16, embedding_dropout=0.3)
+                      intermediate_size=16, max_position=16, embedding_dropout=dropout,
+                      hidden_dropout=0.1 if dropout else 0.0,
+                      attention_dropout=0.1 if dropout else 0.0, dtype=dtype)
   graphdef, enc = nnx.split(Encoder(cfg, nnx.Rngs(0)), nnx.Param)
   oc = ml_collections.ConfigDict(dict(encoder_lr=1e-2, classifier_lr=0.5, warmup_steps=1,
                                       encoder_weight_decay=0.0, classifier_weight_decay=0.05,
                                       classifier_momentum=0.0, grad_clip_norm=0.0))
   rng = np.random.default_rng(0)
   labels = SparseRows.from_lists([list(rng.choice(L, 3, replace=False)) for _ in range(40)], L)
-  sampler = NegativeSampler(labels, k_p=4, k_h=5, k_r=24)
+  sampler = NegativeSampler(labels, k_p=4, k_h=KH, k_r=24, num_shards=num_shards)
+  R = L // num_shards
   batches = []
-  for step in range(3):
-    b = sampler(rng.choice(40, B, replace=False), rng, rng.integers(0, L, (B, 5)))
-    b["input_ids"] = rng.integers(1, 40, (B, 10)).astype(np.int32)
-    b.pop("rows", None)
+  for _ in range(3):
+    rows = rng.choice(40, B, replace=False)
+    # hard negatives grouped by shard, as the per-shard indexes return them
+    hard = np.concatenate([s * R + rng.choice(R, (B, KH)) for s in range(num_shards)], 1)
+    parts = [sampler(r, rng, h) for r, h in zip(np.split(rows, micro_batches),
+                                                np.split(hard, micro_batches))]
+    b = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
+    b["input_ids"] = rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32)
     batches.append(b)
   w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (L, D)))
   return graphdef, enc, oc, batches, w0
 
 
-def _run(step_fn, params, opt_state, batches, put_batch=lambda b: b):
+def _run(step_fn, params, opt_state, batches, put_batch):
   losses = []
   for i, b in enumerate(batches):
-    params, opt_state, value, _ = step_fn(params, opt_state,
-                                          put_batch({k: jnp.asarray(v) for k, v in b.items()}),
-                                          jax.random.key(i))
+    params, opt_state, value, _ = step_fn(params, opt_state, put_batch(b), jax.random.key(i))
     losses.append(float(value))
-  w, _ = sparse_sgd.fold(params["classifier"], opt_state["scale"])
+  w = params["classifier"]
+  if "scale" in opt_state:
+    w, _ = sparse_sgd.fold(w, opt_state["scale"])
   return losses, jax.device_get(params["encoder"]), np.asarray(w)
 
 
-@pytest.mark.parametrize("shape", [(8, 1), (2, 4), (1, 8)])
-def test_sharded_step_equals_single_device(shape):
-  assert jax.device_count() == 8
-  graphdef, enc, oc, batches, w0 = _setup()
+def _dense_reference(graphdef, enc, oc, batches, w0):
+  """The dense optax step (autodiff w.r.t. all of W) on one device."""
+  tx = optim.make_optimizer(oc, 10)
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  step = train.make_train_step(graphdef, tx)
+  return _run(step, params, tx.init(params), batches,
+              lambda b: {k: jnp.asarray(v) for k, v in b.items()})
+
+
+def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0):
   tx = optim.encoder_optimizer(oc, 10)
-  sched = optim.classifier_schedule(oc, 10)
-  copy = lambda t: jax.tree.map(jnp.array, t)
-
-  params = {"encoder": copy(enc), "classifier": jnp.asarray(w0)}
-  single = train.make_sparse_train_step(graphdef, tx, sched, oc.classifier_weight_decay)
-  ref = _run(single, params, train.init_sparse_opt_state(tx, params), batches)
-
   mesh = sharding.make_mesh(*shape)
-  params = {"encoder": copy(enc), "classifier": jnp.asarray(w0)}
-  params, opt_state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
-  assert params["classifier"].sharding.spec == jax.sharding.PartitionSpec("model")
-  step = train.make_sharded_train_step(graphdef, tx, sched, oc.classifier_weight_decay, mesh, B)
-  got = _run(step, params, opt_state, batches, lambda b: sharding.shard_batch(b, mesh))
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  params, opt_state = sharding.shard_params(
+      params, train.init_sparse_opt_state(tx, params, init_scale), mesh)
+  if shape[1] > 1:
+    assert params["classifier"].sharding.spec == jax.sharding.PartitionSpec("model")
+  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+                                      oc.classifier_weight_decay, mesh, B, scaling)
+  return _run(step, params, opt_state, batches, lambda b: sharding.shard_batch(b, mesh))
 
+
+def _assert_same(got, ref, w0):
   np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
   np.testing.assert_allclose(got[2], ref[2], rtol=1e-5, atol=1e-6)
   assert not np.allclose(got[2], w0)
@@ -72,9 +85,79 @@ def test_sharded_step_equals_single_device(shape):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-4)
 
 
-def test_mesh_errors_and_padding():
+@pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
+def test_sharded_step_equals_dense_single_device_step(shape):
+  assert jax.device_count() == 8
+  setup = _setup(num_shards=shape[1])
+  _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 4)])
+def test_gradient_accumulation_sums_micro_batch_gradients(shape):
+  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0)
+  got = _sparse(graphdef, enc, oc, batches, w0, shape)
+  # Independent reference: autodiff of the mean over both micro-batches of the estimator,
+  # written out here without the step's scan, then the optax chain.
+  tx = optim.make_optimizer(oc, 10)
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  state = tx.init(params)
+
+  def total(p, b):
+    enc_model = nnx.merge(graphdef, p["encoder"])
+    return sum(loss.sampled_bce(enc_model(b["input_ids"][i]), p["classifier"],
+                                {k: v[i] for k, v in b.items()}) for i in range(2)) / 2
+
+  losses = []
+  for b in batches:
+    b = {k: jnp.asarray(v) for k, v in b.items()}
+    value, g = jax.value_and_grad(total)(params, b)
+    updates, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, updates)
+    losses.append(float(value))
+  _assert_same(got, (losses, jax.device_get(params["encoder"]), np.asarray(params["classifier"])),
+               w0)
+
+
+def test_dynamic_loss_scaling_in_float16():
+  setup = _setup(num_shards=1, dtype="float16")
+  ref = _sparse(*setup, (1, 1))
+  # A scale so large that float16 cotangents overflow: the first steps are skipped and
+  # the scale halves until they fit; nothing changes on a skipped step.
+  graphdef, enc, oc, batches, w0 = setup
+  tx = optim.encoder_optimizer(oc, 10)
+  mesh = sharding.make_mesh(1, 1)
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  params, state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params, 2.0 ** 40),
+                                        mesh)
+  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+                                      oc.classifier_weight_decay, mesh, B, "dynamic")
+  before = np.asarray(params["classifier"])
+  params, state, _, _ = step(params, state, sharding.shard_batch(batches[0], mesh),
+                             jax.random.key(0))
+  assert float(state["loss_scale"]["scale"]) == 2.0 ** 39 and int(state["step"]) == 0
+  np.testing.assert_array_equal(np.asarray(params["classifier"]), before)
+  # With a workable scale the float16 step tracks the float32 one.
+  f32 = _sparse(*_setup(num_shards=1), (1, 1))
+  scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)
+  np.testing.assert_allclose(scaled[0], f32[0], rtol=2e-2)
+  np.testing.assert_allclose(scaled[2], f32[2], atol=2e-2)
+  np.testing.assert_allclose(ref[2], f32[2], atol=2e-2)
+
+
+def test_loss_scale_schedule():
+  s = loss_scale.init(8.0)
+  s = loss_scale.adjust(s, jnp.bool_(False))
+  assert float(s["scale"]) == 4.0 and int(s["good_steps"]) == 0
+  for _ in range(3):
+    s = loss_scale.adjust(s, jnp.bool_(True), period=3)
+  assert float(s["scale"]) == 8.0 and int(s["good_steps"]) == 0
+
+
+def test_mesh_errors_padding_and_process_rows():
   with pytest.raises(ValueError, match="needs 6 devices, have 8"):
     sharding.make_mesh(3, 2)
   mesh = sharding.make_mesh(-1, 4)
   assert mesh.shape == {"data": 2, "model": 4}
   assert sharding.padded_rows(10, mesh) == 12
+  assert sharding.make_mesh(1, 1).devices.size == 1
+  assert sharding.process_token_rows(mesh, 2, 16).all()  # one process holds every row

@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax import optim, sparse_sgd, train
+from astra_jax import optim, sharding, sparse_sgd, train
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.sampler import NegativeSampler
@@ -36,7 +36,8 @@ def test_sparse_step_equals_dense_optax_step():
   dense_step = train.make_train_step(graphdef, dense_tx)
   enc_tx = optim.encoder_optimizer(oc, total)
   sparse_step = train.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
-                                             oc.classifier_weight_decay)
+                                             oc.classifier_weight_decay,
+                                             sharding.make_mesh(1, 1), B)
   copy = lambda t: jax.tree.map(jnp.array, t)
   dense_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
   sparse_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
@@ -50,7 +51,7 @@ def test_sparse_step_equals_dense_optax_step():
     hard = rng.integers(0, L, (B, 5)) if step >= 3 else None  # both batch shapes
     b = sampler(rows, rng, hard)
     b["input_ids"] = rng.integers(1, 50, (B, 10)).astype(np.int32)
-    batch = {k: jnp.asarray(v) for k, v in b.items()}
+    batch = {k: jnp.asarray(v)[None] for k, v in b.items()}  # one micro-batch
     key = jax.random.key(step)
     dense_p, dense_s, dl, _ = dense_step(dense_p, dense_s, batch, key)
     sparse_p, sparse_s, sl, _ = sparse_step(sparse_p, sparse_s, batch, key)

@@ -217,15 +217,22 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path):
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]
 
 
-def test_training_on_a_mesh_matches_single_device(tmp_path):
-  c = _small_synthetic(tmp_path, strategy="random")
-  c.train.epochs = 2
-  single = train.train_and_evaluate(c, str(tmp_path / "single"))
-  # 8 fake CPU devices (conftest); on (1, 8) the 300 labels are padded to 304 rows.
-  for shape in ((2, 4), (1, 8)):
-    c.mesh.data, c.mesh.model = shape
-    sharded = train.train_and_evaluate(c, str(tmp_path / f"mesh{shape}"))
-    assert sharded["mesh"] == {"data": shape[0], "model": shape[1]}
-    # The same computation up to float summation order: metrics agree closely.
-    assert abs(sharded["P@1"] - single["P@1"]) <= 1.0, (shape, sharded["P@1"], single["P@1"])
-    assert abs(sharded["P@5"] - single["P@5"]) <= 1.0
+def test_training_on_a_mesh_with_per_shard_negatives(tmp_path):
+  # (1, 8): 300 labels padded to 304 rows, 8 shards of 38, one index per shard; gradient
+  # accumulation over 2 micro-batches of 32 queries (4 per device).
+  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1, k_h=4, k_r=32)
+  c.train.epochs = 3
+  c.mesh.data, c.mesh.model = 1, 8
+  c.train.grad_accum_steps = 2
+  r = train.train_and_evaluate(c, str(tmp_path / "mesh"))
+  assert r["mesh"] == {"data": 1, "model": 8} and r["grad_accum_steps"] == 2
+  assert [(e["hard"], e["random"]) for e in r["negatives"]["per_epoch"]][-1] == (4, 32)
+  assert all(x["ok"] for x in r["negatives"]["refreshes"])
+  hard = np.load(tmp_path / "mesh" / "negatives" / "hard_epoch2.npy")
+  assert hard.shape == (3300, 8 * 4)
+  blocks = hard.reshape(-1, 8, 4)
+  for s in range(8):  # block s holds shard s's rows only
+    assert ((blocks[:, s] >= 38 * s) & (blocks[:, s] < min(38 * (s + 1), 300))).all()
+  # The per-step equivalence with the single-device step is in test_sharding.py; here the
+  # model must learn (popularity P@1 on this data is ~10).
+  assert r["P@1"] > 40, r["P@1"]

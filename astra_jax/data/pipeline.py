@@ -4,6 +4,12 @@ background thread while the device runs the previous step.
 Batch i of epoch e is a pure function of (seed, e, i), so a resumed run sees the same
 batches and the thread's timing never changes results. The last incomplete batch of an
 epoch is dropped (static shapes: one compiled step).
+
+Every array of a batch has a leading micro-batch axis (A, B/A, ...) for gradient
+accumulation (A = 1 without it); each micro-batch has its own random draws. `rows` is flat
+(B,). In a multi-process run every process builds the same label arrays (cheap, and the
+same on every host by construction) but reads token rows only where `token_rows` (A, B/A)
+is True: the rows its own devices hold.
 """
 from __future__ import annotations
 
@@ -21,12 +27,18 @@ from astra_jax.sampler import NegativeSampler
 class TrainBatches:
 
   def __init__(self, tokens, sampler: NegativeSampler, batch_size: int, seed: int,
-               prefetch: int = 4):
+               prefetch: int = 4, micro_batches: int = 1, token_rows: np.ndarray | None = None):
     self.tokens, self.sampler = tokens, sampler
     self.batch_size, self.seed, self.prefetch = batch_size, seed, prefetch
+    self.micro_batches = micro_batches
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
       raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
+    if batch_size % micro_batches:
+      raise InputError(f"config.train.batch_size={batch_size} is not divisible by "
+                       f"config.train.grad_accum_steps={micro_batches}")
+    self.token_rows = (None if token_rows is None or token_rows.all()
+                       else np.asarray(token_rows, bool).reshape(-1))
 
   @property
   def steps_per_epoch(self) -> int:
@@ -37,10 +49,23 @@ class TrainBatches:
     rows = order[step * self.batch_size:(step + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
-    batch = self.sampler(rows, rng, hard, num_random)
-    batch["input_ids"] = np.asarray(self.tokens[rows], np.int32)
+    a = self.micro_batches
+    parts = [self.sampler(r, rng, None if hard is None else h, num_random)
+             for r, h in zip(np.split(rows, a), [None] * a if hard is None else np.split(hard, a))]
+    batch = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
+    if self.token_rows is None:
+      ids = np.asarray(self.tokens[rows], np.int32)
+    else:  # only this process's rows; the others are never sent to a device here
+      ids = np.zeros((len(rows), self.tokens.shape[1]), np.int32)
+      ids[self.token_rows] = self.tokens[rows[self.token_rows]]
+    batch["input_ids"] = ids.reshape(a, len(rows) // a, -1)
     batch["rows"] = rows.astype(np.int32)
     return batch
+
+  def rows_before(self, epoch: int, step: int) -> np.ndarray:
+    """The training rows of steps [0, step) of `epoch`."""
+    order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
+    return order[:step * self.batch_size]
 
   def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
             start_step: int = 0, num_random: int | None = None

@@ -100,11 +100,12 @@ def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: Sparse
 
 
 def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: int,
-         batch: int = 65536) -> np.ndarray:
+         batch: int = 65536, offset: int = 0) -> np.ndarray:
   """Each query's k top-scoring labels that are not its positives, (N, k) int32.
 
-  Retrieves k + (the row's positives, capped) candidates; rows left short (many positives
-  among the top) are searched again with a larger k."""
+  The index holds `num_labels` rows whose global label ids start at `offset` (one shard of
+  W). Retrieves k + (the row's positives, capped) candidates; rows left short (many
+  positives among the top) are searched again with a larger k."""
   n = len(queries)
   out = np.full((n, k), -1, np.int32)
   lengths = positives.row_lengths()
@@ -112,12 +113,12 @@ def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: 
     rows = np.arange(s, min(s + batch, n))
     extra = int(min(lengths[rows].max(initial=0), 4 * k))
     want = min(k + extra, num_labels)
-    neg, short = remove_positives(index.search(queries[rows], want), rows, positives, k)
+    search = lambda r, n: index.search(queries[r], n) + offset
+    neg, short = remove_positives(search(rows, want), rows, positives, k)
     while short.any() and want < num_labels:
       want = min(2 * want, num_labels)
       redo = rows[short]
-      neg[short], short_redo = remove_positives(index.search(queries[redo], want), redo,
-                                                positives, k)
+      neg[short], short_redo = remove_positives(search(redo, want), redo, positives, k)
       short[short] = short_redo
     out[rows] = neg
   return out

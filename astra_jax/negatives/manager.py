@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
+from astra_jax import distributed
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job,
@@ -28,16 +29,26 @@ class HardNegatives:
 
   def __init__(self, schedule: NegativeSchedule, workdir: str, train_labels: SparseRows,
                dim: int, backend: str = "auto", scann_knobs: dict | None = None,
-               recall_sample: int = 1000, seed: int = 0, inject_fault: str = ""):
+               recall_sample: int = 1000, seed: int = 0, inject_fault: str = "",
+               shards: list | None = None, shard_ids: list | None = None,
+               num_shards: int = 1):
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
+    # One index per W shard (global row ranges [lo, hi)); the negatives are k per shard,
+    # grouped. In a multi-process run a process mines for the shards it holds (`shard_ids`
+    # of `num_shards`) and leaves the others' blocks -1: they never reach its devices.
+    self.shards = shards or [[0, train_labels.num_cols]]
+    self.shard_ids = list(range(len(self.shards))) if shard_ids is None else list(shard_ids)
+    self.num_shards = max(num_shards, len(self.shards))
     self.dir = os.path.join(workdir, "negatives")
     self.pending: dict[int, RefreshWorker] = {}  # refresh epoch -> its running worker
     self.current: np.ndarray | None = None
     self.current_path: str | None = None
     self.current_epoch: int | None = None  # the refresh that produced `current`
+    self.previous_path: str | None = None
+    self.consumed: list[int] = []  # refreshes whose inputs are still on disk
     self.refreshes: list[dict] = []
     self.queries: np.ndarray | None = None
     self.filled: np.ndarray | None = None
@@ -57,14 +68,19 @@ class HardNegatives:
     fault, self.fault = self.fault, ""  # an injected fault hits the first refresh only
     return RefreshJob(epoch, paths["vectors"], paths["queries"], self.labels_path, paths["out"],
                       paths["stats"], self.schedule.mined_k(), self.backend, self.scann_knobs,
-                      self.recall_sample, self.seed + epoch, fault)
+                      self.recall_sample, self.seed + epoch, fault, self.shards)
 
   # ------------------------------------------------------------------------ epochs
-  def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn
+  def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
+                  resumed_rows: np.ndarray | None = None
                   ) -> tuple[np.ndarray | None, int, int]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, h) or None, h, num_random)."""
-    if epoch in self.schedule.refresh_epochs:
+    """Swaps in the negatives `epoch` trains with: (hard (N, h) or None, h, num_random).
+
+    resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
+    embeddings were collected before the interruption."""
+    if epoch in self.schedule.refresh_epochs and resumed_rows is None:
       t0 = time.time()
+      new, error = None, None
       try:
         if epoch in self.pending:
           stats = self.pending.pop(epoch).wait()
@@ -72,29 +88,49 @@ class HardNegatives:
           logging.info("negatives: refresh for epoch %d runs synchronously", epoch)
           self._write_inputs(epoch, vectors_fn(), embed_fn(np.arange(self.num_rows)))
           stats = run_job(self._job(epoch))
-        self._swap(epoch)
+        new = self._load(epoch)
+      except Exception as e:  # RefreshFailed or any other: training goes on with what it had
+        error = str(e)[:300]
+      finally:
+        # Inputs stay until the next refresh is consumed: a resume from the checkpoint
+        # taken just before this one reruns it from them.
+        for old in [r for r in self.consumed if r != epoch]:
+          self._cleanup_inputs(old)
+        self.consumed = [epoch]
+      # Every process must train with the same kind of negatives (the batch shapes depend
+      # on it): a refresh counts only if it succeeded everywhere.
+      if not distributed.all_true(error is None) and error is None:
+        error = "a refresh failed on another process"
+      if error is None:
+        self._commit(epoch, new)
         stats.update(wait_s=round(time.time() - t0, 3), ok=True)
         logging.info("negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, "
                      "waited %.2fs)", epoch, stats["build_s"], stats["search_s"],
                      stats["recall"], stats["wait_s"])
-      except Exception as e:  # RefreshFailed or any other: training goes on with what it had
-        stats = {"epoch": epoch, "ok": False, "error": str(e)[:300],
+      else:
+        stats = {"epoch": epoch, "ok": False, "error": error,
                  "wait_s": round(time.time() - t0, 3)}
-        logging.warning("negatives: %s; epoch %d keeps the %s", e, epoch,
+        logging.warning("negatives: %s; epoch %d keeps the %s", error, epoch,
                         "previous hard negatives" if self.current is not None else
                         "random negatives")
-      finally:
-        self._cleanup_inputs(epoch)
       self.refreshes.append(stats)
     h, r = self.schedule.split(epoch, self.current is not None)
     # uptodate has h > 0 without a file: its hard negatives are mined inside the step.
-    hard = None if h == 0 or self.current is None else self.current[:, :h]
+    hard = None
+    if h and self.current is not None:
+      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :h]
+      hard = mine if len(self.shards) == self.num_shards else _ShardBlocks(
+          mine, self.shard_ids, self.num_shards)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None:
-      self.queries = np.lib.format.open_memmap(
-          self._paths(self.collect_for)["queries"] + ".partial", "w+", np.float32,
-          (self.num_rows, self.dim))
+      path = self._paths(self.collect_for)["queries"] + ".partial"
       self.filled = np.zeros(self.num_rows, bool)
+      if resumed_rows is not None and os.path.exists(path):
+        self.queries = np.lib.format.open_memmap(path, "r+")
+        self.filled[resumed_rows] = True
+      else:
+        self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
+                                                 (self.num_rows, self.dim))
     return hard, h, r
 
   @property
@@ -131,16 +167,47 @@ class HardNegatives:
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
     index_lib.save_atomic(paths["queries"], np.asarray(queries, np.float32))
 
-  def _swap(self, epoch: int) -> None:
+  def _load(self, epoch: int) -> np.ndarray:
     path = self._paths(epoch)["out"]
     new = np.load(path, mmap_mode="r")
-    if new.shape != (self.num_rows, self.schedule.mined_k()):
-      raise RefreshFailed(f"{path} has shape {new.shape}, expected "
-                          f"{(self.num_rows, self.schedule.mined_k())}")
-    old, self.current, self.current_path = self.current_path, new, path
+    want = (self.num_rows, len(self.shards) * self.schedule.mined_k())
+    if new.shape != want:
+      raise RefreshFailed(f"{path} has shape {new.shape}, expected {want}")
+    return new
+
+  def _commit(self, epoch: int, new: np.ndarray) -> None:
+    # The file replaced stays one more period: the last checkpoint may still refer to it.
+    path = self._paths(epoch)["out"]
+    older = self.previous_path
+    self.previous_path, self.current, self.current_path = self.current_path, new, path
     self.current_epoch = epoch
-    if old and old != path and os.path.exists(old):
-      os.remove(old)
+    if older and older not in (path, self.previous_path) and os.path.exists(older):
+      os.remove(older)
+
+  # ------------------------------------------------------------------- checkpoints
+  def flush(self) -> None:
+    if self.queries is not None:
+      self.queries.flush()
+
+  def state_dict(self) -> dict:
+    return {"current_path": self.current_path, "current_epoch": self.current_epoch,
+            "previous_path": self.previous_path, "refreshes": self.refreshes,
+            "pending": sorted(self.pending), "consumed": self.consumed}
+
+  def load_state(self, state: dict) -> None:
+    """Back to a checkpoint's state; refreshes that were running are started again from
+    their inputs (deterministic: the same negatives)."""
+    self.close()
+    path = state["current_path"]
+    if path and not os.path.exists(path):
+      raise RefreshFailed(f"{path}: the checkpoint's hard negatives are missing")
+    self.current = np.load(path, mmap_mode="r") if path else None
+    self.current_path, self.current_epoch = path, state["current_epoch"]
+    self.previous_path, self.refreshes = state["previous_path"], state["refreshes"]
+    self.consumed = state["consumed"]
+    for r in state["pending"]:
+      self.pending[r] = RefreshWorker()
+      self.pending[r].start(self._job(r), self._paths(r)["job"])
 
   def _cleanup_inputs(self, epoch: int) -> None:
     paths = self._paths(epoch)
@@ -148,6 +215,13 @@ class HardNegatives:
       for p in (paths[key], paths[key] + ".log"):
         if os.path.exists(p):
           os.remove(p)
+
+  def finish(self) -> None:
+    """At the end of training: only the negatives in use stay on disk."""
+    for r in self.consumed:
+      self._cleanup_inputs(r)
+    if self.previous_path and os.path.exists(self.previous_path):
+      os.remove(self.previous_path)
 
   def close(self) -> None:
     for worker in self.pending.values():
@@ -158,3 +232,20 @@ class HardNegatives:
     return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
+
+
+class _ShardBlocks:
+  """(N, S, h) negatives of which this process holds the blocks `shard_ids`; the others
+  read -1 (none)."""
+
+  def __init__(self, local: np.ndarray, shard_ids: list, num_shards: int):
+    self.local, self.shard_ids, self.num_shards = local, shard_ids, num_shards
+
+  def __len__(self) -> int:
+    return len(self.local)
+
+  def __getitem__(self, rows) -> np.ndarray:
+    part = np.asarray(self.local[rows])
+    out = np.full((len(part), self.num_shards, part.shape[-1]), -1, np.int32)
+    out[:, self.shard_ids] = part
+    return out

@@ -37,6 +37,10 @@ class RefreshJob:
   recall_sample: int = 1000
   seed: int = 0
   fault: str = ""         # tests: "raise" or "kill" makes the job fail that way
+  # Global label ranges [lo, hi) indexed separately (one index per W shard, built one after
+  # the other); the vectors file holds their rows concatenated in this order. The output
+  # holds k per shard, block s from shard s. None: one index over all rows.
+  shards: list | None = None
 
   def save(self, path: str) -> None:
     with atomic_text_writer(path) as f:
@@ -64,22 +68,33 @@ def run_job(job: RefreshJob) -> dict:
   vectors = np.load(job.vectors_path, mmap_mode="r")
   queries = np.load(job.queries_path, mmap_mode="r")
   labels = load_labels(job.labels_path)
-  t0 = time.time()
-  index = index_lib.build_index(np.asarray(vectors), job.k, job.backend, job.scann_knobs)
-  t1 = time.time()
-  negatives = index_lib.mine(index, queries, labels, job.k, len(vectors))
-  t2 = time.time()
-  if isinstance(index, index_lib.ExactIndex) or job.recall_sample <= 0:
-    recall = 1.0 if isinstance(index, index_lib.ExactIndex) else None
-  else:
-    rng = np.random.default_rng(job.seed)
-    sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
-    recall = index_lib.recall_at_k(index, index_lib.ExactIndex(vectors), queries[sample],
-                                   min(job.k, len(vectors)))
-  del index
+  shards = job.shards or [[0, len(vectors)]]
+  blocks, recalls, build_s, search_s = [], [], 0.0, 0.0
+  rng = np.random.default_rng(job.seed)
+  sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
+  starts = np.cumsum([0] + [hi - lo for lo, hi in shards])
+  if starts[-1] != len(vectors):
+    raise ValueError(f"{job.vectors_path}: {len(vectors)} rows, the shards need {starts[-1]}")
+  for (lo, hi), start in zip(shards, starts):
+    rows = np.asarray(vectors[start:start + hi - lo])
+    t0 = time.time()
+    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs)
+    t1 = time.time()
+    blocks.append(index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo))
+    t2 = time.time()
+    build_s, search_s = build_s + t1 - t0, search_s + t2 - t1
+    if isinstance(index, index_lib.ExactIndex):
+      recalls.append(1.0)
+    elif job.recall_sample > 0:
+      recalls.append(index_lib.recall_at_k(index, index_lib.ExactIndex(rows), queries[sample],
+                                           min(job.k, len(rows))))
+    del index
+  negatives = np.concatenate(blocks, axis=1)
+  recall = round(float(np.mean(recalls)), 4) if recalls else None
   index_lib.save_atomic(job.out_path, negatives)
-  stats = {"epoch": job.epoch, "build_s": round(t1 - t0, 3), "search_s": round(t2 - t1, 3),
-           "recall": recall, "num_queries": len(queries), "num_labels": len(vectors)}
+  stats = {"epoch": job.epoch, "build_s": round(build_s, 3), "search_s": round(search_s, 3),
+           "recall": recall, "num_queries": len(queries), "num_labels": len(vectors),
+           "num_shards": len(shards)}
   with atomic_text_writer(job.stats_path) as f:
     json.dump(stats, f)
   return stats

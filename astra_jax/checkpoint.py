@@ -1,0 +1,153 @@
+"""Checkpoints (orbax) and exact resume.
+
+A checkpoint is the train state (params: encoder + V; optimizer state: Adam, the
+classifier's scale and step, the loss scale) saved with orbax's StandardSave (sharded,
+asynchronous, written to a temporary directory and renamed when complete), plus a JSON
+`progress` record: epoch, step within the epoch, global step, training seconds, the
+evaluations so far and the hard-negative state (file in use, pending refresh, collection).
+RNG state needs nothing more: batch i of epoch e and step t's dropout key are pure
+functions of (seed, e, i) and (seed, t).
+
+Kept: the last `keep` checkpoints and the best by P@5. W is saved as laid out (rows padded
+to a multiple of the 'model' axis, sharded: no gather at save time). Restoring onto a mesh
+with another padding reads W replicated once and re-pads and re-splits it (one full copy
+of W per device, briefly; same-padding restores read each shard directly).
+The workdir's config.json records the run's config; a rerun whose config differs in a key
+that changes the computation stops with the keys that differ.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax.data import xc_format
+from astra_jax.errors import InputError
+
+# Keys a rerun may change without changing what is computed.
+FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch", "eval.",
+             "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
+             "train.stop_after_steps")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_config(workdir: str, config_json: dict) -> None:
+  """Records the config in a new workdir; in an old one, refuses a changed computation."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    with xc_format.atomic_text_writer(path) as f:
+      json.dump(config_json, f, indent=1)
+    return
+  with open(path) as f:
+    saved = _flat(json.load(f))
+  now = _flat(config_json)
+  diff = [k for k in sorted(set(saved) | set(now))
+          if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
+  if diff:
+    shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
+    raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
+                     f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same config")
+
+
+class Preempted(Exception):
+  """Raised after a checkpoint was written because of SIGTERM / SIGINT."""
+
+
+class StopSignal:
+  """SIGTERM / SIGINT set a flag the train loop polls after each step (the handler itself
+  must not touch jax or the filesystem)."""
+
+  def __init__(self):
+    self.received: int | None = None
+    self.previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self.previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    self.received = signum
+
+  def __exit__(self, *exc):
+    for sig, handler in self.previous.items():
+      signal.signal(sig, handler)
+
+
+class Checkpoints:
+
+  def __init__(self, workdir: str, keep: int = 3):
+    self.dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    policies = ocp.checkpoint_managers
+    self.manager = ocp.CheckpointManager(
+        self.dir, item_handlers={"state": ocp.StandardCheckpointHandler(),
+                                 "progress": ocp.JsonCheckpointHandler()},
+        options=ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=True, create=True,
+            preservation_policy=policies.AnyPreservationPolicy([
+                policies.LatestN(n=keep),
+                policies.BestN(get_metric_fn=lambda m: m["P@5"], n=1,
+                               keep_checkpoints_without_metrics=False)])))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, params: dict, opt_state: dict, progress: dict,
+           metrics: dict | None = None) -> None:
+    state = {"params": params, "opt_state": opt_state}
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)),
+        metrics=metrics, force=True)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def restore(self, params: dict, opt_state: dict) -> tuple[dict, dict, dict]:
+    """The latest checkpoint laid out like `params` / `opt_state` (any mesh)."""
+    step = self.latest_step()
+    abstract = lambda t: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
+    w = params["classifier"]
+    saved = self.manager.item_metadata(step)["state"]["params"]["classifier"].shape
+    w_target = abstract(w) if tuple(saved) == w.shape else jax.ShapeDtypeStruct(
+        tuple(saved), w.dtype, sharding=NamedSharding(w.sharding.mesh, P()))
+    target = {"params": {"encoder": abstract(params["encoder"]), "classifier": w_target},
+              "opt_state": abstract(opt_state)}
+    out = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()))
+    state = out["state"]
+    rows = state["params"]["classifier"]
+    if rows.shape != w.shape:  # padded rows are never read: cut or extend them
+      rows = _resize_rows(rows, w.shape[0], w.sharding)
+    logging.info("resumed from %s/%d", self.dir, step)
+    return ({"encoder": state["params"]["encoder"], "classifier": rows}, state["opt_state"],
+            out["progress"])
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def _resize_rows(w: jax.Array, rows: int, sharding) -> jax.Array:
+  def resize(x):
+    x = x[:rows]
+    return jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
+  return jax.jit(resize, out_shardings=sharding)(w)

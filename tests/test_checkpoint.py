@@ -1,0 +1,136 @@
+"""Checkpoints: exact resume after SIGTERM and SIGKILL, restore onto other meshes, refusal
+of a workdir holding another config."""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from flax import nnx
+
+from astra_jax import checkpoint, optim, sharding, train
+from astra_jax.errors import InputError
+from test_train import _small_synthetic
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cmd(workdir, data_dir):
+  return [sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
+          f"--workdir={workdir}", f"--config.data.dir={data_dir}",
+          "--config.data.synthetic.num_labels=300", "--config.data.synthetic.num_train=1500",
+          "--config.data.synthetic.num_test=300", "--config.train.epochs=3",
+          "--config.train.batch_size=64", "--config.train.profile_steps=0",
+          "--config.optim.warmup_steps=20", "--config.negatives.tau_s=2",
+          "--config.negatives.tau_r=1", "--config.checkpoint.every_steps=5"]
+
+
+def _env():
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  return env
+
+
+def _start(workdir, data_dir):
+  return subprocess.Popen(_cmd(workdir, data_dir), cwd=ROOT, env=_env(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _wait_for_checkpoint(workdir, proc, after=()):
+  ckdir = os.path.join(workdir, "checkpoints")
+  while proc.poll() is None:
+    done = [d for d in os.listdir(ckdir) if d.isdigit()] if os.path.isdir(ckdir) else []
+    if set(done) - set(after):
+      return done
+    time.sleep(0.2)
+  raise AssertionError(proc.stdout.read()[-3000:])
+
+
+def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path):
+  ref = _start(tmp_path / "ref", tmp_path / "data_ref")  # runs beside the interrupted one
+  wd, data = tmp_path / "run", tmp_path / "data"
+  p = _start(wd, data)
+  _wait_for_checkpoint(wd, p)
+  p.send_signal(signal.SIGTERM)
+  out = p.communicate(timeout=300)[0]
+  assert p.returncode == 75, out[-2000:]
+  assert "rerun the same command to resume" in out
+  p = _start(wd, data)  # resumes; killed at a random moment after its next checkpoint
+  before = os.listdir(wd / "checkpoints")
+  _wait_for_checkpoint(wd, p, before)
+  time.sleep(random.Random(0).uniform(0, 2))
+  p.kill()
+  p.wait()
+  p = _start(wd, data)
+  out = p.communicate(timeout=600)[0]
+  assert p.returncode == 0, out[-3000:]
+  assert "resuming at epoch" in out
+  out_ref = ref.communicate(timeout=600)[0]
+  assert ref.returncode == 0, out_ref[-3000:]
+  a = json.load(open(tmp_path / "ref" / "results.json"))
+  b = json.load(open(wd / "results.json"))
+  assert b["metrics"] == a["metrics"]  # bitwise on CPU
+  assert [r["ok"] for r in b["negatives"]["refreshes"]] == [True]  # epoch 2's refresh
+  assert b["negatives"]["per_epoch"] == a["negatives"]["per_epoch"]
+
+
+def test_checkpoint_moves_between_meshes(tmp_path):
+  c = _small_synthetic(tmp_path, strategy="random")
+  c.train.epochs = 2
+  c.mesh.data, c.mesh.model = 2, 4
+  c.train.stop_after_steps = 30
+  with pytest.raises(checkpoint.Preempted):
+    train.train_and_evaluate(c, str(tmp_path / "a"))
+  saved = {}
+  for shape in ((2, 4), (1, 8), (1, 1)):
+    wd = tmp_path / f"m{shape[0]}x{shape[1]}"
+    shutil.copytree(tmp_path / "a", wd)
+    c.mesh.data, c.mesh.model = shape
+    c.train.stop_after_steps = 0
+    # The restored state, laid out on this mesh, is the saved one.
+    mesh = sharding.make_mesh(*shape)
+    rows = sharding.padded_rows(300, mesh)
+    ck = checkpoint.Checkpoints(str(wd))
+    params, opt_state = _templates(c, mesh, rows)
+    p, o, progress = ck.restore(params, opt_state)
+    ck.close()
+    assert progress["global_step"] == 30
+    assert p["classifier"].shape == (rows, 64)
+    saved[shape] = (np.asarray(p["classifier"])[:300], float(o["scale"]),
+                    jax.tree.leaves(jax.device_get(p["encoder"])))
+    # and training continues from it
+    r = train.train_and_evaluate(c, str(wd))
+    assert r["steps"] == 2 * 51 and r["P@1"] > 30
+  ref = saved[(2, 4)]
+  for shape in ((1, 8), (1, 1)):
+    np.testing.assert_array_equal(saved[shape][0], ref[0])
+    assert saved[shape][1] == ref[1]
+    for x, y in zip(saved[shape][2], ref[2]):
+      np.testing.assert_array_equal(x, y)
+
+
+def _templates(c, mesh, rows):
+  """Fresh params / optimizer state of the run's shapes on `mesh` (as the trainer builds)."""
+  data = train.prepare_data(c)
+  enc = train.build_encoder(c, data.vocab_size, data.pad_id, 0)
+  _, enc_params = nnx.split(enc, nnx.Param)
+  params = {"encoder": enc_params, "classifier": jax.numpy.zeros((rows, enc.cfg.embed_dim))}
+  tx = optim.encoder_optimizer(c.optim, 100)
+  return sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
+
+
+def test_a_workdir_with_another_config_is_refused(tmp_path):
+  c = _small_synthetic(tmp_path)
+  checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+  c.negatives.k_r = 99
+  c.train.log_every_steps = 7  # free to change
+  with pytest.raises(InputError, match=r"config.json: .*negatives.k_r: 256 -> 99"):
+    checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
