@@ -6,6 +6,7 @@ metrics.jsonl (one JSON object per log line / evaluation).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -302,7 +303,11 @@ def _median_ms(xs):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_base.validate(config)
+  config = copy.deepcopy(config)  # data preparation fills in derived fields
   os.makedirs(workdir, exist_ok=True)
+  if distributed.is_leader():  # before any long work: a rerun must be the same run
+    checkpoint.check_config(workdir, json.loads(config.to_json()))
+  distributed.barrier("config check")
   t_start = time.time()
   data = prepare_data(config)
   seed = config.train.seed
@@ -392,9 +397,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
 
   # Resume: the same command with the same workdir continues from the last checkpoint.
-  if leader:
-    checkpoint.check_config(workdir, json.loads(config.to_json()))
-  distributed.barrier("config check")
   ckpt = checkpoint.Checkpoints(workdir, config.checkpoint.keep) if config.checkpoint.enabled else None
   if ckpt is not None and ckpt.latest_step() is not None:
     params, opt_state, progress = ckpt.restore(params, opt_state)

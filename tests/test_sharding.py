@@ -120,7 +120,6 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape):
 
 def test_dynamic_loss_scaling_in_float16():
   setup = _setup(num_shards=1, dtype="float16")
-  ref = _sparse(*setup, (1, 1))
   # A scale so large that float16 cotangents overflow: the first steps are skipped and
   # the scale halves until they fit; nothing changes on a skipped step.
   graphdef, enc, oc, batches, w0 = setup
@@ -141,7 +140,6 @@ def test_dynamic_loss_scaling_in_float16():
   scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)
   np.testing.assert_allclose(scaled[0], f32[0], rtol=2e-2)
   np.testing.assert_allclose(scaled[2], f32[2], atol=2e-2)
-  np.testing.assert_allclose(ref[2], f32[2], atol=2e-2)
 
 
 def test_loss_scale_schedule():

