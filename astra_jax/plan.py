@@ -258,7 +258,8 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
       dev.append(Item("scores over all labels (uptodate)", micro * L * 4, "B x L x 4"))
     elif nc.strategy == "full":
       blk = config.train.full_label_block
-      dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4, "3 x B x block x 4"))
+      dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4,
+                      "3 x B x block x 4"))
   kk = k_p + k_h + k_r
   gathered = (b_clf * (k_p + k_h) + k_r) * d * 4
   scores = b_clf * kk * (4 + 4 + 1)
@@ -426,8 +427,8 @@ def format_plan(p: Plan) -> str:
     lines += [f"    {i.name + (' (memmap)' if i.paged else ''):<72}{_gib(i.bytes)}" for i in items]
     if title != "disk":
       paged = sum(i.bytes for i in items if i.paged)
-      lines.append(f"    {'resident' + (', + the memmaps in the page cache when hot' if paged else ''):<72}"
-                   f"{_gib(_resident(items))}")
+      label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
+      lines.append(f"    {label:<72}{_gib(_resident(items))}")
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
   if p.suggestions:
@@ -473,19 +474,23 @@ def plan_config(config, gpu: str, mesh: str = "", num_gpus: int = 0, name: str =
   return p
 
 
-config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
-flags.DEFINE_string("mesh", "", "DATAxMODEL devices (default: the config's mesh)")
-flags.DEFINE_enum("gpu", "v100-32gb", list(GPUS), "GPU memory to plan against")
-flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
-                     "= num_gpus / mesh.model unless --mesh says otherwise")
-flags.DEFINE_bool("json", False, "print the plan as JSON")
+def define_flags() -> None:
+  """The command line (defined on demand: importing this module defines no flags, so it
+  can share a process with other CLIs, e.g. in tests)."""
+  config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
+  flags.DEFINE_string("mesh", "", "DATAxMODEL devices (default: the config's mesh)")
+  flags.DEFINE_enum("gpu", "v100-32gb", list(GPUS), "GPU memory to plan against")
+  flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
+                       "= num_gpus / mesh.model unless --mesh says otherwise")
+  flags.DEFINE_bool("json", False, "print the plan as JSON")
 
 
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"unexpected arguments: {argv[1:]}")
   F = flags.FLAGS
-  label = f"{F.config.data.get('name', '') or '?'} ({config_flags.get_config_filename(F['config'])})"
+  path = config_flags.get_config_filename(F["config"])
+  label = f"{F.config.data.get('name', '') or '?'} ({path})"
   try:
     p = plan_config(F.config, F.gpu, F.mesh, F.num_gpus, label)
   except InputError as e:
@@ -494,5 +499,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["config"])
   app.run(main)

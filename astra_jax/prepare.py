@@ -138,14 +138,17 @@ def summary(data: dataset.XCData, cache_dir: str) -> str:
   return "\n".join(lines)
 
 
-config_flags.DEFINE_config_file("config", None, "experiment config (optional): its data fields "
-                                "are the defaults", lock_config=False)
-flags.DEFINE_string("src", None, "the download: a .zip or a directory")
-flags.DEFINE_string("out", None, "the data directory to build (default: the config's data.dir)")
-flags.DEFINE_string("tokenizer", None, "tokenizer name or directory (default: the config's, "
-                    "else all-MiniLM-L6-v2)")
-flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
-flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
+def define_flags() -> None:
+  """The command line (defined on demand: importing this module defines no flags, so it
+  can share a process with other CLIs, e.g. in tests)."""
+  config_flags.DEFINE_config_file("config", None, "experiment config (optional): its data fields "
+                                  "are the defaults", lock_config=False)
+  flags.DEFINE_string("src", None, "the download: a .zip or a directory")
+  flags.DEFINE_string("out", None, "the data directory to build (default: the config's data.dir)")
+  flags.DEFINE_string("tokenizer", None, "tokenizer name or directory (default: the config's, "
+                      "else all-MiniLM-L6-v2)")
+  flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
+  flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
 
 
 def main(argv):
@@ -174,5 +177,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   flags.mark_flags_as_required(["src"])
   app.run(main)
