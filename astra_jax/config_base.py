@@ -19,7 +19,15 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.data = ml_collections.ConfigDict()
+  c.data.name = ""                 # dataset name (informational; paper configs set it)
   c.data.dir = ""                  # dataset directory (repository layout)
+  # Appended to the error when data.dir holds no dataset: where to get it, or the command
+  # that trains on a synthetic stand-in instead.
+  c.data.missing_hint = ""
+  # The dataset's size when known without reading it (the paper's statistics table); only
+  # the memory planner (astra_jax/plan.py) reads them, when the data is not on disk. 0: unknown.
+  c.data.num_labels = 0
+  c.data.num_train = 0
   c.data.layout = "auto"           # auto | renee | ngame | json
   c.data.tokenizer_dir = ""        # local HF tokenizer directory
   c.data.max_len = 32              # 32 titles, 128 full text, 256 Wikipedia

@@ -44,7 +44,7 @@ def test_json_layout_with_label_text_augmentation(tmp_path):
 
 
 def test_missing_dataset_lists_expected_layouts(tmp_path):
-  with pytest.raises(FileNotFoundError, match=r"trn_X.txt.*raw_data/train.raw.txt.*trn.json.gz"):
+  with pytest.raises(dataset.MissingDataError, match=r"trn_X.txt.*raw_data/train.raw.txt.*trn.json.gz"):
     dataset.load(_cfg(tmp_path, "").data)
 
 
@@ -52,5 +52,5 @@ def test_augmentation_without_label_texts(tmp_path):
   d = tmp_path / "ds"
   tok = _json_dataset(d)
   (d / "lbl.json.gz").unlink()
-  with pytest.raises(FileNotFoundError, match="lbl.json.gz"):
+  with pytest.raises(dataset.MissingDataError, match="lbl.json.gz"):
     dataset.load(_cfg(d, tok, augment_label_text=True).data)

@@ -59,30 +59,41 @@ class XCData:
   num_train_original: int               # before label-text augmentation
 
 
-def detect_layout(data_dir: str) -> str:
+class MissingDataError(InputError):
+  """The dataset (or one of its files) is not where the config says. One line: the files
+  expected and where, plus the config's `data.missing_hint` (download or synthetic command)."""
+
+
+def _with_hint(message: str, hint: str) -> str:
+  return f"{message} {hint}".strip() if hint else message
+
+
+def detect_layout(data_dir: str, hint: str = "") -> str:
   for name, (trn, _, _) in LAYOUTS.items():
     if os.path.exists(os.path.join(data_dir, trn)):
       return name
   expected = "; ".join(f"{k}: {', '.join(v)}" for k, v in LAYOUTS.items())
-  raise FileNotFoundError(
+  raise MissingDataError(_with_hint(
       f"no dataset found in {data_dir!r}. Expected one of these layouts ({expected}) plus "
-      f"trn_X_Y.txt and tst_X_Y.txt (except for json).")
+      f"trn_X_Y.txt and tst_X_Y.txt (except for json).", hint))
 
 
-def _require(path: str) -> str:
+def _require(path: str, hint: str = "") -> str:
   if not os.path.exists(path):
-    raise FileNotFoundError(f"missing dataset file {path}")
+    raise MissingDataError(_with_hint(f"missing dataset file {path}.", hint))
   return path
 
 
 def load(data_cfg, cache_dir: str | None = None) -> XCData:
   """Loads (and tokenizes, cached) the dataset a `config.data` describes."""
   d = data_cfg.dir
-  layout = data_cfg.layout if data_cfg.layout != "auto" else detect_layout(d)
+  hint = data_cfg.get("missing_hint", "")
+  need = lambda path: _require(path, hint)
+  layout = data_cfg.layout if data_cfg.layout != "auto" else detect_layout(d, hint)
   if layout not in LAYOUTS:
     raise InputError(f"config.data.layout={layout!r}; use auto, {', '.join(LAYOUTS)}")
   trn_x, tst_x, lbl_x = (os.path.join(d, f) for f in LAYOUTS[layout])
-  _require(trn_x), _require(tst_x)
+  need(trn_x), need(tst_x)
   cache_dir = cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache")
   try:
     os.makedirs(cache_dir, exist_ok=True)
@@ -92,15 +103,15 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     raise InputError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
 
   if layout == "json":
-    lbl_texts_path = _require(lbl_x)
+    lbl_texts_path = need(lbl_x)
     num_labels = sum(1 for _ in xc_format._lines(lbl_texts_path))
     train_labels = xc_format.read_json_labels(trn_x, num_labels)
     test_labels = xc_format.read_json_labels(tst_x, num_labels)
   else:
-    trn_y = _require(os.path.join(d, "trn_X_Y.txt"))
+    trn_y = need(os.path.join(d, "trn_X_Y.txt"))
     train_labels = xc_format.read_sparse(trn_y)
     num_labels = train_labels.num_cols
-    test_labels = xc_format.read_sparse(_require(os.path.join(d, "tst_X_Y.txt")), num_labels)
+    test_labels = xc_format.read_sparse(need(os.path.join(d, "tst_X_Y.txt")), num_labels)
 
   tok = lambda p: tokenize.cached_tokens(p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len,
                                          use_content=data_cfg.use_content)
@@ -125,7 +136,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
-      raise FileNotFoundError(f"config.data.augment_label_text needs label texts at {lbl_x}")
+      raise MissingDataError(f"config.data.augment_label_text needs label texts at {lbl_x}")
     identity = SparseRows(np.arange(num_labels + 1, dtype=np.int64),
                           np.arange(num_labels, dtype=np.int32),
                           np.ones(num_labels, np.float32), num_labels)

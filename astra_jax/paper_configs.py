@@ -1,0 +1,201 @@
+"""The paper's appendix hyper-parameter table turned into configs (`experiments/<dataset>.py`).
+
+How the table's numbers become ours. The table gives batch size, k_h, k_r and k_p "per GPU,
+when run on 16 GPUs", and the classifier's SGD learning rate for a loss summed over the
+batch; every value is recorded unchanged under `config.paper`, and the training fields are
+derived from it with ml_collections FieldReferences, so they follow command-line overrides:
+
+  train.batch_size      = 16 x per-GPU batch: the global batch of the paper's runs. Renée,
+                          whose code ASTRA builds on, documents its batch sizes the same way
+                          and keeps the global batch on fewer GPUs. The same global batch
+                          means the same steps per epoch, so warmup (in steps) carries over.
+  negatives.k_h, k_r    = 16 x per-GPU value / mesh.model: the classifier was split over the
+                          16 GPUs and each GPU mined k_h hard and drew k_r random negatives
+                          from its own rows (DESIGN §1), so a query saw 16 k_h + 16 k_r
+                          negatives; ours are per W shard, and the per-query totals are kept
+                          on any number of shards. tab:memory confirms the 16x: its ASTRA
+                          column is B x 16 (k_r + k_h + k_p) fp16 scores, e.g. Amazon-670K
+                          256 x 7,312 x 2 B = 3.57 MiB, Amazon-3M 256 x 8,000 x 2 B = 3.91 MiB.
+                          (--config.mesh.model=M rescales them; an explicit
+                          --config.negatives.k_h=... overrides.)
+  negatives.k_p         = as in the table: positives per query are a property of the query
+                          (the most positives a training point has), not of a shard.
+  optim.classifier_lr   = table lr x train.batch_size: Renée's classifier gradient is summed
+                          over the global batch ("mean reduction ... does not work well, going
+                          with sum"), ours is a batch mean (README, Reduction), so the same SGD
+                          step per row needs lr x B. It follows train.batch_size overrides.
+                          (Renée's SGD also had momentum 0.9 by default; the table does not
+                          say, and our sparse update has none: the first thing to sweep.)
+  optim.encoder_lr      = as in the table: Adam's step does not depend on the loss's scale.
+  tau_s = tau_r = 5 for every dataset (table caption).
+
+Encoders: the paper fine-tunes DistilBERT-size encoders (d = 768; "over 60M parameters").
+Nothing is downloaded at run time, so a config names the model it wants
+(`encoder.paper_encoder`) and uses `$ASTRA_MODELS_DIR/<its last path part>` (default
+`models/`) when that directory holds a config.json, else the installed all-MiniLM-L6-v2
+(d = 384, the same WordPiece vocabulary). The tokenizer follows the encoder
+(`data.tokenizer_dir` is the same reference as `encoder.hf_dir`).
+
+Variants: `:synthetic[,SCALE]` replaces the data by a synthetic stand-in with the dataset's
+statistics (labels, training points, test points, labels per point) times SCALE, keeps the
+hyper-parameters, and trains a tiny random BERT over the generator's vocabulary on one
+device; see `synthetic_variant`.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import ml_collections
+from ml_collections import FieldReference
+
+from astra_jax.data import catalog
+
+PAPER_GPUS = 16
+FALLBACK_ENCODER = "all-MiniLM-L6-v2"
+MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
+# Training queries (all epochs together) a default synthetic stand-in processes: minutes
+# with the tiny BERT on 2 CPU cores (SS-20M's: 600-1,300 queries/s, 7.3 minutes).
+SYNTHETIC_QUERY_BUDGET = 400_000
+TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a random tiny
+                        # BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
+
+
+def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset:
+  """Data fields of one of the paper's datasets (catalog.DATASETS)."""
+  ds = catalog.DATASETS[name]
+  c.data.name = name
+  c.data.dir = f"data/{name}"
+  c.data.num_labels, c.data.num_train = ds.num_labels, ds.num_train
+  c.data.max_len = ds.max_len
+  c.data.use_content = ds.text != "titles"   # json layout: title + content for full text
+  c.data.augment_label_text = ds.label_features
+  c.data.propensity_A, c.data.propensity_B = ds.propensity
+  c.data.missing_hint = catalog.missing_hint(ds)
+  # Renée evaluates every 5 epochs; ours on the first 20k test rows, all rows at the end.
+  c.train.eval_every_epochs = 5
+  c.eval.max_test_rows = 20_000
+  return ds
+
+
+def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
+                  encoder_lr: float, classifier_lr: float, dropout: float, warmup: int,
+                  weight_decay: float, k_r: int, k_h: int, k_p: int,
+                  source: str = "appendix tab:hyperparam") -> None:
+  """One row of the appendix table (per-GPU values of a 16-GPU run), translated as the
+  module docstring says."""
+  c.paper = ml_collections.ConfigDict()
+  c.paper.source = source
+  c.paper.gpus = PAPER_GPUS
+  c.paper.batch_size_per_gpu = batch_size
+  c.paper.k_r_per_gpu = k_r
+  c.paper.k_h_per_gpu = k_h
+  c.paper.classifier_lr = classifier_lr
+  gpus = c.paper.get_ref("gpus")
+  shards = c.mesh.get_ref("model")
+  c.train.batch_size = c.paper.get_ref("batch_size_per_gpu") * gpus
+  c.negatives.k_r = c.paper.get_ref("k_r_per_gpu") * gpus // shards
+  c.negatives.k_h = c.paper.get_ref("k_h_per_gpu") * gpus // shards
+  c.negatives.k_p = k_p
+  c.negatives.tau_s = c.negatives.tau_r = 5
+  c.optim.classifier_lr = c.paper.get_ref("classifier_lr") * c.train.get_ref("batch_size")
+  c.optim.encoder_lr = encoder_lr
+  c.optim.warmup_steps = warmup
+  c.optim.classifier_weight_decay = weight_decay
+  c.encoder.embedding_dropout = dropout
+  c.train.epochs = epochs
+
+
+def local_encoder_dir(name: str) -> str:
+  return os.path.join(os.environ.get(MODELS_DIR_ENV, "models"), name.rstrip("/").split("/")[-1])
+
+
+def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
+  """The paper's encoder when it is on disk (see the module docstring), else MiniLM; the
+  tokenizer is the encoder's."""
+  c.encoder.paper_encoder = paper_encoder
+  local = local_encoder_dir(paper_encoder)
+  found = os.path.exists(os.path.join(local, "config.json"))
+  shared = FieldReference(local if found else FALLBACK_ENCODER)
+  c.encoder.hf_dir = shared
+  c.data.tokenizer_dir = shared
+
+
+def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
+                  ) -> ml_collections.ConfigDict:
+  """"" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in."""
+  kind, _, arg = variant.partition(",")
+  if kind == "":
+    return c
+  if kind != "synthetic":
+    raise ValueError(f"{config_file}:{variant}: the variants are '' (the dataset) and "
+                     f"'synthetic[,SCALE]' (its synthetic stand-in)")
+  return synthetic_variant(c, float(arg) if arg else default_synthetic_scale(c), config_file)
+
+
+def default_synthetic_scale(c: ml_collections.ConfigDict) -> float:
+  """A one-significant-digit scale that keeps all epochs within SYNTHETIC_QUERY_BUDGET."""
+  ds = catalog.DATASETS[c.data.name]
+  rows = ds.num_train + (ds.num_labels if c.data.augment_label_text else 0)
+  x = SYNTHETIC_QUERY_BUDGET / (c.train.epochs * rows)
+  exponent = math.floor(math.log10(x))
+  return min(1.0, float(f"{math.floor(x / 10.0 ** exponent)}e{exponent}"))
+
+
+def _unlink(cfg: ml_collections.ConfigDict, key: str, value) -> None:
+  """Replaces a field that holds a shared FieldReference by a plain value of its own."""
+  del cfg[key]
+  cfg[key] = value
+
+
+def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: str
+                      ) -> ml_collections.ConfigDict:
+  """The dataset's synthetic stand-in at `scale`.
+
+  Kept: batch size, gradient accumulation, epochs, classifier lr, dropout, weight decay,
+  k_p, tau_s, tau_r, bottleneck. Changed, and why:
+    * sizes: L, N and test points x scale; labels per point as the dataset's;
+    * encoder: the base config's tiny random BERT over the generated tokenizer, encoder
+      lr TINY_ENCODER_LR (the paper's lr fine-tunes a pretrained model);
+    * warmup x scale: the same fraction of training (steps per epoch shrink by scale);
+    * k_h + k_r at most L/2 per query (scaled down together): at small L the table's
+      thousands of negatives would be most of the labels;
+    * max_len 32 (a generated query names ~4 words per positive: with many positives,
+      as SS-20M's 26, the text is cut), float32, a 1 x 1 mesh: one CPU device.
+      (--config.mesh.model=M with XLA_FLAGS=--xla_force_host_platform_device_count=M
+      exercises the paper's layout on fake CPU devices.)
+  """
+  ds = catalog.DATASETS[c.data.name]
+  if not 0 < scale <= 1:
+    raise ValueError(f"{config_file}:synthetic,{scale}: the scale must be in (0, 1]")
+  L = round(ds.num_labels * scale)
+  n = round(ds.num_train * scale)
+  rows = n + (L if c.data.augment_label_text else 0)
+  if rows < c.train.batch_size:
+    need = c.train.batch_size / (ds.num_train + (ds.num_labels if c.data.augment_label_text else 0))
+    raise ValueError(f"{config_file}:synthetic,{scale}: {rows} training rows are fewer than "
+                     f"the batch size {c.train.batch_size}; use a scale of at least {need:.2g}")
+  s = c.data.synthetic
+  s.enabled = True
+  s.num_labels, s.num_train = L, n
+  s.num_test = max(round(ds.num_test * scale), 100)
+  s.mean_labels = ds.labels_per_point
+  s.max_labels = math.ceil(ds.labels_per_point + 4 * math.sqrt(ds.labels_per_point)) + 1
+  c.data.dir = f"data/{ds.name}-synthetic"
+  c.data.num_labels, c.data.num_train = L, n
+  c.data.max_len = 32
+  c.data.missing_hint = ""
+  _unlink(c.encoder, "hf_dir", "")            # tiny random BERT (base config's fields)
+  _unlink(c.data, "tokenizer_dir", "")        # the generator's tokenizer
+  c.encoder.dtype = "float32"
+  c.optim.encoder_lr = TINY_ENCODER_LR
+  c.optim.warmup_steps = max(1, round(c.optim.warmup_steps * scale))
+  k_h = c.paper.k_h_per_gpu * c.paper.gpus
+  k_r = c.paper.k_r_per_gpu * c.paper.gpus
+  shrink = min(1.0, (L / 2) / (k_h + k_r))
+  shards = c.mesh.get_ref("model")
+  c.negatives.k_h = FieldReference(max(1, int(k_h * shrink))) // shards
+  c.negatives.k_r = FieldReference(max(1, int(k_r * shrink))) // shards
+  c.mesh.data = c.mesh.model = 1
+  c.paper.synthetic_scale = scale
+  return c

@@ -1,0 +1,182 @@
+"""A downloaded dataset -> a ready data directory (texts, labels, tokenized cache).
+
+  python -m astra_jax.prepare --src=DOWNLOAD --out=DIR [--tokenizer=NAME_OR_DIR]
+      [--max_len=32] [--use_content] [--config=experiments/<name>.py]
+
+DOWNLOAD is the Extreme Classification Repository's download: a .zip, or a directory (or
+a directory holding one dataset directory) in any layout `data/dataset.py` reads
+({trn,tst,lbl}.json.gz; trn_X.txt/tst_X.txt/Y.txt or raw_data/*.raw.txt with
+trn_X_Y.txt/tst_X_Y.txt). Its files are extracted (zip) or linked into DIR, Renée's
+`tst_filter_labels.txt` is linked as `filter_labels_test.txt`, and every text file is
+tokenized into DIR/astra_cache, the cache training reads. With --config, the tokenizer,
+max_len, use_content and DIR default to the config's (e.g. data/LF-AmazonTitles-131K), so
+training needs no further flag.
+
+Resumable: files already extracted with the right size are kept, and token files whose
+metadata matches (source size and time, tokenizer, max_len) are not rebuilt; an
+interrupted run leaves no partial file (everything is written under a temporary name).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import zipfile
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from astra_jax import config_base
+from astra_jax.data import dataset, tokenize
+from astra_jax.errors import InputError
+from astra_jax.model import pretrained
+
+# Files a data directory can use, by name (see data/dataset.py LAYOUTS).
+DATA_FILES = {name for layout in dataset.LAYOUTS.values() for name in layout} | {
+    "trn_X_Y.txt", "tst_X_Y.txt", "filter_labels_test.txt", "filter_labels_train.txt",
+    "tst_filter_labels.txt", "trn_filter_labels.txt"}
+RENEE_FILTER = ("tst_filter_labels.txt", "filter_labels_test.txt")
+
+
+def _dataset_root(names: list[str]) -> str:
+  """The directory prefix (within a zip or a tree) that holds the training texts."""
+  roots = sorted({n[:-len(trn)] for n in names for trn in
+                  (layout[0] for layout in dataset.LAYOUTS.values()) if n.endswith(trn)})
+  if not roots:
+    raise InputError("no dataset in the download: expected one of "
+                     + ", ".join(layout[0] for layout in dataset.LAYOUTS.values()))
+  if len(roots) > 1:
+    raise InputError(f"several datasets in the download ({', '.join(r or '.' for r in roots)}); "
+                     f"point --src at one")
+  return roots[0]
+
+
+def _wanted(rel: str) -> bool:
+  return rel in DATA_FILES
+
+
+def extract_zip(src: str, out: str) -> list[str]:
+  """Extracts the dataset's files (flattened below its root); skips those already there."""
+  done = []
+  with zipfile.ZipFile(src) as z:
+    infos = [i for i in z.infolist() if not i.is_dir()]
+    root = _dataset_root([i.filename for i in infos])
+    for info in infos:
+      rel = info.filename[len(root):]
+      if not info.filename.startswith(root) or not _wanted(rel):
+        continue
+      dest = os.path.join(out, rel)
+      if os.path.exists(dest) and os.path.getsize(dest) == info.file_size:
+        logging.info("prepare: %s already extracted", rel)
+      else:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = f"{dest}.tmp-{os.getpid()}"
+        t0 = time.time()
+        with z.open(info) as fin, open(tmp, "wb") as fout:
+          shutil.copyfileobj(fin, fout, 1 << 20)
+        os.replace(tmp, dest)
+        logging.info("prepare: extracted %s (%.0f MB, %.1fs)", rel, info.file_size / 1e6,
+                     time.time() - t0)
+      done.append(rel)
+  return done
+
+
+def link_tree(src: str, out: str) -> list[str]:
+  """Symlinks the dataset's files from a directory (absolute links; nothing copied)."""
+  names = []
+  for dirpath, _, files in os.walk(src):
+    names += [os.path.relpath(os.path.join(dirpath, f), src) for f in files]
+  root = _dataset_root(names)
+  done = []
+  for name in names:
+    rel = name[len(root):]
+    if not name.startswith(root) or not _wanted(rel):
+      continue
+    dest, target = os.path.join(out, rel), os.path.abspath(os.path.join(src, name))
+    if os.path.abspath(dest) != target:
+      if os.path.lexists(dest) and os.path.realpath(dest) != os.path.realpath(target):
+        raise InputError(f"{dest} exists and is not {target}; remove it or choose another --out")
+      if not os.path.lexists(dest):
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.symlink(target, dest)
+    done.append(rel)
+  return done
+
+
+def prepare(src: str, out: str, data_cfg) -> dataset.XCData:
+  """Materialises the download in `out` and tokenizes it into out/astra_cache."""
+  os.makedirs(out, exist_ok=True)
+  if os.path.isfile(src) and zipfile.is_zipfile(src):
+    files = extract_zip(src, out)
+  elif os.path.isdir(src):
+    files = link_tree(src, out)
+  else:
+    raise InputError(f"--src={src!r} is neither a zip file nor a directory")
+  old, new = (os.path.join(out, n) for n in RENEE_FILTER)
+  if os.path.exists(old) and not os.path.lexists(new):
+    os.symlink(os.path.basename(old), new)
+  logging.info("prepare: %s holds %s", out, ", ".join(sorted(files)))
+  with data_cfg.unlocked():
+    data_cfg.dir = out
+    data_cfg.tokenizer_dir = pretrained.resolve(data_cfg.tokenizer_dir)
+  return dataset.load(data_cfg)  # tokenizes what is missing or stale; checks row counts
+
+
+def summary(data: dataset.XCData, cache_dir: str) -> str:
+  lines = [f"{data.data_dir}: L = {data.num_labels:,} labels, {data.num_train_original:,} "
+           f"training rows, {data.test_labels.num_rows:,} test rows, label texts: "
+           f"{'yes' if data.label_tokens is not None else 'no'}, "
+           f"{len(data.test_filter):,} filtered test pairs"]
+  for name in sorted(os.listdir(cache_dir)):
+    if name.endswith(".meta.json"):
+      with open(os.path.join(cache_dir, name)) as f:
+        meta = json.load(f)
+      lines.append(f"  {name[:-len('.meta.json')]}: {meta['rows']:,} rows x {meta['max_len']} "
+                   f"tokens, {meta['truncated_rows']:,} truncated, built in {meta['seconds']}s")
+  return "\n".join(lines)
+
+
+def define_flags() -> None:
+  """The command line (defined on demand: importing this module defines no flags, so it
+  can share a process with other CLIs, e.g. in tests)."""
+  config_flags.DEFINE_config_file("config", None, "experiment config (optional): its data fields "
+                                  "are the defaults", lock_config=False)
+  flags.DEFINE_string("src", None, "the download: a .zip or a directory")
+  flags.DEFINE_string("out", None, "the data directory to build (default: the config's data.dir)")
+  flags.DEFINE_string("tokenizer", None, "tokenizer name or directory (default: the config's, "
+                      "else all-MiniLM-L6-v2)")
+  flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
+  flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
+
+
+def main(argv):
+  if len(argv) > 1:
+    sys.exit(f"unexpected arguments: {argv[1:]}")
+  F = flags.FLAGS
+  logging.get_absl_handler().python_handler.stream = sys.stdout
+  c = F.config if F.config is not None else config_base.base_config()
+  dc = c.data
+  with dc.unlocked():
+    if F.tokenizer is not None or not dc.tokenizer_dir:
+      dc.tokenizer_dir = F.tokenizer or "all-MiniLM-L6-v2"
+    if F.max_len is not None:
+      dc.max_len = F.max_len
+    if F.use_content is not None:
+      dc.use_content = F.use_content
+    dc.cache_dir = ""
+  out = F.out or dc.dir
+  if not out:
+    sys.exit("error: --out=DIR is required without a --config that sets data.dir")
+  try:
+    data = prepare(F.src, out, dc)
+  except (InputError, FileNotFoundError) as e:
+    sys.exit(f"error: {e}")
+  print(summary(data, os.path.join(out, "astra_cache")))
+
+
+if __name__ == "__main__":
+  define_flags()
+  flags.mark_flags_as_required(["src"])
+  app.run(main)

@@ -1,0 +1,38 @@
+"""LF-AmazonTitles-131K: 294,805 training titles, 131,073 labels with texts, 134,835 test
+points (product-to-product recommendation from titles; 32 tokens).
+
+Data: the Extreme Classification Repository (http://manikvarma.org/downloads/XC/XMLRepository.html),
+raw-text version, unpacked into data/LF-AmazonTitles-131K (or --config.data.dir=PATH):
+  trn.json.gz, tst.json.gz, lbl.json.gz   one JSON object per line (uid, title, target_ind)
+  filter_labels_test.txt                  reciprocal pairs, removed at evaluation
+or trn_X_Y.txt + tst_X_Y.txt with the texts as trn_X.txt/tst_X.txt/Y.txt (Renée) or
+raw_data/{train,test,label}.raw.txt (NGAME).
+
+  python -m astra_jax.plan --config=experiments/lf_amazontitles_131k.py --gpu=v100-32gb
+  python -m astra_jax.main --config=experiments/lf_amazontitles_131k.py --workdir=workdir/lfat131k
+  python -m astra_jax.main --config=experiments/lf_amazontitles_131k.py:synthetic  # CPU stand-in
+
+Encoder: DistilBERT as in the paper (Renée's command for this dataset names
+sentence-transformers/msmarco-distilbert-base-v4): put it (config.json, model.safetensors,
+tokenizer files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
+all-MiniLM-L6-v2 (d = 384). Hyper-parameters: the appendix table's row, translated by
+astra_jax/paper_configs.py: global batch 16 x 32 = 512, 16 x 50 = 800 hard and 16 x 400 =
+6,400 random negatives per query, classifier lr 0.05 x 512. No gradient accumulation: a
+V100-32GB holds it in fp32 with DistilBERT (python -m astra_jax.plan). One device (the
+paper's single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
+"""
+from astra_jax import paper_configs
+from astra_jax.config_base import base_config
+
+
+def get_config(variant: str = ""):
+  c = base_config()
+  paper_configs.set_dataset(c, "LF-AmazonTitles-131K")
+  paper_configs.set_table_row(c, batch_size=32, epochs=75, encoder_lr=1e-5, classifier_lr=0.05,
+                              dropout=0.85, warmup=3000, weight_decay=1e-4, k_r=400, k_h=50,
+                              k_p=7)
+  paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
+  c.train.grad_accum_steps = 1
+  c.mesh.data, c.mesh.model = 1, 1
+  return paper_configs.apply_variant(c, variant, "experiments/lf_amazontitles_131k.py")

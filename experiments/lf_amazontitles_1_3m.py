@@ -1,0 +1,42 @@
+"""LF-AmazonTitles-1.3M: 2,248,619 training titles, 1,305,265 labels with texts, 970,237 test
+points (product-to-product recommendation from titles; 32 tokens).
+
+Data: the Extreme Classification Repository
+(http://manikvarma.org/downloads/XC/XMLRepository.html), raw-text version, unpacked into
+data/LF-AmazonTitles-1.3M (or --config.data.dir=PATH):
+  trn.json.gz, tst.json.gz, lbl.json.gz   one JSON object per line (uid, title, content,
+                                          target_ind)
+  filter_labels_test.txt                  reciprocal pairs, removed at evaluation
+or trn_X_Y.txt + tst_X_Y.txt with the texts as trn_X.txt/tst_X.txt/Y.txt (Renée) or
+raw_data/{train,test,label}.raw.txt (NGAME). The text of a point is its title.
+
+  python -m astra_jax.plan --config=experiments/lf_amazontitles_1_3m.py --gpu=v100-32gb
+  python -m astra_jax.main --config=experiments/lf_amazontitles_1_3m.py --workdir=workdir/lfat1.3m
+  python -m astra_jax.main --config=experiments/lf_amazontitles_1_3m.py:synthetic  # CPU stand-in
+
+Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-base-v4; as
+Renée's command for LF-AmazonTitles-131K names): put it (config.json, model.safetensors,
+tokenizer files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
+all-MiniLM-L6-v2 (d = 384).
+
+Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
+batch 16 x 64 = 1,024, 16 x 15 = 240 hard and 16 x 100 = 1,600 random negatives per query,
+classifier lr 0.01 x 1,024. Gradient accumulation 2: the smallest that leaves a quarter of a
+V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
+single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
+"""
+from astra_jax import paper_configs
+from astra_jax.config_base import base_config
+
+
+def get_config(variant: str = ""):
+  c = base_config()
+  paper_configs.set_dataset(c, "LF-AmazonTitles-1.3M")
+  paper_configs.set_table_row(c, batch_size=64, epochs=100, encoder_lr=3e-6, classifier_lr=0.01,
+                              dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
+                              k_p=79)
+  paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
+  c.train.grad_accum_steps = 2
+  c.mesh.data, c.mesh.model = 1, 1
+  return paper_configs.apply_variant(c, variant, "experiments/lf_amazontitles_1_3m.py")

@@ -1,0 +1,44 @@
+"""LF-Wikipedia-500K: 1,813,391 training articles, 501,070 labels (categories) with texts,
+783,743 test points (Wikipedia articles to their categories; 256 tokens).
+
+Data: the Extreme Classification Repository
+(http://manikvarma.org/downloads/XC/XMLRepository.html), raw-text version, unpacked into
+data/LF-Wikipedia-500K (or --config.data.dir=PATH):
+  trn.json.gz, tst.json.gz, lbl.json.gz   one JSON object per line (uid, title, content,
+                                          target_ind)
+  filter_labels_test.txt                  reciprocal pairs, removed at evaluation
+or trn_X_Y.txt + tst_X_Y.txt with the texts as trn_X.txt/tst_X.txt/Y.txt (Renée) or
+raw_data/{train,test,label}.raw.txt (NGAME). The text of a point is its title + content
+(data.use_content).
+
+  python -m astra_jax.plan --config=experiments/lf_wikipedia_500k.py --gpu=v100-32gb
+  python -m astra_jax.main --config=experiments/lf_wikipedia_500k.py --workdir=workdir/lfwiki500k
+  python -m astra_jax.main --config=experiments/lf_wikipedia_500k.py:synthetic  # CPU stand-in
+
+Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-base-v4; Renée
+used paraphrase-distilroberta-base-v2 here, a RoBERTa model our encoder does not load): put
+it (config.json, model.safetensors, tokenizer files) in
+$ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
+all-MiniLM-L6-v2 (d = 384).
+
+Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
+batch 16 x 128 = 2,048, 16 x 30 = 480 hard and 16 x 200 = 3,200 random negatives per query,
+classifier lr 0.002 x 2,048. Gradient accumulation 64: the smallest that leaves a quarter of
+a V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
+single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
+"""
+from astra_jax import paper_configs
+from astra_jax.config_base import base_config
+
+
+def get_config(variant: str = ""):
+  c = base_config()
+  paper_configs.set_dataset(c, "LF-Wikipedia-500K")
+  paper_configs.set_table_row(c, batch_size=128, epochs=40, encoder_lr=1e-4, classifier_lr=0.002,
+                              dropout=0.7, warmup=2500, weight_decay=1e-3, k_r=200, k_h=30,
+                              k_p=13)
+  paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
+  c.train.grad_accum_steps = 64
+  c.mesh.data, c.mesh.model = 1, 1
+  return paper_configs.apply_variant(c, variant, "experiments/lf_wikipedia_500k.py")

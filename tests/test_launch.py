@@ -1,0 +1,49 @@
+"""The launch scripts' dry runs: the memory plan for the right number of GPUs, then the
+exact command, and nothing run."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = ["launch/slurm.sbatch", "launch/single_node.sh", "launch/common.sh"]
+
+
+def dry_run(script, *args, **env):
+  env = {**os.environ, "PYTHON": sys.executable, "GPU": "v100-32gb", **env}
+  env.pop("SLURM_NTASKS", None)
+  return subprocess.run(["bash", script, "--dry-run", *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=120)
+
+
+def test_single_node_dry_run_plans_and_prints_the_command(tmp_path):
+  r = dry_run("launch/single_node.sh", "experiments/ss20m.py", "--config.train.epochs=3",
+              NUM_GPUS="4", WORKDIR=str(tmp_path / "wd"))
+  assert r.returncode == 0, r.stderr
+  assert "on 4 x v100-32gb (one process), float16 compute" in r.stdout
+  assert "mesh: 2 data x 2 model = 4 devices" in r.stdout and "FITS" in r.stdout
+  command = r.stdout.split("would run:")[1]
+  for part in ("-m astra_jax.main", "--config=experiments/ss20m.py", "--config.mesh.data=-1",
+               "--config.mesh.distributed=off", "--config.encoder.dtype=float16",
+               "--config.train.epochs=3"):
+    assert part in command, part
+  assert not (tmp_path / "wd").exists()
+
+
+def test_slurm_dry_run_counts_every_gpu_of_every_node():
+  r = dry_run("launch/slurm.sbatch", "experiments/ss120m.py", NODES="2", GPUS_PER_NODE="4",
+              GPU="a100-80gb", DTYPE="float32")
+  assert r.returncode == 0, r.stderr
+  assert "on 8 x a100-80gb (2 nodes), float32 compute" in r.stdout
+  assert "mesh: 1 data x 8 model = 8 devices" in r.stdout
+  command = r.stdout.split("would run:")[1]
+  assert command.strip().startswith("srun --kill-on-bad-exit=1 --gpus-per-task=1")
+  assert "--config.mesh.distributed=auto" in command
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_scripts_are_shellcheck_clean():
+  r = subprocess.run(["shellcheck", "-x", *SCRIPTS], cwd=REPO, capture_output=True, text=True)
+  assert r.returncode == 0, r.stdout

@@ -1,0 +1,202 @@
+"""The memory planner against hand counts and against what jax allocates; the dataset
+configs (all variants) load and validate; the SS-20M missing-data message; the SS-20M
+synthetic stand-in trains end to end."""
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from astra_jax import config_base, plan
+from astra_jax.data import catalog
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER_CONFIGS = {d.config for d in catalog.DATASETS.values()}
+
+
+def load_config(path, variant=None):
+  spec = importlib.util.spec_from_file_location("cfg", os.path.join(REPO, path))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod.get_config(variant) if variant is not None else mod.get_config()
+
+
+def small_config(labels=1000, model=4):
+  """Tiny BERT over a synthetic vocabulary: every size below is easy to count by hand."""
+  c = config_base.base_config()
+  c.data.dir = "/unused"
+  c.data.synthetic.enabled = True
+  c.data.synthetic.num_labels, c.data.synthetic.num_train = labels, 5000
+  c.data.augment_label_text = True
+  c.mesh.data, c.mesh.model = 8 // model, model
+  c.train.batch_size = 64
+  return c
+
+
+def item(p, prefix):
+  items = p.device_items + p.worker_items + p.trainer_items
+  (found,) = [i.bytes for i in items if i.name.startswith(prefix)]
+  return found
+
+
+def test_byte_counts_equal_hand_counts():
+  p = plan.plan_config(small_config(labels=1000, model=3), "v100-32gb", mesh="2x3")
+  # Tiny BERT: vocabulary 8000 words + 5 special tokens, 512 positions, 2 token types,
+  # hidden 64, 2 layers, ffn 128.
+  embeddings = (8005 + 512 + 2) * 64 + 2 * 64
+  layer = 4 * (64 * 64 + 64) + 2 * 64 + (64 * 128 + 128) + (128 * 64 + 64) + 2 * 64
+  params = embeddings + 2 * layer
+  assert p.encoder["params"] == params == 612_288
+  assert item(p, "encoder parameters") == 4 * params
+  assert item(p, "Adam m, v") == 8 * params
+  assert item(p, "W shard") == 334 * 64 * 4          # ceil(1000 / 3) rows of d = 64
+  assert item(p, "classifier optimizer state") == 8   # sparse: a scale and a step
+  assert item(p, "W snapshot") == 334 * 64 * 4
+  assert item(p, "query embeddings being collected") == 6000 * 64 * 4  # + label texts
+  assert p.negatives["k_h_per_shard"] == 50 and p.batch["encoder_queries_per_device"] == 11
+
+
+def test_dense_momentum_is_a_full_copy_of_w():
+  c = small_config(labels=1000, model=1)
+  c.optim.classifier_update, c.optim.classifier_momentum = "dense", 0.9
+  p = plan.plan_config(c, "a100-80gb", mesh="1x1")
+  assert item(p, "classifier optimizer state") == 1000 * 64 * 4
+  assert item(p, "dense W gradient") == 2 * 1000 * 64 * 4
+
+
+def test_byte_counts_equal_what_jax_allocates():
+  import jax
+  from flax import nnx
+
+  from astra_jax import optim, sharding, train
+  c = small_config(labels=1001, model=4)
+  p = plan.plan_config(c, "h100-80gb")
+  encoder = train.build_encoder(c, vocab_size=8005, pad_id=0, seed=0)
+  _, params = nnx.split(encoder, nnx.Param)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  assert nbytes(params) == item(p, "encoder parameters")
+  adam = optim.encoder_optimizer(c.optim, total_steps=100).init(params)
+  # Adam's m and v, plus two int32 step counters (Adam's and the schedule's).
+  assert nbytes(adam) == item(p, "Adam m, v") + 8
+  mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)
+  w = jax.numpy.zeros((sharding.padded_rows(1001, mesh), 64), jax.numpy.float32)
+  placed, _ = sharding.shard_params({"encoder": params, "classifier": w}, {}, mesh)
+  shards = placed["classifier"].addressable_shards
+  assert len(shards) == 8 and all(s.data.nbytes == item(p, "W shard") for s in shards)
+
+
+def test_activation_plan_covers_what_xla_keeps():
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from astra_jax import train
+  c = config_base.base_config()  # the tiny BERT: hidden 64, 2 layers x 2 heads, ffn 128
+  c.data.max_len = 48
+  encoder = train.build_encoder(c, vocab_size=1000, pad_id=0, seed=0)
+  graphdef, params = nnx.split(encoder, nnx.Param)
+
+  def loss(p, ids, key):
+    return (train.encode(graphdef, p, ids, key)[0] ** 2).sum()
+
+  ids = jnp.ones((32, 48), jnp.int32)
+  compiled = jax.jit(jax.grad(loss)).lower(params, ids, jax.random.key(0)).compile()
+  xla = compiled.memory_analysis().temp_size_in_bytes
+  planned, _ = plan.activation_bytes(plan.encoder_shape(c)[0], 32, 48)
+  assert xla <= planned <= 2 * xla, (planned, xla)
+
+
+def test_suggestions_when_it_does_not_fit():
+  c = load_config("experiments/ss120m.py")
+  p = plan.plan_config(c, "v100-32gb", mesh="1x1")
+  assert not p.fits
+  assert any("--mesh=1x" in s or "--num_gpus" in s for s in p.suggestions), p.suggestions
+  # The per-shard negatives follow the mesh: 1,600 random per query on one shard.
+  assert p.negatives["k_r_per_shard"] == 1600 and p.negatives["k_h_per_shard"] == 240
+
+
+def test_cli_json_without_jax(tmp_path):
+  code = ("import sys; import astra_jax.plan as p; p.define_flags(); sys.argv = ['plan', "
+          "'--config=experiments/ss20m.py', '--gpu=v100-32gb', '--num_gpus=2', '--json']\n"
+          "from absl import app\ntry:\n  app.run(p.main)\nexcept SystemExit:\n  pass\n"
+          "assert 'jax' not in sys.modules, 'the planner imported jax'\n")
+  r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                     timeout=120, env={**os.environ, "ASTRA_MODELS_DIR": str(tmp_path)})
+  assert r.returncode == 0, r.stderr[-2000:]
+  out = json.loads(r.stdout)
+  assert out["mesh"] == {"data": 1, "model": 2, "devices": 2}
+  assert out["data"]["num_labels"] == 19_049_952 and out["fits"]
+  assert out["negatives"]["k_h_per_shard"] == 120 and out["negatives"]["k_r_per_shard"] == 800
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob("experiments/*.py", root_dir=REPO)))
+def test_every_config_loads_and_validates(path):
+  variants = {"experiments/xc_text.py": ["minilm", "tiny"], "experiments/demo.py": [None]}
+  for variant in variants.get(path, ["", "synthetic"]):
+    c = load_config(path, variant)
+    c.data.dir = c.data.dir or "/some/dir"  # demo.py and xc_text.py leave it to the user
+    config_base.validate(c)
+    if path in PAPER_CONFIGS:
+      assert c.data.dir.startswith("data/") and c.negatives.tau_s == c.negatives.tau_r == 5
+      assert c.train.batch_size % (c.train.grad_accum_steps * c.mesh.data * c.mesh.model) == 0
+      assert c.data.synthetic.enabled == (variant == "synthetic")
+
+
+def test_paper_table_translation():
+  c = load_config("experiments/lf_amazontitles_131k.py")
+  assert (c.train.batch_size, c.negatives.k_h, c.negatives.k_r) == (512, 800, 6400)
+  assert c.negatives.k_p == 7
+  assert c.optim.classifier_lr == pytest.approx(0.05 * 512)
+  assert (c.data.max_len, c.data.propensity_A, c.data.propensity_B) == (32, 0.6, 2.6)
+  c.mesh.model = 4                     # per-shard negatives keep the per-query totals
+  assert (c.negatives.k_h, c.negatives.k_r) == (200, 1600)
+  c.train.batch_size = 128             # the classifier's per-example step is kept
+  assert c.optim.classifier_lr == pytest.approx(0.05 * 128)
+  c.encoder.hf_dir = "/elsewhere"      # the tokenizer follows the encoder
+  assert c.data.tokenizer_dir == "/elsewhere"
+  w = load_config("experiments/lf_wikipedia_500k.py")
+  assert (w.data.max_len, w.data.propensity_A, w.data.propensity_B) == (256, 0.5, 0.4)
+  assert w.data.use_content
+  s = load_config("experiments/ss20m.py")
+  assert (s.encoder.bottleneck_dim, s.mesh.model, s.train.grad_accum_steps) == (64, 2, 2)
+  assert (s.data.propensity_A, s.data.propensity_B) == (0.55, 1.5)
+  with pytest.raises(ValueError, match="use a scale of at least"):
+    load_config("experiments/ss20m.py", "synthetic,1e-6")
+  with pytest.raises(ValueError, match="variants are"):
+    load_config("experiments/ss20m.py", "tiny")
+
+
+def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
+  missing = tmp_path / "SS-20M"
+  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/ss20m.py",
+                      f"--config.data.dir={missing}", f"--workdir={tmp_path / 'wd'}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode != 0
+  lines = [l for l in r.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, r.stderr
+  msg = lines[0]
+  assert msg.startswith("error: no dataset found in") and str(missing) in msg
+  for name in ("trn_X_Y.txt", "tst_X_Y.txt", "trn_X.txt", "trn.json.gz",
+               "python -m astra_jax.main --config=experiments/ss20m.py:synthetic"):
+    assert name in msg, name
+
+
+def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
+  from astra_jax import train
+  c = load_config("experiments/ss20m.py", "synthetic,2e-5")
+  assert (c.data.synthetic.num_labels, c.data.synthetic.num_train) == (381, 2924)
+  assert c.data.synthetic.mean_labels == 26.0 and c.encoder.bottleneck_dim == 64
+  c.data.dir = str(tmp_path / "data")
+  # Smaller than the variant allows at SS-20M's batch of 2,048, to stay fast: 1,200 queries
+  # + 381 label texts in 6 steps of 256 per epoch.
+  c.data.synthetic.num_train, c.train.batch_size = 1200, 256
+  c.train.epochs, c.train.profile_steps, c.train.eval_every_epochs = 2, 0, 0
+  c.negatives.tau_s = c.negatives.tau_r = 1   # one refresh, so hard negatives are used
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert (r["num_labels"], r["num_train"], r["num_train_with_label_texts"]) == (381, 1200, 1581)
+  assert [e["hard"] for e in r["negatives"]["per_epoch"]] == [0, c.negatives.k_h]
+  assert r["steps"] == 2 * 6 and np.isfinite(r["P@1"]) and r["P@1"] > 0

@@ -1,0 +1,54 @@
+"""prepare: a zipped or unpacked download -> a data directory training reads, resumably."""
+import os
+import subprocess
+import sys
+import zipfile
+
+from astra_jax import config_base, prepare
+from astra_jax.data import dataset
+
+from test_dataset import _json_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _data_cfg(tok):
+  c = config_base.base_config()
+  c.data.tokenizer_dir, c.data.max_len = tok, 6
+  return c.data
+
+
+def test_zip_download_to_a_data_directory_and_resume(tmp_path):
+  tok = _json_dataset(tmp_path / "LF-Tiny")
+  (tmp_path / "LF-Tiny" / "tst_filter_labels.txt").write_text("0 0\n")
+  zpath = tmp_path / "LF-Tiny.raw.zip"
+  with zipfile.ZipFile(zpath, "w") as z:  # the download's files below a top directory
+    for name in ("trn.json.gz", "tst.json.gz", "lbl.json.gz", "tst_filter_labels.txt"):
+      z.write(tmp_path / "LF-Tiny" / name, f"LF-Tiny/{name}")
+  out = tmp_path / "data" / "LF-Tiny"
+  data = prepare.prepare(str(zpath), str(out), _data_cfg(tok))
+  assert data.num_labels == 4 and data.num_train_original == 3 and len(data.test_filter) == 1
+  cache = out / "astra_cache"
+  built = {p: os.path.getmtime(cache / p) for p in os.listdir(cache) if p.endswith(".npy")}
+  assert sorted(built) == ["lbl.L6.tokens.npy", "trn.L6.tokens.npy", "tst.L6.tokens.npy"]
+  # Again: nothing extracted or tokenized anew.
+  before = os.path.getmtime(out / "trn.json.gz")
+  prepare.prepare(str(zpath), str(out), _data_cfg(tok))
+  assert os.path.getmtime(out / "trn.json.gz") == before
+  assert {p: os.path.getmtime(cache / p) for p in built} == built
+  # Training reads the directory as it is.
+  c = _data_cfg(tok)
+  c.dir = str(out)
+  assert dataset.load(c).num_labels == 4
+
+
+def test_directory_download_is_linked_and_cli_summarises(tmp_path):
+  tok = _json_dataset(tmp_path / "dl")
+  out = tmp_path / "out"
+  r = subprocess.run([sys.executable, "-m", "astra_jax.prepare", f"--src={tmp_path / 'dl'}",
+                      f"--out={out}", f"--tokenizer={tok}", "--max_len=6"],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert os.path.islink(out / "trn.json.gz")
+  assert "L = 4 labels, 3 training rows, 2 test rows, label texts: yes" in r.stdout
+  assert "trn.L6: 3 rows x 6 tokens" in r.stdout
