@@ -288,7 +288,8 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                    R * d * 4 + 4096 * R * 4 * 2, "W shard + 2 x 4096 x rows x 4")]
   worker += [
       Item("W snapshot (loaded)", R * d * 4, "W shard"),
-      Item(f"mined hard negatives ({rows:,} x {k_h} int32)", rows * k_h * 4, "N x k_h x 4"),
+      Item(f"mined hard negatives ({rows:,} x {k_h} int32)", rows * k_h * 4, "N x k_h x 4",
+           paged=True),
   ]
   trainer = [Item(f"hard negatives in use ({rows:,} x {M * k_h} int32)",
                   rows * M * k_h * 4, "N x (model x k_h) x 4", paged=True),

@@ -6,7 +6,7 @@ import pytest
 
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job,
+from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
                                          save_labels)
 from astra_jax.negatives.schedule import NegativeSchedule
 
@@ -140,3 +140,28 @@ def test_failing_worker_is_reported_and_writes_nothing(tmp_path, fault, message)
     worker.wait()
   assert not os.path.exists(job.out_path)
   assert not [f for f in os.listdir(tmp_path) if f.startswith("out")]
+
+
+def test_one_index_per_shard_equals_brute_force_per_shard(tmp_path):
+  # Shards [0, 700) and [700, 2000) of W, plus a process that holds only the second one
+  # (its vectors file has those rows alone).
+  job = _job_inputs(tmp_path)
+  w = np.load(job.vectors_path)
+  q = np.load(job.queries_path)
+  labels = load_labels(job.labels_path)
+  job.shards = [[0, 700], [700, 2000]]
+  run_job(job)
+  got = np.load(job.out_path)
+  assert got.shape == (500, 16)
+  for s, (lo, hi) in enumerate(job.shards):
+    scores = q @ w[lo:hi].T
+    for i in range(0, 500, 37):
+      pos = set(labels.indices[labels.indptr[i]:labels.indptr[i + 1]])
+      ranked = [lo + l for l in np.argsort(-scores[i], kind="stable") if lo + l not in pos][:8]
+      assert set(got[i, 8 * s:8 * (s + 1)]) == set(ranked)
+  np.save(tmp_path / "w1.npy", w[700:])
+  local = RefreshJob(**{**job.__dict__, "vectors_path": str(tmp_path / "w1.npy"),
+                        "shards": [[700, 2000]], "out_path": str(tmp_path / "local.npy")})
+  run_job(local)
+  np.testing.assert_array_equal(np.load(local.out_path), got[:, 8:])
+  assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # nothing half written

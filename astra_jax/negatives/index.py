@@ -100,14 +100,15 @@ def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: Sparse
 
 
 def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: int,
-         batch: int = 65536, offset: int = 0) -> np.ndarray:
+         batch: int = 65536, offset: int = 0, out: np.ndarray | None = None) -> np.ndarray:
   """Each query's k top-scoring labels that are not its positives, (N, k) int32.
 
   The index holds `num_labels` rows whose global label ids start at `offset` (one shard of
   W). Retrieves k + (the row's positives, capped) candidates; rows left short (many
-  positives among the top) are searched again with a larger k."""
+  positives among the top) are searched again with a larger k. out: an (N, k) array to fill
+  (e.g. a column block of a memmap, so N x k never has to fit in RAM)."""
   n = len(queries)
-  out = np.full((n, k), -1, np.int32)
+  out = np.full((n, k), -1, np.int32) if out is None else out
   lengths = positives.row_lengths()
   for s in range(0, n, batch):
     rows = np.arange(s, min(s + batch, n))

@@ -69,35 +69,56 @@ def run_job(job: RefreshJob) -> dict:
   queries = np.load(job.queries_path, mmap_mode="r")
   labels = load_labels(job.labels_path)
   shards = job.shards or [[0, len(vectors)]]
-  blocks, recalls, build_s, search_s = [], [], 0.0, 0.0
-  rng = np.random.default_rng(job.seed)
-  sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
+  recalls, times = [], [0.0, 0.0]  # build, search seconds
   starts = np.cumsum([0] + [hi - lo for lo, hi in shards])
   if starts[-1] != len(vectors):
     raise ValueError(f"{job.vectors_path}: {len(vectors)} rows, the shards need {starts[-1]}")
-  for (lo, hi), start in zip(shards, starts):
-    rows = np.asarray(vectors[start:start + hi - lo])
-    t0 = time.time()
-    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs)
-    t1 = time.time()
-    blocks.append(index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo))
-    t2 = time.time()
-    build_s, search_s = build_s + t1 - t0, search_s + t2 - t1
-    if isinstance(index, index_lib.ExactIndex):
-      recalls.append(1.0)
-    elif job.recall_sample > 0:
-      recalls.append(index_lib.recall_at_k(index, index_lib.ExactIndex(rows), queries[sample],
-                                           min(job.k, len(rows))))
-    del index
-  negatives = np.concatenate(blocks, axis=1)
+  # Written block by block into a memmap (N x S k can exceed RAM at 1e8 queries), then
+  # flushed and renamed: a reader never sees a partial file.
+  tmp = f"{job.out_path}.tmp-{os.getpid()}.npy"
+  negatives = np.lib.format.open_memmap(tmp, "w+", np.int32,
+                                        (len(queries), len(shards) * job.k))
+  rng = np.random.default_rng(job.seed)
+  sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
+  try:
+    _mine_shards(job, vectors, queries, labels, shards, starts, negatives, sample, recalls,
+                 times)
+  except BaseException:
+    del negatives
+    os.remove(tmp)
+    raise
+  build_s, search_s = times
+  negatives.flush()
+  del negatives
+  os.replace(tmp, job.out_path)
   recall = round(float(np.mean(recalls)), 4) if recalls else None
-  index_lib.save_atomic(job.out_path, negatives)
   stats = {"epoch": job.epoch, "build_s": round(build_s, 3), "search_s": round(search_s, 3),
            "recall": recall, "num_queries": len(queries), "num_labels": len(vectors),
            "num_shards": len(shards)}
   with atomic_text_writer(job.stats_path) as f:
     json.dump(stats, f)
   return stats
+
+
+def _mine_shards(job, vectors, queries, labels, shards, starts, negatives, sample, recalls,
+                 times) -> None:
+  """One index per shard, built one after the other; block s of `negatives` from shard s."""
+  for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
+    rows = np.asarray(vectors[start:start + hi - lo])
+    t0 = time.time()
+    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs)
+    t1 = time.time()
+    index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo,
+                   out=negatives[:, s * job.k:(s + 1) * job.k])
+    t2 = time.time()
+    times[0] += t1 - t0
+    times[1] += t2 - t1
+    if isinstance(index, index_lib.ExactIndex):
+      recalls.append(1.0)
+    elif job.recall_sample > 0:
+      recalls.append(index_lib.recall_at_k(index, index_lib.ExactIndex(rows), queries[sample],
+                                           min(job.k, len(rows))))
+    del index
 
 
 class RefreshFailed(RuntimeError):
