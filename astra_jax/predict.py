@@ -29,7 +29,10 @@ from astra_jax.data import tokenize
 from astra_jax.errors import InputError
 
 # Batch sizes the encoder is compiled for: a call pads its texts to the next one (bigger
-# calls go in chunks of the last), so a server compiles at most len(_BUCKETS) shapes.
+# calls go in chunks of the last). Sequence lengths likewise go up in powers of two to
+# max_len (`seq_buckets`): a short query does not pay for max_len positions, and padding
+# is masked out of attention and pooling, so the embedding is the same up to rounding.
+# A server compiles at most len(_BUCKETS) x len(seq_buckets) encoder shapes.
 _BUCKETS = (1, 4, 16, 64, 256)
 # Characters of a text kept before tokenizing. A max_len of at most 512 tokens is reached
 # long before this (a token would have to average 195 characters), so the cut only bounds
@@ -89,6 +92,11 @@ def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int
 
 def _bucket(n: int) -> int:
   return next(b for b in _BUCKETS if b >= n)
+
+
+def seq_buckets(max_len: int) -> tuple[int, ...]:
+  return tuple(sorted({min(2 ** i, max_len) for i in range(3, max_len.bit_length() + 1)}
+                      | {max_len}))
 
 
 def _chunks(n: int):
@@ -164,8 +172,9 @@ class Predictor:
     out = p.predict(["some query", ...], k=10)            # out.ids, out.labels, out.scores
 
   Texts are tokenized exactly as training did (the exported tokenizer, truncation to the
-  trained max_len, padding to max_len) and encoded without dropout. `timings` holds the
-  last call's seconds: tokenize, encode (to host embeddings), search.
+  trained max_len, padding) and encoded without dropout, padding columns beyond a batch's
+  longest row cut to a sequence bucket. `timings` holds the last call's seconds:
+  tokenize, encode (to host embeddings), search.
   """
 
   def __init__(self, model: export.Model, index: str = "scann", scann_knobs: dict | None = None,
@@ -174,6 +183,9 @@ class Predictor:
     self.tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
     graphdef = model.graphdef
     self._embed = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
+    # Cutting columns off is only padding removal when the tokenizer pads on the right.
+    right = getattr(self.tokenizer, "padding_side", "right") == "right"
+    self.seq_buckets = seq_buckets(model.max_len) if right else (model.max_len,)
     self.num_labels = len(model.classifier)
     if index == "exact":
       self.index = ExactLabels(model.classifier)
@@ -210,15 +222,20 @@ class Predictor:
     """E(x) (n, d) float32 for token rows, in bucket-sized padded batches."""
     out = np.empty((len(tokens), self.model.encoder_cfg.embed_dim), np.float32)
     for start, end in _chunks(len(tokens)):
-      ids = _pad_rows(np.asarray(tokens[start:end], np.int32), _bucket(end - start))
+      ids = np.asarray(tokens[start:end], np.int32)
+      longest = int((ids != self.model.pad_id).sum(1).max())
+      ids = ids[:, :next(t for t in self.seq_buckets if t >= longest)]
+      ids = _pad_rows(ids, _bucket(end - start))
       out[start:end] = np.asarray(self._embed(self.model.encoder_params, ids))[:end - start]
     return out
 
   def warmup(self, k: int = 10) -> None:
     """Compiles every bucket's encoder (and exact search) shape."""
     for b in _BUCKETS:
-      tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
-      self.index.search(self.encode(tokens), k)
+      for t in self.seq_buckets:
+        tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
+        tokens[:, :t] = self.model.pad_id + 1  # a batch whose longest row has t tokens
+        self.index.search(self.encode(tokens), k)
 
   def predict(self, texts: Sequence[str | bytes], k: int = 10) -> Predictions:
     """Top-k labels for each text; bad inputs (empty, invalid UTF-8) get an error in their

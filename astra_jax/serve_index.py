@@ -43,7 +43,7 @@ def serving_params(num_rows: int, k: int = 10, num_leaves: int = 0, leaves_to_se
   leaves, 1.1 with SOAR and 0.35 with AVQ + SOAR; AVQ eta 0.5 or 2 did worse than 1. On
   1e6 rows (d=64, groups of 8, queries near 1-3 rows) AVQ + SOAR searching 200 / 400 of
   2000 leaves took 0.41 / 0.76 ms per query for recall@10 0.945 / 0.982 (plain: 0.85 /
-  0.92), at a 25% longer build; re-ranking more than 200 added nothing."""
+  0.92), at a 20-30% longer build; re-ranking more than 200 added nothing."""
   leaves = num_leaves or int(min(max(2 * math.sqrt(num_rows), 16), 20000))
   search = leaves_to_search or max(min(leaves, 64), leaves // 5)
   return ScannParams(leaves, min(search, leaves), reorder or max(10 * k, 200),

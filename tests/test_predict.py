@@ -94,6 +94,7 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   w = np.load(os.path.join(wd, "model", "classifier.npy")).astype(np.float64)
   dense = emb @ w.T
   want = np.argsort(-dense, axis=1, kind="stable")[:, :5]
+  assert exact.seq_buckets == (8, 16, 24)  # the encoder sees 16 or 24 columns here
   got = exact.predict(texts, k=5)
   np.testing.assert_array_equal(got.ids, want)
   np.testing.assert_allclose(got.scores, np.take_along_axis(dense, want, 1), rtol=1e-4, atol=1e-4)
