@@ -150,6 +150,16 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
   np.testing.assert_allclose(s, es, rtol=1e-5, atol=1e-5)
 
 
+def test_scann_build_is_deterministic(trained, exact):
+  from astra_jax.negatives.index import ScannIndex
+  from astra_jax.serve_index import serving_params
+  w = np.load(os.path.join(trained[0], "model", "classifier.npy"))
+  emb = exact.encode(exact.to_tokens(_test_texts(trained[1], 100))[0])
+  params = serving_params(len(w), leaves_to_search=3)
+  a, b = ScannIndex(w, 10, params).search(emb, 10), ScannIndex(w, 10, params).search(emb, 10)
+  np.testing.assert_array_equal(a, b)
+
+
 def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
   good = ["pesi zeka rode", "lelu bemuti kimo"]
   long = " ".join(["pesi zeka rode"] * 5000)
