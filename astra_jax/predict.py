@@ -1,13 +1,43 @@
-"""Exact top-k prediction in bounded memory: scores are computed one (query block x label
-block) tile at a time and merged into a running top-k, so memory is O(qb x (lb + k)),
-never O(n x L)."""
+"""Prediction: top-k labels by <w_l, E(x)>.
+
+  topk           exact blocked top-k in bounded memory (training's evaluation uses it)
+  ExactLabels    the same kernel with W resident on the device, for serving
+  Predictor      a trained model (WORKDIR/model, see export.py) -> predict(texts, k)
+  command line   python -m astra_jax.predict --workdir=DIR [--input=FILE] [--k=10] [--exact]
+                 writes one JSON object per input line (reads stdin without --input)
+
+Exact top-k computes scores one (query block x label block) tile at a time and merges them
+into a running top-k, so memory is O(qb x (lb + k)), never O(n x L).
+"""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
+import sys
+import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
+from flax import nnx
+
+from astra_jax import export, serve_index
+from astra_jax.data import tokenize
+from astra_jax.errors import InputError
+
+# Batch sizes the encoder is compiled for: a call pads its texts to the next one (bigger
+# calls go in chunks of the last). Sequence lengths likewise go up in powers of two to
+# max_len (`seq_buckets`): a short query does not pay for max_len positions, and padding
+# is masked out of attention and pooling, so the embedding is the same up to rounding.
+# A server compiles at most len(_BUCKETS) x len(seq_buckets) encoder shapes.
+_BUCKETS = (1, 4, 16, 64, 256)
+# Characters of a text kept before tokenizing. A max_len of at most 512 tokens is reached
+# long before this (a token would have to average 195 characters), so the cut only bounds
+# the tokenizer's work on absurd inputs; the tokens themselves are truncated to max_len.
+MAX_CHARS = 100_000
 
 
 @functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels"))
@@ -32,15 +62,21 @@ def _topk_block(queries: jax.Array, w_blocks: jax.Array, k: int, label_block: in
   return s, i
 
 
+def _label_blocks(classifier, label_block: int) -> jax.Array:
+  """W (L, d) -> (nb, label_block, d), zero-padded (padded ids are masked in the kernel)."""
+  L, d = classifier.shape
+  nb = -(-L // label_block)
+  w = jnp.pad(jnp.asarray(classifier, jnp.float32), ((0, nb * label_block - L), (0, 0)))
+  return w.reshape(nb, label_block, d)
+
+
 def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int = 1024,
          label_block: int = 32768) -> tuple[np.ndarray, np.ndarray]:
   """Top-k labels by <w_l, e> for every row of `embeddings`: (scores, ids), best first."""
   L, d = classifier.shape
   k = min(k, L)
   label_block = min(label_block, L)
-  nb = -(-L // label_block)
-  w = jnp.pad(jnp.asarray(classifier, jnp.float32), ((0, nb * label_block - L), (0, 0)))
-  w_blocks = w.reshape(nb, label_block, d)
+  w_blocks = _label_blocks(classifier, label_block)
   n = len(embeddings)
   scores = np.empty((n, k), np.float32)
   ids = np.empty((n, k), np.int32)
@@ -52,3 +88,253 @@ def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int
     s, i = _topk_block(jnp.asarray(q), w_blocks, k, label_block, L)
     scores[start:start + m], ids[start:start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids
+
+
+def _bucket(n: int) -> int:
+  return next(b for b in _BUCKETS if b >= n)
+
+
+def seq_buckets(max_len: int) -> tuple[int, ...]:
+  return tuple(sorted({min(2 ** i, max_len) for i in range(3, max_len.bit_length() + 1)}
+                      | {max_len}))
+
+
+def _chunks(n: int):
+  for start in range(0, n, _BUCKETS[-1]):
+    yield start, min(start + _BUCKETS[-1], n)
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+  return np.pad(x, ((0, rows - len(x)),) + ((0, 0),) * (x.ndim - 1))
+
+
+class ExactLabels:
+  """Exact search(embeddings, k) -> (scores, ids) with W kept on the device in label blocks
+  (no per-call copy of W); queries are padded to a bucket size (one compile per bucket)."""
+
+  def __init__(self, classifier: np.ndarray, label_block: int = 32768):
+    self.num_labels = len(classifier)
+    self.label_block = min(label_block, self.num_labels)
+    self.w_blocks = _label_blocks(classifier, self.label_block)
+
+  def search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    k = min(k, self.num_labels)
+    scores, ids = np.empty((len(emb), k), np.float32), np.empty((len(emb), k), np.int32)
+    for start, end in _chunks(len(emb)):
+      q = _pad_rows(np.asarray(emb[start:end], np.float32), _bucket(end - start))
+      s, i = _topk_block(jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels)
+      scores[start:end], ids[start:end] = np.asarray(s)[:end - start], np.asarray(i)[:end - start]
+    return scores, ids
+
+
+@dataclasses.dataclass
+class Predictions:
+  """Row i answers texts[i]. A row with errors[i] set has ids -1 and scores nan."""
+  ids: np.ndarray                    # (n, k) int32, best first
+  scores: np.ndarray                 # (n, k) float32, <w_l, E(x)>
+  labels: list[list[str]] | None     # label texts of ids (None: the model has none)
+  errors: list[str | None]           # why row i has no prediction
+  warnings: list[str | None]         # e.g. the text was truncated
+
+  def record(self, i: int) -> dict:
+    """Row i as a JSON-ready dict: ids, scores[, labels][, warning] or error."""
+    if self.errors[i]:
+      return {"error": self.errors[i]}
+    out = {"ids": self.ids[i].tolist(), "scores": [float(s) for s in self.scores[i]]}
+    if self.labels is not None:
+      out["labels"] = self.labels[i]
+    if self.warnings[i]:
+      out["warning"] = self.warnings[i]
+    return out
+
+
+def check_text(text) -> tuple[str | None, str | None, str | None]:
+  """(text to tokenize or None, error, warning) for one input."""
+  if isinstance(text, (bytes, bytearray)):
+    try:
+      text = bytes(text).decode("utf-8")
+    except UnicodeDecodeError as e:
+      return None, f"not valid UTF-8 ({e.reason} at byte {e.start})", None
+  if not isinstance(text, str):
+    return None, f"expected a string, got {type(text).__name__}", None
+  if not text.strip():
+    return None, "empty query", None
+  if len(text) > MAX_CHARS:
+    return text[:MAX_CHARS], None, f"text cut to its first {MAX_CHARS} characters"
+  return text, None, None
+
+
+class Predictor:
+  """Top-k labels for new texts from a trained model.
+
+    p = Predictor.from_workdir("workdir/demo")            # ScaNN (index built once, cached)
+    p = Predictor.from_workdir("workdir/demo", index="exact")
+    out = p.predict(["some query", ...], k=10)            # out.ids, out.labels, out.scores
+
+  Texts are tokenized exactly as training did (the exported tokenizer, truncation to the
+  trained max_len, padding) and encoded without dropout, padding columns beyond a batch's
+  longest row cut to a sequence bucket. `timings` holds the last call's seconds:
+  tokenize, encode (to host embeddings), search.
+  """
+
+  def __init__(self, model: export.Model, index: str = "scann", scann_knobs: dict | None = None,
+               rebuild_index: bool = False):
+    self.model = model
+    self.tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
+    graphdef = model.graphdef
+    self._embed = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
+    # Cutting columns off is only padding removal when the tokenizer pads on the right.
+    right = getattr(self.tokenizer, "padding_side", "right") == "right"
+    self.seq_buckets = seq_buckets(model.max_len) if right else (model.max_len,)
+    self.num_labels = len(model.classifier)
+    if index == "exact":
+      self.index = ExactLabels(model.classifier)
+    elif index == "scann":
+      params = serve_index.serving_params(self.num_labels, **(scann_knobs or {}))
+      self.index = serve_index.open_scann(model.path, model.model_id, model.classifier, params,
+                                          rebuild_index)
+    else:
+      raise InputError(f"index {index!r}: use scann or exact")
+    self.index_kind = index
+    self.timings: dict[str, float] = {}
+
+  @classmethod
+  def from_workdir(cls, workdir: str, index: str = "scann", **kwargs) -> "Predictor":
+    """Loads WORKDIR/model; export.ModelNotFoundError (naming the path) if there is none."""
+    return cls(export.load_model(workdir), index, **kwargs)
+
+  def to_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int | None]]:
+    """(tokens (n, max_len) int32 as in training, token count before truncation where the
+    text was truncated, else None)."""
+    max_len, pad = self.model.max_len, self.model.pad_id
+    tokens = tokenize.tokenize_texts(texts, self.tokenizer, max_len)
+    lengths: list[int | None] = [None] * len(texts)
+    full = np.flatnonzero(tokens[:, -1] != pad)  # only rows filling max_len can be cut
+    if len(full):
+      enc = self.tokenizer([texts[i] for i in full], truncation=False, verbose=False,
+                           return_attention_mask=False, return_token_type_ids=False)
+      for i, ids in zip(full, enc["input_ids"]):
+        if len(ids) > max_len:
+          lengths[i] = len(ids)
+    return tokens, lengths
+
+  def encode(self, tokens: np.ndarray) -> np.ndarray:
+    """E(x) (n, d) float32 for token rows, in bucket-sized padded batches."""
+    out = np.empty((len(tokens), self.model.encoder_cfg.embed_dim), np.float32)
+    for start, end in _chunks(len(tokens)):
+      ids = np.asarray(tokens[start:end], np.int32)
+      longest = int((ids != self.model.pad_id).sum(1).max())
+      ids = ids[:, :next(t for t in self.seq_buckets if t >= longest)]
+      ids = _pad_rows(ids, _bucket(end - start))
+      out[start:end] = np.asarray(self._embed(self.model.encoder_params, ids))[:end - start]
+    return out
+
+  def warmup(self, k: int = 10) -> None:
+    """Compiles every bucket's encoder (and exact search) shape."""
+    for b in _BUCKETS:
+      for t in self.seq_buckets:
+        tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
+        tokens[:, :t] = self.model.pad_id + 1  # a batch whose longest row has t tokens
+        self.index.search(self.encode(tokens), k)
+
+  def predict(self, texts: Sequence[str | bytes], k: int = 10) -> Predictions:
+    """Top-k labels for each text; bad inputs (empty, invalid UTF-8) get an error in their
+    row and never stop the others."""
+    if isinstance(texts, (str, bytes)):
+      texts = [texts]
+    if k < 1:
+      raise InputError(f"k must be >= 1, got {k}")
+    k = min(k, self.num_labels)
+    n = len(texts)
+    t0 = time.perf_counter()
+    checked = [check_text(t) for t in texts]
+    errors = [e for _, e, _ in checked]
+    warnings = [w for _, _, w in checked]
+    ok = [i for i, (t, _, _) in enumerate(checked) if t is not None]
+    tokens, lengths = self.to_tokens([checked[i][0] for i in ok])
+    for i, length in zip(ok, lengths):
+      if length is not None:
+        cut = f"truncated to the trained max_len of {self.model.max_len} tokens (had {length})"
+        warnings[i] = f"{warnings[i]}; {cut}" if warnings[i] else cut
+    t1 = time.perf_counter()
+    emb = self.encode(tokens)
+    t2 = time.perf_counter()
+    s, i = self.index.search(emb, k)
+    t3 = time.perf_counter()
+    scores, ids = np.full((n, k), np.nan, np.float32), np.full((n, k), -1, np.int32)
+    scores[ok], ids[ok] = s, i
+    labels = None
+    if self.model.label_texts is not None:
+      names = self.model.label_texts
+      labels = [[names[j] for j in row if j >= 0] for row in ids.tolist()]
+    self.timings = {"tokenize_s": t1 - t0, "encode_s": t2 - t1, "search_s": t3 - t2}
+    return Predictions(ids, scores, labels, errors, warnings)
+
+
+# ---------------------------------------------------------------------------- command line
+def _lines(f, batch_size: int):
+  """Batches of (1-based line number, raw bytes without the line ending)."""
+  batch = []
+  for lineno, raw in enumerate(f, 1):
+    batch.append((lineno, raw.rstrip(b"\n").rstrip(b"\r")))
+    if len(batch) == batch_size:
+      yield batch
+      batch = []
+  if batch:
+    yield batch
+
+
+def run(predictor: Predictor, infile, outfile, k: int, batch_size: int = 256) -> dict:
+  """Predicts every line of the binary stream `infile`; writes one JSON object per line
+  ({"line", "ids", "scores"[, "labels"][, "warning"]} or {"line", "error"}) to the binary
+  stream `outfile`. Returns counts."""
+  counts = {"lines": 0, "errors": 0, "warnings": 0}
+  for batch in _lines(infile, batch_size):
+    pred = predictor.predict([raw for _, raw in batch], k)
+    for j, (lineno, _) in enumerate(batch):
+      rec = {"line": lineno, **pred.record(j)}
+      counts["errors"] += "error" in rec
+      counts["warnings"] += "warning" in rec
+      outfile.write(json.dumps(rec, ensure_ascii=False).encode("utf-8") + b"\n")
+    counts["lines"] += len(batch)
+    outfile.flush()
+  return counts
+
+
+def main(argv) -> None:
+  from absl import flags
+  F = flags.FLAGS
+  if len(argv) > 1:
+    sys.exit(f"unexpected arguments: {argv[1:]}")
+  if F.k < 1 or F.batch_size < 1:
+    sys.exit("error: --k and --batch_size must be >= 1")
+  try:
+    predictor = Predictor.from_workdir(F.workdir, "exact" if F.exact else "scann",
+                                       rebuild_index=F.rebuild_index)
+    infile = open(F.input, "rb") if F.input else sys.stdin.buffer
+    outfile = open(F.output, "wb") if F.output else sys.stdout.buffer
+  except (InputError, OSError) as e:
+    sys.exit(f"error: {e}")
+  with infile, outfile:
+    counts = run(predictor, infile, outfile, F.k, F.batch_size)
+  logging.info("%d lines: %d errors, %d warnings (%s index)", counts["lines"], counts["errors"],
+               counts["warnings"], predictor.index_kind)
+
+
+def _define_flags() -> None:
+  # Defined only when run as a program: train.py imports this module next to main.py's flags.
+  from absl import flags
+  flags.DEFINE_string("workdir", None, "a training workdir holding model/")
+  flags.DEFINE_string("input", None, "queries, one per line (default: stdin)")
+  flags.DEFINE_string("output", None, "where the JSON lines go (default: stdout)")
+  flags.DEFINE_integer("k", 10, "labels per query")
+  flags.DEFINE_bool("exact", False, "exact search over all of W instead of ScaNN")
+  flags.DEFINE_integer("batch_size", 256, "lines per prediction call")
+  flags.DEFINE_bool("rebuild_index", False, "rebuild the cached ScaNN index")
+  flags.mark_flags_as_required(["workdir"])
+
+
+if __name__ == "__main__":
+  from absl import app
+  _define_flags()
+  app.run(main)

@@ -27,6 +27,7 @@ from astra_jax import (checkpoint, config_base, distributed, loss, loss_scale, m
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
+from astra_jax.export import save_trained_model
 from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
@@ -559,6 +560,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   hard_negatives.finish()
   final = evaluate_model(embed_fn, params, data, config, inv_prop)
+  save_trained_model(workdir, config, encoder.cfg, params, data, final)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
   baseline = popularity_baseline(data, config, inv_prop)

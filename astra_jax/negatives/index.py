@@ -42,6 +42,10 @@ class ScannParams:
   num_leaves_to_search: int
   reorder: int
   training_sample_size: int
+  # Partitioner options for maximum inner product (None: off): anisotropic centres (AVQ)
+  # and SOAR spilling (each row also in a second, orthogonality-amplified leaf).
+  avq: float | None = None
+  soar_lambda: float | None = None
 
 
 def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search: int = 0,
@@ -67,7 +71,9 @@ class ScannIndex:
                      .tree(num_leaves=params.num_leaves,
                            num_leaves_to_search=params.num_leaves_to_search,
                            training_sample_size=params.training_sample_size,
-                           random_init=False)  # deterministic: same inputs, same negatives
+                           random_init=False,  # deterministic: same inputs, same negatives
+                           avq=params.avq, soar_lambda=params.soar_lambda,
+                           overretrieve_factor=2.0 if params.soar_lambda else None)
                      .score_ah(2, anisotropic_quantization_threshold=0.2)
                      .reorder(params.reorder).build())
 
@@ -76,6 +82,21 @@ class ScannIndex:
         np.ascontiguousarray(queries, np.float32), final_num_neighbors=k,
         pre_reorder_num_neighbors=max(self.params.reorder, k))
     return ids.astype(np.int32)
+
+  def save(self, path: str) -> None:
+    """ScaNN's own serialization into the directory `path`, with asset paths relative to
+    it so that the directory can be renamed into place afterwards."""
+    os.makedirs(path, exist_ok=True)
+    self.searcher.serialize(path, relative_path=True)
+
+  @classmethod
+  def load(cls, path: str, params: ScannParams) -> "ScannIndex":
+    """An index `save` wrote; `params` are the knobs it was built with."""
+    import scann
+    index = cls.__new__(cls)
+    index.params = params
+    index.searcher = scann.scann_ops_pybind.load_searcher(path, assets_backcompat_shim=False)
+    return index
 
 
 def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None):
