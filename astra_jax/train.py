@@ -436,11 +436,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   def save(epoch, step, metrics=None, wait=False):
     """A checkpoint that resumes at (epoch, step); step 0 = before start_epoch(epoch)."""
     nonlocal last_save
-    ckpt.save(global_step, params, opt_state, {
+    progress = {
         "epoch": epoch, "step": step, "global_step": global_step,
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
         "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
-        "hard_negatives": hard_negatives.state_dict()}, metrics)
+        "hard_negatives": hard_negatives.state_dict()}
+    # A copy: the save is asynchronous and the loop goes on appending to these lists.
+    ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
     if wait:
       ckpt.wait()
     last_save = time.time()

@@ -123,8 +123,11 @@ class HardNegatives:
           mine, self.shard_ids, self.num_shards)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None:
-      path = self._paths(self.collect_for)["queries"] + ".partial"
+      done = self._paths(self.collect_for)["queries"]
+      path = done + ".partial"
       self.filled = np.zeros(self.num_rows, bool)
+      if resumed_rows is not None and not os.path.exists(path) and os.path.exists(done):
+        os.replace(done, path)  # the interrupted run had finished this epoch's collection
       if resumed_rows is not None and os.path.exists(path):
         self.queries = np.lib.format.open_memmap(path, "r+")
         self.filled[resumed_rows] = True
