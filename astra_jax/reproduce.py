@@ -1,0 +1,416 @@
+r"""Regenerates the paper's tables (and fig:ttvsperf) with our numbers beside the paper's.
+
+  python -m astra_jax.reproduce --table=NAME [--workdir=workdir/reproduce] [--scale=0.01]
+      [--out=docs/results] [--epochs=15]
+
+NAME: rq3 (negative-sampling ablation), timebreakup, memory, tau_s_ablation,
+tau_r_ablation, ratio_ablation, ttvsperf (PNG), or all_cpu (the tables docs/results.md
+holds). Each run writes WORKDIR/<run>/results.json; a run whose results.json exists is
+reused, so rerunning a command only tabulates. Writes OUT/<table>.md and OUT/<table>.csv.
+Training tables run a reduced-scale synthetic stand-in of a paper dataset (the paper's
+column is the real dataset); timebreakup and memory time the L-dependent classifier step
+(astra_jax/classifier_bench.py).
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import io
+import json
+import os
+import sys
+from typing import Callable
+
+# --- the paper's numbers (astra.tex) -----------------------------------------------------
+
+# tab:rq3, LF-AmazonTitles-131K column: strategy -> (P@1, P@5).
+PAPER_RQ3 = {"random": (44.57, 21.83), "e_hard": (41.98, 19.07),
+             "random+e_hard": (45.55, 21.55), "w_hard": (41.74, 20.79),
+             "curriculum": (45.83, 21.58), "random+w_hard": (46.20, 21.95)}
+# tab:tau_s_ablation / tab:tau_r_ablation, LF-Amazon-131K column: value -> (P@1, P@5).
+PAPER_TAU_S = {5: (47.13, 22.35), 10: (46.29, 21.96), 20: (46.24, 21.97)}
+PAPER_TAU_R = {5: (47.13, 22.35), 10: (46.28, 21.95), 20: (46.02, 21.84)}
+# tab:ratio_ablation, LF-AmazonTitles-131K column: (k_h, k_r) per GPU -> (P@1, P@5).
+PAPER_RATIO = {(50, 400): (46.20, 21.95), (50, 300): (46.25, 21.92), (50, 200): (46.23, 21.89),
+               (50, 100): (46.17, 21.79), (30, 400): (46.15, 21.91), (30, 100): (46.12, 21.75),
+               (20, 400): (46.10, 21.92), (20, 300): (46.12, 21.89)}
+# tab:timebreakup: (dataset, L) -> {row: (Renee ms, ASTRA ms)}; None = N/A.
+PAPER_TIME = {
+    ("LFAT-131K", 131_073): {"data_prep": (0.1, 0.2), "host_to_device": (0.3, 0.3),
+                             "encoder_forward": (14.3, 14.2), "clf_forward": (0.6, 1.3),
+                             "loss": (None, 0.3), "backward_update": (20.4, 21.9),
+                             "sum": (35.4, 38.2)},
+    ("LFAT-1.3M", 1_305_265): {"data_prep": (0.1, 0.2), "host_to_device": (0.3, 0.3),
+                               "encoder_forward": (14.4, 14.4), "clf_forward": (5.4, 1.4),
+                               "loss": (None, 0.3), "backward_update": (39.6, 31.6),
+                               "sum": (98.3, 48.1)},
+    ("SS-20M", 19_049_952): {"data_prep": (0.1, 0.2), "host_to_device": (0.3, 0.3),
+                             "encoder_forward": (14.3, 14.5), "clf_forward": (76.8, 1.6),
+                             "loss": (None, 0.3), "backward_update": (183.3, 32.2),
+                             "sum": (274.8, 49.1)}}
+# tab:memory, GPU MB: dataset -> (L, Renee, ASTRA, the paper's reduction).
+PAPER_MEMORY = {"LF-AmazonTitles-131K": (131_073, 128.00, 2.06, 62.2),
+                "LF-Amazon-131K": (131_073, 128.00, 1.91, 67.1),
+                "Amazon-670K": (670_091, 327.19, 3.57, 91.6),
+                "LF-AmazonTitles-1.3M": (1_305_265, 2549.35, 3.81, 668.7),
+                "Amazon-3M": (2_812_281, 1373.18, 3.91, 351.5)}
+
+STAND_IN = "experiments/lf_amazontitles_131k.py"
+TAU_STAND_IN = "experiments/lf_amazon_131k.py"
+BENCH_LABELS = (10_000, 100_000, 1_000_000)
+ABLATION = ("random", "e_hard", "random+e_hard", "w_hard", "curriculum", "random+w_hard")
+NEEDS_GPUS = {  # tables with the real datasets' accuracy and wall-clock speed-ups
+    "rq1": "python -m astra_jax.main --config=experiments/ss20m.py (and ss120m.py) "
+           "--workdir=workdir/ss20m",
+    "rq2_table_1": "python -m astra_jax.main --config=experiments/lf_amazontitles_131k.py "
+                   "(lf_amazon_131k.py, lf_wikipedia_500k.py, lf_amazontitles_1_3m.py) "
+                   "--workdir=workdir/NAME, with --config.negatives.strategy=full for Renee"}
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One training run (config file + variant + overrides) or one classifier benchmark."""
+  name: str
+  config_file: str = ""
+  variant: str = ""
+  overrides: tuple[tuple[str, object], ...] = ()
+  bench: tuple[str, int] | None = None  # (method, L)
+
+  def execute(self, workdir: str) -> dict:
+    if self.bench is not None:
+      from astra_jax import classifier_bench
+      return classifier_bench.measure(*self.bench)
+    from astra_jax import train
+    return train.train_and_evaluate(self.config(), workdir)
+
+  def config(self):
+    spec = importlib.util.spec_from_file_location("_astra_experiment", self.config_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config(self.variant)
+    for key, value in self.overrides:
+      *path, leaf = key.split(".")
+      node = c
+      for p in path:
+        node = node[p]
+      node[leaf] = value
+    return c
+
+
+def run_dir(root: str, run: Run) -> str:
+  return os.path.join(root, run.name.replace("+", "_"))
+
+
+def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict:
+  """results.json of a finished run, else runs it (and writes results.json)."""
+  wd = run_dir(root, run)
+  path = os.path.join(wd, "results.json")
+  if os.path.exists(path):
+    log(f"{run.name}: reusing {path}")
+    with open(path) as f:
+      return json.load(f)
+  log(f"{run.name}: running in {wd}")
+  os.makedirs(wd, exist_ok=True)
+  result = run.execute(wd)
+  if run.bench is not None:  # the trainer writes its own results.json
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(result, f, indent=1)
+    os.replace(tmp, path)
+  return result
+
+
+def _train_overrides(epochs: int, **extra) -> tuple:
+  # Same seed and data for every run; per-epoch evaluations feed the P@1-vs-time plot.
+  base = {"train.epochs": epochs, "train.batch_size": 128, "train.eval_every_epochs": 1,
+          "train.seed": 0}
+  return tuple(sorted({**base, **extra}.items()))
+
+
+def ablation_runs(scale: float, epochs: int) -> list[Run]:
+  v = f"synthetic,{scale}"
+  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s}))
+          for s in ABLATION]
+
+
+def plot_runs(scale: float, epochs: int) -> list[Run]:
+  by_name = {r.name: r for r in ablation_runs(scale, epochs)}
+  full = Run("full", STAND_IN, f"synthetic,{scale}",
+             _train_overrides(epochs, **{"negatives.strategy": "full"}))
+  return [by_name["random+w_hard"], full, by_name["random"]]
+
+
+def tau_runs(key: str, scale: float, epochs: int) -> list[Run]:
+  return [Run(f"{key}_{t}", TAU_STAND_IN, f"synthetic,{scale}",
+              _train_overrides(epochs, **{f"negatives.{key}": t})) for t in (5, 10, 20)]
+
+
+def ratio_runs(scale: float, epochs: int) -> list[Run]:
+  """The paper's per-GPU k_h:k_r rows, scaled like the stand-in scales 50:400."""
+  base = Run("base", STAND_IN, f"synthetic,{scale}").config()
+  kh0, kr0 = base.negatives.k_h, base.negatives.k_r
+  return [Run(f"ratio_{kh}_{kr}", STAND_IN, f"synthetic,{scale}",
+              _train_overrides(epochs, **{"negatives.k_h": max(1, round(kh0 * kh / 50)),
+                                          "negatives.k_r": max(1, round(kr0 * kr / 400))}))
+          for kh, kr in PAPER_RATIO]
+
+
+def bench_runs() -> list[Run]:
+  return [Run(f"bench_{m}_L{L}", bench=(m, L)) for L in BENCH_LABELS for m in ("full", "astra")]
+
+
+# --- tabulation: rows of cells (header first) -----------------------------------------------
+
+def _f(x, nd=2) -> str:
+  return "" if x is None else f"{x:.{nd}f}"
+
+
+def tab_rq3(results: dict[str, dict]) -> list[list[str]]:
+  rows = [["strategy", "paper P@1", "paper P@5", "ours P@1", "ours P@5", "ours train s"]]
+  for s in ABLATION:
+    r = results[s]
+    p1, p5 = PAPER_RQ3[s]
+    rows.append([s, _f(p1), _f(p5), _f(r["P@1"]), _f(r["P@5"]), _f(r["train_time_s"], 0)])
+  return rows
+
+
+def tab_tau(results: dict[str, dict], key: str) -> list[list[str]]:
+  paper = PAPER_TAU_S if key == "tau_s" else PAPER_TAU_R
+  rows = [[key, "paper P@1", "paper P@5", "ours P@1", "ours P@5"]]
+  for t, (p1, p5) in paper.items():
+    r = results[f"{key}_{t}"]
+    rows.append([str(t), _f(p1), _f(p5), _f(r["P@1"]), _f(r["P@5"])])
+  return rows
+
+
+def tab_ratio(results: dict[str, dict]) -> list[list[str]]:
+  rows = [["k_h:k_r (paper, per GPU)", "ours k_h:k_r", "paper P@1", "paper P@5", "ours P@1",
+           "ours P@5"]]
+  for (kh, kr), (p1, p5) in PAPER_RATIO.items():
+    r = results[f"ratio_{kh}_{kr}"]
+    n = r["config"]["negatives"]
+    rows.append([f"{kh}:{kr}", f"{n['k_h']}:{n['k_r']}", _f(p1), _f(p5), _f(r["P@1"]),
+                 _f(r["P@5"])])
+  return rows
+
+
+_TIME_ROWS = (("clf_forward", "4. classifier forward"), ("loss", "5. loss"),
+              ("backward_update", "6. backward + update"), ("sum", "sum of 4-6"))
+
+
+def tab_timebreakup(results: dict[str, dict]) -> list[list[str]]:
+  head = ["row"]
+  for L in BENCH_LABELS:
+    head += [f"ours full-L, L={L:.0e}", f"ours ASTRA, L={L:.0e}"]
+  for (ds, L) in PAPER_TIME:
+    head += [f"paper Renee, {ds}", f"paper ASTRA, {ds}"]
+  rows = [head]
+  for key, label in _TIME_ROWS:
+    row = [label]
+    for L in BENCH_LABELS:
+      for m in ("full", "astra"):
+        r = results[f"bench_{m}_L{L}"]
+        if key == "sum":
+          v = r["clf_forward_ms"] + (r["loss_ms"] or 0.0) + r["backward_update_ms"]
+        elif key == "loss" and r["loss_ms"] is None:
+          v = None
+        else:
+          v = r[f"{key}_ms"]
+        row.append("fused in 4" if v is None else _f(v))
+    for rows_paper in PAPER_TIME.values():
+      for v in rows_paper[key]:
+        row.append("N/A" if v is None else _f(v, 1))
+    rows.append(row)
+  return rows
+
+
+def tab_memory(results: dict[str, dict]) -> list[list[str]]:
+  mb = 2.0 ** 20
+  rows = [["L", "ours full-L, dense B x L scores (MB)", "ours full-L, label blocks (MB)",
+           "ours ASTRA (MB)", "reduction vs dense"]]
+  for L in BENCH_LABELS:
+    full, astra = results[f"bench_full_L{L}"], results[f"bench_astra_L{L}"]
+    dense = full["dense_scores_temp_bytes"]
+    rows.append([f"{L:,}", _f(dense / mb), _f(full["temp_bytes"] / mb),
+                 _f(astra["temp_bytes"] / mb), f"{dense / astra['temp_bytes']:.1f}x"])
+  rows.append(["paper (GPU MB, Renee / ASTRA)", "", "", "", ""])
+  for ds, (L, renee, ours, reduction) in PAPER_MEMORY.items():
+    rows.append([f"{ds} (L={L:,})", _f(renee), "", _f(ours), f"{reduction:.1f}x"])
+  return rows
+
+
+def plot_ttvsperf(results: dict[str, dict], path: str) -> list[list[str]]:
+  """P@1 against cumulative training seconds, one line per method; returns the points."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  rows = [["method", "epoch", "train s", "P@1"]]
+  fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+  for name, label in (("random+w_hard", "ASTRA (random + w-hard)"), ("full", "full-L (Renee)"),
+                      ("random", "random")):
+    ev = results[name]["evaluations"]
+    xs, ys = [e["train_time_s"] for e in ev], [e["P@1"] for e in ev]
+    ax.plot(xs, ys, marker=".", label=label)
+    rows += [[name, str(e["epoch"]), _f(e["train_time_s"], 1), _f(e["P@1"])] for e in ev]
+  ax.set_xlabel("training time (s, 2 CPU cores)")
+  ax.set_ylabel("P@1")
+  ax.set_title("LF-AmazonTitles-131K synthetic stand-in")
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return rows
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+  paper_label: str
+  caption: str
+  runs: Callable[[float, int], list[Run]]
+  tabulate: Callable[[dict[str, dict]], list[list[str]]]
+  plot: bool = False
+
+
+_STAND_IN_NOTE = ("Paper column: the real {ds} (V100 GPUs). Ours: its reduced-scale synthetic "
+                  "stand-in (`{cfg}:synthetic,SCALE`: tiny random BERT, CPU), not comparable "
+                  "in absolute value; compare the ordering.")
+_BENCH_NOTE = ("Ours: the L-dependent classifier step alone (d=64, B=256, k_p=7, k_h=50, "
+               "k_r=400, float32, CPU; `astra_jax/classifier_bench.py`) at L = 1e4, 1e5, 1e6. "
+               "Rows 1-3 (data prep, copy to device, encoder forward) do not depend on L and are left "
+               "out. Paper: whole iterations on one V100 for the named datasets.")
+
+TABLES: dict[str, Table] = {
+    "rq3": Table("tab:rq3", "Negative-sampling ablation, the same negatives per query. "
+                 + _STAND_IN_NOTE.format(ds="LF-AmazonTitles-131K", cfg=STAND_IN),
+                 ablation_runs, tab_rq3),
+    "timebreakup": Table("tab:timebreakup", "Iteration-time break-up (ms). " + _BENCH_NOTE,
+                         lambda s, e: bench_runs(), tab_timebreakup),
+    "memory": Table("tab:memory", "Classifier-step memory (XLA's temporary allocation of the "
+                    "compiled step, MB). " + _BENCH_NOTE, lambda s, e: bench_runs(), tab_memory),
+    "tau_s_ablation": Table("tab:tau_s_ablation", "τ_s ablation. " + _STAND_IN_NOTE.format(
+        ds="LF-Amazon-131K", cfg=TAU_STAND_IN), lambda s, e: tau_runs("tau_s", s, e),
+        lambda r: tab_tau(r, "tau_s")),
+    "tau_r_ablation": Table("tab:tau_r_ablation", "τ_r ablation. " + _STAND_IN_NOTE.format(
+        ds="LF-Amazon-131K", cfg=TAU_STAND_IN), lambda s, e: tau_runs("tau_r", s, e),
+        lambda r: tab_tau(r, "tau_r")),
+    "ratio_ablation": Table("tab:ratio_ablation", "k_h:k_r ablation. " + _STAND_IN_NOTE.format(
+        ds="LF-AmazonTitles-131K", cfg=STAND_IN), ratio_runs, tab_ratio),
+    "ttvsperf": Table("fig:ttvsperf", "P@1 against training time (per-epoch evaluations). "
+                      + _STAND_IN_NOTE.format(ds="LF-AmazonTitles-131K", cfg=STAND_IN),
+                      plot_runs, None, plot=True),
+}
+ALL_CPU = ("rq3", "ttvsperf", "timebreakup", "memory")
+
+
+# --- writers --------------------------------------------------------------------------------
+
+def to_markdown(rows: list[list[str]]) -> str:
+  out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+  out += ["| " + " | ".join(r) + " |" for r in rows[1:]]
+  return "\n".join(out) + "\n"
+
+
+def to_csv(rows: list[list[str]]) -> str:
+  buf = io.StringIO()
+  csv.writer(buf, lineterminator="\n").writerows(rows)
+  return buf.getvalue()
+
+
+def rq3_rank(results: dict[str, dict]) -> int:
+  """ASTRA's (random+w_hard) rank by P@1 among the ablation's strategies (1 = best)."""
+  ours = results["random+w_hard"]["P@1"]
+  return 1 + sum(results[s]["P@1"] > ours for s in ABLATION)
+
+
+INDEX_HEADER = """# Reproducing the paper's tables
+
+Generated by `python -m astra_jax.reproduce` (`astra_jax/reproduce.py`); regenerate this file,
+`docs/results/*.md|csv` and `docs/results/ttvsperf.png` with
+
+```bash
+python -m astra_jax.reproduce --table=all_cpu --workdir=workdir/reproduce --scale={scale} \\
+    --epochs={epochs} --out=docs/results
+```
+
+(runs whose `WORKDIR/<run>/results.json` exists are reused; delete the workdir to re-measure).
+One table: `--table=rq3|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation`
+(the last three are registered but were not run here). Tables that need the real datasets and
+GPUs (`tab:rq1`, `tab:rq2_table_1`) are not run: `--table=rq1` prints the command.
+
+Training runs: the synthetic stand-in `{stand_in}:synthetic,{scale}` ({scale} x the dataset's
+labels, points and test points; tiny random BERT on CPU), {epochs} epochs, batch 128 (the
+paper's 512 gives 8 steps per epoch at this scale), every strategy from seed 0 with the same
+k_h + k_r negatives per query, evaluated after every epoch. Measured on 2 CPU cores shared with
+other work: times are indicative.
+
+"""
+
+
+def write_index(out: str, mds: list[str], scale: float, epochs: int) -> str:
+  """OUT.md: the header with the regenerating command, then every table (images relative)."""
+  text = INDEX_HEADER.format(scale=scale, epochs=epochs, stand_in=STAND_IN)
+  base = os.path.basename(out.rstrip("/"))
+  text += "\n".join(md.replace("](", f"]({base}/") for md in mds)
+  path = out.rstrip("/") + ".md"
+  with open(path, "w") as f:
+    f.write(text)
+  return path
+
+
+def reproduce(name: str, root: str, out: str, scale: float, epochs: int,
+              log: Callable[[str], None] = print) -> str:
+  """Runs (or reuses) a table's runs, writes OUT/NAME.md/.csv (and .png); returns the md."""
+  table = TABLES[name]
+  runs = table.runs(scale, epochs)
+  results = {r.name: load_or_run(r, root, log) for r in runs}
+  os.makedirs(out, exist_ok=True)
+  if table.plot:
+    rows = plot_ttvsperf(results, os.path.join(out, f"{name}.png"))
+  else:
+    rows = table.tabulate(results)
+  md = f"### {name} (paper: `{table.paper_label}`)\n\n{table.caption}\n\n{to_markdown(rows)}"
+  if table.plot:
+    md += f"\n![{name}]({name}.png)\n"
+  if name == "rq3":
+    md += (f"\nASTRA (random+w_hard) ranks {rq3_rank(results)} of {len(ABLATION)} by P@1 "
+           "here (the paper: 1st on this dataset).\n")
+  with open(os.path.join(out, f"{name}.md"), "w") as f:
+    f.write(md)
+  with open(os.path.join(out, f"{name}.csv"), "w") as f:
+    f.write(to_csv(rows))
+  return md
+
+
+def main(argv: list[str] | None = None) -> int:
+  import argparse
+  choices = sorted(TABLES) + ["all_cpu"]
+  p = argparse.ArgumentParser(prog="python -m astra_jax.reproduce", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--table", required=True)
+  p.add_argument("--workdir", default="workdir/reproduce")
+  p.add_argument("--scale", type=float, default=0.01, help="stand-in scale")
+  p.add_argument("--epochs", type=int, default=15, help="stand-in epochs")
+  p.add_argument("--out", default="docs/results")
+  a = p.parse_args(argv)
+  if a.table in NEEDS_GPUS:
+    print(f"{a.table}: needs the real datasets + GPUs; run: {NEEDS_GPUS[a.table]}",
+          file=sys.stderr)
+    return 2
+  if a.table not in choices:
+    print(f"unknown table {a.table!r}; choose from {', '.join(choices)}", file=sys.stderr)
+    return 2
+  mds = [reproduce(name, a.workdir, a.out, a.scale, a.epochs)
+         for name in (ALL_CPU if a.table == "all_cpu" else (a.table,))]
+  print("\n".join(mds))
+  if a.table == "all_cpu":
+    print("wrote", write_index(a.out, mds, a.scale, a.epochs))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
