@@ -38,15 +38,18 @@ def test_ablation_runs_differ_only_in_strategy():
 def test_rq3_tabulation_from_fake_results(tmp_path):
   root = str(tmp_path / "wd")
   for i, s in enumerate(reproduce.ABLATION):
-    _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i})
+    ev = [{"P@1": float(e)} for e in range(1, 7)]  # last 5: 2..6, mean 4
+    _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
+                     "evaluations": ev if s == "random" else ev[:3]})
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
-  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 | 105 |" in md
-  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 100 |" in md
-  assert "ASTRA (random+w_hard) ranks 1 of 6 by P@1" in md
+  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 |" in md
+  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 |" in md
+  assert "ASTRA (random+w_hard) ranks 1 of 6 by final P@1 here" in md
   with open(tmp_path / "out" / "rq3.csv") as f:
     lines = f.read().splitlines()
-  assert lines[0] == "strategy,paper P@1,paper P@5,ours P@1,ours P@5,ours train s"
-  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,101"
+  assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
+                      '"ours P@1, mean of last 5 epochs",ours train s')
+  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101"
   assert len(lines) == 1 + len(reproduce.ABLATION)
 
 
@@ -55,18 +58,21 @@ def test_memory_and_timebreakup_from_fake_bench(tmp_path):
   mib = 2 ** 20
   for L in reproduce.BENCH_LABELS:
     _write(root, f"bench_full_L{L}", {"clf_forward_ms": 10.0, "loss_ms": None,
-                                      "backward_update_ms": 20.0, "temp_bytes": 8 * mib,
-                                      "dense_scores_temp_bytes": 64 * mib})
+                                      "backward_update_ms": 20.0, "step_ms": 30.0,
+                                      "temp_bytes": 8 * mib, "dense_scores_temp_bytes": 64 * mib})
     _write(root, f"bench_astra_L{L}", {"clf_forward_ms": 1.0, "loss_ms": 0.5,
-                                       "backward_update_ms": 2.0, "temp_bytes": 4 * mib})
+                                       "backward_update_ms": 2.0, "step_ms": 3.5,
+                                       "temp_bytes": 4 * mib})
   md = reproduce.reproduce("memory", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
   assert "| 10,000 | 64.00 | 8.00 | 4.00 | 16.0x |" in md
   assert "| LF-AmazonTitles-1.3M (L=1,305,265) | 2549.35 |  | 3.81 | 668.7x |" in md
   md = reproduce.reproduce("timebreakup", root, str(tmp_path / "out"), 0.01, 3,
                            log=lambda m: None)
   # ours: 3 x (full, astra), then the paper's (Renee, ASTRA) for three datasets
-  assert ("| sum of 4-6 | 30.00 | 3.50 | 30.00 | 3.50 | 30.00 | 3.50 | 35.4 | 38.2 | 98.3 | "
-          "48.1 | 274.8 | 49.1 |") in md
+  # paper 4-6: LFAT-131K Renee 0.6 + 20.4, ASTRA 1.3 + 0.3 + 21.9; LFAT-1.3M 5.4 + 39.6,
+  # 1.4 + 0.3 + 31.6; SS-20M 76.8 + 183.3, 1.6 + 0.3 + 32.2
+  assert ("| 4-6 together | 30.00 | 3.50 | 30.00 | 3.50 | 30.00 | 3.50 | 21.0 | 23.5 | 45.0 | "
+          "33.3 | 260.1 | 34.1 |") in md
   assert "| 5. loss | fused in 4 | 0.50 |" in md
   assert "| 5. loss |" in md and "| N/A | 0.3 |" in md
 
@@ -122,3 +128,17 @@ def test_ttvsperf_plot_and_index(tmp_path):
   text = open(path).read()
   assert "![ttvsperf](results/ttvsperf.png)" in text
   assert "--scale=0.01 \\\n    --epochs=2 --out=docs/results" in text
+
+
+def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
+  s_runs = reproduce.tau_runs("tau_s", 0.01, 3)
+  r_runs = reproduce.tau_runs("tau_r", 0.01, 3)
+  assert s_runs[0] == r_runs[0]  # tau_s = tau_r = 5 is the config's default
+  assert s_runs[0].config().negatives.tau_s == 5 and s_runs[2].config().negatives.tau_s == 20
+  root = str(tmp_path / "wd")
+  for run, p1 in zip(s_runs, (3.0, 2.0, 1.0)):
+    _write(root, run.name, {"P@1": p1, "P@5": p1 / 2})
+  md = reproduce.reproduce("tau_s_ablation", root, str(tmp_path / "out"), 0.01, 3,
+                           log=lambda m: None)
+  assert "| 5 | 47.13 | 22.35 | 3.00 | 1.50 |" in md
+  assert "| 20 | 46.24 | 21.97 | 1.00 | 0.50 |" in md
