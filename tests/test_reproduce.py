@@ -50,7 +50,8 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
   assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
                       '"ours P@1, mean of last 5 epochs",ours train s')
   assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101"
-  assert len(lines) == 1 + len(reproduce.ABLATION)
+  assert len(lines) == 2 + len(reproduce.ABLATION)
+  assert lines[-1] == "curriculum (E hard),45.84,21.75,not implemented,,,"
 
 
 def test_memory_and_timebreakup_from_fake_bench(tmp_path):
