@@ -5,8 +5,9 @@ r"""Regenerates the paper's tables (and fig:ttvsperf) with our numbers beside th
 
 NAME: rq3 (negative-sampling ablation), timebreakup, memory, tau_s_ablation,
 tau_r_ablation, ratio_ablation, ttvsperf (PNG), or all_cpu (the tables docs/results.md
-holds). Each run writes WORKDIR/<run>/results.json; a run whose results.json exists is
-reused, so rerunning a command only tabulates. Writes OUT/<table>.md and OUT/<table>.csv.
+holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
+results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
+and OUT/<table>.csv.
 Training tables run a reduced-scale synthetic stand-in of a paper dataset (the paper's
 column is the real dataset); timebreakup and memory time the L-dependent classifier step
 (astra_jax/classifier_bench.py).
@@ -79,6 +80,7 @@ class Run:
   variant: str = ""
   overrides: tuple[tuple[str, object], ...] = ()
   bench: tuple[str, int] | None = None  # (method, L)
+  group: str = ""  # sub-directory: runs at another scale or epoch count never collide
 
   def execute(self, workdir: str) -> dict:
     if self.bench is not None:
@@ -102,7 +104,11 @@ class Run:
 
 
 def run_dir(root: str, run: Run) -> str:
-  return os.path.join(root, run.name.replace("+", "_"))
+  return os.path.join(root, run.group, run.name.replace("+", "_"))
+
+
+def stand_in_group(scale: float, epochs: int) -> str:
+  return f"scale{scale:g}_epochs{epochs}"
 
 
 def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict:
@@ -133,14 +139,15 @@ def _train_overrides(epochs: int, **extra) -> tuple:
 
 def ablation_runs(scale: float, epochs: int) -> list[Run]:
   v = f"synthetic,{scale}"
-  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s}))
-          for s in ABLATION]
+  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s}),
+              group=stand_in_group(scale, epochs)) for s in ABLATION]
 
 
 def plot_runs(scale: float, epochs: int) -> list[Run]:
   by_name = {r.name: r for r in ablation_runs(scale, epochs)}
   full = Run("full", STAND_IN, f"synthetic,{scale}",
-             _train_overrides(epochs, **{"negatives.strategy": "full"}))
+             _train_overrides(epochs, **{"negatives.strategy": "full"}),
+             group=stand_in_group(scale, epochs))
   return [by_name["random+w_hard"], full, by_name["random"]]
 
 
@@ -149,8 +156,8 @@ def tau_runs(key: str, scale: float, epochs: int) -> list[Run]:
   leaves no refresh at all (all random), and with τ_s = 5 any τ_r ≥ epochs - 5 refreshes
   once."""
   return [Run(tau_run_name(key, t), TAU_STAND_IN, f"synthetic,{scale}",
-              _train_overrides(epochs, **({} if t == 5 else {f"negatives.{key}": t})))
-          for t in (5, 10, 20)]
+              _train_overrides(epochs, **({} if t == 5 else {f"negatives.{key}": t})),
+              group=stand_in_group(scale, epochs)) for t in (5, 10, 20)]
 
 
 def tau_run_name(key: str, t: int) -> str:
@@ -166,7 +173,8 @@ def ratio_runs(scale: float, epochs: int) -> list[Run]:
   return [astra if (kh, kr) == (50, 400) else  # the paper's own setting: the ablation's run
           Run(ratio_run_name(kh, kr), STAND_IN, f"synthetic,{scale}",
               _train_overrides(epochs, **{"negatives.k_h": max(1, round(kh0 * kh / 50)),
-                                          "negatives.k_r": max(1, round(kr0 * kr / 400))}))
+                                          "negatives.k_r": max(1, round(kr0 * kr / 400))}),
+              group=stand_in_group(scale, epochs))
           for kh, kr in PAPER_RATIO]
 
 
@@ -379,7 +387,8 @@ python -m astra_jax.reproduce --table=all_cpu --workdir=workdir/reproduce --scal
     --epochs={epochs} --out=docs/results
 ```
 
-(runs whose `WORKDIR/<run>/results.json` exists are reused; delete the workdir to re-measure).
+(runs whose `WORKDIR/[scaleS_epochsE/]<run>/results.json` exists are reused; delete it to
+re-measure).
 One table: `--table=rq3|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation`.
 Tables that need the real datasets and GPUs (`tab:rq1`, `tab:rq2_table_1`) are not run:
 `--table=rq1` prints the command.

@@ -7,8 +7,8 @@ import pytest
 from astra_jax import reproduce
 
 
-def _write(root, name, result):
-  d = os.path.join(root, name.replace("+", "_"))
+def _write(root, name, result, group=""):
+  d = os.path.join(root, group, name.replace("+", "_"))
   os.makedirs(d, exist_ok=True)
   with open(os.path.join(d, "results.json"), "w") as f:
     json.dump(result, f)
@@ -40,7 +40,7 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
   for i, s in enumerate(reproduce.ABLATION):
     ev = [{"P@1": float(e)} for e in range(1, 7)]  # last 5: 2..6, mean 4
     _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
-                     "evaluations": ev if s == "random" else ev[:3]})
+                     "evaluations": ev if s == "random" else ev[:3]}, "scale0.01_epochs3")
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
   assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 |" in md
   assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 |" in md
@@ -90,6 +90,14 @@ def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
   assert reproduce.load_or_run(run, root, log=lambda m: None) == {"P@1": 1.0}
 
 
+def test_other_scale_or_epochs_never_reuse_a_run():
+  a = reproduce.ablation_runs(0.01, 3)[0]
+  others = [reproduce.ablation_runs(0.02, 3)[0], reproduce.ablation_runs(0.01, 4)[0]]
+  dirs = {reproduce.run_dir("w", r) for r in [a] + others}
+  assert len(dirs) == 3 and reproduce.run_dir("w", a) == os.path.join("w", "scale0.01_epochs3",
+                                                                       "random")
+
+
 def test_unfinished_bench_run_executes_and_writes_results(tmp_path, monkeypatch):
   calls = []
   monkeypatch.setattr(reproduce.Run, "execute",
@@ -114,7 +122,7 @@ def test_cli_names_gpu_only_tables(capsys):
 def _fake_plot_results(root):
   for name, p1 in (("random+w_hard", 30.0), ("full", 40.0), ("random", 20.0)):
     ev = [{"epoch": e, "train_time_s": 10.0 * e, "P@1": p1 + e} for e in (1, 2)]
-    _write(root, name, {"evaluations": ev})
+    _write(root, name, {"evaluations": ev}, "scale0.01_epochs2")
 
 
 def test_ttvsperf_plot_and_index(tmp_path):
@@ -138,7 +146,7 @@ def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
   assert s_runs[0].config().negatives.tau_s == 5 and s_runs[2].config().negatives.tau_s == 20
   root = str(tmp_path / "wd")
   for run, p1 in zip(s_runs, (3.0, 2.0, 1.0)):
-    _write(root, run.name, {"P@1": p1, "P@5": p1 / 2})
+    _write(root, run.name, {"P@1": p1, "P@5": p1 / 2}, run.group)
   md = reproduce.reproduce("tau_s_ablation", root, str(tmp_path / "out"), 0.01, 3,
                            log=lambda m: None)
   assert "| 5 | 47.13 | 22.35 | 3.00 | 1.50 |" in md
