@@ -136,7 +136,7 @@ def test_ttvsperf_plot_and_index(tmp_path):
   assert path == out + ".md"
   text = open(path).read()
   assert "![ttvsperf](results/ttvsperf.png)" in text
-  assert "--scale=0.01 \\\n    --epochs=2 --out=docs/results" in text
+  assert f"--scale=0.01 \\\n    --epochs=2 --out={out}" in text
 
 
 def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
