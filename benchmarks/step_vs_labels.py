@@ -23,46 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from astra_jax import loss, sharding
+from astra_jax import classifier_bench, loss
+from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
 flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
 flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
 flags.DEFINE_integer("steps", 30, "timed steps (after 3 warm-up steps)")
 flags.DEFINE_string("out", None, "append JSON lines here")
-B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
-
-
-_MESH = sharding.make_mesh(1, 1)
-_GRADS = sharding.classifier_grads(_MESH, B)
-_UPDATE = sharding.classifier_update(_MESH, WD)
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def astra_step(v, scale, emb, batch):
-  _, _, ids, grads = _GRADS(emb, v, scale, batch)
-  return _UPDATE(v, scale, ids[None], grads[None], jnp.float32(LR))
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def astra_dense_step(w, scale, emb, batch):
   g = jax.grad(lambda w: loss.sampled_bce(emb, w, batch))(w)
   return (1 - LR * WD) * w - LR * g, scale
-
-
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def full_step(w, scale, emb, batch):
-  g = jax.grad(lambda w: loss.full_bce_chunked(emb, w, batch["pos_ids"], batch["pos_mask"]))(w)
-  return (1 - LR * WD) * w - LR * g, scale
-
-
-def make_batch(L, rng):
-  return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, KP)), jnp.int32),
-          "pos_mask": jnp.ones((B, KP), bool),
-          "hard_ids": jnp.asarray(rng.integers(0, L, (B, KH)), jnp.int32),
-          "hard_mask": jnp.ones((B, KH), bool),
-          "rand_ids": jnp.asarray(rng.integers(0, L, KR), jnp.int32),
-          "rand_mask": jnp.ones((B, KR), bool), "rand_weight": jnp.full((KR,), L / KR, jnp.float32)}
 
 
 def main(_):
@@ -72,7 +46,8 @@ def main(_):
     for strategy in F.strategies:
       if strategy == "full" and L > F.full_max_labels:
         continue
-      fn = {"astra": astra_step, "astra_dense": astra_dense_step, "full": full_step}[strategy]
+      fn = {"astra": classifier_bench.astra_step(), "astra_dense": astra_dense_step,
+            "full": classifier_bench.full_step}[strategy]
       w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
       scale = jnp.float32(1.0)
       emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)

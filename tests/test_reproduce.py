@@ -1,0 +1,153 @@
+"""The reproduction tool: registry, tabulation from hand-made results, reuse, CLI errors."""
+import json
+import os
+
+import pytest
+
+from astra_jax import reproduce
+
+
+def _write(root, name, result, group=""):
+  d = os.path.join(root, group, name.replace("+", "_"))
+  os.makedirs(d, exist_ok=True)
+  with open(os.path.join(d, "results.json"), "w") as f:
+    json.dump(result, f)
+
+
+def test_registry_covers_the_named_tables():
+  for name in ("rq3", "timebreakup", "memory", "tau_s_ablation", "tau_r_ablation",
+               "ratio_ablation", "ttvsperf"):
+    assert name in reproduce.TABLES
+  labels = {t.paper_label for t in reproduce.TABLES.values()}
+  assert {"tab:rq3", "tab:timebreakup", "tab:memory", "tab:tau_s_ablation",
+          "tab:tau_r_ablation", "tab:ratio_ablation", "fig:ttvsperf"} <= labels
+
+
+def test_ablation_runs_differ_only_in_strategy():
+  runs = reproduce.ablation_runs(0.01, 3)
+  assert [r.name for r in runs] == list(reproduce.ABLATION)
+  rest = {tuple(kv for kv in r.overrides if kv[0] != "negatives.strategy") for r in runs}
+  assert len(rest) == 1 and len({r.variant for r in runs}) == 1
+  configs = [r.config() for r in runs[:2]]
+  for c in configs:
+    assert c.train.epochs == 3 and c.train.seed == 0
+  # same total negatives per query
+  assert len({c.negatives.k_h + c.negatives.k_r for c in configs}) == 1
+
+
+def test_rq3_tabulation_from_fake_results(tmp_path):
+  root = str(tmp_path / "wd")
+  for i, s in enumerate(reproduce.ABLATION):
+    ev = [{"P@1": float(e)} for e in range(1, 7)]  # last 5: 2..6, mean 4
+    _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
+                     "evaluations": ev if s == "random" else ev[:3]}, "scale0.01_epochs3")
+  md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
+  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 |" in md
+  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 |" in md
+  assert "ASTRA (random+w_hard) ranks 1 of 6 by final P@1 here" in md
+  with open(tmp_path / "out" / "rq3.csv") as f:
+    lines = f.read().splitlines()
+  assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
+                      '"ours P@1, mean of last 5 epochs",ours train s')
+  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101"
+  assert len(lines) == 2 + len(reproduce.ABLATION)
+  assert lines[-1] == "curriculum (E hard),45.84,21.75,not implemented,,,"
+
+
+def test_memory_and_timebreakup_from_fake_bench(tmp_path):
+  root = str(tmp_path / "wd")
+  mib = 2 ** 20
+  for L in reproduce.BENCH_LABELS:
+    _write(root, f"bench_full_L{L}", {"clf_forward_ms": 10.0, "loss_ms": None,
+                                      "backward_update_ms": 20.0, "step_ms": 30.0,
+                                      "temp_bytes": 8 * mib, "dense_scores_temp_bytes": 64 * mib})
+    _write(root, f"bench_astra_L{L}", {"clf_forward_ms": 1.0, "loss_ms": 0.5,
+                                       "backward_update_ms": 2.0, "step_ms": 3.5,
+                                       "temp_bytes": 4 * mib})
+  md = reproduce.reproduce("memory", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
+  assert "| 10,000 | 64.00 | 8.00 | 4.00 | 16.0x |" in md
+  assert "| LF-AmazonTitles-1.3M (L=1,305,265) | 2549.35 |  | 3.81 | 668.7x |" in md
+  md = reproduce.reproduce("timebreakup", root, str(tmp_path / "out"), 0.01, 3,
+                           log=lambda m: None)
+  # ours: 3 x (full, astra), then the paper's (Renee, ASTRA) for three datasets
+  # paper 4-6: LFAT-131K Renee 0.6 + 20.4, ASTRA 1.3 + 0.3 + 21.9; LFAT-1.3M 5.4 + 39.6,
+  # 1.4 + 0.3 + 31.6; SS-20M 76.8 + 183.3, 1.6 + 0.3 + 32.2
+  assert ("| 4-6 together | 30.00 | 3.50 | 30.00 | 3.50 | 30.00 | 3.50 | 21.0 | 23.5 | 45.0 | "
+          "33.3 | 260.1 | 34.1 |") in md
+  assert "| 5. loss | fused in 4 | 0.50 |" in md
+  assert "| 5. loss |" in md and "| N/A | 0.3 |" in md
+
+
+def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
+  root = str(tmp_path)
+  run = reproduce.Run("random", "unused.py")
+  _write(root, "random", {"P@1": 1.0})
+
+  def boom(self, workdir):
+    raise AssertionError("a finished run was executed again")
+
+  monkeypatch.setattr(reproduce.Run, "execute", boom)
+  assert reproduce.load_or_run(run, root, log=lambda m: None) == {"P@1": 1.0}
+
+
+def test_other_scale_or_epochs_never_reuse_a_run():
+  a = reproduce.ablation_runs(0.01, 3)[0]
+  others = [reproduce.ablation_runs(0.02, 3)[0], reproduce.ablation_runs(0.01, 4)[0]]
+  dirs = {reproduce.run_dir("w", r) for r in [a] + others}
+  assert len(dirs) == 3 and reproduce.run_dir("w", a) == os.path.join("w", "scale0.01_epochs3",
+                                                                       "random")
+
+
+def test_unfinished_bench_run_executes_and_writes_results(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(reproduce.Run, "execute",
+                      lambda self, wd: calls.append(wd) or {"step_ms": 1.0})
+  run = reproduce.Run("bench_astra_L10", bench=("astra", 10))
+  assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None) == {"step_ms": 1.0}
+  assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None) == {"step_ms": 1.0}
+  assert len(calls) == 1
+
+
+def test_cli_rejects_unknown_table(capsys):
+  assert reproduce.main(["--table=nope"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "unknown table 'nope'" in err
+
+
+def test_cli_names_gpu_only_tables(capsys):
+  assert reproduce.main(["--table=rq1"]) == 2
+  assert "needs the real datasets + GPUs" in capsys.readouterr().err
+
+
+def _fake_plot_results(root):
+  for name, p1 in (("random+w_hard", 30.0), ("full", 40.0), ("random", 20.0)):
+    ev = [{"epoch": e, "train_time_s": 10.0 * e, "P@1": p1 + e} for e in (1, 2)]
+    _write(root, name, {"evaluations": ev}, "scale0.01_epochs2")
+
+
+def test_ttvsperf_plot_and_index(tmp_path):
+  pytest.importorskip("matplotlib")
+  root, out = str(tmp_path / "wd"), str(tmp_path / "docs" / "results")
+  _fake_plot_results(root)
+  md = reproduce.reproduce("ttvsperf", root, out, 0.01, 2, log=lambda m: None)
+  assert os.path.getsize(os.path.join(out, "ttvsperf.png")) > 1000
+  assert "| full | 2 | 20.0 | 42.00 |" in md and "![ttvsperf](ttvsperf.png)" in md
+  path = reproduce.write_index(out, [md], 0.01, 2)
+  assert path == out + ".md"
+  text = open(path).read()
+  assert "![ttvsperf](results/ttvsperf.png)" in text
+  assert f"--scale=0.01 \\\n    --epochs=2 --out={out}" in text
+
+
+def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
+  s_runs = reproduce.tau_runs("tau_s", 0.01, 3)
+  r_runs = reproduce.tau_runs("tau_r", 0.01, 3)
+  assert s_runs[0] == r_runs[0]  # tau_s = tau_r = 5 is the config's default
+  assert s_runs[0].config().negatives.tau_s == 5 and s_runs[2].config().negatives.tau_s == 20
+  root = str(tmp_path / "wd")
+  for run, p1 in zip(s_runs, (3.0, 2.0, 1.0)):
+    _write(root, run.name, {"P@1": p1, "P@5": p1 / 2}, run.group)
+  md = reproduce.reproduce("tau_s_ablation", root, str(tmp_path / "out"), 0.01, 3,
+                           log=lambda m: None)
+  assert "| 5 | 47.13 | 22.35 | 3.00 | 1.50 |" in md
+  assert "| 20 | 46.24 | 21.97 | 1.00 | 0.50 |" in md
