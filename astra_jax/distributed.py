@@ -57,6 +57,14 @@ def all_true(flag: bool) -> bool:
   return bool(np.all(multihost_utils.process_allgather(np.array([flag], np.int32))))
 
 
+def any_true(flags: list[bool]) -> list[bool]:
+  """Each flag true on every process iff it is true on some process."""
+  if jax.process_count() == 1:
+    return [bool(f) for f in flags]
+  got = multihost_utils.process_allgather(np.asarray(flags, np.int32))
+  return [bool(x) for x in np.asarray(got).reshape(-1, len(flags)).any(0)]
+
+
 def gather_rows(x: jax.Array) -> np.ndarray:
   """A batch-sharded global array as one host array on every process."""
   if jax.process_count() == 1:

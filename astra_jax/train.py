@@ -518,20 +518,28 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             fold_classifier()
         if config.train.stop_after_steps and global_step >= config.train.stop_after_steps:
           stop.received = stop.received or "stop_after_steps"
-        due = ckpt is not None and step + 1 < steps_per_epoch and (
-            (every_steps and global_step % every_steps == 0) or
-            (every_s and time.time() - last_save > every_s) or stop.received)
+        # A checkpoint is a collective save: in a multi-process run every process must take
+        # the same decisions, so signals and clocks are compared at log steps only.
+        stop_now = bool(stop.received)
+        time_due = bool(every_s and time.time() - last_save > every_s)
+        if jax.process_count() > 1:
+          log_step = (step + 1) % config.train.log_every_steps == 0
+          stop_now, time_due = distributed.any_true([stop_now, time_due]) if log_step else (
+              False, False)
+        last = step + 1 == steps_per_epoch  # the epoch-end save follows
+        due = ckpt is not None and not last and (
+            (every_steps and global_step % every_steps == 0) or time_due or stop_now)
         if due:
           if pending is not None:  # everything up to this step is in the memmap
             hard_negatives.collect(pending[0], np.asarray(pending[1]))
             pending = None
           hard_negatives.flush()
-          save(epoch, step + 1, wait=bool(stop.received))
-        if due and stop.received:  # (at an epoch's last step, the epoch-end save follows)
+          save(epoch, step + 1, wait=stop_now)
+        if stop_now and not last:
           raise checkpoint.Preempted(
               f"stopped by signal {stop.received} at epoch {epoch} step {step + 1}; "
-              f"checkpoint written" + ("" if ckpt else " (none: checkpoint.enabled=False)") +
-              "; rerun the same command to resume")
+              + ("checkpoint written; rerun the same command to resume" if ckpt else
+                 "no checkpoint (checkpoint.enabled=False)"))
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
@@ -546,14 +554,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         log.write(kind="eval", **evals[-1])
         logging.info("eval after epoch %d: %s", epoch + 1,
                      ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+      stop_now = distributed.any_true([bool(stop.received)])[0]
       if ckpt is not None:  # after the last epoch too: a rerun then only evaluates
         fresh = evals and evals[-1]["epoch"] == epoch + 1
         save(epoch + 1, 0, {"P@5": evals[-1]["P@5"]} if fresh and "P@5" in evals[-1] else None,
-             wait=bool(stop.received))
-        if stop.received:
-          raise checkpoint.Preempted(
-              f"stopped by signal {stop.received} after epoch {epoch}; checkpoint written; "
-              "rerun the same command to resume")
+             wait=stop_now)
+      if stop_now and epoch + 1 < config.train.epochs:
+        raise checkpoint.Preempted(
+            f"stopped by signal {stop.received} after epoch {epoch}; "
+            + ("checkpoint written; rerun the same command to resume" if ckpt else
+               "no checkpoint (checkpoint.enabled=False)"))
   finally:
     stop.__exit__()
     hard_negatives.close()
