@@ -206,7 +206,8 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     value = values.sum()
     ok = jnp.bool_(True)
     if loss_scaling == "dynamic":
-      ok = loss_scale.all_finite(g_enc) & jnp.isfinite(value)
+      ok = loss_scale.all_finite((g_enc, grads)) & jnp.isfinite(value)
+      grads = jnp.where(ok, grads, 0.0)  # lr 0 alone would still add 0 * inf = nan to V
     updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
     encoder = optax.apply_updates(params["encoder"], updates)
     lr = jnp.where(ok, lr_schedule(opt_state["step"]), 0.0)
