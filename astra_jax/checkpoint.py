@@ -72,22 +72,19 @@ class Preempted(Exception):
 
 class StopSignal:
   """SIGTERM / SIGINT set a flag the train loop polls after each step (the handler itself
-  must not touch jax or the filesystem)."""
+  must not touch jax or the filesystem). Installed on construction, `restore()` undoes it."""
 
   def __init__(self):
-    self.received: int | None = None
+    self.received: int | str | None = None
     self.previous = {}
-
-  def __enter__(self):
     if threading.current_thread() is threading.main_thread():
       for sig in (signal.SIGTERM, signal.SIGINT):
         self.previous[sig] = signal.signal(sig, self._handle)
-    return self
 
   def _handle(self, signum, frame):
     self.received = signum
 
-  def __exit__(self, *exc):
+  def restore(self) -> None:
     for sig, handler in self.previous.items():
       signal.signal(sig, handler)
 

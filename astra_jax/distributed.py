@@ -52,9 +52,7 @@ def barrier(name: str) -> None:
 
 def all_true(flag: bool) -> bool:
   """True on every process iff it is true on every process (agreement on a decision)."""
-  if jax.process_count() == 1:
-    return bool(flag)
-  return bool(np.all(multihost_utils.process_allgather(np.array([flag], np.int32))))
+  return not any_true([not flag])[0]
 
 
 def any_true(flags: list[bool]) -> list[bool]:

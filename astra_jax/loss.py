@@ -22,32 +22,36 @@ import jax
 import jax.numpy as jnp
 
 
+def positive_terms(scores: jax.Array, mask: jax.Array) -> jax.Array:
+  """softplus(-f) where the mask is set (padding contributes 0)."""
+  return jnp.where(mask, jax.nn.softplus(-scores), 0.0)
+
+
+def negative_terms(scores: jax.Array, mask: jax.Array) -> jax.Array:
+  """softplus(f) where the mask is set (a draw that is a positive contributes 0)."""
+  return jnp.where(mask, jax.nn.softplus(scores), 0.0)
+
+
 def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
                           hard_scores: jax.Array, hard_mask: jax.Array,
                           rand_scores: jax.Array, rand_mask: jax.Array,
                           rand_weight: jax.Array | float) -> jax.Array:
   """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean;
   rand_weight: a scalar or one weight per draw (k_r,) (per-shard draws, see sampler.py)."""
-  pos = jnp.where(pos_mask, jax.nn.softplus(-pos_scores), 0.0).sum(-1)
-  hard = jnp.where(hard_mask, jax.nn.softplus(hard_scores), 0.0).sum(-1)
-  rand = (jnp.where(rand_mask, jax.nn.softplus(rand_scores), 0.0) * rand_weight).sum(-1)
-  return pos + hard + rand
-
-
-def scores_from_rows(embeddings: jax.Array, pos_rows: jax.Array, hard_rows: jax.Array,
-                     rand_rows: jax.Array):
-  """Scores of positives (B, k_p), hard negatives (B, k_h) (rows gathered per query) and the
-  shared random negatives (B, k_r) (one dense matmul), from the gathered W rows."""
-  emb = embeddings.astype(jnp.float32)
-  return (jnp.einsum("bd,bkd->bk", emb, pos_rows.astype(jnp.float32)),
-          jnp.einsum("bd,bkd->bk", emb, hard_rows.astype(jnp.float32)),
-          emb @ rand_rows.astype(jnp.float32).T)
+  return (positive_terms(pos_scores, pos_mask).sum(-1) +
+          negative_terms(hard_scores, hard_mask).sum(-1) +
+          (negative_terms(rand_scores, rand_mask) * rand_weight).sum(-1))
 
 
 def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
-  """The classifier forward pass over W (L, d)."""
-  return scores_from_rows(embeddings, classifier[batch["pos_ids"]],
-                          classifier[batch["hard_ids"]], classifier[batch["rand_ids"]])
+  """The classifier forward pass over W (L, d): scores of positives (B, k_p), hard
+  negatives (B, k_h) (rows gathered per query) and the shared random negatives (B, k_r)
+  (one dense matmul)."""
+  emb = embeddings.astype(jnp.float32)
+  rows = lambda ids: classifier[ids].astype(jnp.float32)
+  return (jnp.einsum("bd,bkd->bk", emb, rows(batch["pos_ids"])),
+          jnp.einsum("bd,bkd->bk", emb, rows(batch["hard_ids"])),
+          emb @ rows(batch["rand_ids"]).T)
 
 
 def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from astra_jax import sparse_sgd
+from astra_jax import loss, sparse_sgd
 
 ALL = ("data", "model")
 # Logical axis -> mesh axes. Batch arrays carry a leading micro-batch axis (never split).
@@ -88,10 +88,9 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
 
     def estimator(pos_s, hard_s, rand_s):
       """Positives' term (the same on every shard) + this shard's negatives' terms."""
-      pos = jnp.where(batch["pos_mask"], jax.nn.softplus(-pos_s), 0.0).sum()
-      neg = (jnp.where(batch["hard_mask"], jax.nn.softplus(hard_s), 0.0).sum() +
-             (jnp.where(batch["rand_mask"], jax.nn.softplus(rand_s), 0.0)
-              * batch["rand_weight"]).sum())
+      pos = loss.positive_terms(pos_s, batch["pos_mask"]).sum()
+      neg = (loss.negative_terms(hard_s, batch["hard_mask"]).sum() +
+             (loss.negative_terms(rand_s, batch["rand_mask"]) * batch["rand_weight"]).sum())
       return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)
 
     (_, (pos, neg)), (d_pos, d_hard, d_rand) = jax.value_and_grad(

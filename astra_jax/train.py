@@ -254,12 +254,19 @@ def embed(embed_fn, enc_params, tokens, batch_size: int) -> np.ndarray:
 
 
 # -------------------------------------------------------------------------- evaluation
+def host_local(tree):
+  """A replicated tree as this process can compute with alone: in a multi-process run its
+  own copy of each array (the arrays themselves on one process)."""
+  if jax.process_count() == 1:
+    return tree
+  return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
+
+
 def host_params(params: dict) -> dict:
-  """Params as this process can compute with alone: in a multi-process run the replicated
-  encoder's local copy and all of W gathered (evaluation and refresh inputs only)."""
+  """The encoder's local copy and all of W gathered (evaluation only)."""
   if jax.process_count() == 1:
     return params
-  return {"encoder": jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params["encoder"]),
+  return {"encoder": host_local(params["encoder"]),
           "classifier": distributed.gather_rows(params["classifier"])}
 
 
@@ -413,22 +420,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   # What a refresh needs from the host, evaluated when called: the label vectors to index
   # (W, or E(z_l) for e_hard) and embeddings of given training rows.
-  def host_encoder():
-    return host_params({"encoder": params["encoder"], "classifier": None})["encoder"] if (
-        jax.process_count() > 1) else params["encoder"]
-
   def vectors_fn():
     """Rows of the shards this process mines for, concatenated (W, or E(z_l) for e_hard)."""
     bounds = hard_negatives.shards
     if schedule.index_over == "E":
       rows = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
-      return embed(embed_fn, host_encoder(), data.label_tokens[rows], config.eval.batch_size)
+      return embed(embed_fn, host_local(params["encoder"]), data.label_tokens[rows],
+                   config.eval.batch_size)
     held = dict(distributed.local_row_shards(params["classifier"]))  # first row -> rows
     return np.concatenate([held[lo][:hi - lo] for lo, hi in bounds])
 
   def embed_rows(rows):
     order = np.argsort(rows)
-    emb = embed(embed_fn, host_encoder(), data.train_tokens[rows[order]],
+    emb = embed(embed_fn, host_local(params["encoder"]), data.train_tokens[rows[order]],
                 config.eval.batch_size)
     out = np.empty_like(emb)
     out[order] = emb
@@ -452,7 +456,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   every_s = 60 * config.checkpoint.every_minutes
   stop = checkpoint.StopSignal()
   try:
-    stop.__enter__()
     for epoch in range(start_epoch, config.train.epochs):
       t_epoch = time.time()
       resumed = epoch == start_epoch and start_step > 0
@@ -566,7 +569,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             + ("checkpoint written; rerun the same command to resume" if ckpt else
                "no checkpoint (checkpoint.enabled=False)"))
   finally:
-    stop.__exit__()
+    stop.restore()
     hard_negatives.close()
     if ckpt is not None:
       ckpt.close()

@@ -50,8 +50,8 @@ class TrainBatches:
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
     a = self.micro_batches
-    parts = [self.sampler(r, rng, None if hard is None else h, num_random)
-             for r, h in zip(np.split(rows, a), [None] * a if hard is None else np.split(hard, a))]
+    hards = [None] * a if hard is None else np.split(hard, a)
+    parts = [self.sampler(r, rng, h, num_random) for r, h in zip(np.split(rows, a), hards)]
     batch = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
     if self.token_rows is None:
       ids = np.asarray(self.tokens[rows], np.int32)

@@ -69,7 +69,6 @@ def run_job(job: RefreshJob) -> dict:
   queries = np.load(job.queries_path, mmap_mode="r")
   labels = load_labels(job.labels_path)
   shards = job.shards or [[0, len(vectors)]]
-  recalls, times = [], [0.0, 0.0]  # build, search seconds
   starts = np.cumsum([0] + [hi - lo for lo, hi in shards])
   if starts[-1] != len(vectors):
     raise ValueError(f"{job.vectors_path}: {len(vectors)} rows, the shards need {starts[-1]}")
@@ -78,16 +77,13 @@ def run_job(job: RefreshJob) -> dict:
   tmp = f"{job.out_path}.tmp-{os.getpid()}.npy"
   negatives = np.lib.format.open_memmap(tmp, "w+", np.int32,
                                         (len(queries), len(shards) * job.k))
-  rng = np.random.default_rng(job.seed)
-  sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
   try:
-    _mine_shards(job, vectors, queries, labels, shards, starts, negatives, sample, recalls,
-                 times)
+    build_s, search_s, recalls = _mine_shards(job, vectors, queries, labels, shards, starts,
+                                              negatives)
   except BaseException:
     del negatives
     os.remove(tmp)
     raise
-  build_s, search_s = times
   negatives.flush()
   del negatives
   os.replace(tmp, job.out_path)
@@ -100,9 +96,14 @@ def run_job(job: RefreshJob) -> dict:
   return stats
 
 
-def _mine_shards(job, vectors, queries, labels, shards, starts, negatives, sample, recalls,
-                 times) -> None:
-  """One index per shard, built one after the other; block s of `negatives` from shard s."""
+def _mine_shards(job, vectors, queries, labels, shards, starts, negatives
+                 ) -> tuple[float, float, list[float]]:
+  """One index per shard, built one after the other; block s of `negatives` from shard s.
+  Returns (build seconds, search seconds, recall per shard)."""
+  rng = np.random.default_rng(job.seed)
+  sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
+  build_s = search_s = 0.0
+  recalls = []
   for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
     rows = np.asarray(vectors[start:start + hi - lo])
     t0 = time.time()
@@ -110,15 +111,14 @@ def _mine_shards(job, vectors, queries, labels, shards, starts, negatives, sampl
     t1 = time.time()
     index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo,
                    out=negatives[:, s * job.k:(s + 1) * job.k])
-    t2 = time.time()
-    times[0] += t1 - t0
-    times[1] += t2 - t1
+    build_s, search_s = build_s + t1 - t0, search_s + time.time() - t1
     if isinstance(index, index_lib.ExactIndex):
       recalls.append(1.0)
     elif job.recall_sample > 0:
       recalls.append(index_lib.recall_at_k(index, index_lib.ExactIndex(rows), queries[sample],
                                            min(job.k, len(rows))))
     del index
+  return build_s, search_s, recalls
 
 
 class RefreshFailed(RuntimeError):
