@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from astra_jax import host_memory
 
-from astra_jax import checkpoint, distributed, evaluate, train
-from astra_jax.errors import InputError
+host_memory.keep_freed_memory()  # before jax starts its threads (see host_memory.py)
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from astra_jax import checkpoint, distributed, evaluate, train  # noqa: E402
+from astra_jax.errors import InputError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 flags.DEFINE_string("workdir", "workdir/run", "where results.json and logs go")

@@ -19,6 +19,29 @@ def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.nda
   return (keys[at] == query) & (ids >= 0)
 
 
+def shared_member(shared: np.ndarray, num_rows: int, set_rows: np.ndarray,
+                  set_ids: np.ndarray) -> np.ndarray:
+  """mask[i, j] = shared[j] belongs to row i's set: `member` for one id list shared by all
+  rows (a batch's random negatives). Looks the (few) set entries up among the sorted shared
+  ids instead of every (row, shared id) pair among the set entries: O(n log K) for n set
+  entries, not O(B K log n)."""
+  shared = np.asarray(shared, np.int64)
+  mask = np.zeros((num_rows, len(shared)), bool)
+  if not len(set_rows) or not len(shared):
+    return mask
+  order = np.argsort(shared, kind="stable")
+  ids = np.asarray(set_ids, np.int64)
+  lo = np.searchsorted(shared[order], ids, "left")
+  count = np.searchsorted(shared[order], ids, "right") - lo
+  hit = count > 0
+  rows, lo, count = np.asarray(set_rows, np.int64)[hit], lo[hit], count[hit]
+  # Every position of a repeated shared id: the run lo .. lo + count - 1 of each hit.
+  which = np.repeat(np.arange(len(rows)), count)
+  offset = np.arange(len(which)) - np.repeat(np.cumsum(count) - count, count)
+  mask[rows[which], order[lo[which] + offset]] = True
+  return mask
+
+
 def rows_of(labels: SparseRows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """The (position in `rows`, label) pairs of the given rows of a sparse matrix."""
   starts, ends = labels.indptr[rows], labels.indptr[rows + 1]

@@ -47,17 +47,18 @@ class NegativeSampler:
     from shard s, or None; num_random: random draws per shard (default k_r, or k_r + k_h
     without hard negatives)."""
     b, S = len(rows), self.num_shards
-    indptr, indices = self.labels.indptr, self.labels.indices
-    starts, ends = indptr[rows], indptr[rows + 1]
+    all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
+    # Up to k_p positives per row; a row with more keeps a uniform random k_p-subset: its
+    # entries in order of a random key, the first k_p (vectorised over the batch).
+    order = np.lexsort((rng.random(len(all_pos_row)), all_pos_row))
+    row_start = np.searchsorted(all_pos_row, np.arange(b))
+    rank = np.arange(len(order)) - row_start[all_pos_row[order]]
+    kept = rank < self.k_p
+    keep, slot = order[kept], rank[kept]
     pos_ids = np.zeros((b, self.k_p), np.int32)
     pos_mask = np.zeros((b, self.k_p), bool)
-    for i in range(b):
-      row = indices[starts[i]:ends[i]]
-      if len(row) > self.k_p:
-        row = rng.choice(row, self.k_p, replace=False)
-      pos_ids[i, :len(row)] = row
-      pos_mask[i, :len(row)] = True
-    all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
+    pos_ids[all_pos_row[keep], slot] = all_pos_ids[keep]
+    pos_mask[all_pos_row[keep], slot] = True
 
     if hard_negatives is None:
       k_r = self.k_r + self.k_h if num_random is None else num_random
@@ -76,10 +77,9 @@ class NegativeSampler:
     lo, hi = self.shard_bounds[:, :1], self.shard_bounds[:, 1:]
     rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
     rand_weight = np.repeat(((hi - lo) / max(k_r, 1)).astype(np.float32).reshape(-1), k_r)
-    rand_full = np.broadcast_to(rand_ids, (b, S * k_r))
     excluded_rows = np.concatenate([all_pos_row, np.nonzero(hard_mask)[0]])
     excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
-    rand_mask = ~rowsets.member(rand_full, excluded_rows, excluded_ids)
+    rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
             "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
             "rand_mask": rand_mask, "rand_weight": rand_weight}

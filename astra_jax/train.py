@@ -6,6 +6,7 @@ metrics.jsonl (one JSON object per log line / evaluation).
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -470,6 +471,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       first_step = start_step if resumed else 0
       window_n, t_window = first_step, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
+      # At most 2 steps in flight: dispatch stays ahead of the device without the host
+      # queueing unboundedly many steps (and their batches) when the input is faster.
+      inflight = collections.deque()
+      wait_before = batches.wait_seconds
       for step, (host_batch, prep_s) in enumerate(
           batches.epoch(epoch, hard, first_step, n_random), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
@@ -487,6 +492,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           jax.block_until_ready(loss_only(scores, micro))
           t4 = time.perf_counter()
         params, opt_state, value, pooled = train_step(params, opt_state, batch, key)
+        inflight.append(value)
+        if len(inflight) > 2:
+          inflight.popleft().block_until_ready()
         if profiling:
           value.block_until_ready()
           t5 = time.perf_counter()
@@ -510,13 +518,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           qps = n_steps * config.train.batch_size / max(dt, 1e-9)
           eta = (total_steps - global_step) * dt / max(n_steps, 1)
           lr_e, lr_c = optim.learning_rates(config.optim, total_steps, global_step)
-          logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | lr %.2e/%.2e | "
-                       "negatives %d hard + %d random | ETA %s", epoch, step + 1,
-                       steps_per_epoch, value, qps, lr_e, lr_c, n_hard, n_random,
-                       time.strftime("%H:%M:%S", time.gmtime(eta)))
+          # Share of the window the loop blocked on the input queue (the device idle).
+          input_wait = (batches.wait_seconds - wait_before) / max(dt, 1e-9)
+          wait_before = batches.wait_seconds
+          logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | input wait %.1f%% | "
+                       "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s", epoch, step + 1,
+                       steps_per_epoch, value, qps, 100 * input_wait, lr_e, lr_c, n_hard,
+                       n_random, time.strftime("%H:%M:%S", time.gmtime(eta)))
           if not np.isfinite(value):
             raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
-          log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps)
+          log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps,
+                    input_wait=round(input_wait, 4))
           window_n, t_window = step + 1, time.time()
           if sparse and float(opt_state["scale"]) < 1e-2:
             fold_classifier()

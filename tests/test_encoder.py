@@ -10,7 +10,7 @@ from safetensors.numpy import load_file, save_file
 
 import numpy_bert
 from astra_jax.data.tokenize import load_tokenizer
-from astra_jax.model.encoder import Encoder, EncoderConfig
+from astra_jax.model.encoder import Encoder, EncoderConfig, dropout_mask
 from astra_jax.model.weights import WeightsError, hf_name, load_hf_weights
 
 
@@ -111,6 +111,40 @@ def test_bottleneck_and_dropout():
   drops = [np.asarray(model(ids, dropout_key=jax.random.key(s))) for s in range(200)]
   zero_frac = np.mean([np.mean(x == 0) for x in drops])
   assert 0.4 < zero_frac < 0.6
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.85])
+def test_dropout_mask_is_bernoulli(rate):
+  """The hash masks behave as independent Bernoulli(1 - rate) draws: the keep rate, pairs of
+  neighbouring elements along each axis, and the same element under two keys; each within
+  6 standard deviations of the binomial count."""
+  shape = (64, 48, 40)
+  n = np.prod(shape)
+  keep, p = dropout_mask(jax.random.key(0), rate, shape)
+  keep = np.asarray(keep)
+  assert abs(p - (1 - rate)) < 1e-9
+
+  def close(observed, q, count):
+    assert abs(observed - q) < 6 * np.sqrt(q * (1 - q) / count), (observed, q)
+
+  close(keep.mean(), p, n)
+  for axis in range(3):  # neighbours along each axis, incl. across row boundaries (flat)
+    a = np.moveaxis(keep, axis, 0)
+    close((a[1:] & a[:-1]).mean(), p * p, a[1:].size)
+  flat = keep.reshape(-1)
+  close((flat[1:] & flat[:-1]).mean(), p * p, n - 1)
+  other = np.asarray(dropout_mask(jax.random.key(1), rate, shape)[0])
+  close((keep & other).mean(), p * p, n)
+  # A key is not a shifted copy of another key's stream.
+  close((flat[1:] & other.reshape(-1)[:-1]).mean(), p * p, n - 1)
+
+
+def test_dropout_keeps_the_expectation():
+  from astra_jax.model.encoder import _dropout
+  x = jnp.full((200_000,), 3.0)
+  y = np.asarray(_dropout(x, 0.3, jax.random.key(5)))
+  assert set(np.unique(y)) <= {0.0, np.float32(3.0 / 0.7)}
+  assert abs(y.mean() - 3.0) < 6 * 3.0 * np.sqrt(0.3 / 0.7 / x.size)
 
 
 def test_every_parameter_has_an_hf_name():

@@ -63,3 +63,35 @@ def test_shard_errors():
   with pytest.raises(ValueError, match="not grouped by classifier shard"):
     sampler(np.arange(1), np.random.default_rng(0), np.array([[7, 2]]))  # block 0 = [0, 5)
   sampler(np.arange(1), np.random.default_rng(0), np.array([[2, -1]]))
+
+
+def test_shared_member_matches_the_pairwise_lookup():
+  """shared_member (the batch's shared random ids) against rowsets.member on the broadcast
+  (B, K) array, with repeated shared ids and repeated set entries."""
+  from astra_jax import rowsets
+  rng = np.random.default_rng(3)
+  for _ in range(20):
+    b, k, n = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60)
+    shared = rng.integers(0, 25, k)
+    set_rows, set_ids = rng.integers(0, b, n), rng.integers(0, 25, n)
+    expected = rowsets.member(np.broadcast_to(shared, (b, k)), set_rows, set_ids)
+    np.testing.assert_array_equal(rowsets.shared_member(shared, b, set_rows, set_ids), expected)
+
+
+def test_rows_with_many_positives_keep_a_uniform_subset():
+  """A row with 10 positives and k_p = 3: each draw is 3 distinct of its labels, each label
+  kept with probability 3/10 (binomial, 6 standard deviations); a short row keeps all."""
+  labels = SparseRows(np.array([0, 10, 12]), np.array([*range(10, 20), 3, 4], np.int32),
+                      np.ones(12, np.float32), 30)
+  sampler = NegativeSampler(labels, k_p=3, k_h=0, k_r=5)
+  rng = np.random.default_rng(0)
+  counts = np.zeros(30)
+  n = 3000
+  for _ in range(n):
+    batch = sampler(np.array([0, 1]), rng)
+    first = batch["pos_ids"][0][batch["pos_mask"][0]]
+    assert len(set(first)) == 3 and set(first) <= set(range(10, 20))
+    counts[first] += 1
+    assert sorted(batch["pos_ids"][1][batch["pos_mask"][1]]) == [3, 4]
+  p = 0.3
+  assert np.all(np.abs(counts[10:20] / n - p) < 6 * np.sqrt(p * (1 - p) / n))

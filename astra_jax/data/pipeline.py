@@ -31,6 +31,7 @@ class TrainBatches:
     self.tokens, self.sampler = tokens, sampler
     self.batch_size, self.seed, self.prefetch = batch_size, seed, prefetch
     self.micro_batches = micro_batches
+    self.wait_seconds = 0.0  # consumer time blocked on the prefetch queue, all epochs
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
       raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
@@ -99,7 +100,9 @@ class TrainBatches:
     thread.start()
     try:
       while True:
+        t0 = time.perf_counter()
         item = q.get()
+        self.wait_seconds += time.perf_counter() - t0
         if item is None:
           return
         if isinstance(item, BaseException):
