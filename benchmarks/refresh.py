@@ -9,7 +9,6 @@ and measures the demo model's train-step throughput outside a refresh and while 
 One JSON line per L: num_labels, num_queries, build_s, search_s, recall,
 steps_per_s_idle, steps_per_s_during_refresh.
 """
-import json
 import os
 import tempfile
 import time
@@ -26,6 +25,8 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.refresh import RefreshJob, RefreshWorker, save_labels
 from astra_jax.train import make_train_step
+
+import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("num_labels", ["100000", "1000000"], "label counts")
 flags.DEFINE_integer("num_queries", 100_000, "training queries mined per refresh")
@@ -96,10 +97,7 @@ def main(_):
              "recall": stats["recall"], "refresh_wall_s": round(time.time() - t0, 2),
              "steps_per_s_idle": round(idle, 2), "steps_per_s_during_refresh": round(busy, 2),
              "cpu_cores": os.cpu_count()}
-      print(json.dumps(row), flush=True)
-      if F.out:
-        with open(F.out, "a") as f:
-          f.write(json.dumps(row) + "\n")
+      jsonl.emit(row, F.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ One JSON line per (strategy, L): strategy, num_labels, step_ms (median of --step
 temp_bytes (XLA's temporary allocation for the compiled step).
 """
 import functools
-import json
 import statistics
 import time
 
@@ -25,6 +24,8 @@ from absl import app, flags
 
 from astra_jax import classifier_bench, loss
 from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
+
+import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
 flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
@@ -64,10 +65,7 @@ def main(_):
       row = {"strategy": strategy, "num_labels": L, "step_ms": round(1000 * statistics.median(times), 3),
              "temp_bytes": int(temp), "d": D, "batch_size": B, "k_p": KP, "k_h": KH, "k_r": KR,
              "device": jax.devices()[0].platform}
-      print(json.dumps(row), flush=True)
-      if F.out:
-        with open(F.out, "a") as f:
-          f.write(json.dumps(row) + "\n")
+      jsonl.emit(row, F.out)
       del w
 
 

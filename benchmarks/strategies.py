@@ -6,7 +6,6 @@ r"""The negative-sampling ablation (paper table tab:rq3) on one config, one line
 Every strategy trains from the same seed on the same data with the same number of
 negatives per query; each line: strategy, P@1, P@3, P@5, PSP@5, train_time_s, refreshes.
 """
-import json
 import os
 
 from absl import app, flags, logging
@@ -14,6 +13,8 @@ from ml_collections import config_flags
 
 from astra_jax import train
 from astra_jax.negatives.schedule import STRATEGIES
+
+import jsonl  # benchmarks/jsonl.py
 
 config_flags.DEFINE_config_file("config", "experiments/demo.py", "experiment config")
 flags.DEFINE_string("out", None, "JSON lines output")
@@ -32,10 +33,7 @@ def main(_):
            "train_time_s": r["train_time_s"], "num_labels": r["num_labels"],
            "epochs": r["epochs"], "refreshes": r["negatives"]["refreshes"]}
     rows.append(row)
-    print(json.dumps(row), flush=True)
-    if F.out:
-      with open(F.out, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    jsonl.emit(row, F.out)
   print("\n| strategy | P@1 | P@5 | train s |\n|---|---|---|---|")
   for row in rows:
     print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} | {row['train_time_s']:.0f} |")

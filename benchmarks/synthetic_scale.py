@@ -4,7 +4,6 @@ r"""Time and peak memory of the synthetic generator at large L.
 
 Writes one JSON line: num_labels, num_train, seconds, peak_rss_bytes, bytes_on_disk.
 """
-import json
 import os
 import resource
 import shutil
@@ -14,6 +13,8 @@ import time
 from absl import app, flags
 
 from astra_jax.data import synthetic
+
+import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_integer("num_labels", 10_000_000, "labels to generate")
 flags.DEFINE_integer("num_train", 100_000, "training queries")
@@ -34,10 +35,7 @@ def main(_):
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "bytes_on_disk": sum(os.path.getsize(os.path.join(out_dir, f))
                                  for f in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, f)))}
-  print(json.dumps(record))
-  if F.out:
-    with open(F.out, "a") as f:
-      f.write(json.dumps(record) + "\n")
+  jsonl.emit(record, F.out)
   if not F.dir:
     shutil.rmtree(out_dir)
 

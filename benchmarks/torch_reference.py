@@ -12,11 +12,12 @@ part (matmul, torch_encoder) with train_step.py's keys and FLOP formula.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 from absl import app, flags
+
+import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_string("dtype", "float32", "float32 | bfloat16 | float16 (autocast)")
 flags.DEFINE_bool("tf32", False, "allow TF32 for fp32 matmuls on CUDA (PyTorch's default: no)")
@@ -99,11 +100,7 @@ def main(_):
   for row in rows:
     row["share_of_matmul"] = row["gflops"] / mm_rate
     row.update(base)
-    row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-    print(json.dumps(row), flush=True)
-    if F.out:
-      with open(F.out, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    jsonl.emit(row, F.out, digits=4)
 
 
 if __name__ == "__main__":

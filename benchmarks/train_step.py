@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import statistics
 import time
 
@@ -50,6 +49,8 @@ from flax import nnx
 
 from astra_jax import optim, sharding, train
 from astra_jax.model.encoder import Encoder, EncoderConfig
+
+import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("parts", ["matmul", "encoder", "astra_d384", "astra_d64", "pipeline"],
                   "what to time")
@@ -288,11 +289,7 @@ def main(_):
     if enc and row["part"] not in ("matmul", "encoder"):
       row["over_encoder"] = row["step_ms"] / enc - 1
     row.update(base)
-    row = {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}
-    print(json.dumps(row), flush=True)
-    if F.out:
-      with open(F.out, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    jsonl.emit(row, F.out, digits=4)
 
 
 if __name__ == "__main__":
