@@ -470,4 +470,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+  from astra_jax import host_memory
+  host_memory.keep_freed_memory()  # before jax starts (see host_memory.py)
   sys.exit(main())
