@@ -36,7 +36,8 @@ def _fmix32(h: jax.Array) -> jax.Array:
 
 
 def dropout_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[jax.Array, float]:
-  """(keep mask, keep probability). Element i (row-major index) is kept when
+  """(keep mask, keep probability). Element i (row-major index, mod 2^32: tensors of over
+  4G elements would repeat their mask) is kept when
   fmix32(fmix32(i * golden ^ s0) + s1) >= round(rate * 2^32), with (s0, s1) drawn from `key`:
   two rounds so that two keys never give shifted copies of one stream. The keep probability
   is exact to 2^-32; the caller scales by its inverse, so E[dropout(x)] = x."""
