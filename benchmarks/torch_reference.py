@@ -17,6 +17,8 @@ import time
 
 from absl import app, flags
 
+from astra_jax.model.encoder_config import EncoderConfig  # jax-free
+
 import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_string("dtype", "float32", "float32 | bfloat16 | float16 (autocast)")
@@ -87,9 +89,8 @@ def main(_):
     scaler.update()
 
   enc_ms = median_ms(step, F.steps)
-  h, i, layers = 384, 1536, F.num_layers
-  tok = bsz * t
-  gflop = 3 * layers * (2 * tok * 4 * h * h + 2 * tok * 2 * h * i + 2 * 2 * bsz * t * t * h) / 1e9
+  layers = F.num_layers
+  gflop = EncoderConfig(num_layers=layers).train_step_gflop(bsz, t)  # train_step.py's count
   name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
   base = {"device": name, "platform": dev, "dtype": F.dtype, "batch_size": bsz, "seq_len": t,
           "num_layers": layers, "torch": torch.__version__, "transformers": transformers.__version__,

@@ -18,7 +18,7 @@ machine load (medians over the rounds; the ratios are what to compare on a share
 Encoder: the all-MiniLM-L6-v2 shape (6 layers, hidden 384, 12 heads, FFN 1536, vocab
 30522), batch 256 x 32 tokens, random weights (no model hub is needed for timing).
 
-Model FLOPs per step (matmuls only; layer norms, softmax, GELU, embedding scatter, dropout
+Model FLOPs per step (`EncoderConfig.train_step_gflop` plus the classifier; matmuls only; layer norms, softmax, GELU, embedding scatter, dropout
 and the optimizer are not counted), with n = B*T tokens, h hidden, I FFN width, l layers:
   forward  = l * (2*n*4*h*h + 2*n*2*h*I + 2*2*B*T*T*h)   [Q,K,V,O; FFN in/out; QK^T and PV]
            + 2*B*h*d                                        [bottleneck, when d != h]
@@ -44,10 +44,11 @@ host_memory.keep_freed_memory()  # as main.py does; before jax starts threads
 import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
+import optax
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import optim, sharding, train
+from astra_jax import config_base, optim, sharding, train
 from astra_jax.model.encoder import Encoder, EncoderConfig
 
 import jsonl  # benchmarks/jsonl.py
@@ -74,15 +75,11 @@ def encoder_config(bottleneck: int = 0) -> EncoderConfig:
 
 def model_gflop(cfg: EncoderConfig, classifier: bool) -> float:
   """The formula of the module docstring, in GFLOP per step."""
-  b, t, h, i = F.batch_size, F.seq_len, cfg.hidden_size, cfg.intermediate_size
-  n = b * t
-  fwd = cfg.num_layers * (2 * n * 4 * h * h + 2 * n * 2 * h * i + 2 * 2 * b * t * t * h)
-  d = cfg.embed_dim
-  if d != h:
-    fwd += 2 * b * h * d
+  gflop = cfg.train_step_gflop(F.batch_size, F.seq_len)
   if classifier:
-    fwd += 2 * b * (F.k_p + F.k_h) * d + 2 * b * F.k_r * d
-  return 3 * fwd / 1e9
+    b, d = F.batch_size, cfg.embed_dim
+    gflop += 3 * (2 * b * (F.k_p + F.k_h) * d + 2 * b * F.k_r * d) / 1e9
+  return gflop
 
 
 def timed_ms(fn) -> float:
@@ -97,13 +94,13 @@ def median_ms(fn, steps: int) -> float:
   return statistics.median(timed_ms(fn) for _ in range(steps))
 
 
-def matmul_ms() -> tuple[float, float]:
+def matmul() -> tuple:
+  """(one n^3 product per call, its GFLOP)."""
   n = F.matmul_n
-  dtype = jnp.float32 if F.dtype == "float32" else jnp.dtype(F.dtype)
-  a = jax.random.normal(jax.random.key(0), (n, n), dtype)
-  b = jax.random.normal(jax.random.key(1), (n, n), dtype)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(F.dtype))
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.dtype(F.dtype))
   f = jax.jit(lambda a, b: a @ b)
-  return median_ms(lambda: f(a, b), max(F.steps, 10)), 2 * n ** 3 / 1e9
+  return (lambda: f(a, b)), 2 * n ** 3 / 1e9
 
 
 def tokens(rng: np.random.Generator, vocab: int) -> np.ndarray:
@@ -115,15 +112,10 @@ def tokens(rng: np.random.Generator, vocab: int) -> np.ndarray:
   return ids
 
 
-def optim_config():
-  from astra_jax import config_base
-  return config_base.base_config().optim
-
-
 def encoder_step(cfg: EncoderConfig):
   """One encoder-alone step per call (state threaded through donated buffers)."""
   graphdef, params = nnx.split(Encoder(cfg, nnx.Rngs(0)))
-  tx = optim.encoder_optimizer(optim_config(), 1000)
+  tx = optim.encoder_optimizer(config_base.base_config().optim, 1000)
   opt_state = tx.init(params)
   ids = jnp.asarray(tokens(np.random.default_rng(0), cfg.vocab_size))
   cotangent = jnp.full((F.batch_size, cfg.embed_dim), 1.0 / F.batch_size, jnp.float32)
@@ -133,7 +125,7 @@ def encoder_step(cfg: EncoderConfig):
     emb, vjp, _ = jax.vjp(lambda p: train.encode(graphdef, p, ids, key), params, has_aux=True)
     (g,) = vjp(cotangent.astype(emb.dtype))
     updates, opt_state = tx.update(g, opt_state, params)
-    return optax_apply(params, updates), opt_state
+    return optax.apply_updates(params, updates), opt_state
 
   state = [params, opt_state]
 
@@ -141,11 +133,6 @@ def encoder_step(cfg: EncoderConfig):
     state[0], state[1] = step(state[0], state[1], ids, jax.random.key(1))
     return state[0]
   return run
-
-
-def optax_apply(params, updates):
-  import optax
-  return optax.apply_updates(params, updates)
 
 
 def label_batch(rng: np.random.Generator, L: int) -> dict:
@@ -161,17 +148,15 @@ def label_batch(rng: np.random.Generator, L: int) -> dict:
 
 def astra_setup(cfg: EncoderConfig):
   graphdef, enc_params = nnx.split(Encoder(cfg, nnx.Rngs(0)))
-  oc = optim_config()
+  oc = config_base.base_config().optim
   tx = optim.encoder_optimizer(oc, 1000)
   mesh = sharding.make_mesh(1, 1)
   L = F.num_labels
   w = 0.02 * jax.random.normal(jax.random.key(2), (L, cfg.embed_dim), jnp.float32)
   params = {"encoder": enc_params, "classifier": w}
-  opt_state = train.init_sparse_opt_state(tx, params)
-  params, opt_state = sharding.shard_params(params, opt_state, mesh)
   scaling = "dynamic" if F.dtype == "float16" else "off"
-  if scaling == "dynamic":
-    opt_state["loss_scale"] = jax.tree.map(jnp.asarray, train.loss_scale.init(2.0 ** 15))
+  opt_state = train.init_sparse_opt_state(tx, params, 2.0 ** 15 if scaling == "dynamic" else 1.0)
+  params, opt_state = sharding.shard_params(params, opt_state, mesh)
   step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 1000),
                                       oc.classifier_weight_decay, mesh, F.batch_size, scaling)
   return mesh, params, opt_state, step
@@ -261,10 +246,10 @@ def main(_):
       jax.block_until_ready(run())
   # Round robin: step i of every part (and a matmul) runs under the same machine load, so
   # the ratios between parts hold on a noisy shared machine; medians over the rounds.
+  mm_run, mm_gflop = matmul()
   mm_samples, times = [], {part: [] for part in runs}
-  mm_gflop = matmul_ms()[1]
   for _ in range(F.steps):
-    mm_samples.append(matmul_ms()[0])
+    mm_samples.append(median_ms(mm_run, 10))
     for part, run in runs.items():
       times[part].append(timed_ms(run))
   mm_ms = statistics.median(mm_samples)

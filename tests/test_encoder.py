@@ -147,6 +147,17 @@ def test_dropout_keeps_the_expectation():
   assert abs(y.mean() - 3.0) < 6 * 3.0 * np.sqrt(0.3 / 0.7 / x.size)
 
 
+def test_train_step_flops_by_hand():
+  """One layer, h=2, I=4, B=1, T=2: forward = 2*2*4*2^2 (Q,K,V,O) + 2*2*2*2*4 (FFN) +
+  2*2*1*2^2*2 (QK^T, PV) = 160 FLOP, +2*1*2*3 = 12 with a bottleneck to 3; step = 3x."""
+  cfg = EncoderConfig(hidden_size=2, intermediate_size=4, num_layers=1, num_heads=1)
+  assert cfg.train_step_gflop(1, 2) * 1e9 == pytest.approx(480)
+  assert cfg.__class__(**{**cfg.__dict__, "bottleneck_dim": 3}).train_step_gflop(1, 2) * 1e9 \
+      == pytest.approx(516)
+  # all-MiniLM-L6-v2 at 256 x 32 tokens: the 529 GFLOP of benchmarks/train_step.py.
+  assert EncoderConfig().train_step_gflop(256, 32) == pytest.approx(529.086283776)
+
+
 def test_every_parameter_has_an_hf_name():
   for model_type, cfg in (("bert", EncoderConfig(vocab_size=10, hidden_size=8, num_layers=2,
                                                   num_heads=2, intermediate_size=8)),

@@ -16,6 +16,8 @@ fp32) rather than nnx.LayerNorm, whose broadcast scale XLA:CPU materialises per 
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -36,17 +38,13 @@ def _fmix32(h: jax.Array) -> jax.Array:
 
 
 def dropout_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[jax.Array, float]:
-  """(keep mask, keep probability). Element i (row-major index, mod 2^32: tensors of over
-  4G elements would repeat their mask) is kept when
+  """(keep mask, keep probability). Element i (row-major index; tensors up to 2^32
+  elements) is kept when
   fmix32(fmix32(i * golden ^ s0) + s1) >= round(rate * 2^32), with (s0, s1) drawn from `key`:
   two rounds so that two keys never give shifted copies of one stream. The keep probability
   is exact to 2^-32; the caller scales by its inverse, so E[dropout(x)] = x."""
   s = jax.random.bits(key, (2,), jnp.uint32)
-  index = jnp.zeros(shape, jnp.uint32)
-  stride = 1
-  for axis in reversed(range(len(shape))):
-    index = index + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
-    stride = (stride * shape[axis]) & 0xFFFFFFFF
+  index = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
   h = _fmix32(_fmix32((index * jnp.uint32(0x9E3779B9)) ^ s[0]) + s[1])
   threshold = min(round(rate * 2.0 ** 32), 2 ** 32 - 1)
   return h >= jnp.uint32(threshold), 1.0 - threshold / 2.0 ** 32

@@ -34,6 +34,18 @@ class EncoderConfig:
   def embed_dim(self) -> int:
     return self.bottleneck_dim or self.hidden_size
 
+  def train_step_gflop(self, batch_size: int, seq_len: int) -> float:
+    """Model GFLOP of one forward + backward (3 x forward), matmuls only: per layer Q, K, V, O
+    and the two FFN matmuls over B*T tokens, QK^T and PV; plus the bottleneck when there
+    is one. Layer norms, softmax, GELU, the embedding lookup and the optimizer are not
+    counted (the convention of MFU figures)."""
+    b, t, h, i = batch_size, seq_len, self.hidden_size, self.intermediate_size
+    n = b * t
+    fwd = self.num_layers * (2 * n * 4 * h * h + 2 * n * 2 * h * i + 2 * 2 * b * t * t * h)
+    if self.bottleneck_dim:
+      fwd += 2 * b * h * self.bottleneck_dim
+    return 3 * fwd / 1e9
+
   @staticmethod
   def from_hf(config: str | dict, **overrides) -> "EncoderConfig":
     """From a HF config.json path/dict (BERT or DistilBERT keys)."""
