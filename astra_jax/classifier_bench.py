@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from astra_jax import loss, sharding
+from astra_jax import host_memory, loss, sharding
 
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
 
@@ -82,6 +82,7 @@ def measure(method: str, num_labels: int, steps: int = 10) -> dict:
   rng = np.random.default_rng(0)
   L = int(num_labels)
   w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
+  host_memory.back_with_huge_pages(w)  # as the trainer does (CPU backend)
   emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
   batch = make_batch(L, rng)
   row = {"method": method, "num_labels": L, "d": D, "batch_size": B, "k_p": KP, "k_h": KH,

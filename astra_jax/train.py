@@ -23,8 +23,8 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, distributed, loss, loss_scale, metrics, optim, predict, sharding,
-                       sparse_sgd)
+from astra_jax import (checkpoint, config_base, distributed, host_memory, loss, loss_scale,
+                       metrics, optim, predict, sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -417,6 +417,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
+  if sparse:  # the donated V keeps its buffer, so once covers the run (CPU backend only)
+    t = time.time()
+    advised = host_memory.back_with_huge_pages(params["classifier"])
+    if advised:
+      logging.info("classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9,
+                   time.time() - t)
   last_save = time.time()
 
   # What a refresh needs from the host, evaluated when called: the label vectors to index

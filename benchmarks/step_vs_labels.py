@@ -10,14 +10,22 @@ the rows, and the update of W. Two updates are compared:
   astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
   full          the full-L BCE baseline (every label, blocks of 8192) + dense SGD; stops at
                 --full_max_labels
-One JSON line per (strategy, L): strategy, num_labels, step_ms (median of --steps),
-temp_bytes (XLA's temporary allocation for the compiled step).
+Every (strategy, L) keeps its W and is timed in --rounds passes over all of them (each pass:
+3 warm-up steps, then --steps timed), so slow drifts of the machine's load reach every case
+alike. One JSON line per (strategy, L): strategy, num_labels, step_ms (median of all timed
+steps), steps_timed, temp_bytes (XLA's temporary allocation for the compiled step),
+huge_page_bytes (W's bytes on transparent huge pages, as the trainer does on the CPU
+backend: host_memory.py).
 """
 import functools
 import statistics
 import time
 
-import jax
+from astra_jax import host_memory
+
+host_memory.keep_freed_memory()  # as main.py does; before jax starts threads
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
@@ -30,7 +38,11 @@ import jsonl  # benchmarks/jsonl.py
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
 flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
 flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
-flags.DEFINE_integer("steps", 30, "timed steps (after 3 warm-up steps)")
+flags.DEFINE_integer("steps", 100, "timed steps per (strategy, L) and round, after 3 "
+                     "warm-up steps; fewer where a round would pass --round_seconds")
+flags.DEFINE_integer("rounds", 3, "passes over every (strategy, L): the machine's load drifts, "
+                     "and each case gets a share of every period")
+flags.DEFINE_float("round_seconds", 10.0, "time budget of one case in one round")
 flags.DEFINE_string("out", None, "append JSON lines here")
 
 
@@ -40,33 +52,56 @@ def astra_dense_step(w, scale, emb, batch):
   return (1 - LR * WD) * w - LR * g, scale
 
 
+class Case:
+  """One (strategy, L): its step, its W (kept across rounds: the huge-page advice and the
+  donated buffer stay), its batches and the step times so far."""
+
+  def __init__(self, strategy: str, L: int, rng: np.random.Generator):
+    self.strategy, self.L = strategy, L
+    self.fn = {"astra": classifier_bench.astra_step(), "astra_dense": astra_dense_step,
+               "full": classifier_bench.full_step}[strategy]
+    self.w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
+    self.huge = host_memory.back_with_huge_pages(self.w)
+    self.scale = jnp.float32(1.0)
+    self.emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
+    self.batches = [make_batch(L, rng) for _ in range(4)]
+    compiled = self.fn.lower(self.w, self.scale, self.emb, self.batches[0]).compile()
+    self.temp = int(compiled.memory_analysis().temp_size_in_bytes)
+    self.times = []
+
+  def step(self, i: int) -> float:
+    t0 = time.perf_counter()
+    self.w, self.scale = self.fn(self.w, self.scale, self.emb, self.batches[i % 4])
+    self.w.block_until_ready()
+    return time.perf_counter() - t0
+
+  def run_round(self, steps: int, seconds: float) -> None:
+    warm = [self.step(i) for i in range(3)]  # W back into the caches, as in training
+    n = max(3, min(steps, int(seconds / max(min(warm), 1e-6))))
+    self.times += [self.step(i) for i in range(n)]
+
+  def row(self) -> dict:
+    return {"strategy": self.strategy, "num_labels": self.L,
+            "step_ms": round(1000 * statistics.median(self.times), 3), "temp_bytes": self.temp,
+            "huge_page_bytes": self.huge, "steps_timed": len(self.times), "d": D,
+            "batch_size": B, "k_p": KP, "k_h": KH, "k_r": KR,
+            "device": jax.devices()[0].platform}
+
+
 def main(_):
   F = flags.FLAGS
   rng = np.random.default_rng(0)
-  for L in (int(float(x)) for x in F.num_labels):
-    for strategy in F.strategies:
-      if strategy == "full" and L > F.full_max_labels:
-        continue
-      fn = {"astra": classifier_bench.astra_step(), "astra_dense": astra_dense_step,
-            "full": classifier_bench.full_step}[strategy]
-      w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
-      scale = jnp.float32(1.0)
-      emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
-      batches = [make_batch(L, rng) for _ in range(4)]
-      compiled = fn.lower(w, scale, emb, batches[0]).compile()
-      temp = compiled.memory_analysis().temp_size_in_bytes
-      times = []
-      for i in range(F.steps + 3):
-        t0 = time.perf_counter()
-        w, scale = fn(w, scale, emb, batches[i % 4])
-        w.block_until_ready()
-        if i >= 3:
-          times.append(time.perf_counter() - t0)
-      row = {"strategy": strategy, "num_labels": L, "step_ms": round(1000 * statistics.median(times), 3),
-             "temp_bytes": int(temp), "d": D, "batch_size": B, "k_p": KP, "k_h": KH, "k_r": KR,
-             "device": jax.devices()[0].platform}
-      jsonl.emit(row, F.out)
-      del w
+  cases = [Case(strategy, L, rng) for L in (int(float(x)) for x in F.num_labels)
+           for strategy in F.strategies
+           if not (strategy == "full" and L > F.full_max_labels)]
+  for r in range(F.rounds):
+    for case in cases:
+      case.run_round(F.steps, F.round_seconds)
+    print(f"round {r + 1}/{F.rounds}: " + ", ".join(
+        f"{c.strategy}@{c.L:.0e} {1000 * statistics.median(c.times):.2f} ms" for c in cases),
+        flush=True)
+  for case in cases:
+    jsonl.emit(case.row(), F.out)
 
 
 if __name__ == "__main__":

@@ -38,3 +38,44 @@ def test_freed_blocks_are_reused_without_page_faults(opt_out):
     assert not applied and faults >= 64
   else:
     assert applied and faults < 16
+
+
+def _thp_mode() -> str:
+  try:
+    with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+      return f.read().split("[")[1].split("]")[0]
+  except (OSError, IndexError):
+    return "absent"
+
+
+def _anon_huge_bytes(start: int, size: int) -> int:
+  """AnonHugePages of the mappings that overlap [start, start + size), from the kernel's
+  /proc/self/smaps (madvise splits a mapping at the advised range)."""
+  inside, total = False, 0
+  with open("/proc/self/smaps") as f:
+    for line in f:
+      head = line.split()[0]
+      if "-" in head and not head.endswith(":"):
+        lo, hi = (int(x, 16) for x in head.split("-"))
+        inside = lo < start + size and start < hi
+      elif inside and head == "AnonHugePages:":
+        total += int(line.split()[1]) * 1024
+  return total
+
+
+@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="no transparent huge pages")
+def test_classifier_buffer_is_backed_by_huge_pages():
+  import jax
+  import jax.numpy as jnp
+
+  from astra_jax import host_memory
+
+  w = jax.block_until_ready(jnp.ones((1 << 20, 64), jnp.float32))  # 256 MiB on the CPU
+  pointer = w.addressable_shards[0].data.unsafe_buffer_pointer()
+  before = _anon_huge_bytes(pointer, w.nbytes)
+  advised = host_memory.back_with_huge_pages(w)
+  assert advised >= w.nbytes - (4 << 20)  # all but the partial huge pages at the ends
+  after = _anon_huge_bytes(pointer, w.nbytes)
+  assert after >= before + advised // 2, (before, advised, after)
+  assert host_memory.back_with_huge_pages(w[:10]) == 0  # small buffers: left alone
+  assert float(w.sum()) == w.size  # the data is unchanged
