@@ -57,12 +57,13 @@ _astra_loss = jax.jit(loss.batch_loss)
 _full_fwd = jax.jit(lambda emb, w, b: loss.full_bce_chunked(emb, w, b["pos_ids"], b["pos_mask"]))
 
 
-def make_batch(L: int, rng: np.random.Generator) -> dict:
+def make_batch(L: int, rng: np.random.Generator, per_query: bool = True) -> dict:
+  """Label arrays of one batch; random draws per query (the trainer's default) or shared."""
   return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, KP)), jnp.int32),
           "pos_mask": jnp.ones((B, KP), bool),
           "hard_ids": jnp.asarray(rng.integers(0, L, (B, KH)), jnp.int32),
           "hard_mask": jnp.ones((B, KH), bool),
-          "rand_ids": jnp.asarray(rng.integers(0, L, KR), jnp.int32),
+          "rand_ids": jnp.asarray(rng.integers(0, L, (B, KR) if per_query else KR), jnp.int32),
           "rand_mask": jnp.ones((B, KR), bool),
           "rand_weight": jnp.full((KR,), L / KR, jnp.float32)}
 

@@ -69,7 +69,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/schedule.py
   c.negatives.k_p = 7              # positives per query (padded with a mask)
   c.negatives.k_h = 50             # hard negatives per query
-  c.negatives.k_r = 400            # random negatives per batch (shared by its queries)
+  c.negatives.k_r = 400            # random negatives per query (per W shard)
+  # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw of
+  # k_r serves the whole batch (a B x k_r matmul, B times fewer rows gathered, but every
+  # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates; README)
+  c.negatives.random_draws = "per_query"
   c.negatives.tau_s = 5            # first epoch with hard negatives
   c.negatives.tau_r = 5            # epochs between index refreshes
   c.negatives.index = "auto"       # auto (exact up to 50k labels, else scann) | exact | scann
@@ -151,6 +155,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for k in ("k_p", "k_r"):
     need(c.negatives[k] >= 1, f"negatives.{k}", f"must be >= 1, got {c.negatives[k]}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  need(c.negatives.random_draws in ("per_query", "shared"), "negatives.random_draws",
+       f"use per_query or shared, got {c.negatives.random_draws!r}")
   need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",
        f"unknown index {c.negatives.index!r}; use auto, exact or scann")
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",

@@ -9,9 +9,11 @@ For one query with positives P, hard negatives H and k_r uniform draws r_1..r_k 
 softplus(f) = f + log(1 + exp(-f)) is the paper's negative term. The draws are uniform over
 all of [L] with replacement and the indicator masks out positives and hard negatives, so
 E[random term] = sum_{l not in P u H} softplus(f_l) exactly: the estimator is unbiased for
-the full BCE (Lemma 1). The paper draws from [L] \\ H with weight (L - k_h)/k_r; drawing
-from [L] lets one draw serve the whole batch (a dense B x k_r matmul) at the cost of
-losing the ~k_h/L of draws that hit H, which is negligible for L >> k_h.
+the full BCE (Lemma 1). Each query draws its own k_r, as in the paper's Algorithm 1
+(negatives.random_draws=per_query), or one draw serves the whole batch (=shared: a dense
+B x k_r matmul, unbiased too but much noisier; README). The paper draws from [L] \\ H with
+weight (L - k_h)/k_r; drawing from [L] loses the ~k_h/L of draws that hit H, negligible for
+L >> k_h.
 
 Reduction: sum over labels, mean over the batch (the paper's peers found mean-over-labels
 trains worse).
@@ -45,13 +47,14 @@ def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
 
 def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
   """The classifier forward pass over W (L, d): scores of positives (B, k_p), hard
-  negatives (B, k_h) (rows gathered per query) and the shared random negatives (B, k_r)
-  (one dense matmul)."""
+  negatives (B, k_h) and random negatives (B, k_r), rows gathered per query; random ids of
+  shape (k_r,) are one draw shared by the batch (one dense matmul)."""
   emb = embeddings.astype(jnp.float32)
   rows = lambda ids: classifier[ids].astype(jnp.float32)
+  rand = rows(batch["rand_ids"])
   return (jnp.einsum("bd,bkd->bk", emb, rows(batch["pos_ids"])),
           jnp.einsum("bd,bkd->bk", emb, rows(batch["hard_ids"])),
-          emb @ rows(batch["rand_ids"]).T)
+          emb @ rand.T if rand.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rand))
 
 
 def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:

@@ -59,6 +59,14 @@ MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
 SYNTHETIC_QUERY_BUDGET = 400_000
 TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a random tiny
                         # BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
+# The paper's embedding dropout (0.7-0.85) regularises a pretrained 768-d encoder; on the
+# tiny random BERT's 64-d E(x) it leaves ~10 live coordinates and training collapses to
+# predicting the head label (LF-AmazonTitles-131K stand-in: P@1 0.9-11 at 0.85, 22-79 at 0.2
+# depending on the draws). The demo's value.
+TINY_EMBEDDING_DROPOUT = 0.2
+# Fewest negatives per query a stand-in keeps (k_h + k_r) when the paper's share of the
+# labels would leave fewer (SS-20M at 1e-4: 0.2).
+SYNTHETIC_MIN_NEGATIVES = 64
 
 
 def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset:
@@ -158,8 +166,10 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
     * encoder: the base config's tiny random BERT over the generated tokenizer, encoder
       lr TINY_ENCODER_LR (the paper's lr fine-tunes a pretrained model);
     * warmup x scale: the same fraction of training (steps per epoch shrink by scale);
-    * k_h + k_r at most L/2 per query (scaled down together): at small L the table's
-      thousands of negatives would be most of the labels;
+    * embedding dropout TINY_EMBEDDING_DROPOUT (see there);
+    * k_h and k_r x scale, in the table's ratio: each query sees the same share of the
+      labels as in the paper and random negatives keep the paper's weight L / k_r (at
+      least SYNTHETIC_MIN_NEGATIVES in all, at most L/2);
     * max_len 32 (a generated query names ~4 words per positive: with many positives,
       as SS-20M's 26, the text is cut), float32, a 1 x 1 mesh: one CPU device.
       (--config.mesh.model=M with XLA_FLAGS=--xla_force_host_platform_device_count=M
@@ -189,10 +199,12 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   _unlink(c.data, "tokenizer_dir", "")        # the generator's tokenizer
   c.encoder.dtype = "float32"
   c.optim.encoder_lr = TINY_ENCODER_LR
+  c.encoder.embedding_dropout = TINY_EMBEDDING_DROPOUT
   c.optim.warmup_steps = max(1, round(c.optim.warmup_steps * scale))
   k_h = c.paper.k_h_per_gpu * c.paper.gpus
   k_r = c.paper.k_r_per_gpu * c.paper.gpus
-  shrink = min(1.0, (L / 2) / (k_h + k_r))
+  total = min(L / 2, max((k_h + k_r) * scale, SYNTHETIC_MIN_NEGATIVES))
+  shrink = min(1.0, total / (k_h + k_r))
   shards = c.mesh.get_ref("model")
   c.negatives.k_h = FieldReference(max(1, int(k_h * shrink))) // shards
   c.negatives.k_r = FieldReference(max(1, int(k_r * shrink))) // shards

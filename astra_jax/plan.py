@@ -261,17 +261,23 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
       dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4,
                       "3 x B x block x 4"))
   kk = k_p + k_h + k_r
-  gathered = (b_clf * (k_p + k_h) + k_r) * d * 4
+  # Rows gathered per query: k_p + k_h, + k_r with per-query draws; a shared draw of k_r
+  # serves the batch.
+  per_query = nc.get("random_draws", "per_query") == "per_query"
+  k_row, k_once, k_txt = ((k_p + k_h + k_r, 0, "k_p + k_h + k_r") if per_query else
+                          (k_p + k_h, k_r, "k_p + k_h"))
+  gathered = (b_clf * k_row + k_once) * d * 4
   scores = b_clf * kk * (4 + 4 + 1)
   # Row gradients are all-gathered over 'data' (every replica of a shard applies the same
   # update), kept for all A micro-batches, and concatenated once for the scatter: x 2.
-  row_grads = 2 * (B * (k_p + k_h) + A * k_r) * (d * 4 + 4)
+  row_grads = 2 * (B * k_row + A * k_once) * (d * 4 + 4)
+  once = " + k_r" if k_once else ""
   if not dense:
     dev.append(Item("classifier step: gathered rows + scores, their grads, masks",
                     gathered + scores + 2 * b_clf * d * 4,
-                    "(B_g (k_p + k_h) + k_r) d 4 + B_g (k_p + k_h + k_r) 9 + 2 B_g d 4"))
+                    f"(B_g ({k_txt}){once}) d 4 + B_g (k_p + k_h + k_r) 9 + 2 B_g d 4"))
     dev.append(Item("classifier step: row gradients for the update (all micro-batches)",
-                    row_grads, "2 x (B (k_p + k_h) + A k_r) x (d x 4 + 4)"))
+                    row_grads, f"2 x (B ({k_txt}){' + A k_r' if k_once else ''}) x (d x 4 + 4)"))
 
   # Host. A refresh mines every training row against an index over one shard's rows; the
   # worker holds the index, the W snapshot, the mined (N, k) array and the positives.
@@ -329,6 +335,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
              "encoder_queries_per_device": b_enc, "classifier_queries_per_device": b_clf,
              "max_len": T},
       negatives={"k_p": k_p, "k_h_per_shard": k_h, "k_r_per_shard": k_r, "shards": M,
+                 "random_draws": "per_query" if per_query else "shared",
                  "index": index_kind, "dense_update": dense},
       gpu=gpu, device_items=dev, worker_items=worker, trainer_items=trainer,
       disk_items=disk, notes=notes)
@@ -412,8 +419,8 @@ def format_plan(p: Plan) -> str:
       f"encoder {b['encoder_queries_per_device']} queries per device, classifier "
       f"{b['classifier_queries_per_device']}; {b['max_len']} tokens",
       f"  negatives per query: {n['k_p']} positives (padded), {n['shards']} x {n['k_h_per_shard']} "
-      f"hard, {n['shards']} x {n['k_r_per_shard']} random (per W shard x shards); "
-      f"index {n['index']}",
+      f"hard, {n['shards']} x {n['k_r_per_shard']} random (per W shard x shards; "
+      f"{n['random_draws'].replace('_', ' ')} draws); index {n['index']}",
       "",
       f"  {'GPU memory per device':<74}{'GiB':>8}",
   ]

@@ -81,6 +81,12 @@ class Run:
   overrides: tuple[tuple[str, object], ...] = ()
   bench: tuple[str, int] | None = None  # (method, L)
   group: str = ""  # sub-directory: runs at another scale or epoch count never collide
+  seed: int = 0  # train.seed (also in overrides); seeds > 0 live in group/seedN/
+
+  @property
+  def key(self) -> str:
+    """The run's name in a table's results: NAME for seed 0, NAME#seedN otherwise."""
+    return self.name if self.seed == 0 else f"{self.name}#seed{self.seed}"
 
   def execute(self, workdir: str) -> dict:
     if self.bench is not None:
@@ -104,7 +110,8 @@ class Run:
 
 
 def run_dir(root: str, run: Run) -> str:
-  return os.path.join(root, run.group, run.name.replace("+", "_"))
+  return os.path.join(root, run.group, f"seed{run.seed}" if run.seed else "",
+                      run.name.replace("+", "_"))
 
 
 def stand_in_group(scale: float, epochs: int) -> str:
@@ -131,16 +138,20 @@ def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict
 
 
 def _train_overrides(epochs: int, **extra) -> tuple:
-  # Same seed and data for every run; per-epoch evaluations feed the P@1-vs-time plot.
+  # Same data for every run and seed 0 unless given; per-epoch evaluations feed the
+  # P@1-vs-time plot.
   base = {"train.epochs": epochs, "train.batch_size": 128, "train.eval_every_epochs": 1,
           "train.seed": 0}
   return tuple(sorted({**base, **extra}.items()))
 
 
-def ablation_runs(scale: float, epochs: int) -> list[Run]:
+def ablation_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]:
+  """Every strategy with training seeds 0 .. seeds-1 (the data is the same for all)."""
   v = f"synthetic,{scale}"
-  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s}),
-              group=stand_in_group(scale, epochs)) for s in ABLATION]
+  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s,
+                                                          "train.seed": k}),
+              group=stand_in_group(scale, epochs), seed=k)
+          for k in range(seeds) for s in ABLATION]
 
 
 def plot_runs(scale: float, epochs: int) -> list[Run]:
@@ -198,16 +209,30 @@ def last_mean(result: dict, key: str, n: int = 5) -> float | None:
   return sum(e[key] for e in ev) / len(ev) if len(ev) == n else None
 
 
+def seed_results(results: dict[str, dict], name: str) -> list[dict]:
+  """A run's results for seeds 0, 1, ... (as many as `results` holds)."""
+  out = [results[name]]
+  while f"{name}#seed{len(out)}" in results:
+    out.append(results[f"{name}#seed{len(out)}"])
+  return out
+
+
+def _mean(xs: list) -> float | None:
+  return None if not xs or any(x is None for x in xs) else sum(xs) / len(xs)
+
+
 def tab_rq3(results: dict[str, dict]) -> list[list[str]]:
   rows = [["strategy", "paper P@1", "paper P@5", "ours P@1", "ours P@5",
-           "ours P@1, mean of last 5 epochs", "ours train s"]]
+           "ours P@1, mean of last 5 epochs", "ours train s", "ours P@1 per seed"]]
   for s in ABLATION:
-    r = results[s]
+    rs = seed_results(results, s)
+    mean = lambda f: _mean([f(r) for r in rs])
     p1, p5 = PAPER_RQ3[s]
-    rows.append([s, _f(p1), _f(p5), _f(r["P@1"]), _f(r["P@5"]), _f(last_mean(r, "P@1")),
-                 _f(r["train_time_s"], 0)])
+    rows.append([s, _f(p1), _f(p5), _f(mean(lambda r: r["P@1"])), _f(mean(lambda r: r["P@5"])),
+                 _f(mean(lambda r: last_mean(r, "P@1"))), _f(mean(lambda r: r["train_time_s"]), 0),
+                 " / ".join(_f(r["P@1"]) for r in rs)])
   # The paper's curriculum over label-embedding negatives; our curriculum is over W only.
-  rows.append(["curriculum (E hard)", "45.84", "21.75", "not implemented", "", "", ""])
+  rows.append(["curriculum (E hard)", "45.84", "21.75", "not implemented", "", "", "", ""])
   return rows
 
 
@@ -309,7 +334,7 @@ def plot_ttvsperf(results: dict[str, dict], path: str) -> list[list[str]]:
 class Table:
   paper_label: str
   caption: str
-  runs: Callable[[float, int], list[Run]]
+  runs: Callable[[float, int, int], list[Run]]  # (scale, epochs, seeds)
   tabulate: Callable[[dict[str, dict]], list[list[str]]]
   plot: bool = False
 
@@ -329,26 +354,26 @@ TABLES: dict[str, Table] = {
                          + "Rows 1-3 (data prep, copy to device, encoder forward) do not depend "
                          "on L and are left out; the paper's are whole iterations' rows. Our "
                          "CPU was shared with other work.",
-                         lambda s, e: bench_runs(), tab_timebreakup),
+                         lambda s, e, n: bench_runs(), tab_timebreakup),
     "memory": Table("tab:memory", "Classifier-step memory (XLA's temporary allocation of the "
                     "compiled step, MB). " + _BENCH_NOTE
                     + "The paper's: GPU memory of the classifier forward pass.",
-                    lambda s, e: bench_runs(), tab_memory),
+                    lambda s, e, n: bench_runs(), tab_memory),
     "tau_s_ablation": Table(
         "tab:tau_s_ablation", "τ_s ablation (the paper's values as they are; at --epochs=15, "
         "the default, τ_s = 20 never refreshes: all random). "
         + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
-        lambda s, e: tau_runs("tau_s", s, e), lambda r: tab_tau(r, "tau_s")),
+        lambda s, e, n: tau_runs("tau_s", s, e), lambda r: tab_tau(r, "tau_s")),
     "tau_r_ablation": Table(
         "tab:tau_r_ablation", "τ_r ablation (the paper's values as they are; at --epochs=15, "
         "the default, with τ_s = 5, τ_r = 10 and 20 both refresh once, at epoch 5: the same "
         "run). " + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
-        lambda s, e: tau_runs("tau_r", s, e), lambda r: tab_tau(r, "tau_r")),
+        lambda s, e, n: tau_runs("tau_r", s, e), lambda r: tab_tau(r, "tau_r")),
     "ratio_ablation": Table("tab:ratio_ablation", "k_h:k_r ablation. " + _STAND_IN_NOTE.format(
-        ds="LF-AmazonTitles-131K", cfg=STAND_IN), ratio_runs, tab_ratio),
+        ds="LF-AmazonTitles-131K", cfg=STAND_IN), lambda s, e, n: ratio_runs(s, e), tab_ratio),
     "ttvsperf": Table("fig:ttvsperf", "P@1 against training time (per-epoch evaluations). "
                       + _STAND_IN_NOTE.format(ds="LF-AmazonTitles-131K", cfg=STAND_IN),
-                      plot_runs, None, plot=True),
+                      lambda s, e, n: plot_runs(s, e), None, plot=True),
 }
 ALL_CPU = ("rq3", "ttvsperf", "timebreakup", "memory", "tau_s_ablation", "tau_r_ablation",
            "ratio_ablation")
@@ -370,8 +395,9 @@ def to_csv(rows: list[list[str]]) -> str:
 
 def rq3_rank(results: dict[str, dict], value: Callable[[dict], float | None] = lambda r: r["P@1"]
              ) -> int | None:
-  """ASTRA's (random+w_hard) rank by `value` among the ablation's strategies (1 = best)."""
-  values = {s: value(results[s]) for s in ABLATION}
+  """ASTRA's (random+w_hard) rank by `value` (its mean over the seeds) among the ablation's
+  strategies (1 = best)."""
+  values = {s: _mean([value(r) for r in seed_results(results, s)]) for s in ABLATION}
   if any(v is None for v in values.values()):
     return None
   return 1 + sum(v > values["random+w_hard"] for v in values.values())
@@ -384,31 +410,33 @@ Generated by `python -m astra_jax.reproduce` (`astra_jax/reproduce.py`); regener
 
 ```bash
 python -m astra_jax.reproduce --table=all_cpu --workdir={workdir} --scale={scale} \\
-    --epochs={epochs} --out={out}
+    --epochs={epochs} --seeds={seeds} --out={out}
 ```
 
-(runs whose `WORKDIR/[scaleS_epochsE/]<run>/results.json` exists are reused; delete it to
-re-measure).
+(runs whose `WORKDIR/[scaleS_epochsE/][seedN/]<run>/results.json` exists are reused; delete
+it to re-measure).
 One table: `--table=rq3|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation`.
 Tables that need the real datasets and GPUs (`tab:rq1`, `tab:rq2_table_1`) are not run:
 `--table=rq1` prints the command.
 
 Training runs: synthetic stand-ins `CONFIG:synthetic,{scale}` ({scale} x the dataset's labels,
-points and test points; at 0.01: 1,311 labels, 2,948 training queries + the label texts, 1,348 test
-queries; tiny random BERT on CPU), {epochs} epochs, batch 128 (the paper's 512 gives 8 steps
-per epoch at this scale), seed 0 and the same data for every run, evaluated after every epoch.
-The ablation gives every strategy the same k_h + k_r negatives per query (at 0.01: 72 + 582,
-the paper's 800 + 6,400 shrunk to L/2). Measured on 2 CPU cores shared with other work (load
-average about 6): times are indicative, and at this scale P@1 moves by several points from
-one epoch to the next, so differences of a point or two between runs are within noise.
+points and test points; at 0.01: 1,311 labels, 2,948 training queries + the label texts, 1,348
+test queries; tiny random BERT on CPU, embedding dropout 0.2), {epochs} epochs, batch 128 (the
+paper's 512 gives 8 steps per epoch at this scale), the same data for every run, evaluated
+after every epoch. The ablation (rq3) trains every strategy with seeds 0 .. {seeds}-1 and
+reports means; the other tables use seed 0. Every strategy gets the same k_h + k_r negatives
+per query, the paper's share of the labels (at 0.01: 8 + 64 of 1,311, the paper's 800 + 6,400
+of 131,073), random ones drawn per query as in the paper's Algorithm 1. Measured on 2 shared
+CPU cores: times are indicative; P@1 differs by up to several points between training seeds
+of one strategy, so compare strategies by their means and by the per-seed differences.
 
 """
 
 
 def write_index(out: str, mds: list[str], scale: float, epochs: int,
-                workdir: str = "workdir/reproduce") -> str:
+                workdir: str = "workdir/reproduce", seeds: int = 3) -> str:
   """OUT.md: the header with the regenerating command, then every table (images relative)."""
-  text = INDEX_HEADER.format(scale=scale, epochs=epochs, workdir=workdir, out=out)
+  text = INDEX_HEADER.format(scale=scale, epochs=epochs, workdir=workdir, out=out, seeds=seeds)
   base = os.path.basename(out.rstrip("/"))
   text += "\n".join(md.replace("](", f"]({base}/") for md in mds)
   path = out.rstrip("/") + ".md"
@@ -418,11 +446,12 @@ def write_index(out: str, mds: list[str], scale: float, epochs: int,
 
 
 def reproduce(name: str, root: str, out: str, scale: float, epochs: int,
-              log: Callable[[str], None] = print) -> str:
-  """Runs (or reuses) a table's runs, writes OUT/NAME.md/.csv (and .png); returns the md."""
+              log: Callable[[str], None] = print, seeds: int = 1) -> str:
+  """Runs (or reuses) a table's runs, writes OUT/NAME.md/.csv (and .png); returns the md.
+  seeds: training seeds of the ablation (rq3); the other tables run seed 0."""
   table = TABLES[name]
-  runs = table.runs(scale, epochs)
-  results = {r.name: load_or_run(r, root, log) for r in runs}
+  runs = table.runs(scale, epochs, seeds)
+  results = {r.key: load_or_run(r, root, log) for r in runs}
   os.makedirs(out, exist_ok=True)
   if table.plot:
     rows = plot_ttvsperf(results, os.path.join(out, f"{name}.png"))
@@ -433,9 +462,15 @@ def reproduce(name: str, root: str, out: str, scale: float, epochs: int,
     md += f"\n![{name}]({name}.png)\n"
   if name == "rq3":
     mean_rank = rq3_rank(results, lambda r: last_mean(r, "P@1"))
+    n = len(seed_results(results, "random+w_hard"))
+    over = f" (means over {n} training seeds)" if n > 1 else ""
+    gains = [a["P@1"] - b["P@1"] for a, b in zip(seed_results(results, "random+w_hard"),
+                                                 seed_results(results, "random"))]
     md += (f"\nASTRA (random+w_hard) ranks {rq3_rank(results)} of {len(ABLATION)} by final P@1 "
            + (f"and {mean_rank} by the mean of the last 5 epochs " if mean_rank else "")
-           + "here (the paper: 1st on this dataset).\n")
+           + f"here{over} (the paper: 1st on this dataset). ASTRA minus random, final P@1, "
+           + ("per seed" if n > 1 else "") + ": "
+           + " / ".join(f"{g:+.2f}" for g in gains) + ".\n")
   with open(os.path.join(out, f"{name}.md"), "w") as f:
     f.write(md)
   with open(os.path.join(out, f"{name}.csv"), "w") as f:
@@ -453,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--scale", type=float, default=0.01, help="stand-in scale")
   p.add_argument("--epochs", type=int, default=15, help="stand-in epochs")
   p.add_argument("--out", default="docs/results")
+  p.add_argument("--seeds", type=int, default=3, help="training seeds of the ablation (rq3)")
   a = p.parse_args(argv)
   if a.table in NEEDS_GPUS:
     print(f"{a.table}: needs the real datasets + GPUs; run: {NEEDS_GPUS[a.table]}",
@@ -461,11 +497,11 @@ def main(argv: list[str] | None = None) -> int:
   if a.table not in choices:
     print(f"unknown table {a.table!r}; choose from {', '.join(choices)}", file=sys.stderr)
     return 2
-  mds = [reproduce(name, a.workdir, a.out, a.scale, a.epochs)
+  mds = [reproduce(name, a.workdir, a.out, a.scale, a.epochs, seeds=a.seeds)
          for name in (ALL_CPU if a.table == "all_cpu" else (a.table,))]
   print("\n".join(mds))
   if a.table == "all_cpu":
-    print("wrote", write_index(a.out, mds, a.scale, a.epochs, a.workdir))
+    print("wrote", write_index(a.out, mds, a.scale, a.epochs, a.workdir, a.seeds))
   return 0
 
 

@@ -7,10 +7,11 @@ padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
                                    fresh random subset of k_p each time the row is drawn)
   hard_ids, hard_mask (B, S k_h)   stale hard negatives, block s from shard s's own index
                                    (-1 = none); False where missing or a positive
-  rand_ids            (S k_r,)     block s: k_r uniform draws over shard s's rows, shared
-                                   by the whole batch
-  rand_mask           (B, S k_r)   False where the draw is a positive (any of the row's
-                                   positives, not only the k_p kept) or one of its hard
+  rand_ids            (B, S k_r)   block s: each query's k_r uniform draws over shard s's
+                                   rows (per_query_random, the paper's Algorithm 1), or
+                      (S k_r,)     one draw of k_r per shard shared by the whole batch
+  rand_mask           (B, S k_r)   False where the draw is a positive of that query (any of
+                                   its positives, not only the k_p kept) or one of its hard
                                    negatives
   rand_weight         (S k_r,)     L_s / k_r for the draws of shard s (L_s = its real rows)
 With S = 1 this is one draw over [L] with weight L / k_r. Before hard negatives exist
@@ -28,9 +29,11 @@ from astra_jax.data.xc_format import SparseRows
 class NegativeSampler:
   """Builds the label arrays of a batch (numpy, on the host)."""
 
-  def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1):
+  def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1,
+               per_query_random: bool = False):
     self.labels, self.num_labels = labels, labels.num_cols
     self.k_p, self.k_h, self.k_r = k_p, k_h, k_r
+    self.per_query_random = per_query_random
     self.num_shards = num_shards
     self.shard_rows = -(-self.num_labels // num_shards)
     starts = np.arange(num_shards) * self.shard_rows
@@ -75,11 +78,15 @@ class NegativeSampler:
       hard_mask = valid & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids)
       hard_ids = np.where(valid, hard_ids, lo).astype(np.int32)
     lo, hi = self.shard_bounds[:, :1], self.shard_bounds[:, 1:]
-    rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
     rand_weight = np.repeat(((hi - lo) / max(k_r, 1)).astype(np.float32).reshape(-1), k_r)
     excluded_rows = np.concatenate([all_pos_row, np.nonzero(hard_mask)[0]])
     excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
-    rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
+    if self.per_query_random:
+      rand_ids = (lo + rng.integers(0, hi - lo, size=(b, S, k_r), dtype=np.int64)).reshape(b, -1)
+      rand_mask = ~rowsets.member(rand_ids, excluded_rows, excluded_ids)
+    else:
+      rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
+      rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
             "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
             "rand_mask": rand_mask, "rand_weight": rand_weight}

@@ -34,8 +34,24 @@ _LOGICAL = {  # per batch key: the logical name of each axis after the micro-bat
     "pos_mask": ("query_group", None), "hard_ids": ("query_group", "label_shard"),
     "hard_mask": ("query_group", "label_shard"), "rand_ids": ("label_shard",),
     "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",)}
-KERNEL_SPECS = {k: P(*(RULES.get(a) for a in axes)) for k, axes in _LOGICAL.items()}
-BATCH_SPECS = {k: P(None, *spec) for k, spec in KERNEL_SPECS.items()}
+# Per-query random draws (negatives.random_draws=per_query) are laid out like hard negatives.
+_PER_QUERY_LOGICAL = {"rand_ids": ("query_group", "label_shard")}
+
+
+def kernel_spec(key: str, ndim: int) -> P:
+  """The PartitionSpec of one label array of a micro-batch; `ndim` tells shared random draws
+  (rand_ids of ndim 1) from per-query ones (ndim 2)."""
+  axes = _LOGICAL[key]
+  if len(axes) != ndim:
+    axes = _PER_QUERY_LOGICAL.get(key, axes)
+  if len(axes) != ndim:
+    raise ValueError(f"batch[{key!r}] has {ndim} axes per micro-batch, expected {len(axes)}")
+  return P(*(RULES.get(a) for a in axes))
+
+
+def batch_spec(key: str, ndim: int) -> P:
+  """The PartitionSpec of a batch array with its leading micro-batch axis."""
+  return P(None, *kernel_spec(key, ndim - 1))
 
 
 def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
@@ -82,9 +98,10 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
 
     (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = (
         local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
+    per_query = batch["rand_ids"].ndim == 2
     pos_s = jax.lax.psum(jnp.einsum("bd,bkd->bk", emb_group, pos_r), "model")
     hard_s = jnp.einsum("bd,bkd->bk", emb_group, hard_r)
-    rand_s = emb_group @ rand_r.T
+    rand_s = jnp.einsum("bd,bkd->bk", emb_group, rand_r) if per_query else emb_group @ rand_r.T
 
     def estimator(pos_s, hard_s, rand_s):
       """Positives' term (the same on every shard) + this shard's negatives' terms."""
@@ -96,25 +113,32 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
     (_, (pos, neg)), (d_pos, d_hard, d_rand) = jax.value_and_grad(
         estimator, argnums=(0, 1, 2), has_aux=True)(pos_s, hard_s, rand_s)
     value = jax.lax.psum(pos + jax.lax.psum(neg, "model"), "data")
-    d_emb_group = (jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
-                   jnp.einsum("bk,bkd->bd", d_hard, hard_r) + d_rand @ rand_r)
-    d_emb = jax.lax.psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
-    g_pos = jax.lax.all_gather(d_pos[..., None] * emb_group[:, None], "data", tiled=True)
-    g_hard = jax.lax.all_gather(d_hard[..., None] * emb_group[:, None], "data", tiled=True)
-    g_rand = jax.lax.psum(d_rand.T @ emb_group, "data")  # the draws are shared over 'data'
-    ids = jnp.concatenate([jax.lax.all_gather(pos_l, "data", tiled=True).reshape(-1),
-                           jax.lax.all_gather(hard_l, "data", tiled=True).reshape(-1), rand_l])
     d = emb.shape[-1]
-    grads = jnp.concatenate([g_pos.reshape(-1, d), g_hard.reshape(-1, d), g_rand])
+    per_row = lambda dk: jax.lax.all_gather(dk[..., None] * emb_group[:, None], "data",
+                                            tiled=True).reshape(-1, d)
+    row_ids = lambda lid: jax.lax.all_gather(lid, "data", tiled=True).reshape(-1)
+    d_emb_group = (jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
+                   jnp.einsum("bk,bkd->bd", d_hard, hard_r) +
+                   (jnp.einsum("bk,bkd->bd", d_rand, rand_r) if per_query else d_rand @ rand_r))
+    d_emb = jax.lax.psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
+    if per_query:
+      g_rand, rand_ids = per_row(d_rand), row_ids(rand_l)
+    else:  # one draw serves the data group: its rows' gradients add up over 'data'
+      g_rand, rand_ids = jax.lax.psum(d_rand.T @ emb_group, "data"), rand_l
+    ids = jnp.concatenate([row_ids(pos_l), row_ids(hard_l), rand_ids])
+    grads = jnp.concatenate([per_row(d_pos), per_row(d_hard), g_rand])
     return value, d_emb.astype(emb.dtype), ids, grads
 
-  labels = {k: v for k, v in KERNEL_SPECS.items() if k != "input_ids"}
-  return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P(ALL), P("model"), P(), labels),
-                       out_specs=(P(), P(ALL), P("model"), P("model")),
-                       # ids/grads are identical across data replicas (all-gathered), which
-                       # the vma checker cannot infer; the mesh-equivalence tests check it.
-                       check_vma=False)
+  def kernel(emb, v, scale, batch):
+    labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
+    return jax.shard_map(body, mesh=mesh,
+                         in_specs=(P(ALL), P("model"), P(), labels),
+                         out_specs=(P(), P(ALL), P("model"), P("model")),
+                         # ids/grads are identical across data replicas (all-gathered), which
+                         # the vma checker cannot infer; the mesh-equivalence tests check it.
+                         check_vma=False)(emb, v, scale, batch)
+
+  return kernel
 
 
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
@@ -142,7 +166,7 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
   """Host arrays -> global arrays; each process only reads the slices its devices hold."""
   out = {}
   for k, v in batch.items():
-    sharding = NamedSharding(mesh, BATCH_SPECS[k])
+    sharding = NamedSharding(mesh, batch_spec(k, v.ndim))
     out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
   return out
 
@@ -150,7 +174,7 @@ def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
 def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int
                        ) -> np.ndarray:
   """(A, B/A) bool: the queries whose tokens this process's devices hold."""
-  sharding = NamedSharding(mesh, BATCH_SPECS["input_ids"])
+  sharding = NamedSharding(mesh, batch_spec("input_ids", 3))
   mask = np.zeros((micro_batches, micro_batch), bool)
   for idx in sharding.addressable_devices_indices_map((micro_batches, micro_batch, 1)).values():
     mask[idx[:2]] = True

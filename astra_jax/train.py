@@ -113,7 +113,8 @@ def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
   pos = jnp.where(batch["pos_mask"], batch["pos_ids"], w.shape[0])  # masked -> out of range
   scores = scores.at[rows, pos].set(-jnp.inf, mode="drop")
   _, hard = jax.lax.top_k(scores, k)
-  hit = (batch["rand_ids"][None, :, None] == hard[:, None, :]).any(-1)
+  rand = batch["rand_ids"] if batch["rand_ids"].ndim == 2 else batch["rand_ids"][None]
+  hit = (rand[:, :, None] == hard[:, None, :]).any(-1)
   return dict(batch, hard_ids=hard.astype(jnp.int32), hard_mask=jnp.ones_like(hard, bool),
               rand_mask=batch["rand_mask"] & ~hit)
 
@@ -349,7 +350,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
   num_shards = mesh.shape["model"]
-  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards)
+  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards,
+                            per_query_random=nc.random_draws == "per_query")
   local_shards = sharding.local_model_shards(mesh)
   hard_negatives = HardNegatives(
       schedule, workdir if jax.process_count() == 1 else

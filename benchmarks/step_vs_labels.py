@@ -4,9 +4,12 @@ r"""Classifier train-step time and temporary memory against the number of labels
 
 The classifier part of an ASTRA step (d=64, B=256, k_p=7, k_h=50, k_r=400; the encoder's
 cost does not depend on L): gather the sampled rows, scores, the estimator, gradients w.r.t.
-the rows, and the update of W. Two updates are compared:
+the rows, and the update of W. Compared:
   astra         the trainer's own kernels (`sharding.classifier_grads` + `classifier_update`
-                on a 1 x 1 mesh): the sparse update of `sparse_sgd.py` into a donated W
+                on a 1 x 1 mesh): the sparse update of `sparse_sgd.py` into a donated W,
+                random negatives drawn per query (the default: B k_r rows per step)
+  astra_shared  the same with one shared draw of k_r for the batch
+                (negatives.random_draws=shared: k_r rows)
   astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
   full          the full-L BCE baseline (every label, blocks of 8192) + dense SGD; stops at
                 --full_max_labels
@@ -36,7 +39,8 @@ from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
 import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
-flags.DEFINE_list("strategies", ["astra", "astra_dense", "full"], "which steps to time")
+flags.DEFINE_list("strategies", ["astra", "astra_shared", "astra_dense", "full"],
+                  "which steps to time")
 flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
 flags.DEFINE_integer("steps", 100, "timed steps per (strategy, L) and round, after 3 "
                      "warm-up steps; fewer where a round would pass --round_seconds")
@@ -58,13 +62,14 @@ class Case:
 
   def __init__(self, strategy: str, L: int, rng: np.random.Generator):
     self.strategy, self.L = strategy, L
-    self.fn = {"astra": classifier_bench.astra_step(), "astra_dense": astra_dense_step,
+    astra = classifier_bench.astra_step()
+    self.fn = {"astra": astra, "astra_shared": astra, "astra_dense": astra_dense_step,
                "full": classifier_bench.full_step}[strategy]
     self.w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
     self.huge = host_memory.back_with_huge_pages(self.w)
     self.scale = jnp.float32(1.0)
     self.emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
-    self.batches = [make_batch(L, rng) for _ in range(4)]
+    self.batches = [make_batch(L, rng, per_query=strategy != "astra_shared") for _ in range(4)]
     compiled = self.fn.lower(self.w, self.scale, self.emb, self.batches[0]).compile()
     self.temp = int(compiled.memory_analysis().temp_size_in_bytes)
     self.times = []

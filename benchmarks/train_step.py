@@ -62,7 +62,9 @@ flags.DEFINE_integer("num_labels", 1_000_000, "L for the astra parts")
 flags.DEFINE_integer("num_layers", 6, "encoder layers (6 = MiniLM-L6)")
 flags.DEFINE_integer("k_p", 7, "positives per query")
 flags.DEFINE_integer("k_h", 50, "hard negatives per query")
-flags.DEFINE_integer("k_r", 400, "uniform random negatives (shared by the batch)")
+flags.DEFINE_integer("k_r", 400, "uniform random negatives per query")
+flags.DEFINE_enum("random_draws", "per_query", ["per_query", "shared"],
+                  "random negatives drawn per query (the trainer's default) or once per batch")
 flags.DEFINE_integer("matmul_n", 2048, "matmul size")
 flags.DEFINE_integer("steps", 10, "timed steps per part")
 flags.DEFINE_string("out", None, "append JSON lines here")
@@ -141,7 +143,8 @@ def label_batch(rng: np.random.Generator, L: int) -> dict:
           "pos_mask": np.ones((1, b, F.k_p), bool),
           "hard_ids": rng.integers(0, L, (1, b, F.k_h)).astype(np.int32),
           "hard_mask": np.ones((1, b, F.k_h), bool),
-          "rand_ids": rng.integers(0, L, (1, F.k_r)).astype(np.int32),
+          "rand_ids": rng.integers(0, L, (1, b, F.k_r) if F.random_draws == "per_query"
+                                   else (1, F.k_r)).astype(np.int32),
           "rand_mask": np.ones((1, b, F.k_r), bool),
           "rand_weight": np.full((1, F.k_r), L / F.k_r, np.float32)}
 
@@ -197,7 +200,9 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
                       np.ones(len(indices), np.float32), L)
   tok = np.concatenate([tokens(rng, cfg.vocab_size) for _ in range(F.steps + 3)])
   hard = rng.integers(0, L, (n, F.k_h)).astype(np.int32)
-  batches = TrainBatches(tok, NegativeSampler(labels, F.k_p, F.k_h, F.k_r), F.batch_size, 0)
+  sampler = NegativeSampler(labels, F.k_p, F.k_h, F.k_r,
+                            per_query_random=F.random_draws == "per_query")
+  batches = TrainBatches(tok, sampler, F.batch_size, 0)
   waits, steps, t_start, prep = 0.0, 0, None, []
   inflight = collections.deque()
   for i, (host_batch, prep_s) in enumerate(batches.epoch(0, hard)):

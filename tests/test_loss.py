@@ -64,8 +64,8 @@ def _full_bce_rows(w, emb, labels):
   return np.where(t, np.logaddexp(0, -s), np.logaddexp(0, s)).sum(1), s, t
 
 
-@pytest.mark.parametrize("num_shards", [1, 3])
-def test_estimator_is_unbiased_value_and_gradient(num_shards):
+@pytest.mark.parametrize("num_shards,per_query", [(1, False), (3, False), (1, True), (3, True)])
+def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   # With W split into shards, each shard has its own hard block and its own draws over its
   # rows with weight L_s / k_r (DESIGN §1); the sum over shards is unbiased.
   L, k_r, k_h, M = 60, 8, 4, 6000
@@ -74,7 +74,8 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards):
   bounds = [(s * R, (s + 1) * R) for s in range(num_shards)]
   if num_shards > 1:  # hard negatives grouped by shard: shard s's block from its rows
     hard = np.concatenate([np.where(hard >= 0, lo + hard % R, -1) for lo, _ in bounds], 1)
-  sampler = NegativeSampler(labels, k_p=3, k_h=k_h, k_r=k_r, num_shards=num_shards)
+  sampler = NegativeSampler(labels, k_p=3, k_h=k_h, k_r=k_r, num_shards=num_shards,
+                            per_query_random=per_query)
   rows = np.arange(2)
   rng = np.random.default_rng(1)
   draws = [sampler(rows, rng, hard) for _ in range(M)]
@@ -83,7 +84,8 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards):
   def per_query(e, b):
     pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["pos_ids"]])
     hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
-    rnd = e @ jnp.asarray(w)[b["rand_ids"]].T
+    r = jnp.asarray(w)[b["rand_ids"]]  # (k, d) shared by the queries, or (B, k, d)
+    rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
     return loss.sampled_bce_per_query(pos, b["pos_mask"], hrd, b["hard_mask"], rnd,
                                       b["rand_mask"], b["rand_weight"])
 

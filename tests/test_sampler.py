@@ -95,3 +95,46 @@ def test_rows_with_many_positives_keep_a_uniform_subset():
     assert sorted(batch["pos_ids"][1][batch["pos_mask"][1]]) == [3, 4]
   p = 0.3
   assert np.all(np.abs(counts[10:20] / n - p) < 6 * np.sqrt(p * (1 - p) / n))
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_per_query_draws_masks_and_shards(num_shards):
+  # Each query draws its own k_r per shard (the paper's Algorithm 1); a draw is masked
+  # exactly when it is one of that query's positives or valid hard negatives.
+  L, k_r = 30, 40
+  positives = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [11, 20], []]
+  labels = SparseRows.from_lists(positives, L)
+  sampler = NegativeSampler(labels, k_p=4, k_h=2, k_r=k_r, num_shards=num_shards,
+                            per_query_random=True)
+  R = L // num_shards
+  hard = np.array([[12, 3], [13, 11], [14, -1]])
+  hard = np.concatenate([s * R + hard % R for s in range(num_shards)], 1)
+  hard[2, 1::2] = -1
+  b = sampler(np.arange(3), np.random.default_rng(0), hard)
+  assert b["rand_ids"].shape == b["rand_mask"].shape == (3, num_shards * k_r)
+  for s in range(num_shards):
+    block = b["rand_ids"][:, s * k_r:(s + 1) * k_r]
+    assert block.min() >= s * R and block.max() < (s + 1) * R
+  np.testing.assert_array_equal(b["rand_weight"], np.full(num_shards * k_r, R / k_r, np.float32))
+  for i in range(3):
+    excluded = set(positives[i]) | {h for h, m in zip(hard[i], b["hard_mask"][i]) if m}
+    want = np.array([r not in excluded for r in b["rand_ids"][i]])
+    np.testing.assert_array_equal(b["rand_mask"][i], want)
+  assert not b["rand_mask"][0].all()
+  # Queries draw independently: rows differ.
+  assert (b["rand_ids"][0] != b["rand_ids"][1]).any()
+
+
+@pytest.mark.parametrize("table_limit", [1 << 27, 0])  # the (row, id) table; the id filter
+def test_member_matches_brute_force(monkeypatch, table_limit):
+  from astra_jax import rowsets
+  monkeypatch.setattr(rowsets, "_TABLE_LIMIT", table_limit)
+  rng = np.random.default_rng(4)
+  for _ in range(30):
+    b, k, n, width = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60), rng.integers(1, 40)
+    ids = rng.integers(-1, width, (b, k))
+    set_rows, set_ids = rng.integers(0, b + 2, n), rng.integers(0, width, n)  # rows >= b: never
+    pairs = set(zip(set_rows.tolist(), set_ids.tolist()))
+    expected = np.array([[v >= 0 and (i, v) in pairs for v in row] for i, row in enumerate(ids.tolist())],
+                        bool).reshape(b, k)
+    np.testing.assert_array_equal(rowsets.member(ids, set_rows, set_ids), expected)

@@ -16,7 +16,7 @@ from astra_jax.sampler import NegativeSampler
 L, B, D, KH = 64, 16, 8, 3
 
 
-def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32"):
+def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False):
   cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
                       intermediate_size=16, max_position=16, embedding_dropout=dropout,
                       hidden_dropout=0.1 if dropout else 0.0,
@@ -27,7 +27,8 @@ def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32"):
                                       classifier_momentum=0.0, grad_clip_norm=0.0))
   rng = np.random.default_rng(0)
   labels = SparseRows.from_lists([list(rng.choice(L, 3, replace=False)) for _ in range(40)], L)
-  sampler = NegativeSampler(labels, k_p=4, k_h=KH, k_r=24, num_shards=num_shards)
+  sampler = NegativeSampler(labels, k_p=4, k_h=KH, k_r=24, num_shards=num_shards,
+                            per_query_random=per_query)
   R = L // num_shards
   batches = []
   for _ in range(3):
@@ -92,9 +93,17 @@ def test_sharded_step_equals_dense_single_device_step(shape):
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (2, 4)])
-def test_gradient_accumulation_sums_micro_batch_gradients(shape):
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0)
+@pytest.mark.parametrize("shape", [(8, 1), (2, 4), (1, 8)])
+def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
+  setup = _setup(num_shards=shape[1], per_query=True)
+  assert setup[3][0]["rand_ids"].shape == (1, B, shape[1] * 24)
+  _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
+
+
+@pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
+def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
+  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0,
+                                          per_query=per_query)
   got = _sparse(graphdef, enc, oc, batches, w0, shape)
   # Independent reference: autodiff of the mean over both micro-batches of the estimator,
   # written out here without the step's scan, then the optax chain.
