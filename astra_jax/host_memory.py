@@ -15,9 +15,9 @@ ASTRA_JAX_SYSTEM_MALLOC=1 to leave glibc's defaults alone.
 `back_with_huge_pages(w)` puts a large host array (the classifier on the CPU backend) on 2 MiB
 transparent huge pages. A step gathers and scatters ~15k random rows of W; at L = 1e7
 (2.6 GB) nearly every row is also a TLB miss on 4 KiB pages: the classifier step of
-benchmarks/step_vs_labels.py took 4.2 ms at 1e7 on 4 KiB pages and 2.25 ms on huge pages
-(1.4 ms at 1e4, where W sits in cache). On GPU, nothing to do; ASTRA_JAX_NO_HUGE_PAGES=1
-turns it off.
+benchmarks/step_vs_labels.py (shared random draws) took 4.2 ms at 1e7 on 4 KiB pages and
+2.25 ms on huge pages (1.4 ms at 1e4, where W sits in cache). On GPU, nothing to do;
+ASTRA_JAX_NO_HUGE_PAGES=1 turns it off.
 """
 from __future__ import annotations
 

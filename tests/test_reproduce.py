@@ -71,7 +71,7 @@ def test_rq3_averages_training_seeds(tmp_path):
                            seeds=2)
   assert "| random+w_hard | 46.20 | 21.95 | 26.00 | 1.00 |  | 10 | 24.00 / 28.00 |" in md
   assert "| curriculum | 45.83 | 21.58 | 20.00 |" in md
-  assert "ranks 2 of 6 by final P@1 here (means over 2 training seeds)" in md
+  assert "ranks 2 of 6 by final P@1 here, means over 2 training seeds (the paper" in md
   assert "ASTRA minus random, final P@1, per seed: -6.00 / +8.00." in md
 
 
