@@ -7,8 +7,11 @@ import numpy as np
 from astra_jax.data.xc_format import SparseRows
 
 
-# Largest (rows x id range) table `member` marks directly (one byte per entry).
+# `member` marks a (rows x id range) table directly (one byte per entry) when it is at most
+# this large and at most _TABLE_PER_ID entries per id looked up: clearing it costs its size,
+# the search log(set size) per id.
 _TABLE_LIMIT = 1 << 27
+_TABLE_PER_ID = 64
 
 
 def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.ndarray:
@@ -25,7 +28,8 @@ def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.nda
   valid = ids >= 0
   width = max(int(ids.max()), int(set_ids.max())) + 1
   rows = np.arange(ids.shape[0], dtype=np.int64)[:, None]
-  if ids.shape[0] * width <= _TABLE_LIMIT:
+  cells = ids.shape[0] * width
+  if cells <= min(_TABLE_LIMIT, _TABLE_PER_ID * ids.size):
     table = np.zeros(ids.shape[0] * width, bool)
     inside = set_rows < ids.shape[0]  # sets of rows beyond ids' never match
     table[set_rows[inside] * width + set_ids[inside]] = True

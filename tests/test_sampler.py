@@ -125,10 +125,11 @@ def test_per_query_draws_masks_and_shards(num_shards):
   assert (b["rand_ids"][0] != b["rand_ids"][1]).any()
 
 
-@pytest.mark.parametrize("table_limit", [1 << 27, 0])  # the (row, id) table; the id filter
-def test_member_matches_brute_force(monkeypatch, table_limit):
+@pytest.mark.parametrize("table", [True, False])  # the (row, id) table; the id filter
+def test_member_matches_brute_force(monkeypatch, table):
   from astra_jax import rowsets
-  monkeypatch.setattr(rowsets, "_TABLE_LIMIT", table_limit)
+  monkeypatch.setattr(rowsets, "_TABLE_LIMIT", 1 << 27 if table else 0)
+  monkeypatch.setattr(rowsets, "_TABLE_PER_ID", 1 << 20)
   rng = np.random.default_rng(4)
   for _ in range(30):
     b, k, n, width = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60), rng.integers(1, 40)
