@@ -45,7 +45,7 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
   assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 | 15.00 |" in md
   assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 | 10.00 |" in md
   assert "ASTRA (random+w_hard) ranks 1 of 6 by final P@1 here (the paper" in md
-  assert "ASTRA minus random, final P@1, : +5.00." in md
+  assert "ASTRA minus random, final P@1: +5.00." in md
   with open(tmp_path / "out" / "rq3.csv") as f:
     lines = f.read().splitlines()
   assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
