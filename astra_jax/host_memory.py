@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 
@@ -40,9 +41,8 @@ def keep_freed_memory() -> bool:
     return True
   if os.environ.get("ASTRA_JAX_SYSTEM_MALLOC") or platform.libc_ver()[0] != "glibc":
     return False
-  try:
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-  except OSError:
+  libc = _libc()
+  if libc is None:
     return False
   # M_TRIM_THRESHOLD takes an int but is stored as size_t: -1 means "never trim" (a positive
   # int tops out at 2 GiB, below one step's temporaries).
@@ -52,7 +52,9 @@ def keep_freed_memory() -> bool:
   return ok
 
 
+@functools.cache
 def _libc():
+  """The C library (None where it cannot be loaded), with madvise's argument types."""
   try:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
   except OSError:
@@ -71,12 +73,11 @@ def back_with_huge_pages(x, min_bytes: int = 8 << 20) -> int:
   the same buffer, so one call after W is created or restored covers a run."""
   if platform.system() != "Linux" or os.environ.get("ASTRA_JAX_NO_HUGE_PAGES"):
     return 0
-  libc = None
   advised = 0
   for shard in getattr(x, "addressable_shards", ()):
     if shard.device.platform != "cpu" or shard.data.nbytes < min_bytes:
       continue
-    libc = libc or _libc()
+    libc = _libc()
     if libc is None:
       return 0
     start = shard.data.unsafe_buffer_pointer()

@@ -45,16 +45,19 @@ def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
           (negative_terms(rand_scores, rand_mask) * rand_weight).sum(-1))
 
 
+def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
+  """(B, k) scores of embeddings (B, d) against rows gathered per query (B, k, d), or against
+  rows shared by the batch (k, d): one dense matmul."""
+  return emb @ rows.T if rows.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rows)
+
+
 def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
   """The classifier forward pass over W (L, d): scores of positives (B, k_p), hard
-  negatives (B, k_h) and random negatives (B, k_r), rows gathered per query; random ids of
-  shape (k_r,) are one draw shared by the batch (one dense matmul)."""
+  negatives (B, k_h) and random negatives (B, k_r); random ids of shape (k_r,) are one
+  draw shared by the batch."""
   emb = embeddings.astype(jnp.float32)
-  rows = lambda ids: classifier[ids].astype(jnp.float32)
-  rand = rows(batch["rand_ids"])
-  return (jnp.einsum("bd,bkd->bk", emb, rows(batch["pos_ids"])),
-          jnp.einsum("bd,bkd->bk", emb, rows(batch["hard_ids"])),
-          emb @ rand.T if rand.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rand))
+  return tuple(score_rows(emb, classifier[batch[k]].astype(jnp.float32))
+               for k in ("pos_ids", "hard_ids", "rand_ids"))
 
 
 def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:

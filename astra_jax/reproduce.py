@@ -81,7 +81,11 @@ class Run:
   overrides: tuple[tuple[str, object], ...] = ()
   bench: tuple[str, int] | None = None  # (method, L)
   group: str = ""  # sub-directory: runs at another scale or epoch count never collide
-  seed: int = 0  # train.seed (also in overrides); seeds > 0 live in group/seedN/
+
+  @property
+  def seed(self) -> int:
+    """train.seed from the overrides; runs with seeds > 0 live in group/seedN/."""
+    return int(dict(self.overrides).get("train.seed", 0))
 
   @property
   def key(self) -> str:
@@ -150,7 +154,7 @@ def ablation_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]:
   v = f"synthetic,{scale}"
   return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s,
                                                           "train.seed": k}),
-              group=stand_in_group(scale, epochs), seed=k)
+              group=stand_in_group(scale, epochs))
           for k in range(seeds) for s in ABLATION]
 
 

@@ -27,12 +27,12 @@ def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.nda
   set_rows, set_ids = np.asarray(set_rows, np.int64), np.asarray(set_ids, np.int64)
   valid = ids >= 0
   width = max(int(ids.max()), int(set_ids.max())) + 1
-  rows = np.arange(ids.shape[0], dtype=np.int64)[:, None]
   cells = ids.shape[0] * width
   if cells <= min(_TABLE_LIMIT, _TABLE_PER_ID * ids.size):
-    table = np.zeros(ids.shape[0] * width, bool)
+    table = np.zeros(cells, bool)
     inside = set_rows < ids.shape[0]  # sets of rows beyond ids' never match
     table[set_rows[inside] * width + set_ids[inside]] = True
+    rows = np.arange(ids.shape[0], dtype=np.int64)[:, None]
     return table[rows * width + np.where(valid, ids, 0)] & valid
   seen = np.zeros(width, bool)
   seen[set_ids] = True

@@ -99,9 +99,8 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
     (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = (
         local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
     per_query = batch["rand_ids"].ndim == 2
-    pos_s = jax.lax.psum(jnp.einsum("bd,bkd->bk", emb_group, pos_r), "model")
-    hard_s = jnp.einsum("bd,bkd->bk", emb_group, hard_r)
-    rand_s = jnp.einsum("bd,bkd->bk", emb_group, rand_r) if per_query else emb_group @ rand_r.T
+    pos_s = jax.lax.psum(loss.score_rows(emb_group, pos_r), "model")
+    hard_s, rand_s = loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r)
 
     def estimator(pos_s, hard_s, rand_s):
       """Positives' term (the same on every shard) + this shard's negatives' terms."""

@@ -29,6 +29,21 @@ def test_hand_computed_case():
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
 
 
+def test_hand_computed_case_with_per_query_draws():
+  # Two queries, each with its own random draws (B, k_r) and the weight 10.
+  emb = jnp.array([[1.0, 2.0], [0.0, -1.0]])
+  w = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
+  # scores, query 0: [1, 2, 3, 0, -1.5]; query 1: [0, -1, -1, -0.5, 1].
+  batch = {"pos_ids": jnp.array([[0], [4]]), "pos_mask": jnp.array([[True], [True]]),
+           "hard_ids": jnp.array([[1], [3]]), "hard_mask": jnp.array([[True], [True]]),
+           "rand_ids": jnp.array([[2, 4], [1, 4]]),
+           "rand_mask": jnp.array([[True, True], [True, False]]),  # 4 is query 1's positive
+           "rand_weight": jnp.array([10.0, 10.0])}
+  want = ((sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))) +
+          (sp(-1.0) + sp(-0.5) + 10.0 * sp(-1.0))) / 2
+  np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
+
+
 def test_full_bce_hand_computed():
   emb = jnp.array([[1.0, 2.0]])
   w = jnp.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])

@@ -100,6 +100,26 @@ def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
+def test_step_and_fold_write_w_into_its_own_buffer():
+  """The trainer advises W's buffer once (host_memory.back_with_huge_pages): the donated
+  step and the fold must keep writing into that buffer, not a new one."""
+  graphdef, enc, oc, batches, w0 = _setup(num_shards=1, per_query=True)
+  tx = optim.encoder_optimizer(oc, 10)
+  mesh = sharding.make_mesh(1, 1)
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  params, opt_state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
+  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+                                      oc.classifier_weight_decay, mesh, B)
+  buffer = params["classifier"].unsafe_buffer_pointer()
+  for i, b in enumerate(batches):
+    params, opt_state, _, _ = step(params, opt_state, sharding.shard_batch(b, mesh),
+                                   jax.random.key(i))
+    assert params["classifier"].unsafe_buffer_pointer() == buffer
+  w, _ = sparse_sgd.fold(params["classifier"], opt_state["scale"])
+  assert w.unsafe_buffer_pointer() == buffer
+  assert not np.allclose(np.asarray(w), w0)
+
+
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
 def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
   graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0,
