@@ -13,6 +13,12 @@ the rows, and the update of W. Compared:
   astra_dense   autodiff w.r.t. all of W + dense SGD with decoupled decay (O(L) per step)
   full          the full-L BCE baseline (every label, blocks of 8192) + dense SGD; stops at
                 --full_max_labels (astra_dense at --dense_max_labels)
+  rows_touch    not a training step: the memory traffic any sparse step must do, on the
+                per-query step's row ids (B (k_p + k_h + k_r) rows): read each row once
+                (a gather fused with a multiply, XLA:CPU's fastest gather) and scatter-add
+                into each once, into a donated W. What it gains from 1e4 to 1e7 is the
+                machine's cost of random rows out of DRAM instead of the caches: a floor
+                under the growth of `astra` that no kernel of the same step avoids.
 Every (strategy, L) keeps its W and is timed in --rounds passes over all of them (each pass:
 3 warm-up steps, then --steps timed), so slow drifts of the machine's load reach every case
 alike. One JSON line per (strategy, L): strategy, num_labels, step_ms (median of all timed
@@ -39,7 +45,7 @@ from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
 import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
-flags.DEFINE_list("strategies", ["astra", "astra_shared", "astra_dense", "full"],
+flags.DEFINE_list("strategies", ["astra", "astra_shared", "astra_dense", "full", "rows_touch"],
                   "which steps to time")
 flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
 flags.DEFINE_integer("dense_max_labels", 1_000_000,
@@ -59,6 +65,13 @@ def astra_dense_step(w, scale, emb, batch):
   return (1 - LR * WD) * w - LR * g, scale
 
 
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def rows_touch(w, scale, emb, batch):
+  ids = jnp.concatenate([batch[k].reshape(-1) for k in ("pos_ids", "hard_ids", "rand_ids")])
+  rows = w[ids] * scale  # the multiply makes XLA:CPU fuse the gather (2-6x faster alone)
+  return w.at[ids].add(1e-7 * rows, mode="drop"), scale
+
+
 class Case:
   """One (strategy, L): its step, its W (kept across rounds: the huge-page advice and the
   donated buffer stay), its batches and the step times so far."""
@@ -67,7 +80,7 @@ class Case:
     self.strategy, self.L = strategy, L
     astra = classifier_bench.astra_step()
     self.fn = {"astra": astra, "astra_shared": astra, "astra_dense": astra_dense_step,
-               "full": classifier_bench.full_step}[strategy]
+               "full": classifier_bench.full_step, "rows_touch": rows_touch}[strategy]
     self.w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
     self.huge = host_memory.back_with_huge_pages(self.w)
     self.scale = jnp.float32(1.0)
