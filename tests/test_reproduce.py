@@ -42,17 +42,18 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
     _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
                      "evaluations": ev if s == "random" else ev[:3]}, "scale0.01_epochs3")
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
-  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 | 15.00 |" in md
-  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 | 10.00 |" in md
+  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 | 15.00 |  |" in md
+  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 | 10.00 | +5.00 |" in md
   assert "ASTRA (random+w_hard) ranks 1 of 6 by final P@1 here (the paper" in md
   assert "ASTRA minus random, final P@1: +5.00." in md
   with open(tmp_path / "out" / "rq3.csv") as f:
     lines = f.read().splitlines()
   assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
-                      '"ours P@1, mean of last 5 epochs",ours train s,ours P@1 per seed')
-  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101,11.00"
+                      '"ours P@1, mean of last 5 epochs",ours train s,ours P@1 per seed,'
+                      '"ASTRA minus this, P@1 (mean ± s.e. over seeds)"')
+  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101,11.00,+4.00"
   assert len(lines) == 2 + len(reproduce.ABLATION)
-  assert lines[-1] == "curriculum (E hard),45.84,21.75,not implemented,,,,"
+  assert lines[-1] == "curriculum (E hard),45.84,21.75,not implemented,,,,,"
 
 
 def test_rq3_averages_training_seeds(tmp_path):
@@ -69,8 +70,13 @@ def test_rq3_averages_training_seeds(tmp_path):
            os.path.join(r.group, f"seed{r.seed}" if r.seed else ""))
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None,
                            seeds=2)
-  assert "| random+w_hard | 46.20 | 21.95 | 26.00 | 1.00 |  | 10 | 24.00 / 28.00 |" in md
+  assert "| random+w_hard | 46.20 | 21.95 | 26.00 | 1.00 |  | 10 | 24.00 / 28.00 |  |" in md
   assert "| curriculum | 45.83 | 21.58 | 20.00 |" in md
+  # paired differences ASTRA - this: random -6, +8; curriculum -16, +28; w_hard -3, +1
+  # -> means +1, +6, -1; standard errors |d1 - d2| / 2 = 7, 22, 2
+  assert "| 30.00 / 20.00 | +1.00 ± 7.00 |" in md
+  assert "| 40.00 / 0.00 | +6.00 ± 22.00 |" in md
+  assert "| 27.00 / 27.00 | -1.00 ± 2.00 |" in md
   assert "ranks 2 of 6 by final P@1 here, means over 2 training seeds (the paper" in md
   assert "ASTRA minus random, final P@1, per seed: -6.00 / +8.00." in md
 
@@ -153,11 +159,11 @@ def test_ttvsperf_plot_and_index(tmp_path):
   md = reproduce.reproduce("ttvsperf", root, out, 0.01, 2, log=lambda m: None)
   assert os.path.getsize(os.path.join(out, "ttvsperf.png")) > 1000
   assert "| full | 2 | 20.0 | 42.00 |" in md and "![ttvsperf](ttvsperf.png)" in md
-  path = reproduce.write_index(out, [md], 0.01, 2)
+  path = reproduce.write_index(out, [md], 0.01, 2, seeds=4)
   assert path == out + ".md"
   text = open(path).read()
   assert "![ttvsperf](results/ttvsperf.png)" in text
-  assert f"--scale=0.01 \\\n    --epochs=2 --seeds=3 --out={out}" in text
+  assert f"--scale=0.01 \\\n    --epochs=2 --seeds=4 --out={out}" in text
 
 
 def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
