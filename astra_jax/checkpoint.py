@@ -33,7 +33,8 @@ from astra_jax.data import xc_format
 from astra_jax.errors import InputError
 
 # Keys a rerun may change without changing what is computed.
-FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch", "eval.",
+FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
+             "train.input_threads", "eval.",
              "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
              "train.stop_after_steps")
 

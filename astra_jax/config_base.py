@@ -6,6 +6,7 @@ error from ml_collections that names it.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import ml_collections
@@ -106,7 +107,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.log_every_steps = 50
   c.train.eval_every_epochs = 0    # 0: evaluate at the end only
   c.train.profile_steps = 20       # steps timed phase by phase for the time break-up
-  c.train.prefetch = 4
+  c.train.prefetch = 4             # batches prepared ahead of the step
+  c.train.input_threads = 2        # threads preparing them (a fast GPU: more; README)
   c.train.classifier_init_std = 0.02
   c.train.stop_after_steps = 0     # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
@@ -162,6 +164,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   need(c.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+  need(c.train.input_threads >= 1, "train.input_threads",
+       f"must be >= 1, got {c.train.input_threads}")
   need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",
        f"use sparse or dense, got {c.optim.classifier_update!r}")
   need(not (c.optim.classifier_update == "sparse" and c.optim.classifier_momentum),
@@ -175,3 +179,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
     hf_dir = pretrained.resolve(c.encoder.hf_dir)
     need(os.path.exists(os.path.join(hf_dir, "config.json")), "encoder.hf_dir",
          f"{hf_dir}/config.json does not exist")
+
+
+def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigDict:
+  """An experiment file's `get_config()` (`get_config(variant)` for `--config=PATH:VARIANT`),
+  outside absl's --config flag."""
+  spec = importlib.util.spec_from_file_location("_astra_experiment", path)
+  if spec is None:
+    raise InputError(f"{path}: not a Python config file")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config() if variant is None else module.get_config(variant)

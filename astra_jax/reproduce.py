@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import importlib.util
 import io
 import json
 import os
@@ -100,10 +99,8 @@ class Run:
     return train.train_and_evaluate(self.config(), workdir)
 
   def config(self):
-    spec = importlib.util.spec_from_file_location("_astra_experiment", self.config_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config(self.variant)
+    from astra_jax import config_base
+    c = config_base.load_config(self.config_file, self.variant)
     for key, value in self.overrides:
       *path, leaf = key.split(".")
       node = c

@@ -2,47 +2,91 @@
 only: the refresh worker uses them too)."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from astra_jax.data.xc_format import SparseRows
 
 
-# `member` marks a (rows x id range) table directly (one byte per entry) when it is at most
-# this large and at most _TABLE_PER_ID entries per id looked up: clearing it costs its size,
-# the search log(set size) per id.
-_TABLE_LIMIT = 1 << 27
+# `member` marks a (rows x id range) table directly (one byte per entry), a chunk of rows at
+# a time so that the table stays in the CPU's caches (_CHUNK_BYTES), when a row's id range
+# is at most _TABLE_PER_ID entries per id looked up in the row; otherwise a table over ids
+# alone filters, and a binary search (log set size per id) decides the ids that pass.
+_CHUNK_BYTES = 1 << 21
 _TABLE_PER_ID = 64
 
 
-def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray) -> np.ndarray:
+class _Scratch(threading.local):
+  """An all-False id table per thread for `member(..., reuse_table=True)`: a fresh np.zeros
+  of L bytes costs its page faults on every call; the entries a call sets, it clears."""
+  table = np.zeros(0, bool)
+
+  def get(self, cells: int) -> np.ndarray:
+    if len(self.table) < cells:
+      self.table = np.zeros(cells, bool)
+    return self.table[:cells]
+
+
+_scratch = _Scratch()
+
+
+def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
+           reuse_table: bool = False) -> np.ndarray:
   """mask[i, j] = ids[i, j] belongs to row i's set, the sets given as (row, id) pairs; ids is
   (rows, k), -1 = none.
 
   Per-query random draws ask this for B x k_r ids (3.3M at the paper's LF-AmazonTitles-131K
-  batch), so it avoids a binary search per id where it can: a (row, id) table when that is
-  small; else a table over ids alone, and the search only for the ids some row's set holds."""
-  ids = np.asarray(ids, np.int64)
+  batch), so it avoids a binary search per id where it can (see _CHUNK_BYTES).
+  reuse_table: the id table (L bytes) lives on in this thread for the next call; for
+  callers that ask again and again (the sampler)."""
+  ids = np.asarray(ids)
   if not len(set_rows) or not ids.size:
     return np.zeros(ids.shape, bool)
   set_rows, set_ids = np.asarray(set_rows, np.int64), np.asarray(set_ids, np.int64)
   valid = ids >= 0
   width = max(int(ids.max()), int(set_ids.max())) + 1
-  cells = ids.shape[0] * width
-  if cells <= min(_TABLE_LIMIT, _TABLE_PER_ID * ids.size):
-    table = np.zeros(cells, bool)
-    inside = set_rows < ids.shape[0]  # sets of rows beyond ids' never match
-    table[set_rows[inside] * width + set_ids[inside]] = True
-    rows = np.arange(ids.shape[0], dtype=np.int64)[:, None]
-    return table[rows * width + np.where(valid, ids, 0)] & valid
-  seen = np.zeros(width, bool)
+  if width <= min(_CHUNK_BYTES, _TABLE_PER_ID * ids.shape[1]):
+    return _member_by_table(np.where(valid, ids, 0), set_rows, set_ids, width) & valid
+  ids = ids.astype(np.int64, copy=False)
+  seen = _scratch.get(width) if reuse_table else np.zeros(width, bool)
   seen[set_ids] = True
-  mask = seen[np.where(valid, ids, 0)] & valid
+  try:
+    mask = seen[np.where(valid, ids, 0)] & valid
+  finally:
+    seen[set_ids] = False
   cand = np.nonzero(mask)
   keys = np.sort(set_rows * width + set_ids)
   query = cand[0].astype(np.int64) * width + ids[cand]
   at = np.minimum(np.searchsorted(keys, query), len(keys) - 1)
   mask[cand] = keys[at] == query
   return mask
+
+
+def _member_by_table(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
+                     width: int) -> np.ndarray:
+  """`member` for ids in [0, width), through a (rows x width) byte table built and read a
+  chunk of rows at a time."""
+  n = ids.shape[0]
+  chunk = max(1, _CHUNK_BYTES // width)
+  inside = set_rows < n  # sets of rows beyond ids' never match
+  set_rows, set_ids = set_rows[inside], set_ids[inside]
+  # the set entries grouped by chunk (a stable radix sort of small chunk numbers)
+  chunks = -(-n // chunk)
+  of_chunk = (set_rows // chunk).astype(np.uint16 if chunks < 2 ** 16 else np.int64)
+  order = np.argsort(of_chunk, kind="stable")
+  bounds = np.searchsorted(of_chunk[order], np.arange(chunks + 1))
+  table = np.zeros(chunk * width, bool)
+  local = np.arange(chunk, dtype=np.int32)[:, None] * np.int32(width)  # < 2 _CHUNK_BYTES
+  out = np.empty(ids.shape, bool)
+  for c, lo in enumerate(range(0, n, chunk)):
+    hi = min(lo + chunk, n)
+    sel = order[bounds[c]:bounds[c + 1]]
+    keys = (set_rows[sel] - lo) * width + set_ids[sel]
+    table[keys] = True
+    out[lo:hi] = table[local[:hi - lo] + ids[lo:hi]]
+    table[keys] = False
+  return out
 
 
 def shared_member(shared: np.ndarray, num_rows: int, set_rows: np.ndarray,
@@ -71,10 +115,10 @@ def shared_member(shared: np.ndarray, num_rows: int, set_rows: np.ndarray,
 def rows_of(labels: SparseRows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """The (position in `rows`, label) pairs of the given rows of a sparse matrix."""
   starts, ends = labels.indptr[rows], labels.indptr[rows + 1]
-  which = np.repeat(np.arange(len(rows), dtype=np.int64), ends - starts)
-  if not len(which):
-    return which, np.zeros(0, np.int64)
-  flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)])
+  lengths = ends - starts
+  which = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+  # entry j of row i sits at starts[i] + j: arange over all entries, shifted per row
+  flat = np.arange(len(which)) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
   return which, labels.indices[flat].astype(np.int64)
 
 

@@ -363,7 +363,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       num_shards=num_shards)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
                          config.train.prefetch, accum,
-                         sharding.process_token_rows(mesh, accum, micro_batch))
+                         sharding.process_token_rows(mesh, accum, micro_batch),
+                         config.train.input_threads)
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
   if sparse:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU measurements of issues 4 and 8 in one go (one lease of a GPU machine):
+# The GPU measurements of issues 4 and 8 in one go (one lease of a GPU machine), and the
+# host time per batch with 1-8 input threads:
 #   bash benchmarks/gpu_suite.sh OUT_DIR
 # train_step.py in fp32 / bf16 / fp16, the PyTorch + HF reference in the same dtypes (when
 # torch and transformers are installed), and step_vs_labels.py. Each writes JSON lines into
@@ -26,3 +27,5 @@ if $py -c "import torch, transformers" 2>/dev/null; then
     --out="$out/torch_reference.jsonl"
 fi
 run $py benchmarks/step_vs_labels.py --steps=50 --out="$out/step_vs_labels.jsonl" 2>&1 | grep -v "^[IW][0-9]"
+# the host side: can the input threads of a GPU host keep up with its step?
+run $py benchmarks/input_pipeline.py --threads=1,2,4,8 --out="$out/input_pipeline.jsonl" 2>&1 | grep -v "^[IW][0-9]"

@@ -70,3 +70,26 @@ def test_early_exit_stops_the_thread():
   it = b.epoch(0)
   next(it)
   it.close()  # must not hang
+
+
+def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):
+  """Three threads, where early steps take longest (so later ones finish first): the same
+  batches, in the same order, as one thread."""
+  import time
+  one = [x for x, _ in make(n=120).epoch(1)]
+  b = make(n=120, threads=3)
+  make_batch = b.make_batch
+
+  def slow_first(epoch, step, *a):
+    time.sleep(0.02 * max(0, 3 - step))
+    return make_batch(epoch, step, *a)
+
+  monkeypatch.setattr(b, "make_batch", slow_first)
+  many = [x for x, _ in b.epoch(1)]
+  assert len(many) == len(one) == 15
+  for x, y in zip(one, many):
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+  it = b.epoch(2)
+  next(it)
+  it.close()  # must not hang with batches still in flight

@@ -2,7 +2,6 @@
 configs (all variants) load and validate; the SS-20M missing-data message; the SS-20M
 synthetic stand-in trains end to end."""
 import glob
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,10 +18,7 @@ PAPER_CONFIGS = {d.config for d in catalog.DATASETS.values()}
 
 
 def load_config(path, variant=None):
-  spec = importlib.util.spec_from_file_location("cfg", os.path.join(REPO, path))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(variant) if variant is not None else mod.get_config()
+  return config_base.load_config(os.path.join(REPO, path), variant)
 
 
 def small_config(labels=1000, model=4):

@@ -125,11 +125,14 @@ def test_per_query_draws_masks_and_shards(num_shards):
   assert (b["rand_ids"][0] != b["rand_ids"][1]).any()
 
 
-@pytest.mark.parametrize("table", [True, False])  # the (row, id) table; the id filter
-def test_member_matches_brute_force(monkeypatch, table):
+@pytest.mark.parametrize("mode", ["table", "chunks", "filter", "filter_reuse"])
+def test_member_matches_brute_force(monkeypatch, mode):
+  """The (row, id) table in one chunk and in chunks of 1-3 rows; the id filter, also with
+  one thread's table reused by 30 calls of different shapes (each must leave it all-False)."""
   from astra_jax import rowsets
-  monkeypatch.setattr(rowsets, "_TABLE_LIMIT", 1 << 27 if table else 0)
+  monkeypatch.setattr(rowsets, "_CHUNK_BYTES", {"table": 1 << 21, "chunks": 40}.get(mode, 0))
   monkeypatch.setattr(rowsets, "_TABLE_PER_ID", 1 << 20)
+  reuse = mode == "filter_reuse"
   rng = np.random.default_rng(4)
   for _ in range(30):
     b, k, n, width = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60), rng.integers(1, 40)
@@ -138,4 +141,15 @@ def test_member_matches_brute_force(monkeypatch, table):
     pairs = set(zip(set_rows.tolist(), set_ids.tolist()))
     expected = np.array([[v >= 0 and (i, v) in pairs for v in row] for i, row in enumerate(ids.tolist())],
                         bool).reshape(b, k)
-    np.testing.assert_array_equal(rowsets.member(ids, set_rows, set_ids), expected)
+    np.testing.assert_array_equal(rowsets.member(ids, set_rows, set_ids, reuse), expected)
+
+
+def test_rows_of_lists_each_rows_labels_in_order():
+  """(position, label) pairs against the rows' lists, with empty and repeated rows."""
+  from astra_jax import rowsets
+  lists = [[3, 1], [], [7], [0, 2, 4, 6], []]
+  labels = SparseRows.from_lists(lists, 8)
+  for rows in ([0, 1, 2, 3, 4], [3, 3, 1, 0], [1, 4], []):
+    which, ids = rowsets.rows_of(labels, np.array(rows, np.int64))
+    want = [(i, l) for i, r in enumerate(rows) for l in lists[r]]
+    assert list(zip(which.tolist(), ids.tolist())) == want

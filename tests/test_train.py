@@ -16,11 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load_config(path, arg=None):
-  import importlib.util
-  spec = importlib.util.spec_from_file_location("cfg", os.path.join(REPO, path))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(arg) if arg else mod.get_config()
+  return config_base.load_config(os.path.join(REPO, path), arg)
 
 
 def test_main_job_on_small_synthetic_data(tmp_path):
@@ -144,6 +140,9 @@ def test_validation_names_the_field():
   c.data.tokenizer_dir = "/y"
   c.negatives.strategy = "nope"
   with pytest.raises(ValueError, match=r"config.negatives.strategy: unknown strategy 'nope'"):
+    config_base.validate(c)
+  c.negatives.strategy, c.train.input_threads = "random", 0
+  with pytest.raises(ValueError, match=r"config.train.input_threads: must be >= 1, got 0"):
     config_base.validate(c)
 
 

@@ -1,8 +1,10 @@
-"""The numpy input pipeline: shuffled epochs of (tokens, label arrays) prepared by a
-background thread while the device runs the previous step.
+"""The numpy input pipeline: shuffled epochs of (tokens, label arrays) prepared by
+background threads while the device runs the previous step.
 
 Batch i of epoch e is a pure function of (seed, e, i), so a resumed run sees the same
-batches and the thread's timing never changes results. The last incomplete batch of an
+batches and the threads' timing never changes results; with several threads
+(`train.input_threads`) batches are prepared concurrently (numpy releases the GIL in its
+bulk work) and handed over in order. The last incomplete batch of an
 epoch is dropped (static shapes: one compiled step).
 
 Every array of a batch has a leading micro-batch axis (A, B/A, ...) for gradient
@@ -13,9 +15,9 @@ is True: the rows its own devices hold.
 """
 from __future__ import annotations
 
-import queue
-import threading
+import collections
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 import numpy as np
@@ -27,11 +29,13 @@ from astra_jax.sampler import NegativeSampler
 class TrainBatches:
 
   def __init__(self, tokens, sampler: NegativeSampler, batch_size: int, seed: int,
-               prefetch: int = 4, micro_batches: int = 1, token_rows: np.ndarray | None = None):
+               prefetch: int = 4, micro_batches: int = 1, token_rows: np.ndarray | None = None,
+               threads: int = 1):
     self.tokens, self.sampler = tokens, sampler
-    self.batch_size, self.seed, self.prefetch = batch_size, seed, prefetch
+    self.batch_size, self.seed, self.prefetch = batch_size, seed, max(prefetch, threads)
+    self.threads = threads
     self.micro_batches = micro_batches
-    self.wait_seconds = 0.0  # consumer time blocked on the prefetch queue, all epochs
+    self.wait_seconds = 0.0  # consumer time blocked on the next batch, all epochs
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
       raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
@@ -75,39 +79,27 @@ class TrainBatches:
 
     hard_negatives: (N, h) per training row, or None; num_random: shared random draws."""
     order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
-    q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-    stop = threading.Event()
 
-    def produce():
-      try:
-        for step in range(start_step, self.steps_per_epoch):
-          t0 = time.perf_counter()
-          item = (self.make_batch(epoch, step, order, hard_negatives, num_random),
-                  time.perf_counter() - t0)
-          while not stop.is_set():
-            try:
-              q.put(item, timeout=0.1)
-              break
-            except queue.Full:
-              continue
-          if stop.is_set():
-            return
-        q.put(None)
-      except BaseException as e:  # surface errors in the consumer, not a silent hang
-        q.put(e)
+    def timed(step):
+      t0 = time.perf_counter()
+      return (self.make_batch(epoch, step, order, hard_negatives, num_random),
+              time.perf_counter() - t0)
 
-    thread = threading.Thread(target=produce, name=f"batches-epoch{epoch}", daemon=True)
-    thread.start()
+    pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"batches-epoch{epoch}")
+    pending: collections.deque = collections.deque()
+    steps = iter(range(start_step, self.steps_per_epoch))
     try:
-      while True:
+      for step in steps:  # `prefetch` batches in flight, handed over in order
+        pending.append(pool.submit(timed, step))
+        if len(pending) == self.prefetch:
+          break
+      while pending:
         t0 = time.perf_counter()
-        item = q.get()
+        item = pending.popleft().result()  # re-raises the thread's error here
         self.wait_seconds += time.perf_counter() - t0
-        if item is None:
-          return
-        if isinstance(item, BaseException):
-          raise item
+        step = next(steps, None)
+        if step is not None:
+          pending.append(pool.submit(timed, step))
         yield item
     finally:
-      stop.set()
-      thread.join(timeout=5)
+      pool.shutdown(wait=False, cancel_futures=True)
