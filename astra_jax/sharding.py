@@ -78,6 +78,15 @@ def padded_rows(num_labels: int, mesh: jax.sharding.Mesh) -> int:
   return -(-num_labels // m) * m
 
 
+def _unless_single(mesh: jax.sharding.Mesh, collective):
+  """`collective(x, axis, ...)`, or x itself where the mesh axis has one device: the
+  identity, but XLA:CPU still copied the operand (a per-query step's B k_r x d row
+  gradients: 3.5 of 9.5 ms on a 1 x 1 mesh, benchmarks/step_vs_labels.py)."""
+  def apply(x, axis, **kwargs):
+    return x if mesh.shape[axis] == 1 else collective(x, axis, **kwargs)
+  return apply
+
+
 def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch) ->
   (loss, dloss/demb (B, d), local row ids (M n,), row gradients (M n, d)).
@@ -85,12 +94,8 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   Row ids are local to their shard (rows_per_shard = not this shard's: dropped by the
   update); loss and gradients are for the mean over `global_batch` queries."""
 
-  # Collectives over an axis of size 1 are identities, but XLA:CPU still copies their
-  # operands (a per-query step's B k_r x d row gradients: ~2 ms of 10 on a 1 x 1 mesh).
-  sized = lambda collective: lambda x, axis, **kw: (
-      x if mesh.shape[axis] == 1 else collective(x, axis, **kw))
-  all_gather, psum = sized(jax.lax.all_gather), sized(jax.lax.psum)
-  psum_scatter = sized(jax.lax.psum_scatter)
+  all_gather, psum, psum_scatter = (_unless_single(mesh, c) for c in (
+      jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
 
   def body(emb, v, scale, batch):
     rows_per_shard = v.shape[0]
