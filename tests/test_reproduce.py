@@ -15,8 +15,8 @@ def _write(root, name, result, group=""):
 
 
 def test_registry_covers_the_named_tables():
-  for name in ("rq3", "timebreakup", "memory", "tau_s_ablation", "tau_r_ablation",
-               "ratio_ablation", "ttvsperf"):
+  for name in ("rq3", "rq3_paper_refreshes", "timebreakup", "memory", "tau_s_ablation",
+               "tau_r_ablation", "ratio_ablation", "ttvsperf"):
     assert name in reproduce.TABLES
   labels = {t.paper_label for t in reproduce.TABLES.values()}
   assert {"tab:rq3", "tab:timebreakup", "tab:memory", "tab:tau_s_ablation",
@@ -33,6 +33,20 @@ def test_ablation_runs_differ_only_in_strategy():
     assert c.train.epochs == 3 and c.train.seed == 0
   # same total negatives per query
   assert len({c.negatives.k_h + c.negatives.k_r for c in configs}) == 1
+
+
+def test_paper_refreshes_runs_change_only_the_refresh_schedule():
+  """The paper refreshes 14 times in 75 epochs (τ = 5); 15 stand-in epochs need τ = 1, 30
+  need 2. Everything else is the ablation's run, in its own directory."""
+  assert reproduce.paper_refreshes_tau(15) == 1 and reproduce.paper_refreshes_tau(30) == 2
+  runs, base = reproduce.paper_refreshes_runs(0.01, 15, 2), reproduce.ablation_runs(0.01, 15, 2)
+  assert [r.key for r in runs] == [r.key for r in base]
+  for r, b in zip(runs, base):
+    extra = set(r.overrides) - set(b.overrides)
+    assert extra == {("negatives.tau_s", 1), ("negatives.tau_r", 1)}
+    assert reproduce.run_dir("wd", r) != reproduce.run_dir("wd", b)
+  c = runs[-1].config()
+  assert (c.negatives.tau_s, c.negatives.tau_r, c.train.epochs) == (1, 1, 15)
 
 
 def test_rq3_tabulation_from_fake_results(tmp_path):
