@@ -463,8 +463,8 @@ Training runs: synthetic stand-ins `CONFIG:synthetic,{scale}` ({scale} x the dat
 points and test points; at 0.01: 1,311 labels, 2,948 training queries + the label texts, 1,348
 test queries; tiny random BERT on CPU, embedding dropout 0.2), {epochs} epochs, batch 128 (the
 paper's 512 gives 8 steps per epoch at this scale), the same data for every run, evaluated
-after every epoch. The ablation (rq3) trains every strategy with training seeds 0 to
-{last_seed} and reports means; the other tables use seed 0. Every strategy gets the same
+after every epoch. The ablations (rq3, rq3_paper_refreshes) train every strategy with
+training seeds 0 to {last_seed} and report means; the other tables use seed 0. Every strategy gets the same
 k_h + k_r negatives per query, the paper's share of the labels (at 0.01: 8 + 64 of 1,311, the
 paper's 800 + 6,400 of 131,073), random ones drawn per query as in the paper's Algorithm 1.
 Measured on 2 shared CPU cores: times are indicative; P@1 differs by up to several points
