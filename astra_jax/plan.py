@@ -263,7 +263,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   kk = k_p + k_h + k_r
   # Rows gathered per query: k_p + k_h, + k_r with per-query draws; a shared draw of k_r
   # serves the batch.
-  per_query = nc.get("random_draws", "per_query") == "per_query"
+  per_query = nc.random_draws == "per_query"
   k_row, k_once, k_txt = ((k_p + k_h + k_r, 0, "k_p + k_h + k_r") if per_query else
                           (k_p + k_h, k_r, "k_p + k_h"))
   gathered = (b_clf * k_row + k_once) * d * 4
@@ -335,7 +335,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
              "encoder_queries_per_device": b_enc, "classifier_queries_per_device": b_clf,
              "max_len": T},
       negatives={"k_p": k_p, "k_h_per_shard": k_h, "k_r_per_shard": k_r, "shards": M,
-                 "random_draws": "per_query" if per_query else "shared",
+                 "random_draws": nc.random_draws,
                  "index": index_kind, "dense_update": dense},
       gpu=gpu, device_items=dev, worker_items=worker, trainer_items=trainer,
       disk_items=disk, notes=notes)

@@ -84,12 +84,13 @@ class NegativeSampler:
     if self.per_query_random:
       rand_ids = np.empty((b, S, k_r), np.int32)  # L < 2^31
       for s, (start, end) in enumerate(self.shard_bounds):  # a scalar bound: 2.5x faster
-        rand_ids[:, s] = start + rng.integers(0, end - start, size=(b, k_r), dtype=np.int32)
+        rand_ids[:, s] = rng.integers(0, end - start, size=(b, k_r), dtype=np.int32)
+        rand_ids[:, s] += np.int32(start)
       rand_ids = rand_ids.reshape(b, -1)
       rand_mask = ~rowsets.member(rand_ids, excluded_rows, excluded_ids, reuse_table=True)
     else:
       rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
       rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
     return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
-            "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32),
+            "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
             "rand_mask": rand_mask, "rand_weight": rand_weight}

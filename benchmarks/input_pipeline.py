@@ -16,6 +16,7 @@ import os
 import statistics
 import time
 
+import numpy as np
 from absl import app, flags
 
 from astra_jax import config_base
@@ -23,8 +24,6 @@ from astra_jax.data import catalog
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.sampler import NegativeSampler
-
-import numpy as np
 
 import jsonl  # benchmarks/jsonl.py
 
@@ -37,7 +36,7 @@ flags.DEFINE_string("out", None, "append JSON lines here")
 
 
 def synthetic_inputs(c, rows: int, rng: np.random.Generator):
-  """Tokens, labels and per-shard hard negatives of the config's shapes."""
+  """Tokens and a label matrix of the config's shapes (label count, labels per point)."""
   ds = catalog.DATASETS[c.data.name]
   counts = 1 + rng.poisson(ds.labels_per_point - 1, rows)
   indptr = np.concatenate([[0], np.cumsum(counts)])

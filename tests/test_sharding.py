@@ -93,7 +93,7 @@ def test_sharded_step_equals_dense_single_device_step(shape):
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
-@pytest.mark.parametrize("shape", [(8, 1), (2, 4), (1, 8)])
+@pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
   setup = _setup(num_shards=shape[1], per_query=True)
   assert setup[3][0]["rand_ids"].shape == (1, B, shape[1] * 24)
