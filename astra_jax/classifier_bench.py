@@ -34,8 +34,8 @@ def astra_step():
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(v, scale, emb, batch):
-    _, _, ids, g = grads(emb, v, scale, batch)
-    return update(v, scale, ids[None], g[None], jnp.float32(LR))
+    _, _, row_grads = grads(emb, v, scale, batch)
+    return update(v, scale, jax.tree.map(lambda x: x[None], row_grads), jnp.float32(LR))
 
   return step
 

@@ -26,6 +26,12 @@ derived from it with ml_collections FieldReferences, so they follow command-line
                           step per row needs lr x B. It follows train.batch_size overrides.
                           (Renée's SGD also had momentum 0.9 by default; the table does not
                           say, and our sparse update has none: the first thing to sweep.)
+  optim.classifier_weight_decay
+                        = table wd / train.batch_size: the table's decay is torch SGD's, added
+                          to that summed gradient, so each step shrinks W by lr x wd; ours is
+                          decoupled (W <- (1 - lr wd) W - lr G) with lr already x B, so the
+                          same shrinkage per step needs wd / B. (Until 2026-11-26 the table's
+                          wd was used as is: a decay B times the paper's.)
   optim.encoder_lr      = as in the table: Adam's step does not depend on the loss's scale.
   tau_s = tau_r = 5 for every dataset (table caption).
 
@@ -99,6 +105,7 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.paper.k_r_per_gpu = k_r
   c.paper.k_h_per_gpu = k_h
   c.paper.classifier_lr = classifier_lr
+  c.paper.classifier_weight_decay = weight_decay
   gpus = c.paper.get_ref("gpus")
   shards = c.mesh.get_ref("model")
   c.train.batch_size = c.paper.get_ref("batch_size_per_gpu") * gpus
@@ -109,7 +116,8 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.optim.classifier_lr = c.paper.get_ref("classifier_lr") * c.train.get_ref("batch_size")
   c.optim.encoder_lr = encoder_lr
   c.optim.warmup_steps = warmup
-  c.optim.classifier_weight_decay = weight_decay
+  c.optim.classifier_weight_decay = (c.paper.get_ref("classifier_weight_decay") /
+                                     c.train.get_ref("batch_size"))
   c.encoder.embedding_dropout = dropout
   c.train.epochs = epochs
 

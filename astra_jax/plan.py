@@ -269,15 +269,20 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   gathered = (b_clf * k_row + k_once) * d * 4
   scores = b_clf * kk * (4 + 4 + 1)
   # Row gradients are all-gathered over 'data' (every replica of a shard applies the same
-  # update), kept for all A micro-batches, and concatenated once for the scatter: x 2.
-  row_grads = 2 * (B * k_row + A * k_once) * (d * 4 + 4)
+  # update) and kept for all A micro-batches in factored form: per (query, row) an id and
+  # dloss/dscore, per query its embedding (sharding.classifier_grads). The update forms one
+  # micro-batch's (rows, d) gradients at a time, scaled for the scatter: x 2.
+  kept = B * k_row * 8 + B * d * 4 + A * k_once * (d * 4 + 4)
+  formed = 2 * (micro * k_row + k_once) * d * 4
   once = " + k_r" if k_once else ""
   if not dense:
     dev.append(Item("classifier step: gathered rows + scores, their grads, masks",
                     gathered + scores + 2 * b_clf * d * 4,
                     f"(B_g ({k_txt}){once}) d 4 + B_g (k_p + k_h + k_r) 9 + 2 B_g d 4"))
-    dev.append(Item("classifier step: row gradients for the update (all micro-batches)",
-                    row_grads, f"2 x (B ({k_txt}){' + A k_r' if k_once else ''}) x (d x 4 + 4)"))
+    dev.append(Item("classifier step: row gradients, factored (all micro-batches)", kept,
+                    f"B ({k_txt}) (4 + 4) + B d 4{' + A k_r (d 4 + 4)' if k_once else ''}"))
+    dev.append(Item("classifier update: one micro-batch's row gradients", formed,
+                    f"2 x (B/A ({k_txt}){once}) x d x 4"))
 
   # Host. A refresh mines every training row against an index over one shard's rows; the
   # worker holds the index, the W snapshot, the mined (N, k) array and the positives.

@@ -12,10 +12,14 @@ Inside `jax.shard_map` each device
      its own random draws (sampler.py groups both by shard, so they are all local),
   3. takes the gradient of the per-shard estimator w.r.t. the scores locally,
   4. reduce-scatters dloss/dE(x) back to the queries it encoded,
-  5. all-gathers the row gradients over 'data' (every data replica of a shard applies the
-     same update) and returns them with their local row ids.
-`classifier_update` then scatter-adds them into the donated shard of V (W = scale * V, see
-sparse_sgd.py). Nothing in a step is O(L).
+  5. returns the row gradients in factored form (`classifier_grads`): the gradient of a
+     per-query row is dloss/dscore times its query's embedding, so it keeps the B x K
+     coefficients and the B x d embeddings, all-gathered over 'data' (every data replica of
+     a shard applies the same update), not the B x K x d gradients: d times less to
+     all-gather and to keep for the micro-batches of an accumulated step.
+`classifier_update` then forms each micro-batch's row gradients in turn and scatter-adds
+them into the donated shard of V (W = scale * V, see sparse_sgd.py). Nothing in a step is
+O(L), and the row gradients held at once are one micro-batch's.
 """
 from __future__ import annotations
 
@@ -89,10 +93,19 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
 
 def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch) ->
-  (loss, dloss/demb (B, d), local row ids (M n,), row gradients (M n, d)).
+  (loss, dloss/demb (B, d), row_grads).
 
-  Row ids are local to their shard (rows_per_shard = not this shard's: dropped by the
-  update); loss and gradients are for the mean over `global_batch` queries."""
+  row_grads, per shard (out spec P('model') on every leaf), the gradient w.r.t. W's rows:
+    ids (n, K) int32    local row ids of the per-query rows (positives, hard negatives, and
+                        random negatives when drawn per query); rows_per_shard marks a row
+                        that is not this shard's (dropped by the update)
+    coef (n, K) f32     dloss/dscore of each
+    queries (n, d) f32  the embeddings they were scored with: row ids[i, k] has gradient
+                        coef[i, k] * queries[i]
+    shared_ids (m,), shared_grads (m, d): rows with their summed gradients (a shared random
+                        draw, m = k_r; m = 0 with per-query draws)
+  n is the whole batch's queries (all-gathered over 'data'). Loss and gradients are for the
+  mean over `global_batch` queries."""
 
   all_gather, psum, psum_scatter = (_unless_single(mesh, c) for c in (
       jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
@@ -125,27 +138,29 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
         estimator, argnums=(0, 1, 2), has_aux=True)(pos_s, hard_s, rand_s)
     value = psum(pos + psum(neg, "model"), "data")
     d = emb.shape[-1]
-    per_row = lambda dk: all_gather(dk[..., None] * emb_group[:, None], "data",
-                                    tiled=True).reshape(-1, d)
-    row_ids = lambda lid: all_gather(lid, "data", tiled=True).reshape(-1)
     d_emb_group = (jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
                    jnp.einsum("bk,bkd->bd", d_hard, hard_r) +
                    (jnp.einsum("bk,bkd->bd", d_rand, rand_r) if per_query else d_rand @ rand_r))
     d_emb = psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
+    queried = [(pos_l, d_pos), (hard_l, d_hard)] + ([(rand_l, d_rand)] if per_query else [])
+    gather_data = lambda x: all_gather(x, "data", tiled=True)
+    row_grads = {"ids": gather_data(jnp.concatenate([l for l, _ in queried], axis=1)),
+                 "coef": gather_data(jnp.concatenate([g for _, g in queried], axis=1)),
+                 "queries": gather_data(emb_group)}
     if per_query:
-      g_rand, rand_ids = per_row(d_rand), row_ids(rand_l)
+      row_grads["shared_ids"] = jnp.zeros((0,), jnp.int32)
+      row_grads["shared_grads"] = jnp.zeros((0, d), jnp.float32)
     else:  # one draw serves the data group: its rows' gradients add up over 'data'
-      g_rand, rand_ids = psum(d_rand.T @ emb_group, "data"), rand_l
-    ids = jnp.concatenate([row_ids(pos_l), row_ids(hard_l), rand_ids])
-    grads = jnp.concatenate([per_row(d_pos), per_row(d_hard), g_rand])
-    return value, d_emb.astype(emb.dtype), ids, grads
+      row_grads["shared_ids"] = rand_l
+      row_grads["shared_grads"] = psum(d_rand.T @ emb_group, "data")
+    return value, d_emb.astype(emb.dtype), row_grads
 
   def kernel(emb, v, scale, batch):
     labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
     return jax.shard_map(body, mesh=mesh,
                          in_specs=(P(ALL), P("model"), P(), labels),
-                         out_specs=(P(), P(ALL), P("model"), P("model")),
-                         # ids/grads are identical across data replicas (all-gathered), which
+                         out_specs=(P(), P(ALL), P("model")),
+                         # row_grads are identical across data replicas (all-gathered), which
                          # the vma checker cannot infer; the mesh-equivalence tests check it.
                          check_vma=False)(emb, v, scale, batch)
 
@@ -153,15 +168,25 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
 
 
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
-  """(V, scale, ids (A, M n), grads (A, M n, d), lr) -> (V', scale'): one SGD + decoupled
-  decay step with the row gradients of A micro-batches, each shard into its own rows."""
+  """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
+  decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
+  shard into its own rows. One micro-batch's (n K, d) gradients exist at a time."""
 
-  def body(v, scale, ids, grads, lr):
-    return sparse_sgd.sgd_update(v, scale, ids.reshape(-1),
-                                 grads.reshape(-1, grads.shape[-1]), lr, weight_decay)
+  def body(v, scale, row_grads, lr):
+    new_scale = sparse_sgd.decayed_scale(scale, lr, weight_decay)
+    step = -lr / new_scale
+
+    def add_micro_batch(v, g):
+      n, k = g["ids"].shape
+      grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
+      ids = jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]])
+      return sparse_sgd.add_rows(v, ids, jnp.concatenate([grads, g["shared_grads"]]), step), None
+
+    v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
+    return v, new_scale
 
   return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P("model"), P(), P(None, "model"), P(None, "model"), P()),
+                       in_specs=(P("model"), P(), P(None, "model"), P()),
                        out_specs=(P("model"), P()), check_vma=False)
 
 

@@ -18,12 +18,22 @@ import jax
 import jax.numpy as jnp
 
 
+def decayed_scale(scale: jax.Array, lr: jax.Array, weight_decay: float) -> jax.Array:
+  """The scale after one step's decay of every row: scale (1 - lr wd)."""
+  return scale * (1.0 - lr * weight_decay)
+
+
+def add_rows(v: jax.Array, ids: jax.Array, grads: jax.Array, step: jax.Array) -> jax.Array:
+  """V[ids] += step * grads, duplicates adding up; ids out of range are dropped (another
+  shard's rows, padding)."""
+  return v.at[ids].add((step * grads).astype(v.dtype), mode="drop")
+
+
 def sgd_update(v: jax.Array, scale: jax.Array, ids: jax.Array, grads: jax.Array,
                lr: jax.Array, weight_decay: float) -> tuple[jax.Array, jax.Array]:
   """ids: (n,) row ids (duplicates allowed); grads: (n, d) dLoss/dW rows for them."""
-  new_scale = scale * (1.0 - lr * weight_decay)
-  v = v.at[ids].add((-(lr / new_scale) * grads).astype(v.dtype), mode="drop")
-  return v, new_scale
+  new_scale = decayed_scale(scale, lr, weight_decay)
+  return add_rows(v, ids, grads, -(lr / new_scale)), new_scale
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

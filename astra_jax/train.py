@@ -178,7 +178,8 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   `sharding.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
   the (L, d) matrix); the encoder's gradient is the VJP of its forward pass with the
   kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
-  sums the encoder gradients and collects the row gradients, then one Adam step and one
+  sums the encoder gradients and collects the row gradients (factored: dloss/dscore and the
+  embeddings, not rows x d), then one Adam step and one
   `sparse_sgd` step into the donated V. W is the same for all micro-batches, as in the
   dense step. loss_scaling: off | static | dynamic (see loss_scale.py); with dynamic, a step
   with non-finite gradients changes nothing but the scale.
@@ -197,23 +198,25 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
       emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb["input_ids"], k),
                                      params["encoder"], has_aux=True)
       labels = {name: x for name, x in mb.items() if name != "input_ids"}
-      value, d_emb, ids, grads = grads_kernel(emb, v, scale, labels)
+      value, d_emb, row_grads = grads_kernel(emb, v, scale, labels)
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
-      return jax.tree.map(jnp.add, acc, g_enc), (value, ids, grads, pooled)
+      return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
 
     zeros = jax.tree.map(jnp.zeros_like, params["encoder"])
-    g_enc, (values, ids, grads, pooled) = jax.lax.scan(micro, zeros,
-                                                       (batch, _micro_keys(key, a)))
+    g_enc, (values, row_grads, pooled) = jax.lax.scan(micro, zeros,
+                                                      (batch, _micro_keys(key, a)))
     g_enc = jax.tree.map(lambda g: g / s, g_enc)
     value = values.sum()
     ok = jnp.bool_(True)
     if loss_scaling == "dynamic":
-      ok = loss_scale.all_finite((g_enc, grads)) & jnp.isfinite(value)
-      grads = jnp.where(ok, grads, 0.0)  # lr 0 alone would still add 0 * inf = nan to V
+      ok = loss_scale.all_finite((g_enc, row_grads)) & jnp.isfinite(value)
+      # lr 0 alone would still add 0 * inf = nan to V
+      row_grads = {k: jnp.where(ok, g, 0.0) if k != "ids" and k != "shared_ids" else g
+                   for k, g in row_grads.items()}
     updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
     encoder = optax.apply_updates(params["encoder"], updates)
     lr = jnp.where(ok, lr_schedule(opt_state["step"]), 0.0)
-    v, scale = update_kernel(v, scale, ids, grads, lr)
+    v, scale = update_kernel(v, scale, row_grads, lr)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     new_state = {"encoder": keep(enc_state, opt_state["encoder"]), "scale": scale,
                  "step": opt_state["step"] + ok.astype(jnp.int32),

@@ -22,7 +22,7 @@ all-MiniLM-L6-v2 (d = 384).
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 64 = 1,024, 16 x 15 = 240 hard and 16 x 100 = 1,600 random negatives per query,
-classifier lr 0.01 x 1,024. Gradient accumulation 2: the smallest that leaves a quarter of a
+classifier lr 0.01 x 1,024. Gradient accumulation 4: the smallest that leaves a quarter of a
 V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
@@ -37,6 +37,6 @@ def get_config(variant: str = ""):
                               dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
                               k_p=79)
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
-  c.train.grad_accum_steps = 2
+  c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.model = 1, 1
   return paper_configs.apply_variant(c, variant, "experiments/lf_amazontitles_1_3m.py")

@@ -1,6 +1,7 @@
 """The memory planner against hand counts and against what jax allocates; the dataset
 configs (all variants) load and validate; the SS-20M missing-data message; the SS-20M
 synthetic stand-in trains end to end."""
+import copy
 import glob
 import json
 import os
@@ -147,11 +148,16 @@ def test_paper_table_translation():
   assert (c.train.batch_size, c.negatives.k_h, c.negatives.k_r) == (512, 800, 6400)
   assert c.negatives.k_p == 7
   assert c.optim.classifier_lr == pytest.approx(0.05 * 512)
+  # torch SGD on a batch-summed loss shrinks W by lr x wd per step (0.05 x 1e-4 here); our
+  # decoupled decay with lr x B must shrink it by the same
+  lr_wd = lambda c: c.optim.classifier_lr * c.optim.classifier_weight_decay
+  assert lr_wd(c) == pytest.approx(0.05 * 1e-4)
   assert (c.data.max_len, c.data.propensity_A, c.data.propensity_B) == (32, 0.6, 2.6)
   c.mesh.model = 4                     # per-shard negatives keep the per-query totals
   assert (c.negatives.k_h, c.negatives.k_r) == (200, 1600)
   c.train.batch_size = 128             # the classifier's per-example step is kept
   assert c.optim.classifier_lr == pytest.approx(0.05 * 128)
+  assert lr_wd(c) == pytest.approx(0.05 * 1e-4)
   c.encoder.hf_dir = "/elsewhere"      # the tokenizer follows the encoder
   assert c.data.tokenizer_dir == "/elsewhere"
   w = load_config("experiments/lf_wikipedia_500k.py")
@@ -196,3 +202,30 @@ def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   assert (r["num_labels"], r["num_train"], r["num_train_with_label_texts"]) == (381, 1200, 1581)
   assert [e["hard"] for e in r["negatives"]["per_epoch"]] == [0, c.negatives.k_h]
   assert r["steps"] == 2 * 6 and np.isfinite(r["P@1"]) and r["P@1"] > 0
+
+
+DISTILBERT = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
+              "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512}
+
+
+@pytest.mark.parametrize("path", sorted(PAPER_CONFIGS))
+def test_paper_configs_leave_a_quarter_of_a_v100_free(path, tmp_path, monkeypatch):
+  """The README's rule for each paper config's accumulation, with the paper's DistilBERT:
+  the smallest A that leaves 8 GiB of a V100-32GB free, on the config's own mesh."""
+  (tmp_path / "msmarco-distilbert-base-v4").mkdir()
+  (tmp_path / "msmarco-distilbert-base-v4" / "config.json").write_text(json.dumps(DISTILBERT))
+  monkeypatch.setenv("ASTRA_MODELS_DIR", str(tmp_path))
+  c = load_config(path)
+  assert c.encoder.paper_encoder.endswith("msmarco-distilbert-base-v4")
+  free = lambda a: (lambda p: p.usable - p.device_total)(plan.plan_config(
+      _with(c, a), "v100-32gb", num_gpus=c.mesh.data * c.mesh.model))
+  a = c.train.grad_accum_steps
+  assert free(a) >= 8 * 2**30
+  if a > 1:
+    assert free(a // 2) < 8 * 2**30
+
+
+def _with(c, accum):
+  c = copy.deepcopy(c)
+  c.train.grad_accum_steps = accum
+  return c
