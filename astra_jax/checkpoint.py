@@ -32,7 +32,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from astra_jax.data import xc_format
 from astra_jax.errors import InputError
 
-# Keys a rerun may change without changing what is computed.
+# Keys a rerun may change. All but mesh.* leave what is computed unchanged; a new mesh
+# restores the same W, encoder and optimizer state laid out anew, and the same estimator
+# from then on, but other draws (random negatives are drawn per W shard) and, if mesh.model
+# changed, random negatives until the next refresh (hard negatives are mined per shard).
 FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
              "train.input_threads", "eval.",
              "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",

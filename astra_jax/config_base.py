@@ -172,6 +172,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "optim.classifier_momentum", "needs optim.classifier_update=dense (dense momentum "
        "buffer); the sparse update is plain SGD + decoupled weight decay")
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
+  dense = c.optim.classifier_update == "dense" or c.negatives.strategy in ("uptodate", "full")
+  need(not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
+       "encoder.dtype", "float16 needs loss scaling, which only the sparse step does; the "
+       "dense update (optim.classifier_update=dense, strategy uptodate or full) runs in "
+       "float32 or bfloat16")
+  need(c.optim.classifier_lr * c.optim.classifier_weight_decay < 1,
+       "optim.classifier_weight_decay", f"classifier_lr x classifier_weight_decay = "
+       f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
+       "by 1 - lr wd <= 0")
   need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
        f"unknown dtype {c.encoder.dtype!r}")
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")

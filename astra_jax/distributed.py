@@ -2,8 +2,8 @@
 
 `initialize` must run before anything touches a jax backend. Detection (mesh.distributed =
 auto): a SLURM job step with more than one task (jax reads the rest from SLURM's variables),
-or JAX_COORDINATOR_ADDRESS with JAX_NUM_PROCESSES and JAX_PROCESS_ID set (any launcher; how
-the tests start two local CPU processes). CPU processes exchange collectives through gloo.
+or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set (any launcher; how the
+tests start two local CPU processes). CPU processes exchange collectives through gloo.
 """
 from __future__ import annotations
 
@@ -16,13 +16,37 @@ from jax.experimental import multihost_utils
 from astra_jax.errors import InputError
 
 
+_EXPLICIT = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
 def requested(mode: str, environ=os.environ) -> bool:
   if mode not in ("auto", "on", "off"):
     raise InputError(f"config.mesh.distributed: use auto, on or off, got {mode!r}")
   if mode == "auto":
     return (int(environ.get("SLURM_NTASKS", "1")) > 1 or
-            "JAX_COORDINATOR_ADDRESS" in environ)
+            any(k in environ for k in _EXPLICIT))
   return mode == "on"
+
+
+def initialize_kwargs(environ=os.environ) -> dict:
+  """jax.distributed.initialize's arguments: the three JAX_* variables (all or none), else
+  what jax detects (SLURM). Under SLURM jax binds local process i to GPU i, which does not
+  exist when the task sees one GPU (srun --gpus-per-task=1: CUDA_VISIBLE_DEVICES=<one>):
+  then the process takes the one it sees."""
+  given = [k for k in _EXPLICIT if k in environ]
+  if given and len(given) < len(_EXPLICIT):
+    missing = ", ".join(k for k in _EXPLICIT if k not in environ)
+    raise InputError(f"{', '.join(given)} set without {missing}: a multi-process run needs "
+                     "all three (or none, under SLURM)")
+  kwargs = {}
+  if given:
+    kwargs = dict(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
+                  num_processes=int(environ["JAX_NUM_PROCESSES"]),
+                  process_id=int(environ["JAX_PROCESS_ID"]))
+  visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+  if "SLURM_LOCALID" in environ and len(visible) == 1:
+    kwargs["local_device_ids"] = [0]
+  return kwargs
 
 
 def initialize(mode: str) -> bool:
@@ -30,13 +54,7 @@ def initialize(mode: str) -> bool:
   if not requested(mode):
     return False
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  env = os.environ
-  kwargs = {}
-  if "JAX_COORDINATOR_ADDRESS" in env and "JAX_NUM_PROCESSES" in env:
-    kwargs = dict(coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
-                  num_processes=int(env["JAX_NUM_PROCESSES"]),
-                  process_id=int(env["JAX_PROCESS_ID"]))
-  jax.distributed.initialize(**kwargs)
+  jax.distributed.initialize(**initialize_kwargs())
   return jax.process_count() > 1
 
 

@@ -69,8 +69,8 @@ def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> j
 
 def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
   """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); batch holds
-  pos/hard ids (B, k) and masks, shared random ids (k_r,), their (B, k_r) mask and
-  weights (see sampler.py)."""
+  pos/hard ids (B, k) and masks, random ids drawn per query (B, k_r) or shared (k_r,),
+  their (B, k_r) mask and (k_r,) weights (see sampler.py)."""
   return batch_loss(classifier_scores(embeddings, classifier, batch), batch)
 
 

@@ -1,6 +1,7 @@
 """python -m astra_jax.main --config=experiments/demo.py --workdir=DIR [--config.a.b=v]"""
 from __future__ import annotations
 
+import os
 import sys
 
 from astra_jax import host_memory
@@ -16,6 +17,10 @@ from astra_jax.errors import InputError  # noqa: E402
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
 flags.DEFINE_string("workdir", "workdir/run", "where results.json and logs go")
 PREEMPTED_EXIT_CODE = 75  # SIGTERM/SIGINT: checkpoint written, rerun to resume
+# Also written (by the leader, once its checkpoint is saved): a launcher whose job step
+# reports another status (srun's --kill-on-bad-exit ends the other tasks as the first exits
+# 75) can still tell a preemption it may requeue from a crash.
+PREEMPTED_MARKER = "PREEMPTED"
 
 
 def main(argv):
@@ -27,11 +32,17 @@ def main(argv):
   logging.get_absl_handler().python_handler.stream = sys.stdout
   try:
     distributed.initialize(config.mesh.distributed)
+    marker = os.path.join(flags.FLAGS.workdir, PREEMPTED_MARKER)
+    if distributed.is_leader() and os.path.exists(marker):
+      os.remove(marker)  # there only while the last run ended preempted
     results = train.train_and_evaluate(config, flags.FLAGS.workdir)
   except (InputError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
   except checkpoint.Preempted as e:  # EX_TEMPFAIL: a launcher may requeue the job
     print(f"preempted: {e}", flush=True)
+    if distributed.is_leader():
+      with open(marker, "w") as f:
+        f.write(f"{e}\n")
     sys.exit(PREEMPTED_EXIT_CODE)
   if not distributed.is_leader():
     return

@@ -13,10 +13,6 @@ import numpy as np
 from astra_jax import rowsets
 from astra_jax.data.xc_format import SparseRows
 
-# Propensity constants (Jain et al. 2016) by dataset family.
-PROPENSITY = {"amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4), "default": (0.55, 1.5)}
-
-
 def inverse_propensity(train_labels: SparseRows, A: float, B: float) -> np.ndarray:
   n = train_labels.column_counts().astype(np.float64)
   N = train_labels.num_rows

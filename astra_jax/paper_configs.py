@@ -13,10 +13,14 @@ derived from it with ml_collections FieldReferences, so they follow command-line
                           16 GPUs and each GPU mined k_h hard and drew k_r random negatives
                           from its own rows (DESIGN §1), so a query saw 16 k_h + 16 k_r
                           negatives; ours are per W shard, and the per-query totals are kept
-                          on any number of shards. tab:memory confirms the 16x: its ASTRA
-                          column is B x 16 (k_r + k_h + k_p) fp16 scores, e.g. Amazon-670K
-                          256 x 7,312 x 2 B = 3.57 MiB, Amazon-3M 256 x 8,000 x 2 B = 3.91 MiB.
-                          (--config.mesh.model=M rescales them; an explicit
+                          on any number of shards. The paper is not consistent here:
+                          tab:memory's ASTRA column is B x 16 (k_r + k_h + k_p) fp16 scores
+                          for Amazon-670K (256 x 7,312 x 2 B = 3.57 MiB) and Amazon-3M
+                          (256 x 8,000 x 2 B = 3.91 MiB), but not for LF-AmazonTitles-131K
+                          (2.06 MiB; 16x gives 7.14) or LF-AmazonTitles-1.3M (3.81; 6.06),
+                          and the text speaks of ~2,000 negatives per query (tab:rq3:
+                          "fixed (to 2K)"). We read the table as its caption says (per GPU
+                          of 16). (--config.mesh.model=M rescales them; an explicit
                           --config.negatives.k_h=... overrides.)
   negatives.k_p         = as in the table: positives per query are a property of the query
                           (the most positives a training point has), not of a shard.
@@ -146,7 +150,12 @@ def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
   if kind != "synthetic":
     raise ValueError(f"{config_file}:{variant}: the variants are '' (the dataset) and "
                      f"'synthetic[,SCALE]' (its synthetic stand-in)")
-  return synthetic_variant(c, float(arg) if arg else default_synthetic_scale(c), config_file)
+  try:
+    scale = float(arg) if arg else default_synthetic_scale(c)
+  except ValueError:
+    raise ValueError(f"{config_file}:{variant}: the scale must be a number, e.g. "
+                     f"{config_file}:synthetic,0.01") from None
+  return synthetic_variant(c, scale, config_file)
 
 
 def default_synthetic_scale(c: ml_collections.ConfigDict) -> float:

@@ -38,9 +38,11 @@ from astra_jax.model.encoder_config import EncoderConfig
 
 GiB = 2 ** 30
 # Memory per device (TPU chips too, for the TPU VM recipe in launch/README.md).
-GPUS = {"v100-32gb": 32 * GiB, "a100-80gb": 80 * GiB, "h100-80gb": 80 * GiB,
+GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
+        "a100-80gb": 80 * GiB, "h100-80gb": 80 * GiB, "h200-141gb": 141 * GiB,
         "tpu-v4-32gb": 32 * GiB, "tpu-v5e-16gb": 16 * GiB, "tpu-v5p-95gb": 95 * GiB}
 USABLE_FRACTION = 0.9
+DOES_NOT_FIT_EXIT = 3  # --check
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
 XLA_OVERHEAD = 1.25  # see activation_bytes
@@ -496,6 +498,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
                        "= num_gpus / mesh.model unless --mesh says otherwise")
   flags.DEFINE_bool("json", False, "print the plan as JSON")
+  flags.DEFINE_bool("check", False, f"exit with status {DOES_NOT_FIT_EXIT} when the run does "
+                    "not fit (the launchers stop there)")
 
 
 def main(argv):
@@ -509,6 +513,8 @@ def main(argv):
   except InputError as e:
     sys.exit(f"error: {e}")
   print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))
+  if F.check and not p.fits:
+    sys.exit(DOES_NOT_FIT_EXIT)
 
 
 if __name__ == "__main__":

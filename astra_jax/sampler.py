@@ -1,6 +1,8 @@
 """Label side of a training batch: padded positives, hard negatives, random negatives.
 
-A batch always has the same array shapes, whatever the phase of training. With W's rows
+The widths of the hard and random blocks follow the epoch's split of the negatives (before
+tau_s, and for the curriculum every epoch, they change: the step compiles once per split).
+With W's rows
 split into S shards (S = the mesh's 'model' axis; shard s owns rows [s R, (s+1) R) of the
 padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
   pos_ids, pos_mask   (B, k_p)     positives, padded with a False mask (more than k_p: a
@@ -14,6 +16,8 @@ padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
                                    its positives, not only the k_p kept) or one of its hard
                                    negatives
   rand_weight         (S k_r,)     L_s / k_r for the draws of shard s (L_s = its real rows)
+  all_pos_ids         (B, P)       only with all_positives = P: every positive of each query,
+                                   padded with -1 (the uptodate oracle masks them all)
 With S = 1 this is one draw over [L] with weight L / k_r. Before hard negatives exist
 (epoch < tau_s) the k_h hard slots are filled with random draws instead (k_r + k_h per
 shard, weight L_s/(k_r + k_h)): same negatives per query, and `hard_ids` is (B, 0).
@@ -30,8 +34,9 @@ class NegativeSampler:
   """Builds the label arrays of a batch (numpy, on the host)."""
 
   def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1,
-               per_query_random: bool = False):
+               per_query_random: bool = False, all_positives: int = 0):
     self.labels, self.num_labels = labels, labels.num_cols
+    self.all_positives = all_positives
     self.k_p, self.k_h, self.k_r = k_p, k_h, k_r
     self.per_query_random = per_query_random
     self.num_shards = num_shards
@@ -91,6 +96,14 @@ class NegativeSampler:
     else:
       rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
       rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
-    return {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
-            "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
-            "rand_mask": rand_mask, "rand_weight": rand_weight}
+    out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
+           "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
+           "rand_mask": rand_mask, "rand_weight": rand_weight}
+    if self.all_positives:
+      slot = np.arange(len(all_pos_row)) - row_start[all_pos_row]
+      if len(slot) and slot.max() >= self.all_positives:
+        raise ValueError(f"a row has {slot.max() + 1} positives, all_positives is "
+                         f"{self.all_positives}")
+      out["all_pos_ids"] = np.full((b, self.all_positives), -1, np.int32)
+      out["all_pos_ids"][all_pos_row, slot] = all_pos_ids
+    return out

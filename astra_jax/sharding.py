@@ -37,7 +37,8 @@ _LOGICAL = {  # per batch key: the logical name of each axis after the micro-bat
     "input_ids": ("query", None), "pos_ids": ("query_group", None),
     "pos_mask": ("query_group", None), "hard_ids": ("query_group", "label_shard"),
     "hard_mask": ("query_group", "label_shard"), "rand_ids": ("label_shard",),
-    "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",)}
+    "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",),
+    "all_pos_ids": ("query_group", None)}
 # Per-query random draws (negatives.random_draws=per_query) are laid out like hard negatives.
 _PER_QUERY_LOGICAL = {"rand_ids": ("query_group", "label_shard")}
 

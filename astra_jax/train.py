@@ -37,7 +37,7 @@ from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
 
 _DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
-                "rand_mask", "rand_weight")
+                "rand_mask", "rand_weight", "all_pos_ids")
 
 
 # ------------------------------------------------------------------------------- data
@@ -107,10 +107,11 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
 # ------------------------------------------------------------------------------- steps
 def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
   """The `uptodate` oracle: each query's k top-scoring non-positive labels under the current
-  W and E(x), exact over all L (O(B L) per step: small L only)."""
+  W and E(x), exact over all L (O(B L) per step: small L only). Every positive is excluded
+  (batch["all_pos_ids"], padded with -1), not only the k_p kept."""
   scores = jax.lax.stop_gradient(emb @ w.T)
   rows = jnp.arange(emb.shape[0])[:, None]
-  pos = jnp.where(batch["pos_mask"], batch["pos_ids"], w.shape[0])  # masked -> out of range
+  pos = jnp.where(batch["all_pos_ids"] >= 0, batch["all_pos_ids"], w.shape[0])  # -> dropped
   scores = scores.at[rows, pos].set(-jnp.inf, mode="drop")
   _, hard = jax.lax.top_k(scores, k)
   rand = batch["rand_ids"] if batch["rand_ids"].ndim == 2 else batch["rand_ids"][None]
@@ -353,8 +354,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
   num_shards = mesh.shape["model"]
-  sampler = NegativeSampler(data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards,
-                            per_query_random=nc.random_draws == "per_query")
+  sampler = NegativeSampler(
+      data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards,
+      per_query_random=nc.random_draws == "per_query",
+      all_positives=(int(np.diff(data.train_labels.indptr).max()) if nc.strategy == "uptodate"
+                     else 0))
   local_shards = sharding.local_model_shards(mesh)
   hard_negatives = HardNegatives(
       schedule, workdir if jax.process_count() == 1 else
@@ -381,8 +385,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
-    train_step = make_train_step(graphdef, tx, nc.k_h if nc.strategy == "uptodate" else 0,
+    train_step = make_train_step(graphdef, tx, 0,
                                  config.train.full_label_block if nc.strategy == "full" else 0)
+  # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
+  mining_step = make_train_step(graphdef, tx, nc.k_h) if nc.strategy == "uptodate" else None
 
   def fold_classifier():
     """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""
@@ -492,7 +498,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         key = jax.random.fold_in(base_key, global_step)
         profiling = global_step in profile_at
         t0 = time.perf_counter()
-        batch = sharding.shard_batch({k: host_batch[k] for k in _DEVICE_KEYS}, mesh)
+        batch = sharding.shard_batch({k: host_batch[k] for k in _DEVICE_KEYS
+                                      if k in host_batch}, mesh)
         if profiling:  # phases of the first micro-batch
           jax.block_until_ready(batch)
           t1 = time.perf_counter()
@@ -503,7 +510,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           t3 = time.perf_counter()
           jax.block_until_ready(loss_only(scores, micro))
           t4 = time.perf_counter()
-        params, opt_state, value, pooled = train_step(params, opt_state, batch, key)
+        step_fn = mining_step if mining_step and n_hard else train_step
+        params, opt_state, value, pooled = step_fn(params, opt_state, batch, key)
         inflight.append(value)
         if len(inflight) > 2:
           inflight.popleft().block_until_ready()
@@ -574,7 +582,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
       epoch_s = time.time() - t_epoch
       train_seconds += epoch_s
-      step_times.append(epoch_s / steps_per_epoch)
+      step_times.append(epoch_s / max(1, steps_per_epoch - first_step))  # resumed: fewer
       every = config.train.eval_every_epochs
       if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
         m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)

@@ -3,24 +3,35 @@
 #
 # Environment (all optional):
 #   PYTHON    the interpreter with astra_jax installed      (default: .venv/bin/python)
-#   GPU       v100-32gb | a100-80gb | h100-80gb              (default: from nvidia-smi)
+#   GPU       v100-32gb | v100-16gb | a100-40gb | a100-80gb | h100-80gb | h200-141gb
+#             (default: from nvidia-smi's name and memory of the first GPU)
 #   DTYPE     float32 | bfloat16 | float16 encoder compute   (default: per GPU, see below)
 #   WORKDIR   results directory                            (default: workdir/<config>-<id>)
 #   DRY_RUN   1: print the commands and the memory plan, run nothing
+#   PLAN_CHECK 0: launch even when the planner says the run does not fit (default 1: stop)
 
 PYTHON=${PYTHON:-.venv/bin/python}
 # The planner assumes XLA may use 90% of a GPU; JAX's own default is 75%.
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.90}
 
-# GPU kind from the first GPU's name (v100-32gb when there is none, e.g. a dry run on a
-# login node).
+# GPU kind from the first GPU's name and memory. Without a GPU (a dry run on a login node)
+# it plans for v100-32gb and says so on stderr: set GPU= to the compute nodes' kind.
 detect_gpu() {
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+  local line name mib
+  line=$(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits 2>/dev/null |
+         head -n 1 || true)
+  name=${line%,*}
+  mib=${line##*,}
+  mib=${mib// /}
   case "$name" in
-    *A100*) echo a100-80gb ;;
-    *H100* | *H200*) echo h100-80gb ;;  # H200 planned as 80 GB: conservative
-    *) echo v100-32gb ;;
+    *V100*) if [[ ${mib:-0} -lt 20000 ]]; then echo v100-16gb; else echo v100-32gb; fi ;;
+    *A100*) if [[ ${mib:-0} -lt 60000 ]]; then echo a100-40gb; else echo a100-80gb; fi ;;
+    *H200*) echo h200-141gb ;;
+    *H100*) echo h100-80gb ;;
+    *)
+      echo "no GPU this script knows (nvidia-smi: '${line:-none}'): planning for v100-32gb;" \
+           "set GPU=v100-32gb|v100-16gb|a100-40gb|a100-80gb|h100-80gb|h200-141gb" >&2
+      echo v100-32gb ;;
   esac
 }
 
@@ -58,6 +69,20 @@ run_plan() {
   while IFS= read -r -d '' arg; do
     overrides+=("$arg")
   done < <(config_overrides "$@")
+  local rc=0
   "$PYTHON" -m astra_jax.plan --config="$config" --gpu="$GPU" --num_gpus="$num_gpus" \
-    "${overrides[@]}"
+    --check "${overrides[@]}" || rc=$?
+  if [[ $rc -eq 3 ]]; then
+    if [[ "${PLAN_CHECK:-1}" == "0" ]]; then
+      echo "PLAN_CHECK=0: launching although the planner says it does not fit" >&2
+    elif [[ "${DRY_RUN:-0}" == "1" ]]; then
+      echo "a real launch would stop here (the planner: does not fit; PLAN_CHECK=0 overrides)"
+    else
+      echo "stopping: the planner says the run does not fit (see its suggestions above;" \
+           "PLAN_CHECK=0 launches anyway)" >&2
+      exit 3
+    fi
+  elif [[ $rc -ne 0 ]]; then
+    exit "$rc"
+  fi
 }

@@ -92,3 +92,20 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and "config.json" in last and "negatives.k_r: 400 -> 17" in last
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"negatives.strategy": "full", "encoder.dtype": "float16"}, "float16 needs loss scaling"),
+    ({"optim.classifier_update": "dense", "optim.loss_scale": 128.0}, "float16 needs loss"),
+    ({"optim.classifier_lr": 20.0, "optim.classifier_weight_decay": 0.05},
+     "classifier_lr x classifier_weight_decay = 1"),
+])
+def test_config_combinations_that_cannot_train_are_refused(changes, match):
+  from astra_jax import config_base
+  c = config_base.load_config("experiments/demo.py")
+  c.data.dir = c.data.dir or "/some/dir"
+  for key, value in changes.items():
+    section, name = key.split(".")
+    c[section][name] = value
+  with pytest.raises(InputError, match=match):
+    config_base.validate(c)

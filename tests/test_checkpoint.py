@@ -64,6 +64,7 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   out = p.communicate(timeout=300)[0]
   assert p.returncode == 75, out[-2000:]
   assert "rerun the same command to resume" in out
+  assert (wd / "PREEMPTED").exists()  # what launch/slurm.sbatch requeues on
   p = _start(wd, data)  # resumes; killed at a random moment after its next checkpoint
   before = os.listdir(wd / "checkpoints")
   _wait_for_checkpoint(wd, p, before)
@@ -74,6 +75,7 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   out = p.communicate(timeout=600)[0]
   assert p.returncode == 0, out[-3000:]
   assert "resuming at epoch" in out
+  assert not (wd / "PREEMPTED").exists()
   out_ref = ref.communicate(timeout=600)[0]
   assert ref.returncode == 0, out_ref[-3000:]
   a = json.load(open(tmp_path / "ref" / "results.json"))

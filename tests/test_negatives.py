@@ -165,3 +165,33 @@ def test_one_index_per_shard_equals_brute_force_per_shard(tmp_path):
   run_job(local)
   np.testing.assert_array_equal(np.load(local.out_path), got[:, 8:])
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # nothing half written
+
+
+def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path):
+  """A checkpoint's hard negatives are found by file name in the (moved) workdir, and ones
+  mined for another number of W shards are not used (their blocks are per old shard)."""
+  from astra_jax.negatives.manager import HardNegatives
+  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
+                      np.ones(20, np.float32), 12)
+  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=1, tau_r=1, epochs=4)
+
+  def manager(workdir, shards):
+    bounds = [[s * 12 // shards, (s + 1) * 12 // shards] for s in range(shards)]
+    return HardNegatives(schedule, str(workdir), labels, dim=4, backend="exact", shards=bounds,
+                         num_shards=shards)
+
+  a = manager(tmp_path / "a", 2)
+  mined = np.tile(np.array([[0, 1, 6, 7]], np.int32), (10, 1))
+  np.save(os.path.join(a.dir, "hard_epoch1.npy"), mined)
+  a._commit(1, np.load(os.path.join(a.dir, "hard_epoch1.npy")))
+  state = a.state_dict()
+  assert state["current_path"] == "hard_epoch1.npy" and state["num_shards"] == 2
+  os.rename(tmp_path / "a", tmp_path / "moved")
+  b = manager(tmp_path / "moved", 2)
+  b.load_state(state)
+  np.testing.assert_array_equal(b.current, mined)
+  assert b.current_path == os.path.join(str(tmp_path / "moved"), "negatives", "hard_epoch1.npy")
+  c = manager(tmp_path / "moved", 1)
+  c.load_state(state)
+  assert c.current is None and c.current_epoch is None
+  assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh

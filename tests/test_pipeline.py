@@ -69,7 +69,14 @@ def test_early_exit_stops_the_thread():
   b = make(n=400)
   it = b.epoch(0)
   next(it)
-  it.close()  # must not hang
+  it.close()  # returns at once; queued batches are cancelled and the threads end
+  import threading
+  import time
+  alive = lambda: [t for t in threading.enumerate() if t.name.startswith("batches-epoch0")]
+  deadline = time.time() + 30
+  while alive() and time.time() < deadline:
+    time.sleep(0.05)
+  assert not alive()
 
 
 def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):

@@ -168,6 +168,8 @@ def test_paper_table_translation():
   assert (s.data.propensity_A, s.data.propensity_B) == (0.55, 1.5)
   with pytest.raises(ValueError, match="use a scale of at least"):
     load_config("experiments/ss20m.py", "synthetic,1e-6")
+  with pytest.raises(ValueError, match="ss20m.py:synthetic,abc: the scale must be a number"):
+    load_config("experiments/ss20m.py", "synthetic,abc")
   with pytest.raises(ValueError, match="variants are"):
     load_config("experiments/ss20m.py", "tiny")
 

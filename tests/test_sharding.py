@@ -16,7 +16,8 @@ from astra_jax.sampler import NegativeSampler
 L, B, D, KH = 64, 16, 8, 3
 
 
-def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False):
+def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False,
+           num_labels=L):
   cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
                       intermediate_size=16, max_position=16, embedding_dropout=dropout,
                       hidden_dropout=0.1 if dropout else 0.0,
@@ -26,21 +27,23 @@ def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=
                                       encoder_weight_decay=0.0, classifier_weight_decay=0.05,
                                       classifier_momentum=0.0, grad_clip_norm=0.0))
   rng = np.random.default_rng(0)
-  labels = SparseRows.from_lists([list(rng.choice(L, 3, replace=False)) for _ in range(40)], L)
+  n = num_labels
+  labels = SparseRows.from_lists([list(rng.choice(n, 3, replace=False)) for _ in range(40)], n)
   sampler = NegativeSampler(labels, k_p=4, k_h=KH, k_r=24, num_shards=num_shards,
                             per_query_random=per_query)
-  R = L // num_shards
+  R = -(-n // num_shards)  # rows per shard of the padded W; the last shard's real: n - s R
   batches = []
   for _ in range(3):
     rows = rng.choice(40, B, replace=False)
     # hard negatives grouped by shard, as the per-shard indexes return them
-    hard = np.concatenate([s * R + rng.choice(R, (B, KH)) for s in range(num_shards)], 1)
+    hard = np.concatenate([s * R + rng.choice(min(R, n - s * R), (B, KH))
+                           for s in range(num_shards)], 1)
     parts = [sampler(r, rng, h) for r, h in zip(np.split(rows, micro_batches),
                                                 np.split(hard, micro_batches))]
     b = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
     b["input_ids"] = rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32)
     batches.append(b)
-  w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (L, D)))
+  w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (n, D)))
   return graphdef, enc, oc, batches, w0
 
 
@@ -67,7 +70,9 @@ def _dense_reference(graphdef, enc, oc, batches, w0):
 def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0):
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(*shape)
-  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  rows = sharding.padded_rows(len(w0), mesh)  # padded rows start at 0, as in the trainer
+  w_padded = np.concatenate([w0, np.zeros((rows - len(w0), w0.shape[1]), w0.dtype)])
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w_padded)}
   params, opt_state = sharding.shard_params(
       params, train.init_sparse_opt_state(tx, params, init_scale), mesh)
   if shape[1] > 1:
@@ -79,8 +84,9 @@ def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0
 
 def _assert_same(got, ref, w0):
   np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
-  np.testing.assert_allclose(got[2], ref[2], rtol=1e-5, atol=1e-6)
-  assert not np.allclose(got[2], w0)
+  np.testing.assert_array_equal(got[2][len(w0):], 0.0)  # padded rows: never sampled
+  np.testing.assert_allclose(got[2][:len(w0)], ref[2], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(got[2][:len(w0)], w0)
   # Adam amplifies float noise on ~zero gradients up to lr (see test_sparse_sgd.py).
   for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(ref[1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-4)
@@ -91,6 +97,13 @@ def test_sharded_step_equals_dense_single_device_step(shape):
   assert jax.device_count() == 8
   setup = _setup(num_shards=shape[1])
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_padded_last_shard_equals_dense_step(per_query):
+  """61 labels on 4 shards of 16 rows: the last shard has 13 real rows and 3 padded."""
+  setup = _setup(num_shards=4, per_query=per_query, num_labels=61)
+  _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
@@ -159,11 +172,13 @@ def test_dynamic_loss_scaling_in_float16():
                                         mesh)
   step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B, "dynamic")
-  before = np.asarray(params["classifier"])
+  before = jax.device_get((params, state["encoder"], state["scale"]))
   params, state, _, _ = step(params, state, sharding.shard_batch(batches[0], mesh),
                              jax.random.key(0))
   assert float(state["loss_scale"]["scale"]) == 2.0 ** 39 and int(state["step"]) == 0
-  np.testing.assert_array_equal(np.asarray(params["classifier"]), before)
+  after = jax.device_get((params, state["encoder"], state["scale"]))
+  for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):  # W, encoder, Adam, scale
+    np.testing.assert_array_equal(a, b)
   # With a workable scale the float16 step tracks the float32 one.
   f32 = _sparse(*_setup(num_shards=1), (1, 1))
   scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)

@@ -27,6 +27,16 @@ def test_unsorted_rows_are_sorted(tmp_path):
   assert list(r.row(0)) == [2, 4, 5] and list(r.row_values(0)) == [1.0, 0.5, 1.0]
 
 
+def test_a_label_listed_twice_is_one_positive(tmp_path):
+  r = xc_format.read_sparse(write(tmp_path / "m.txt", "2 6\n5:1 2:0.5 5:0.7\n1:1\n"))
+  assert list(r.row(0)) == [2, 5] and list(r.row_values(0)) == [0.5, 1.0]
+  assert list(r.row(1)) == [1]
+  with gzip.open(tmp_path / "trn.json.gz", "wt") as f:
+    f.write(json.dumps({"uid": "a", "title": "t", "target_ind": [3, 1, 3]}) + "\n")
+  j = xc_format.read_json_labels(tmp_path / "trn.json.gz", 4)
+  assert list(j.row(0)) == [1, 3]
+
+
 @pytest.mark.parametrize("text, line, message", [
     ("2 5\n0:1\n", None, "header says 2 rows, file has 1"),
     ("1 5\n0:1\n1:1\n", 3, "more rows than the header's 1"),
@@ -75,7 +85,8 @@ def test_text_layouts(tmp_path):
   assert xc_format.read_texts(tmp_path / "trn.json.gz") == texts
   assert xc_format.read_texts(tmp_path / "trn.json.gz", use_content=True)[1] == "blue sky body"
   labels = xc_format.read_json_labels(tmp_path / "trn.json.gz", 3)
-  assert [list(labels.row(i)) for i in range(3)] == [[0, 0], [0, 1], [0, 2]]
+  # row 0 lists label 0 twice (target_ind [0, 0]): one positive
+  assert [list(labels.row(i)) for i in range(3)] == [[0], [0, 1], [0, 2]]
 
 
 def test_bad_text_lines(tmp_path):

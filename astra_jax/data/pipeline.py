@@ -9,9 +9,11 @@ epoch is dropped (static shapes: one compiled step).
 
 Every array of a batch has a leading micro-batch axis (A, B/A, ...) for gradient
 accumulation (A = 1 without it); each micro-batch has its own random draws. `rows` is flat
-(B,). In a multi-process run every process builds the same label arrays (cheap, and the
-same on every host by construction) but reads token rows only where `token_rows` (A, B/A)
-is True: the rows its own devices hold.
+(B,). In a multi-process run every process builds the label arrays of the whole batch
+(positives and random draws are the same on every host by construction; hard-negative
+blocks, and the masks that depend on them, only for the W shards this process holds: the
+other blocks never reach its devices) but reads token rows only where `token_rows`
+(A, B/A) is True: the rows its own devices hold.
 """
 from __future__ import annotations
 

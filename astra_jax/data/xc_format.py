@@ -13,6 +13,7 @@ import os
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+from absl import logging
 
 from astra_jax.errors import InputError
 
@@ -132,6 +133,7 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
   if num_cols is not None and cols != num_cols:
     raise XCFormatError(path, lineno, f"header says {cols} columns, expected {num_cols}")
   indptr = np.zeros(rows + 1, np.int64)
+  duplicates = _Duplicates(path)
   indices: list[np.ndarray] = []
   values: list[np.ndarray] = []
   count = 0
@@ -155,17 +157,39 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
         bad = int(idx.max() if idx.max() >= cols else idx.min())
         raise XCFormatError(path, lineno, f"label id {bad} out of range [0, {cols})")
       order = np.argsort(idx, kind="stable")
-      indices.append(idx[order].astype(np.int32))
-      values.append(val[order])
+      idx, val = idx[order], val[order]
+      first = np.concatenate([[True], idx[1:] != idx[:-1]])
+      if not first.all():  # a label listed twice is one positive (its first value)
+        duplicates.note(lineno)
+        idx, val = idx[first], val[first]
+      indices.append(idx.astype(np.int32))
+      values.append(val)
       indptr[count + 1] = indptr[count] + idx.size
     else:
       indptr[count + 1] = indptr[count]
     count += 1
   if count != rows:
     raise XCFormatError(path, None, f"header says {rows} rows, file has {count}")
+  duplicates.report()
   ind = np.concatenate(indices) if indices else np.zeros(0, np.int32)
   val = np.concatenate(values) if values else np.zeros(0, np.float32)
   return SparseRows(indptr, ind, val, cols)
+
+
+class _Duplicates:
+  """Counts rows that list a label more than once; one warning per file."""
+
+  def __init__(self, path):
+    self.path, self.rows, self.first = path, 0, None
+
+  def note(self, lineno: int) -> None:
+    self.rows += 1
+    self.first = self.first or lineno
+
+  def report(self) -> None:
+    if self.rows:
+      logging.warning("%s: %d rows list a label more than once (first: line %d); each label "
+                      "counts once", self.path, self.rows, self.first)
 
 
 def _is_pair(token: str) -> bool:
@@ -273,6 +297,7 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
 def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:
   """Label rows from the json.gz layout's `target_ind` (and `target_rel`) fields."""
   rows, vals = [], []
+  duplicates = _Duplicates(path)
   for lineno, line in _lines(path):
     try:
       obj = json.loads(line)
@@ -283,9 +308,15 @@ def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:
     for i in ind:
       if not 0 <= i < num_labels:
         raise XCFormatError(path, lineno, f"label id {i} out of range [0, {num_labels})")
-    order = np.argsort(ind, kind="stable")
+    if len(rel) != len(ind):
+      rel = [1.0] * len(ind)
+    order = [j for j in np.argsort(ind, kind="stable")]
+    order = [j for n, j in enumerate(order) if n == 0 or ind[j] != ind[order[n - 1]]]
+    if len(order) < len(ind):
+      duplicates.note(lineno)
     rows.append([ind[j] for j in order])
-    vals.append([rel[j] for j in order] if len(rel) == len(ind) else [1.0] * len(ind))
+    vals.append([rel[j] for j in order])
+  duplicates.report()
   return SparseRows.from_lists(rows, num_labels, vals)
 
 

@@ -193,20 +193,35 @@ class HardNegatives:
       self.queries.flush()
 
   def state_dict(self) -> dict:
-    return {"current_path": self.current_path, "current_epoch": self.current_epoch,
-            "previous_path": self.previous_path, "refreshes": self.refreshes,
-            "pending": sorted(self.pending), "consumed": self.consumed}
+    # File names only: the workdir may be reached by another path after a move or resume.
+    name = lambda p: os.path.basename(p) if p else None
+    return {"current_path": name(self.current_path), "current_epoch": self.current_epoch,
+            "previous_path": name(self.previous_path), "refreshes": self.refreshes,
+            "pending": sorted(self.pending), "consumed": self.consumed,
+            "num_shards": self.num_shards}
 
   def load_state(self, state: dict) -> None:
     """Back to a checkpoint's state; refreshes that were running are started again from
     their inputs (deterministic: the same negatives)."""
     self.close()
-    path = state["current_path"]
+    # (older checkpoints stored the paths as given: their file name is in self.dir too)
+    here = lambda p: os.path.join(self.dir, os.path.basename(p)) if p else None
+    path, previous = here(state["current_path"]), here(state["previous_path"])
     if path and not os.path.exists(path):
       raise RefreshFailed(f"{path}: the checkpoint's hard negatives are missing")
+    saved_shards = state.get("num_shards", self.num_shards)
+    if path and saved_shards != self.num_shards:
+      # Mined per shard of the old mesh.model: no block is a top-k over a new shard's rows.
+      logging.warning("negatives: %s was mined for %d classifier shards, this run has %d: "
+                      "random negatives until the next refresh", path, saved_shards,
+                      self.num_shards)
+      if previous and previous != path and os.path.exists(previous):
+        os.remove(previous)
+      path, previous = None, path
     self.current = np.load(path, mmap_mode="r") if path else None
-    self.current_path, self.current_epoch = path, state["current_epoch"]
-    self.previous_path, self.refreshes = state["previous_path"], state["refreshes"]
+    self.current_path, self.previous_path = path, previous
+    self.current_epoch = state["current_epoch"] if path else None
+    self.refreshes = state["refreshes"]
     self.consumed = state["consumed"]
     for r in state["pending"]:
       self.pending[r] = RefreshWorker()
