@@ -99,11 +99,10 @@ class NegativeSampler:
     out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
            "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
            "rand_mask": rand_mask, "rand_weight": rand_weight}
-    if self.all_positives:
-      slot = np.arange(len(all_pos_row)) - row_start[all_pos_row]
-      if len(slot) and slot.max() >= self.all_positives:
-        raise ValueError(f"a row has {slot.max() + 1} positives, all_positives is "
+    if self.all_positives:  # every positive, in the random order that chose the k_p
+      if len(rank) and rank.max() >= self.all_positives:
+        raise ValueError(f"a row has {rank.max() + 1} positives, all_positives is "
                          f"{self.all_positives}")
       out["all_pos_ids"] = np.full((b, self.all_positives), -1, np.int32)
-      out["all_pos_ids"][all_pos_row, slot] = all_pos_ids
+      out["all_pos_ids"][all_pos_row[order], rank] = all_pos_ids[order]
     return out

@@ -212,8 +212,9 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     if loss_scaling == "dynamic":
       ok = loss_scale.all_finite((g_enc, row_grads)) & jnp.isfinite(value)
       # lr 0 alone would still add 0 * inf = nan to V
-      row_grads = {k: jnp.where(ok, g, 0.0) if k != "ids" and k != "shared_ids" else g
-                   for k, g in row_grads.items()}
+      row_grads = jax.tree.map(
+          lambda g: jnp.where(ok, g, 0.0) if jnp.issubdtype(g.dtype, jnp.floating) else g,
+          row_grads)
     updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
     encoder = optax.apply_updates(params["encoder"], updates)
     lr = jnp.where(ok, lr_schedule(opt_state["step"]), 0.0)
@@ -487,6 +488,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     "source": hard_negatives.current_epoch if hard is not None
                                     else None})
       first_step = start_step if resumed else 0
+      step_fn = mining_step if mining_step and n_hard else train_step
       window_n, t_window = first_step, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       # At most 2 steps in flight: dispatch stays ahead of the device without the host
@@ -510,7 +512,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           t3 = time.perf_counter()
           jax.block_until_ready(loss_only(scores, micro))
           t4 = time.perf_counter()
-        step_fn = mining_step if mining_step and n_hard else train_step
         params, opt_state, value, pooled = step_fn(params, opt_state, batch, key)
         inflight.append(value)
         if len(inflight) > 2:

@@ -70,9 +70,13 @@ def test_early_exit_stops_the_thread():
   it = b.epoch(0)
   next(it)
   it.close()  # returns at once; queued batches are cancelled and the threads end
+  _assert_threads_end("batches-epoch0")
+
+
+def _assert_threads_end(prefix):
   import threading
   import time
-  alive = lambda: [t for t in threading.enumerate() if t.name.startswith("batches-epoch0")]
+  alive = lambda: [t for t in threading.enumerate() if t.name.startswith(prefix)]
   deadline = time.time() + 30
   while alive() and time.time() < deadline:
     time.sleep(0.05)
@@ -99,4 +103,5 @@ def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):
       np.testing.assert_array_equal(x[k], y[k])
   it = b.epoch(2)
   next(it)
-  it.close()  # must not hang with batches still in flight
+  it.close()  # with batches still in flight
+  _assert_threads_end("batches-epoch2")

@@ -219,15 +219,13 @@ def test_paper_configs_leave_a_quarter_of_a_v100_free(path, tmp_path, monkeypatc
   monkeypatch.setenv("ASTRA_MODELS_DIR", str(tmp_path))
   c = load_config(path)
   assert c.encoder.paper_encoder.endswith("msmarco-distilbert-base-v4")
-  free = lambda a: (lambda p: p.usable - p.device_total)(plan.plan_config(
-      _with(c, a), "v100-32gb", num_gpus=c.mesh.data * c.mesh.model))
+  def free(accum):
+    c2 = copy.deepcopy(c)
+    c2.train.grad_accum_steps = accum
+    p = plan.plan_config(c2, "v100-32gb", num_gpus=c.mesh.data * c.mesh.model)
+    return p.usable - p.device_total
+
   a = c.train.grad_accum_steps
   assert free(a) >= 8 * 2**30
   if a > 1:
     assert free(a // 2) < 8 * 2**30
-
-
-def _with(c, accum):
-  c = copy.deepcopy(c)
-  c.train.grad_accum_steps = accum
-  return c
