@@ -91,15 +91,17 @@ def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
 
 def test_strategies_keep_the_number_of_negatives():
   for strategy in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-                   "uptodate"):
+                   "curriculum+e_hard", "uptodate"):
     s = NegativeSchedule(strategy, k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
     for e in range(8):
       h, r = s.split(e, have_hard=True)
       assert h + r == 50 and h <= max(s.mined_k(), 10)
   assert NegativeSchedule("w_hard", 10, 40, 2, 2, 8).split(3, True) == (50, 0)
-  c = NegativeSchedule("curriculum", 10, 40, 2, 2, 8)
-  hard = [c.split(e, True)[0] for e in range(2, 8)]
-  assert hard[0] == 10 and hard[-1] == 25 and hard == sorted(hard)
+  # The curriculum's hard share: 10/50 at tau_s = 2, 0.5 x 50 at the last epoch (7).
+  for strategy, over in (("curriculum", "W"), ("curriculum+e_hard", "E")):
+    c = NegativeSchedule(strategy, 10, 40, 2, 2, 8)
+    assert [c.split(e, True)[0] for e in range(8)] == [0, 0, 10, 13, 16, 19, 22, 25]
+    assert c.index_over == over and c.mined_k() == 25
   assert NegativeSchedule("random", 10, 40, 2, 2, 8).refresh_epochs == []
   assert NegativeSchedule("e_hard", 10, 40, 2, 2, 8).index_over == "E"
 

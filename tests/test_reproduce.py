@@ -56,18 +56,19 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
     _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
                      "evaluations": ev if s == "random" else ev[:3]}, "scale0.01_epochs3")
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
-  assert "| random+w_hard | 46.20 | 21.95 | 15.00 | 10.12 |  | 105 | 15.00 |  |" in md
-  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 | 10.00 | +5.00 |" in md
-  assert "ASTRA (random+w_hard) ranks 1 of 6 by final P@1 here (the paper" in md
-  assert "ASTRA minus random, final P@1: +5.00." in md
+  # ASTRA is the 7th strategy: P@1 10 + 6, P@5 5.125 + 6, 106.4 s.
+  assert "| random+w_hard | 46.20 | 21.95 | 16.00 | 11.12 |  | 106 | 16.00 |  |" in md
+  assert "| random | 44.57 | 21.83 | 10.00 | 5.12 | 4.00 | 100 | 10.00 | +6.00 |" in md
+  assert "| curriculum+e_hard | 45.84 | 21.75 | 13.00 | 8.12 |  | 103 | 13.00 | +3.00 |" in md
+  assert "ASTRA (random+w_hard) ranks 1 of 7 by final P@1 here (the paper" in md
+  assert "ASTRA minus random, final P@1: +6.00." in md
   with open(tmp_path / "out" / "rq3.csv") as f:
     lines = f.read().splitlines()
   assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
                       '"ours P@1, mean of last 5 epochs",ours train s,ours P@1 per seed,'
                       '"ASTRA minus this, P@1 (mean ± s.e. over seeds)"')
-  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101,11.00,+4.00"
-  assert len(lines) == 2 + len(reproduce.ABLATION)
-  assert lines[-1] == "curriculum (E hard),45.84,21.75,not implemented,,,,,"
+  assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101,11.00,+5.00"
+  assert len(lines) == 1 + len(reproduce.ABLATION)
 
 
 def test_rq3_averages_training_seeds(tmp_path):
@@ -78,7 +79,8 @@ def test_rq3_averages_training_seeds(tmp_path):
   # random: 30, 20 (mean 25); ASTRA: 24, 28 (mean 26); curriculum: 40, 0 (mean 20);
   # w_hard: 27, 27 (mean 27, first); the rest lower.
   p1 = {"random": (30, 20), "random+w_hard": (24, 28), "curriculum": (40, 0),
-        "w_hard": (27, 27), "e_hard": (1, 1), "random+e_hard": (5, 5)}
+        "w_hard": (27, 27), "e_hard": (1, 1), "random+e_hard": (5, 5),
+        "curriculum+e_hard": (3, 3)}
   for r in runs:
     _write(root, r.name, {"P@1": float(p1[r.name][r.seed]), "P@5": 1.0, "train_time_s": 10.0},
            os.path.join(r.group, f"seed{r.seed}" if r.seed else ""))
@@ -91,7 +93,7 @@ def test_rq3_averages_training_seeds(tmp_path):
   assert "| 30.00 / 20.00 | +1.00 ± 7.00 |" in md
   assert "| 40.00 / 0.00 | +6.00 ± 22.00 |" in md
   assert "| 27.00 / 27.00 | -1.00 ± 2.00 |" in md
-  assert "ranks 2 of 6 by final P@1 here, means over 2 training seeds (the paper" in md
+  assert "ranks 2 of 7 by final P@1 here, means over 2 training seeds (the paper" in md
   assert "ASTRA minus random, final P@1, per seed: -6.00 / +8.00." in md
 
 

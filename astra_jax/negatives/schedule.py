@@ -8,6 +8,7 @@ Every strategy uses the same number of negatives per query, T = k_h + k_r:
   w_hard, e_hard  T hard, no random
   curriculum      hard from W; the hard share rises linearly from k_h/T at tau_s to
                   `curriculum_final_hard_fraction` at the last epoch, the rest random
+  curriculum+e_hard  the same curriculum over hard negatives from E(z_l)
   uptodate        k_h hard re-mined inside every step with the current W and E(x) (exact,
                   small L only) + k_r random
   full            no sampling: the full-L BCE over every label (the Renee-style baseline,
@@ -21,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-              "uptodate", "full")
+              "curriculum+e_hard", "uptodate", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,10 @@ class NegativeSchedule:
   @property
   def uses_index(self) -> bool:
     return self.strategy not in ("random", "uptodate", "full")
+
+  @property
+  def is_curriculum(self) -> bool:
+    return self.strategy.startswith("curriculum")
 
   @property
   def index_over(self) -> str:
@@ -77,7 +82,7 @@ class NegativeSchedule:
     """Columns each refresh mines."""
     if self.strategy in ("w_hard", "e_hard"):
       return self.total
-    if self.strategy == "curriculum":
+    if self.is_curriculum:
       return max(self.k_h, round(self.curriculum_final_hard_fraction * self.total))
     return self.k_h
 
@@ -91,7 +96,7 @@ class NegativeSchedule:
       return 0, self.total
     if self.strategy in ("w_hard", "e_hard"):
       return self.total, 0
-    if self.strategy == "curriculum":
+    if self.is_curriculum:
       last = max(self.epochs - 1, self.tau_s + 1)
       f0 = self.k_h / self.total
       f = f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s) / (last - self.tau_s)
