@@ -1,8 +1,8 @@
 """Label side of a training batch: padded positives, hard negatives, random negatives.
 
-The widths of the hard and random blocks follow the epoch's split of the negatives (before
-tau_s, and for the curriculum every epoch, they change: the step compiles once per split).
-With W's rows
+The widths of the hard and random blocks follow the epoch's split of the negatives (they
+change at tau_s: the step compiles once per width; the curricula, whose split changes every
+epoch, keep their widest blocks and mask the columns the epoch does not use). With W's rows
 split into S shards (S = the mesh's 'model' axis; shard s owns rows [s R, (s+1) R) of the
 padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
   pos_ids, pos_mask   (B, k_p)     positives, padded with a False mask (more than k_p: a
@@ -50,10 +50,13 @@ class NegativeSampler:
 
   def __call__(self, rows: np.ndarray, rng: np.random.Generator,
                hard_negatives: np.ndarray | None = None,
-               num_random: int | None = None) -> dict[str, np.ndarray]:
+               num_random: int | None = None,
+               random_columns: int | None = None) -> dict[str, np.ndarray]:
     """rows: (B,) training row ids; hard_negatives: (B, S h) label ids (-1: none), block s
     from shard s, or None; num_random: random draws per shard (default k_r, or k_r + k_h
-    without hard negatives)."""
+    without hard negatives); random_columns: random columns per shard in the batch
+    (>= num_random; the columns past num_random are masked, so that batches of different
+    splits share one shape)."""
     b, S = len(rows), self.num_shards
     all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
     # Up to k_p positives per row; a row with more keeps a uniform random k_p-subset: its
@@ -82,20 +85,25 @@ class NegativeSampler:
         raise ValueError("hard negatives are not grouped by classifier shard")
       hard_mask = valid & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids, reuse_table=True)
       hard_ids = np.where(valid, hard_ids, lo).astype(np.int32)
+    width = k_r if random_columns is None else random_columns
+    if width < k_r:
+      raise ValueError(f"random_columns={width} < num_random={k_r}")
     lo, hi = self.shard_bounds[:, :1], self.shard_bounds[:, 1:]
-    rand_weight = np.repeat(((hi - lo) / max(k_r, 1)).astype(np.float32).reshape(-1), k_r)
+    rand_weight = np.repeat(((hi - lo) / max(k_r, 1)).astype(np.float32).reshape(-1), width)
     excluded_rows = np.concatenate([all_pos_row, np.repeat(np.arange(b), hard_mask.sum(1))])
     excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
     if self.per_query_random:
-      rand_ids = np.empty((b, S, k_r), np.int32)  # L < 2^31
+      rand_ids = np.empty((b, S, width), np.int32)  # L < 2^31
       for s, (start, end) in enumerate(self.shard_bounds):  # a scalar bound: 2.5x faster
-        rand_ids[:, s] = rng.integers(0, end - start, size=(b, k_r), dtype=np.int32)
+        rand_ids[:, s] = rng.integers(0, end - start, size=(b, width), dtype=np.int32)
         rand_ids[:, s] += np.int32(start)
       rand_ids = rand_ids.reshape(b, -1)
       rand_mask = ~rowsets.member(rand_ids, excluded_rows, excluded_ids, reuse_table=True)
     else:
-      rand_ids = (lo + rng.integers(0, hi - lo, size=(S, k_r), dtype=np.int64)).reshape(-1)
+      rand_ids = (lo + rng.integers(0, hi - lo, size=(S, width), dtype=np.int64)).reshape(-1)
       rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
+    if width > k_r:  # padding columns: not negatives
+      rand_mask &= np.tile(np.arange(width) < k_r, S)
     out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
            "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
            "rand_mask": rand_mask, "rand_weight": rand_weight}

@@ -489,6 +489,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     else None})
       first_step = start_step if resumed else 0
       step_fn = mining_step if mining_step and n_hard else train_step
+      random_columns = schedule.columns(epoch, hard is not None)[1]
       window_n, t_window = first_step, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       # At most 2 steps in flight: dispatch stays ahead of the device without the host
@@ -496,7 +497,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       inflight = collections.deque()
       wait_before = batches.wait_seconds
       for step, (host_batch, prep_s) in enumerate(
-          batches.epoch(epoch, hard, first_step, n_random), start=first_step):
+          batches.epoch(epoch, hard, first_step, n_random, random_columns), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
         profiling = global_step in profile_at
         t0 = time.perf_counter()

@@ -102,6 +102,10 @@ def test_strategies_keep_the_number_of_negatives():
     c = NegativeSchedule(strategy, 10, 40, 2, 2, 8)
     assert [c.split(e, True)[0] for e in range(8)] == [0, 0, 10, 13, 16, 19, 22, 25]
     assert c.index_over == over and c.mined_k() == 25
+    # ... while its batches keep one shape from tau_s on: 25 hard + 40 random columns.
+    assert [c.columns(e, True) for e in range(8)] == [(0, 50)] * 2 + [(25, 40)] * 6
+    assert c.columns(3, False) == (0, 50)
+  assert NegativeSchedule("random+w_hard", 10, 40, 2, 2, 8).columns(3, True) == (10, 40)
   assert NegativeSchedule("random", 10, 40, 2, 2, 8).refresh_epochs == []
   assert NegativeSchedule("e_hard", 10, 40, 2, 2, 8).index_over == "E"
 
@@ -197,3 +201,23 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   c.load_state(state)
   assert c.current is None and c.current_epoch is None
   assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh
+
+
+def test_curriculum_epochs_mask_the_hard_columns_they_do_not_use(tmp_path):
+  """A curriculum trains its first h of the mined columns per shard; the others read -1
+  (none), so every epoch's batches have the same width."""
+  from astra_jax.negatives.manager import HardNegatives
+  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
+                      np.ones(20, np.float32), 12)
+  # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
+  schedule = NegativeSchedule("curriculum", k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
+  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact",
+                    shards=[[0, 6], [6, 12]], num_shards=2)
+  mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))
+  m._commit(1, mined)
+  hard, h, r = m.start_epoch(2, None, None)
+  assert (h, r) == (2, 4) and schedule.columns(2, True) == (3, 4)
+  np.testing.assert_array_equal(hard[np.arange(4)].reshape(4, 6), [[0, 1, -1, 6, 7, -1]] * 4)
+  hard, h, r = m.start_epoch(3, None, None)
+  assert (h, r) == (3, 3)
+  np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])

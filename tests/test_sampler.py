@@ -153,3 +153,26 @@ def test_rows_of_lists_each_rows_labels_in_order():
     which, ids = rowsets.rows_of(labels, np.array(rows, np.int64))
     want = [(i, l) for i, r in enumerate(rows) for l in lists[r]]
     assert list(zip(which.tolist(), ids.tolist())) == want
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_random_columns_past_num_random_are_masked(per_query):
+  # The curricula's batches keep one width: of 10 columns per shard, 6 train, with the
+  # weight of 6 draws (shard rows / 6); the other 4 are masked for every query.
+  L, S = 30, 2
+  labels = SparseRows.from_lists([[0, 1], [16], []], L)
+  sampler = NegativeSampler(labels, k_p=2, k_h=2, k_r=8, num_shards=S,
+                            per_query_random=per_query)
+  b = sampler(np.arange(3), np.random.default_rng(0), num_random=6, random_columns=10)
+  assert b["rand_mask"].shape == (3, S * 10)
+  assert b["rand_ids"].shape == ((3, S * 10) if per_query else (S * 10,))
+  np.testing.assert_array_equal(b["rand_weight"], np.full(S * 10, 15 / 6, np.float32))
+  used = np.tile(np.arange(10) < 6, S)
+  assert not b["rand_mask"][:, ~used].any()
+  ids = np.broadcast_to(b["rand_ids"], (3, S * 10))
+  positives = [{0, 1}, {16}, set()]
+  for i in range(3):  # the used columns: masked exactly on the query's positives
+    want = np.array([r not in positives[i] for r in ids[i]])
+    np.testing.assert_array_equal(b["rand_mask"][i, used], want[used])
+  with pytest.raises(ValueError, match="random_columns=4 < num_random=6"):
+    sampler(np.arange(3), np.random.default_rng(0), num_random=6, random_columns=4)

@@ -113,6 +113,29 @@ def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
+def _with_masked_columns(batch, num_shards, extra):
+  """The batch with `extra` more hard and random columns per shard, all masked: each a
+  copy of the block's first column, so it would change the step if it were not."""
+  out = dict(batch)
+  for ids, mask in (("hard_ids", "hard_mask"), ("rand_ids", "rand_mask")):
+    keys = (ids, mask) + (("rand_weight",) if ids == "rand_ids" else ())
+    for k in keys:
+      v = batch[k].reshape(*batch[k].shape[:-1], num_shards, -1)
+      pad = np.zeros_like(v[..., :1]) if k == mask else v[..., :1]
+      out[k] = np.concatenate([v] + [pad] * extra, -1).reshape(*v.shape[:-2], -1)
+  return out
+
+
+@pytest.mark.parametrize("per_query", [False, True])
+def test_masked_columns_leave_the_step_unchanged(per_query):
+  """The curricula pad their batches to one width with masked columns (sampler.py)."""
+  graphdef, enc, oc, batches, w0 = setup = _setup(num_shards=4, per_query=per_query)
+  padded = [_with_masked_columns(b, 4, extra=3) for b in batches]
+  assert padded[0]["hard_ids"].shape[-1] == 4 * (KH + 3)
+  got = _sparse(graphdef, enc, oc, padded, w0, (2, 4))
+  _assert_same(got, _sparse(*setup, (2, 4)), w0)
+
+
 def test_step_and_fold_write_w_into_its_own_buffer():
   """The trainer advises W's buffer once (host_memory.back_with_huge_pages): the donated
   step and the fold must keep writing into that buffer, not a new one."""

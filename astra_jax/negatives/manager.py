@@ -118,7 +118,10 @@ class HardNegatives:
     # uptodate has h > 0 without a file: its hard negatives are mined inside the step.
     hard = None
     if h and self.current is not None:
-      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :h]
+      cols = self.schedule.columns(epoch, True)[0]
+      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :cols]
+      if cols > h:
+        mine = _FirstColumns(mine, h)
       hard = mine if len(self.shards) == self.num_shards else _ShardBlocks(
           mine, self.shard_ids, self.num_shards)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
@@ -250,6 +253,22 @@ class HardNegatives:
     return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
+
+
+class _FirstColumns:
+  """(N, S, c) negatives of which only the first h per shard train: the others read -1
+  (none), so the batch keeps c columns."""
+
+  def __init__(self, negatives: np.ndarray, h: int):
+    self.negatives, self.h = negatives, h
+
+  def __len__(self) -> int:
+    return len(self.negatives)
+
+  def __getitem__(self, rows) -> np.ndarray:
+    out = np.array(self.negatives[rows], np.int32)
+    out[..., self.h:] = -1
+    return out
 
 
 class _ShardBlocks:

@@ -78,6 +78,16 @@ class NegativeSchedule:
     past = [r for r in self.refresh_epochs if r <= epoch]
     return past[-1] if past else None
 
+  def columns(self, epoch: int, have_hard: bool) -> tuple[int, int]:
+    """(hard, random) columns per query and shard in `epoch`'s batches: the split, except
+    for the curricula, whose batches keep one shape from tau_s on (mined_k hard, T - k_h
+    random, the columns beyond the epoch's split masked) so that their step compiles once,
+    not once per epoch."""
+    h, r = self.split(epoch, have_hard)
+    if self.is_curriculum and h:
+      return self.mined_k(), self.total - self.k_h
+    return h, r
+
   def mined_k(self) -> int:
     """Columns each refresh mines."""
     if self.strategy in ("w_hard", "e_hard"):
