@@ -35,6 +35,7 @@ from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.model.encoder_config import EncoderConfig
+from astra_jax.negatives.schedule import NegativeSchedule
 
 GiB = 2 ** 30
 # Memory per device (TPU chips too, for the TPU VM recipe in launch/README.md).
@@ -229,7 +230,12 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   b_enc = math.ceil(micro / G)      # encoder: the micro-batch split over every device
   b_clf = math.ceil(micro / D)      # classifier kernel: the queries of one 'data' group
   nc = config.negatives
-  k_p, k_h, k_r = nc.k_p, nc.k_h, nc.k_r  # k_h, k_r per W shard
+  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
+                              config.train.epochs, nc.curriculum_final_hard_fraction)
+  # Per W shard: the step's hard and random columns once hard negatives exist (the
+  # curricula's widest split, w_hard / e_hard all hard) and the columns a refresh mines.
+  k_p, (k_h, k_r) = nc.k_p, schedule.columns(nc.tau_s, have_hard=True)
+  mined = schedule.mined_k() if schedule.uses_index else 0
   T = config.data.max_len
   s = DTYPE_BYTES[enc.dtype]
   dense = (config.optim.classifier_update == "dense"
@@ -301,11 +307,11 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                    R * d * 4 + 4096 * R * 4 * 2, "W shard + 2 x 4096 x rows x 4")]
   worker += [
       Item("W snapshot (loaded)", R * d * 4, "W shard"),
-      Item(f"mined hard negatives ({rows:,} x {k_h} int32)", rows * k_h * 4, "N x k_h x 4",
-           paged=True),
+      Item(f"mined hard negatives ({rows:,} x {mined} int32)", rows * mined * 4,
+           "N x k_mined x 4", paged=True),
   ]
-  trainer = [Item(f"hard negatives in use ({rows:,} x {M * k_h} int32)",
-                  rows * M * k_h * 4, "N x (model x k_h) x 4", paged=True),
+  trainer = [Item(f"hard negatives in use ({rows:,} x {M * mined} int32)",
+                  rows * M * mined * 4, "N x (model x k_mined) x 4", paged=True),
              Item(f"query embeddings being collected ({rows:,} x {d} fp32)",
                   rows * d * 4, "N x d x 4", paged=True)]
   if nnz:
@@ -318,8 +324,8 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                  "(N + 1) x 8 + nnz x 8 bytes in each training process")
   disk = [Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
                "N x T x 4 (+ test rows)"),
-          Item("hard negatives, in use + next", 2 * rows * M * k_h * 4,
-               "2 x N x (model x k_h) x 4"),
+          Item("hard negatives, in use + next", 2 * rows * M * mined * 4,
+               "2 x N x (model x k_mined) x 4"),
           Item("query embeddings + W snapshot of a refresh", rows * d * 4 + L * d * 4,
                "N x d x 4 + L x d x 4")]
   if M > 1:
@@ -426,7 +432,7 @@ def format_plan(p: Plan) -> str:
       f"encoder {b['encoder_queries_per_device']} queries per device, classifier "
       f"{b['classifier_queries_per_device']}; {b['max_len']} tokens",
       f"  negatives per query: {n['k_p']} positives (padded), {n['shards']} x {n['k_h_per_shard']} "
-      f"hard, {n['shards']} x {n['k_r_per_shard']} random (per W shard x shards; "
+      f"hard, {n['shards']} x {n['k_r_per_shard']} random columns (per W shard x shards; "
       f"{n['random_draws'].replace('_', ' ')} draws); index {n['index']}",
       "",
       f"  {'GPU memory per device':<74}{'GiB':>8}",

@@ -57,6 +57,17 @@ def test_byte_counts_equal_hand_counts():
   assert p.negatives["k_h_per_shard"] == 50 and p.batch["encoder_queries_per_device"] == 11
 
 
+def test_curricula_plan_their_widest_columns():
+  c = small_config(labels=1000, model=1)
+  c.negatives.strategy = "curriculum"  # base: k_h 50, k_r 400; half of 450 hard at the end
+  p = plan.plan_config(c, "v100-32gb", mesh="8x1")
+  assert (p.negatives["k_h_per_shard"], p.negatives["k_r_per_shard"]) == (225, 400)
+  assert item(p, "mined hard negatives") == 6000 * 225 * 4
+  c.negatives.strategy = "random"
+  p = plan.plan_config(c, "v100-32gb", mesh="8x1")
+  assert (p.negatives["k_h_per_shard"], p.negatives["k_r_per_shard"]) == (0, 450)
+
+
 def test_dense_momentum_is_a_full_copy_of_w():
   c = small_config(labels=1000, model=1)
   c.optim.classifier_update, c.optim.classifier_momentum = "dense", 0.9
