@@ -535,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--scale", type=float, default=0.01, help="stand-in scale")
   p.add_argument("--epochs", type=int, default=15, help="stand-in epochs")
   p.add_argument("--out", default="docs/results")
-  p.add_argument("--seeds", type=int, default=5, help="training seeds of the ablations (rq3, rq3_paper_refreshes)")
+  p.add_argument("--seeds", type=int, default=5,
+                 help="training seeds of the ablations (rq3, rq3_paper_refreshes)")
   a = p.parse_args(argv)
   if a.table in NEEDS_GPUS:
     print(f"{a.table}: needs the real datasets + GPUs; run: {NEEDS_GPUS[a.table]}",

@@ -51,12 +51,14 @@ class NegativeSampler:
   def __call__(self, rows: np.ndarray, rng: np.random.Generator,
                hard_negatives: np.ndarray | None = None,
                num_random: int | None = None,
-               random_columns: int | None = None) -> dict[str, np.ndarray]:
-    """rows: (B,) training row ids; hard_negatives: (B, S h) label ids (-1: none), block s
+               random_columns: int | None = None,
+               num_hard: int | None = None) -> dict[str, np.ndarray]:
+    """rows: (B,) training row ids; hard_negatives: (B, S c) label ids (-1: none), block s
     from shard s, or None; num_random: random draws per shard (default k_r, or k_r + k_h
     without hard negatives); random_columns: random columns per shard in the batch
-    (>= num_random; the columns past num_random are masked, so that batches of different
-    splits share one shape)."""
+    (>= num_random); num_hard: hard negatives per shard that train (default c). Columns
+    past num_hard / num_random are masked, so that batches of different splits share one
+    shape."""
     b, S = len(rows), self.num_shards
     all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
     # Up to k_p positives per row; a row with more keeps a uniform random k_p-subset: its
@@ -83,6 +85,8 @@ class NegativeSampler:
       lo, hi = (np.repeat(self.shard_bounds[:, j], hard_ids.shape[1] // S) for j in (0, 1))
       if (valid & ((hard_ids < lo) | (hard_ids >= hi))).any():
         raise ValueError("hard negatives are not grouped by classifier shard")
+      if num_hard is not None and num_hard < hard_ids.shape[1] // S:  # padding columns
+        valid &= np.tile(np.arange(hard_ids.shape[1] // S) < num_hard, S)
       hard_mask = valid & ~rowsets.member(hard_ids, all_pos_row, all_pos_ids, reuse_table=True)
       hard_ids = np.where(valid, hard_ids, lo).astype(np.int32)
     width = k_r if random_columns is None else random_columns

@@ -479,17 +479,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for epoch in range(start_epoch, config.train.epochs):
       t_epoch = time.time()
       resumed = epoch == start_epoch and start_step > 0
-      if resumed:  # the epoch had started: its negatives are already in place
-        hard, n_hard, n_random = hard_negatives.start_epoch(
-            epoch, vectors_fn, embed_rows, resumed_rows=batches.rows_before(epoch, start_step))
-      else:
-        hard, n_hard, n_random = hard_negatives.start_epoch(epoch, vectors_fn, embed_rows)
+      # Resuming inside an epoch: its negatives are already in place.
+      hard, split = hard_negatives.start_epoch(
+          epoch, vectors_fn, embed_rows,
+          resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      n_hard, n_random = split["num_hard"], split["num_random"]
+      if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": n_hard, "random": n_random,
                                     "source": hard_negatives.current_epoch if hard is not None
                                     else None})
       first_step = start_step if resumed else 0
       step_fn = mining_step if mining_step and n_hard else train_step
-      random_columns = schedule.columns(epoch, hard is not None)[1]
       window_n, t_window = first_step, time.time()
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       # At most 2 steps in flight: dispatch stays ahead of the device without the host
@@ -497,7 +497,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       inflight = collections.deque()
       wait_before = batches.wait_seconds
       for step, (host_batch, prep_s) in enumerate(
-          batches.epoch(epoch, hard, first_step, n_random, random_columns), start=first_step):
+          batches.epoch(epoch, hard, first_step, **split), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
         profiling = global_step in profile_at
         t0 = time.perf_counter()

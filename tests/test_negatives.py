@@ -203,9 +203,9 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh
 
 
-def test_curriculum_epochs_mask_the_hard_columns_they_do_not_use(tmp_path):
-  """A curriculum trains its first h of the mined columns per shard; the others read -1
-  (none), so every epoch's batches have the same width."""
+def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_path):
+  """A curriculum's batches keep all mined columns per shard; the split says how many of
+  them (and of the random columns) train: the sampler masks the rest."""
   from astra_jax.negatives.manager import HardNegatives
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
@@ -215,9 +215,7 @@ def test_curriculum_epochs_mask_the_hard_columns_they_do_not_use(tmp_path):
                     shards=[[0, 6], [6, 12]], num_shards=2)
   mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))
   m._commit(1, mined)
-  hard, h, r = m.start_epoch(2, None, None)
-  assert (h, r) == (2, 4) and schedule.columns(2, True) == (3, 4)
-  np.testing.assert_array_equal(hard[np.arange(4)].reshape(4, 6), [[0, 1, -1, 6, 7, -1]] * 4)
-  hard, h, r = m.start_epoch(3, None, None)
-  assert (h, r) == (3, 3)
-  np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])
+  for epoch, h, r in ((2, 2, 4), (3, 3, 3)):
+    hard, split = m.start_epoch(epoch, None, None)
+    assert split == {"num_hard": h, "num_random": r, "random_columns": 4}
+    np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])

@@ -91,9 +91,9 @@ def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):
   b = make(n=120, threads=3)
   make_batch = b.make_batch
 
-  def slow_first(epoch, step, *a):
+  def slow_first(epoch, step, *a, **kw):
     time.sleep(0.02 * max(0, 3 - step))
-    return make_batch(epoch, step, *a)
+    return make_batch(epoch, step, *a, **kw)
 
   monkeypatch.setattr(b, "make_batch", slow_first)
   many = [x for x, _ in b.epoch(1)]

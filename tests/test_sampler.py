@@ -176,3 +176,18 @@ def test_random_columns_past_num_random_are_masked(per_query):
     np.testing.assert_array_equal(b["rand_mask"][i, used], want[used])
   with pytest.raises(ValueError, match="random_columns=4 < num_random=6"):
     sampler(np.arange(3), np.random.default_rng(0), num_random=6, random_columns=4)
+
+
+def test_hard_columns_past_num_hard_are_masked():
+  # 3 mined columns per shard of which 2 train: the third is no negative (and does not
+  # exclude random draws), in both shards.
+  L, S = 12, 2
+  labels = SparseRows.from_lists([[0], [7]], L)
+  sampler = NegativeSampler(labels, k_p=1, k_h=2, k_r=4, num_shards=S, per_query_random=True)
+  hard = np.array([[1, 2, 3, 7, 8, 9], [0, 4, 5, 7, 11, 6]])  # row 1: 7 is a positive
+  b = sampler(np.arange(2), np.random.default_rng(0), hard, num_hard=2)
+  np.testing.assert_array_equal(b["hard_mask"], [[1, 1, 0, 1, 1, 0], [1, 1, 0, 0, 1, 0]])
+  for i in range(2):  # 3 and 9 / 5 and 6 may be drawn as random negatives
+    excluded = {0} | {1, 2, 7, 8} if i == 0 else {7} | {0, 4, 11}
+    want = np.array([r not in excluded for r in b["rand_ids"][i]])
+    np.testing.assert_array_equal(b["rand_mask"][i], want)

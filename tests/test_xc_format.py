@@ -32,9 +32,10 @@ def test_a_label_listed_twice_is_one_positive(tmp_path):
   assert list(r.row(0)) == [2, 5] and list(r.row_values(0)) == [0.5, 1.0]
   assert list(r.row(1)) == [1]
   with gzip.open(tmp_path / "trn.json.gz", "wt") as f:
-    f.write(json.dumps({"uid": "a", "title": "t", "target_ind": [3, 1, 3]}) + "\n")
+    f.write(json.dumps({"uid": "a", "title": "t", "target_ind": [3, 1, 3],
+                        "target_rel": [0.25, 0.5, 0.75]}) + "\n")
   j = xc_format.read_json_labels(tmp_path / "trn.json.gz", 4)
-  assert list(j.row(0)) == [1, 3]
+  assert list(j.row(0)) == [1, 3] and list(j.row_values(0)) == [0.5, 0.25]
 
 
 @pytest.mark.parametrize("text, line, message", [

@@ -133,7 +133,7 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
   if num_cols is not None and cols != num_cols:
     raise XCFormatError(path, lineno, f"header says {cols} columns, expected {num_cols}")
   indptr = np.zeros(rows + 1, np.int64)
-  duplicates = _Duplicates(path)
+  sorted_unique = _SortedUnique(path)
   indices: list[np.ndarray] = []
   values: list[np.ndarray] = []
   count = 0
@@ -156,12 +156,7 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
       if idx.size and (idx.min() < 0 or idx.max() >= cols):
         bad = int(idx.max() if idx.max() >= cols else idx.min())
         raise XCFormatError(path, lineno, f"label id {bad} out of range [0, {cols})")
-      order = np.argsort(idx, kind="stable")
-      idx, val = idx[order], val[order]
-      first = np.concatenate([[True], idx[1:] != idx[:-1]])
-      if not first.all():  # a label listed twice is one positive (its first value)
-        duplicates.note(lineno)
-        idx, val = idx[first], val[first]
+      idx, val = sorted_unique(lineno, idx, val)
       indices.append(idx.astype(np.int32))
       values.append(val)
       indptr[count + 1] = indptr[count] + idx.size
@@ -170,21 +165,30 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
     count += 1
   if count != rows:
     raise XCFormatError(path, None, f"header says {rows} rows, file has {count}")
-  duplicates.report()
+  sorted_unique.report()
   ind = np.concatenate(indices) if indices else np.zeros(0, np.int32)
   val = np.concatenate(values) if values else np.zeros(0, np.float32)
   return SparseRows(indptr, ind, val, cols)
 
 
-class _Duplicates:
-  """Counts rows that list a label more than once; one warning per file."""
+class _SortedUnique:
+  """A row's labels sorted, each once (a label listed twice is one positive, with its first
+  value); `report` warns once per file about the rows that listed one twice."""
 
   def __init__(self, path):
     self.path, self.rows, self.first = path, 0, None
 
-  def note(self, lineno: int) -> None:
+  def __call__(self, lineno: int, idx: np.ndarray, val: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(idx, kind="stable")
+    idx, val = idx[order], val[order]
+    first = np.ones(idx.size, bool)
+    first[1:] = idx[1:] != idx[:-1]
+    if first.all():
+      return idx, val
     self.rows += 1
     self.first = self.first or lineno
+    return idx[first], val[first]
 
   def report(self) -> None:
     if self.rows:
@@ -297,7 +301,7 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
 def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:
   """Label rows from the json.gz layout's `target_ind` (and `target_rel`) fields."""
   rows, vals = [], []
-  duplicates = _Duplicates(path)
+  sorted_unique = _SortedUnique(path)
   for lineno, line in _lines(path):
     try:
       obj = json.loads(line)
@@ -310,13 +314,10 @@ def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:
         raise XCFormatError(path, lineno, f"label id {i} out of range [0, {num_labels})")
     if len(rel) != len(ind):
       rel = [1.0] * len(ind)
-    order = [j for j in np.argsort(ind, kind="stable")]
-    order = [j for n, j in enumerate(order) if n == 0 or ind[j] != ind[order[n - 1]]]
-    if len(order) < len(ind):
-      duplicates.note(lineno)
-    rows.append([ind[j] for j in order])
-    vals.append([rel[j] for j in order])
-  duplicates.report()
+    idx, val = sorted_unique(lineno, np.asarray(ind, np.int64), np.asarray(rel, np.float32))
+    rows.append(idx.tolist())
+    vals.append(val.tolist())
+  sorted_unique.report()
   return SparseRows.from_lists(rows, num_labels, vals)
 
 

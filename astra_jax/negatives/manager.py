@@ -73,8 +73,10 @@ class HardNegatives:
   # ------------------------------------------------------------------------ epochs
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
                   resumed_rows: np.ndarray | None = None
-                  ) -> tuple[np.ndarray | None, int, int]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, h) or None, h, num_random).
+                  ) -> tuple[np.ndarray | None, dict[str, int]]:
+    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, split), split the
+    sampler's num_hard (h), num_random and random_columns (schedule.columns: c >= h hard
+    and random_columns >= num_random columns, the extra ones masked by the sampler).
 
     resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
     embeddings were collected before the interruption."""
@@ -114,14 +116,13 @@ class HardNegatives:
                         "previous hard negatives" if self.current is not None else
                         "random negatives")
       self.refreshes.append(stats)
-    h, r = self.schedule.split(epoch, self.current is not None)
+    have = self.current is not None
+    h, r = self.schedule.split(epoch, have)
+    hard_columns, random_columns = self.schedule.columns(epoch, have)
     # uptodate has h > 0 without a file: its hard negatives are mined inside the step.
     hard = None
-    if h and self.current is not None:
-      cols = self.schedule.columns(epoch, True)[0]
-      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :cols]
-      if cols > h:
-        mine = _FirstColumns(mine, h)
+    if h and have:
+      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :hard_columns]
       hard = mine if len(self.shards) == self.num_shards else _ShardBlocks(
           mine, self.shard_ids, self.num_shards)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
@@ -137,7 +138,7 @@ class HardNegatives:
       else:
         self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
                                                  (self.num_rows, self.dim))
-    return hard, h, r
+    return hard, {"num_hard": h, "num_random": r, "random_columns": random_columns}
 
   @property
   def collecting(self) -> bool:
@@ -253,22 +254,6 @@ class HardNegatives:
     return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
-
-
-class _FirstColumns:
-  """(N, S, c) negatives of which only the first h per shard train: the others read -1
-  (none), so the batch keeps c columns."""
-
-  def __init__(self, negatives: np.ndarray, h: int):
-    self.negatives, self.h = negatives, h
-
-  def __len__(self) -> int:
-    return len(self.negatives)
-
-  def __getitem__(self, rows) -> np.ndarray:
-    out = np.array(self.negatives[rows], np.int32)
-    out[..., self.h:] = -1
-    return out
 
 
 class _ShardBlocks:
