@@ -1,5 +1,6 @@
 """The sparse model-parallel step equals the dense optax step on every mesh shape, with and
-without gradient accumulation; fp16 loss scaling skips overflowing steps and rescues gradients that would underflow."""
+without gradient accumulation; fp16 loss scaling skips overflowing steps and rescues
+gradients that would underflow."""
 import jax
 import jax.numpy as jnp
 import ml_collections
