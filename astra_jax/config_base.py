@@ -34,7 +34,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_len = 32              # 32 titles, 128 full text, 256 Wikipedia
   c.data.use_content = False       # json layout: title + content instead of title
   c.data.augment_label_text = False  # label texts as extra training rows
-  c.data.filter_file = "filter_labels_test.txt"  # relative to data.dir; ignored if absent
+  c.data.filter_file = "filter_labels_test.txt"  # relative to data.dir (this default name
+                                                 # also finds Renée's tst_filter_labels.txt);
+                                                 # ignored if absent
   c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
   c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
   c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise

@@ -6,11 +6,11 @@
 DOWNLOAD is the Extreme Classification Repository's download: a .zip, or a directory (or
 a directory holding one dataset directory) in any layout `data/dataset.py` reads
 ({trn,tst,lbl}.json.gz; trn_X.txt/tst_X.txt/Y.txt or raw_data/*.raw.txt with
-trn_X_Y.txt/tst_X_Y.txt). Its files are extracted (zip) or linked into DIR, Renée's
-`tst_filter_labels.txt` is linked as `filter_labels_test.txt`, and every text file is
-tokenized into DIR/astra_cache, the cache training reads. With --config, the tokenizer,
-max_len, use_content and DIR default to the config's (e.g. data/LF-AmazonTitles-131K), so
-training needs no further flag.
+trn_X_Y.txt/tst_X_Y.txt). Its files are extracted (zip) or linked into DIR (a Mac zip's
+`__MACOSX/` and `._*` entries are skipped), and every text file is tokenized into
+DIR/astra_cache, the cache training reads. With --config, the tokenizer, max_len,
+use_content and DIR default to the config's (e.g. data/LF-AmazonTitles-131K), so training
+needs no further flag.
 
 Resumable: files already extracted with the right size are kept, and token files whose
 metadata matches (source size and time, tokenizer, max_len) are not rebuilt; an
@@ -37,7 +37,6 @@ from astra_jax.model import pretrained
 DATA_FILES = {name for layout in dataset.LAYOUTS.values() for name in layout} | {
     "trn_X_Y.txt", "tst_X_Y.txt", "filter_labels_test.txt", "filter_labels_train.txt",
     "tst_filter_labels.txt", "trn_filter_labels.txt"}
-RENEE_FILTER = ("tst_filter_labels.txt", "filter_labels_test.txt")
 
 
 def _dataset_root(names: list[str]) -> str:
@@ -53,6 +52,12 @@ def _dataset_root(names: list[str]) -> str:
   return roots[0]
 
 
+def _mac_metadata(name: str) -> bool:
+  """A zip made on a Mac also holds __MACOSX/... and ._NAME resource forks."""
+  parts = name.split("/")
+  return "__MACOSX" in parts or parts[-1].startswith("._")
+
+
 def _wanted(rel: str) -> bool:
   return rel in DATA_FILES
 
@@ -61,7 +66,7 @@ def extract_zip(src: str, out: str) -> list[str]:
   """Extracts the dataset's files (flattened below its root); skips those already there."""
   done = []
   with zipfile.ZipFile(src) as z:
-    infos = [i for i in z.infolist() if not i.is_dir()]
+    infos = [i for i in z.infolist() if not i.is_dir() and not _mac_metadata(i.filename)]
     root = _dataset_root([i.filename for i in infos])
     for info in infos:
       rel = info.filename[len(root):]
@@ -86,8 +91,12 @@ def extract_zip(src: str, out: str) -> list[str]:
 def link_tree(src: str, out: str) -> list[str]:
   """Symlinks the dataset's files from a directory (absolute links; nothing copied)."""
   names = []
-  for dirpath, _, files in os.walk(src):
-    names += [os.path.relpath(os.path.join(dirpath, f), src) for f in files]
+  for dirpath, dirs, files in os.walk(src):
+    # --out inside --src: not its own links again on a second run
+    dirs[:] = [x for x in dirs
+               if os.path.realpath(os.path.join(dirpath, x)) != os.path.realpath(out)]
+    names += [n for n in (os.path.relpath(os.path.join(dirpath, f), src).replace(os.sep, "/")
+                          for f in files) if not _mac_metadata(n)]
   root = _dataset_root(names)
   done = []
   for name in names:
@@ -114,9 +123,6 @@ def prepare(src: str, out: str, data_cfg) -> dataset.XCData:
     files = link_tree(src, out)
   else:
     raise InputError(f"--src={src!r} is neither a zip file nor a directory")
-  old, new = (os.path.join(out, n) for n in RENEE_FILTER)
-  if os.path.exists(old) and not os.path.lexists(new):
-    os.symlink(os.path.basename(old), new)
   logging.info("prepare: %s holds %s", out, ", ".join(sorted(files)))
   with data_cfg.unlocked():
     data_cfg.dir = out

@@ -36,9 +36,8 @@ def test_split(cfg: dict, n: int):
     truth = xc_format.read_json_labels(os.path.join(d, dataset.LAYOUTS["json"][1]), num_labels)
   else:
     truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"))
-  filt_path = os.path.join(d, dc["filter_file"]) if dc["filter_file"] else ""
-  filt = (xc_format.read_filter(filt_path, truth.num_rows, truth.num_cols)
-          if filt_path and os.path.exists(filt_path) else None)
+  filt_path = dataset.test_filter_path(d, dc["filter_file"])
+  filt = xc_format.read_filter(filt_path, truth.num_rows, truth.num_cols) if filt_path else None
   n = n or len(texts)
   if filt is not None:
     filt = filt[filt[:, 0] < n]

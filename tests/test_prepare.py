@@ -25,6 +25,7 @@ def test_zip_download_to_a_data_directory_and_resume(tmp_path):
   with zipfile.ZipFile(zpath, "w") as z:  # the download's files below a top directory
     for name in ("trn.json.gz", "tst.json.gz", "lbl.json.gz", "tst_filter_labels.txt"):
       z.write(tmp_path / "LF-Tiny" / name, f"LF-Tiny/{name}")
+    z.writestr("__MACOSX/LF-Tiny/._trn.json.gz", b"resource fork")  # zipped on a Mac
   out = tmp_path / "data" / "LF-Tiny"
   data = prepare.prepare(str(zpath), str(out), _data_cfg(tok))
   assert data.num_labels == 4 and data.num_train_original == 3 and len(data.test_filter) == 1
@@ -36,10 +37,19 @@ def test_zip_download_to_a_data_directory_and_resume(tmp_path):
   prepare.prepare(str(zpath), str(out), _data_cfg(tok))
   assert os.path.getmtime(out / "trn.json.gz") == before
   assert {p: os.path.getmtime(cache / p) for p in built} == built
-  # Training reads the directory as it is.
+  # Training reads the directory as it is, Renée's filter file name included.
+  assert not os.path.exists(out / "filter_labels_test.txt")
   c = _data_cfg(tok)
   c.dir = str(out)
-  assert dataset.load(c).num_labels == 4
+  data = dataset.load(c)
+  assert data.num_labels == 4 and data.test_filter.tolist() == [[0, 0]]
+
+
+def test_out_inside_src_prepares_twice(tmp_path):
+  tok = _json_dataset(tmp_path / "dl")
+  out = tmp_path / "dl" / "prepared"
+  for _ in range(2):  # the second run must not take its own links for a second dataset
+    assert prepare.prepare(str(tmp_path / "dl"), str(out), _data_cfg(tok)).num_labels == 4
 
 
 def test_directory_download_is_linked_and_cli_summarises(tmp_path):

@@ -45,6 +45,9 @@ def test_a_label_listed_twice_is_one_positive(tmp_path):
     ("2 5\n0:1\n3;1\n", 3, "malformed pair '3;1'"),
     ("2 5\n0:1 x:1\n\n", 2, "malformed pair 'x:1'"),
     ("two 5\n", 1, "bad header"),
+    ("2 \u00b2\n0:1\n\n", 1, "bad header"),  # '²' passes str.isdigit, not int()
+    ("2 5\n0:1\n18446744073709551616:1\n", 3, "label id 18446744073709551616 out of range"),
+    ("99999999999999 5\n0:1\n", None, "header says 99999999999999 rows, file has 1"),  # no alloc
     ("", 1, "empty file"),
 ])
 def test_bad_sparse_files_name_file_and_line(tmp_path, text, line, message):
@@ -85,6 +88,8 @@ def test_text_layouts(tmp_path):
                           "target_rel": [1.0, 0.5]}) + "\n")
   assert xc_format.read_texts(tmp_path / "trn.json.gz") == texts
   assert xc_format.read_texts(tmp_path / "trn.json.gz", use_content=True)[1] == "blue sky body"
+  write(tmp_path / "nulls.json", '{"title": "t", "content": null}\n{"title": null}\n')
+  assert xc_format.read_texts(tmp_path / "nulls.json", "json", use_content=True) == ["t", ""]
   labels = xc_format.read_json_labels(tmp_path / "trn.json.gz", 3)
   # row 0 lists label 0 twice (target_ind [0, 0]): one positive
   assert [list(labels.row(i)) for i in range(3)] == [[0], [0, 1], [0, 2]]
@@ -109,6 +114,9 @@ def test_filter_file(tmp_path):
     xc_format.read_filter(write(tmp_path / "f2.txt", "0 3\n1 9\n"), 3, 5)
   with pytest.raises(XCFormatError, match=r"f3.txt:1: expected 'row label'"):
     xc_format.read_filter(write(tmp_path / "f3.txt", "0,3\n"), 3, 5)
+  for bad in ("--1 2", "\u00b9 2"):
+    with pytest.raises(XCFormatError, match=r"f4.txt:2: expected 'row label'"):
+      xc_format.read_filter(write(tmp_path / "f4.txt", f"0 3\n{bad}\n"), 3, 5)
 
 
 def test_atomic_writer_leaves_nothing_on_error(tmp_path):

@@ -78,6 +78,19 @@ def detect_layout(data_dir: str, hint: str = "") -> str:
       f"trn_X_Y.txt and tst_X_Y.txt (except for json).", hint))
 
 
+# The test set's reciprocal-pair file: the default name (NGAME's) and Renée's.
+FILTER_FILE, RENEE_FILTER_FILE = "filter_labels_test.txt", "tst_filter_labels.txt"
+
+
+def test_filter_path(data_dir: str, filter_file: str) -> str:
+  """The filter file to read ("" for none): `filter_file` in data_dir, or, for the default
+  name, Renée's name for it, so a Renée download's pairs are not silently left unfiltered."""
+  if not filter_file:
+    return ""
+  names = [filter_file] + ([RENEE_FILTER_FILE] if filter_file == FILTER_FILE else [])
+  return next((p for p in (os.path.join(data_dir, n) for n in names) if os.path.exists(p)), "")
+
+
 def _require(path: str, hint: str = "") -> str:
   if not os.path.exists(path):
     raise MissingDataError(_with_hint(f"missing dataset file {path}.", hint))
@@ -126,8 +139,8 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     if len(label_tokens) != num_labels:
       raise XCFormatError(lbl_x, None, f"{len(label_tokens)} label texts but the label "
                           f"matrices have {num_labels} columns")
-  filter_path = os.path.join(d, data_cfg.filter_file) if data_cfg.filter_file else ""
-  if filter_path and os.path.exists(filter_path):
+  filter_path = test_filter_path(d, data_cfg.filter_file)
+  if filter_path:
     test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
   else:
     test_filter = np.zeros((0, 2), np.int64)

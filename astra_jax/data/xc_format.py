@@ -10,12 +10,17 @@ import dataclasses
 import gzip
 import json
 import os
+import re
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
 
 from astra_jax.errors import InputError
+
+# ASCII digits only: str.isdigit also takes '²', which int() then rejects.
+_INT = re.compile(r"[0-9]+")
+_SIGNED_INT = re.compile(r"-?[0-9]+")
 
 
 class XCFormatError(InputError):
@@ -127,12 +132,12 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
   except StopIteration:
     raise XCFormatError(path, 1, "empty file: expected a header 'rows cols'") from None
   parts = header.split()
-  if len(parts) != 2 or not all(p.isdigit() for p in parts):
+  if len(parts) != 2 or not all(_INT.fullmatch(p) for p in parts):
     raise XCFormatError(path, lineno, f"bad header {header!r}: expected 'rows cols'")
   rows, cols = int(parts[0]), int(parts[1])
   if num_cols is not None and cols != num_cols:
     raise XCFormatError(path, lineno, f"header says {cols} columns, expected {num_cols}")
-  indptr = np.zeros(rows + 1, np.int64)
+  lengths: list[int] = []  # not indptr from the header: a bad header must not allocate
   sorted_unique = _SortedUnique(path)
   indices: list[np.ndarray] = []
   values: list[np.ndarray] = []
@@ -146,26 +151,27 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
     if line:
       try:
         pairs = [p.split(":") for p in line.split()]
-        idx = np.array([int(p[0]) for p in pairs], np.int64)
+        ids = [int(p[0]) for p in pairs]
         val = np.array([float(p[1]) if len(p) > 1 else 1.0 for p in pairs], np.float32)
         if any(len(p) > 2 for p in pairs):
           raise ValueError
       except (ValueError, IndexError):
         bad = next((t for t in line.split() if not _is_pair(t)), line)
         raise XCFormatError(path, lineno, f"malformed pair {bad!r}: expected 'label:value'") from None
-      if idx.size and (idx.min() < 0 or idx.max() >= cols):
-        bad = int(idx.max() if idx.max() >= cols else idx.min())
+      if min(ids) < 0 or max(ids) >= cols:  # before int64: an id past 2^63 must not overflow
+        bad = max(ids) if max(ids) >= cols else min(ids)
         raise XCFormatError(path, lineno, f"label id {bad} out of range [0, {cols})")
-      idx, val = sorted_unique(lineno, idx, val)
+      idx, val = sorted_unique(lineno, np.array(ids, np.int64), val)
       indices.append(idx.astype(np.int32))
       values.append(val)
-      indptr[count + 1] = indptr[count] + idx.size
+      lengths.append(idx.size)
     else:
-      indptr[count + 1] = indptr[count]
+      lengths.append(0)
     count += 1
   if count != rows:
     raise XCFormatError(path, None, f"header says {rows} rows, file has {count}")
   sorted_unique.report()
+  indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
   ind = np.concatenate(indices) if indices else np.zeros(0, np.int32)
   val = np.concatenate(values) if values else np.zeros(0, np.float32)
   return SparseRows(indptr, ind, val, cols)
@@ -290,9 +296,9 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
         raise XCFormatError(p, lineno, f"invalid JSON: {e.msg}") from None
       if not isinstance(obj, dict) or "title" not in obj:
         raise XCFormatError(p, lineno, "missing field 'title'")
-      text = str(obj["title"])
+      text = str(obj["title"] or "")  # JSON null: no text, not the word "None"
       if use_content:
-        text = f"{text} {obj.get('content', '')}".strip()
+        text = f"{text} {obj.get('content') or ''}".strip()
       texts.append(text)
     return texts
   raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
@@ -341,7 +347,7 @@ def read_filter(path: str | os.PathLike, num_rows: int | None = None,
     if not line.strip():
       continue
     parts = line.split()
-    if len(parts) != 2 or not all(p.lstrip("-").isdigit() for p in parts):
+    if len(parts) != 2 or not all(_SIGNED_INT.fullmatch(p) for p in parts):
       raise XCFormatError(path, lineno, f"expected 'row label', got {line!r}")
     r, l = int(parts[0]), int(parts[1])
     if r < 0 or (num_rows is not None and r >= num_rows):
