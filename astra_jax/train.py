@@ -479,6 +479,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     for epoch in range(start_epoch, config.train.epochs):
       t_epoch = time.time()
       resumed = epoch == start_epoch and start_step > 0
+      if ckpt is not None and epoch in hard_negatives.schedule.refresh_epochs:
+        # A refresh deletes the negatives and inputs the previous checkpoint names: the
+        # asynchronous save that stops naming them must be on disk first.
+        ckpt.wait()
       # Resuming inside an epoch: its negatives are already in place.
       hard, split = hard_negatives.start_epoch(
           epoch, vectors_fn, embed_rows,

@@ -85,6 +85,55 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   assert b["negatives"]["per_epoch"] == a["negatives"]["per_epoch"]
 
 
+def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(tmp_path,
+                                                                          monkeypatch):
+  """The epoch-end save is asynchronous; the next refresh deletes the hard negatives and
+  refresh inputs the previous checkpoint names. A crash before the save finishes must still
+  leave a checkpoint whose files exist (tau_r = 1: a refresh at every epoch from 2)."""
+  from astra_jax.negatives import manager
+
+  class Saves(checkpoint.Checkpoints):  # which save had not finished when the crash came
+    last = None
+
+    def __init__(self, *a, **k):
+      super().__init__(*a, **k)
+      Saves.last, self.unfinished = self, None
+
+    def save(self, step, *a, **k):
+      super().save(step, *a, **k)  # orbax finishes the previous save first
+      self.unfinished = step
+
+    def wait(self):
+      super().wait()
+      self.unfinished = None
+
+  class Crash(Exception):
+    pass
+
+  crash = {"at": 3, "unfinished": None}
+  start_epoch = manager.HardNegatives.start_epoch
+
+  def crashing_start_epoch(self, epoch, *a, **k):
+    out = start_epoch(self, epoch, *a, **k)
+    if epoch == crash["at"]:
+      crash["at"], crash["unfinished"] = None, Saves.last.unfinished
+      raise Crash
+    return out
+
+  monkeypatch.setattr(checkpoint, "Checkpoints", Saves)
+  monkeypatch.setattr(manager.HardNegatives, "start_epoch", crashing_start_epoch)
+  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1)
+  wd = tmp_path / "wd"
+  with pytest.raises(Crash):
+    train.train_and_evaluate(c, str(wd))
+  if crash["unfinished"] is not None:  # the killed process never finalised that save
+    shutil.rmtree(wd / "checkpoints" / str(crash["unfinished"]))
+  neg = train.train_and_evaluate(c, str(wd))["negatives"]
+  assert [x["epoch"] for x in neg["refreshes"]] == [2, 3]
+  assert all(x["ok"] for x in neg["refreshes"]), neg["refreshes"]
+  assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
+
+
 def test_checkpoint_moves_between_meshes(tmp_path):
   c = _small_synthetic(tmp_path, strategy="random")
   c.train.epochs = 1

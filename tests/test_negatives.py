@@ -52,6 +52,21 @@ def test_mined_negatives_never_contain_positives(backend):
       np.testing.assert_array_equal(neg[i], want)
 
 
+def test_scann_slots_it_cannot_fill_are_empty_not_label_zero():
+  # 2 of 200 leaves searched hold fewer rows than k: ScaNN pads with id 0 (NaN score),
+  # which must not become k copies of the shard's first label.
+  w, rng = clustered(3000, d=16)
+  q = rng.normal(size=(20, 16)).astype(np.float32)
+  offset = 3000  # the index holds shard 1's rows, labels [3000, 6000)
+  labels = SparseRows.from_lists([[offset + int(rng.integers(3000))] for _ in range(20)], 6000)
+  idx = index_lib.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 2})
+  neg = index_lib.mine(idx, q, labels, 32, 3000, offset=offset)
+  assert (neg < 0).any()  # the case this test is about happened
+  for row in neg:
+    ids = row[row >= 0]
+    assert len(set(ids)) == len(ids) and ((ids >= offset) & (ids < 2 * offset)).all()
+
+
 def test_scann_recall_with_default_knobs():
   w, rng = clustered(100_000, d=64, n_clusters=2000)
   # Queries near label vectors, as trained query embeddings are near their positives' rows.
@@ -201,6 +216,28 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   c.load_state(state)
   assert c.current is None and c.current_epoch is None
   assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh
+
+
+def test_a_killed_workers_temporary_output_is_removed(tmp_path):
+  """A worker killed mid-mining (SIGKILL, out of memory) cannot remove its N x k temporary
+  file; the manager does once that refresh is over."""
+  from astra_jax.negatives.manager import HardNegatives
+  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
+                      np.ones(20, np.float32), 12)
+  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=2, epochs=3)
+  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  rng = np.random.default_rng(0)
+  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
+  vectors, embed = (lambda: w), (lambda rows: q[rows])
+  m.start_epoch(0, vectors, embed)
+  m.end_epoch(0, vectors, embed)  # collected in epoch 0: the refresh for epoch 2 starts
+  leftover = os.path.join(m.dir, "hard_epoch2.npy.tmp-12345.npy")  # a killed worker's
+  np.save(leftover, np.zeros((10, 2), np.int32))
+  m.start_epoch(1, vectors, embed)
+  m.start_epoch(2, vectors, embed)
+  assert m.refreshes[-1]["ok"]
+  m.finish()
+  assert not [f for f in os.listdir(m.dir) if ".tmp-" in f]
 
 
 def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_path):

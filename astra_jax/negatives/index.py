@@ -78,10 +78,12 @@ class ScannIndex:
                      .reorder(params.reorder).build())
 
   def search(self, queries: np.ndarray, k: int) -> np.ndarray:
-    ids, _ = self.searcher.search_batched_parallel(
+    """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
+    slots with id 0 and a NaN score: not k copies of label 0)."""
+    ids, scores = self.searcher.search_batched_parallel(
         np.ascontiguousarray(queries, np.float32), final_num_neighbors=k,
         pre_reorder_num_neighbors=max(self.params.reorder, k))
-    return ids.astype(np.int32)
+    return np.where(np.isnan(scores), -1, ids).astype(np.int32)
 
   def save(self, path: str) -> None:
     """ScaNN's own serialization into the directory `path`, with asset paths relative to
@@ -135,7 +137,8 @@ def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: 
     rows = np.arange(s, min(s + batch, n))
     extra = int(min(lengths[rows].max(initial=0), 4 * k))
     want = min(k + extra, num_labels)
-    search = lambda r, n: index.search(queries[r], n) + offset
+    search = lambda r, n: (lambda ids: np.where(ids >= 0, ids + offset, -1))(
+        index.search(queries[r], n))
     neg, short = remove_positives(search(rows, want), rows, positives, k)
     while short.any() and want < num_labels:
       want = min(2 * want, num_labels)

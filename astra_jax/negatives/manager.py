@@ -7,6 +7,7 @@ use; older ones are deleted once replaced), and per refresh the inputs `vectors_
 """
 from __future__ import annotations
 
+import glob
 import os
 import time
 from typing import Callable
@@ -237,6 +238,9 @@ class HardNegatives:
       for p in (paths[key], paths[key] + ".log"):
         if os.path.exists(p):
           os.remove(p)
+    # A worker killed mid-mining (SIGKILL, OOM) never removes its N x k temporary output.
+    for p in glob.glob(glob.escape(paths["out"]) + ".tmp-*"):
+      os.remove(p)
 
   def finish(self) -> None:
     """At the end of training: only the negatives in use stay on disk."""
