@@ -159,6 +159,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
   for k in ("k_p", "k_r"):
     need(c.negatives[k] >= 1, f"negatives.{k}", f"must be >= 1, got {c.negatives[k]}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  if c.negatives.strategy.startswith("curriculum"):
+    # The hard share rises from k_h / (k_h + k_r) at tau_s: the batches keep k_r random
+    # columns, and the total per query stays k_h + k_r.
+    first = c.negatives.k_h / (c.negatives.k_h + c.negatives.k_r)
+    need(first <= c.negatives.curriculum_final_hard_fraction <= 1,
+         "negatives.curriculum_final_hard_fraction",
+         f"must be in [k_h / (k_h + k_r) = {first:.3g}, 1] (the curriculum's hard share "
+         f"rises from there), got {c.negatives.curriculum_final_hard_fraction}")
   need(c.negatives.random_draws in ("per_query", "shared"), "negatives.random_draws",
        f"use per_query or shared, got {c.negatives.random_draws!r}")
   need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",

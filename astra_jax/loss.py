@@ -79,19 +79,24 @@ def full_bce_chunked(embeddings: jax.Array, classifier: jax.Array, pos_ids: jax.
   """Eq. 1 over all L labels (the Renée-style full-L baseline), mean over the batch, in
   label blocks: each block's scores are recomputed in the backward pass (jax.checkpoint),
   so memory is O(B x block) whatever L; time and the gradient w.r.t. W are O(L).
-  Positives are the batch's padded pos_ids (a row's positives beyond k_p count as
-  negatives here)."""
+  pos_ids (B, P): every positive of each query where pos_mask (the trainer passes the
+  sampler's all_pos_ids: a positive left out would be trained as a negative)."""
   L, d = classifier.shape
   block = min(block, L)
   nb = -(-L // block)
   w = jnp.pad(classifier.astype(jnp.float32), ((0, nb * block - L), (0, 0))).reshape(nb, block, d)
   emb = embeddings.astype(jnp.float32)
+  rows = jnp.arange(emb.shape[0])[:, None]
 
   @jax.checkpoint
   def block_loss(w_b, b):
     ids = b * block + jnp.arange(block)
     s = emb @ w_b.T
-    target = ((ids[None, :, None] == pos_ids[:, None, :]) & pos_mask[:, None, :]).any(-1)
+    # Scattered, not compared: O(B x (block + P)) rather than O(B x block x P) for rows
+    # with thousands of positives. Positives outside the block go to column `block`: dropped.
+    here = pos_mask & (pos_ids >= b * block) & (pos_ids < (b + 1) * block)
+    target = jnp.zeros(s.shape, bool).at[rows, jnp.where(here, pos_ids - b * block, block)].set(
+        True, mode="drop")
     per = jnp.where(target, jax.nn.softplus(-s), jax.nn.softplus(s))
     return jnp.where(ids[None, :] < L, per, 0.0).sum()
 

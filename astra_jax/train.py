@@ -139,13 +139,14 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
   as the reference the sparse step is tested against. Batch arrays are (A, B/A, ...): the
   gradients of the A micro-batches are summed before the update. Returns (params,
   opt_state, loss, E(x) before embedding dropout (B, d)). full_block > 0: the full-L BCE
-  (all labels, in blocks of that many) instead of the estimator."""
+  (all labels, in blocks of that many) instead of the estimator, over every positive of a
+  query (batch["all_pos_ids"]), not only the k_p sampled."""
 
   def loss_fn(params, batch, key, num_micro):
     emb, pooled = encode(graphdef, params["encoder"], batch["input_ids"], key)
     if full_block:
-      value = loss.full_bce_chunked(emb, params["classifier"], batch["pos_ids"],
-                                    batch["pos_mask"], full_block)
+      value = loss.full_bce_chunked(emb, params["classifier"], batch["all_pos_ids"],
+                                    batch["all_pos_ids"] >= 0, full_block)
     else:
       if uptodate_k:
         batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
@@ -358,8 +359,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sampler = NegativeSampler(
       data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards,
       per_query_random=nc.random_draws == "per_query",
-      all_positives=(int(np.diff(data.train_labels.indptr).max()) if nc.strategy == "uptodate"
-                     else 0))
+      all_positives=(max(1, int(np.diff(data.train_labels.indptr).max()))
+                     if nc.strategy in ("uptodate", "full") else 0))
   local_shards = sharding.local_model_shards(mesh)
   hard_negatives = HardNegatives(
       schedule, workdir if jax.process_count() == 1 else

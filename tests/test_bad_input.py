@@ -99,6 +99,10 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
     ({"optim.classifier_update": "dense", "optim.loss_scale": 128.0}, "float16 needs loss"),
     ({"optim.classifier_lr": 20.0, "optim.classifier_weight_decay": 0.05},
      "classifier_lr x classifier_weight_decay = 1"),
+    ({"negatives.strategy": "curriculum", "negatives.k_h": 60, "negatives.k_r": 40},
+     r"curriculum_final_hard_fraction: must be in \[k_h / \(k_h \+ k_r\) = 0.6, 1\]"),
+    ({"negatives.strategy": "curriculum+e_hard", "negatives.curriculum_final_hard_fraction": 1.2},
+     "curriculum_final_hard_fraction: must be in"),
 ])
 def test_config_combinations_that_cannot_train_are_refused(changes, match):
   from astra_jax import config_base

@@ -160,12 +160,15 @@ def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
 
 def test_chunked_full_bce_equals_dense_reference():
   rng = np.random.default_rng(3)
-  emb = jnp.asarray(rng.normal(size=(4, 5)), jnp.float32)
+  emb = jnp.asarray(rng.normal(size=(5, 5)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(23, 5)), jnp.float32)  # not a multiple of the block
-  pos_ids = jnp.array([[1, 7, 0], [22, 0, 0], [0, 0, 0], [3, 4, 5]])
-  pos_mask = jnp.array([[True, True, False], [True, False, False], [False] * 3, [True] * 3])
-  targets = np.zeros((4, 23))
-  for i in range(4):
+  # blocks of 6: [0, 6), [6, 12), [12, 18), [18, 23); row 4: both edges of every block, -1s
+  pos_ids = jnp.array([[1, 7, 0, 0, 0, 0, 0], [22, 0, 0, 0, 0, 0, 0], [0] * 7,
+                       [3, 4, 5, 0, 0, 0, 0], [5, 6, 11, 12, 17, 18, -1]])
+  pos_mask = jnp.array([[True, True] + [False] * 5, [True] + [False] * 6, [False] * 7,
+                        [True] * 3 + [False] * 4, [True] * 6 + [False]])
+  targets = np.zeros((5, 23))
+  for i in range(5):
     targets[i, np.asarray(pos_ids[i])[np.asarray(pos_mask[i])]] = 1
   want = loss.full_bce(emb, w, jnp.asarray(targets))
   np.testing.assert_allclose(loss.full_bce_chunked(emb, w, pos_ids, pos_mask, block=6), want,

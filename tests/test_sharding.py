@@ -232,6 +232,30 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
   assert np.abs(scaled - f32).max() < 1e-3 < np.abs(unscaled - f32).max()
 
 
+def test_full_baseline_step_counts_every_positive_not_only_k_p():
+  # Rows with 5 positives, k_p = 2: the full-L step's loss is eq. 1 with all 5 as positives
+  # (the 3 not sampled into pos_ids must not be trained as negatives).
+  graphdef, enc, oc, _, w0 = _setup(num_shards=1, dropout=0.0)
+  rng = np.random.default_rng(1)
+  rows = [list(rng.choice(L, 5, replace=False)) for _ in range(B)]
+  sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4,
+                            all_positives=5)
+  batch = {k: v[None] for k, v in sampler(np.arange(B), rng).items()}
+  batch["input_ids"] = rng.integers(1, 40, (1, B, 10)).astype(np.int32)
+  params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+  tx = optim.make_optimizer(oc, 10)
+  emb, _ = train.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
+                        jax.random.key(0))
+  targets = np.zeros((B, L))
+  for i, r in enumerate(rows):
+    targets[i, r] = 1
+  want = float(loss.full_bce(emb, jnp.asarray(w0), jnp.asarray(targets)))
+  step = train.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
+  _, _, value, _ = step(params, tx.init(params), {k: jnp.asarray(v) for k, v in batch.items()},
+                        jax.random.key(0))
+  np.testing.assert_allclose(float(value), want, rtol=1e-5)
+
+
 def test_loss_scale_schedule():
   s = loss_scale.init(8.0)
   s = loss_scale.adjust(s, jnp.bool_(False))
