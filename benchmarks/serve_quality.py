@@ -36,7 +36,7 @@ def test_split(cfg: dict, n: int):
     truth = xc_format.read_json_labels(os.path.join(d, dataset.LAYOUTS["json"][1]), num_labels)
   else:
     truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"))
-  filt_path = dataset.test_filter_path(d, dc["filter_file"])
+  filt_path = dataset.filter_file_path(d, dc["filter_file"])
   filt = xc_format.read_filter(filt_path, truth.num_rows, truth.num_cols) if filt_path else None
   n = n or len(texts)
   if filt is not None:

@@ -82,7 +82,7 @@ def detect_layout(data_dir: str, hint: str = "") -> str:
 FILTER_FILE, RENEE_FILTER_FILE = "filter_labels_test.txt", "tst_filter_labels.txt"
 
 
-def test_filter_path(data_dir: str, filter_file: str) -> str:
+def filter_file_path(data_dir: str, filter_file: str) -> str:
   """The filter file to read ("" for none): `filter_file` in data_dir, or, for the default
   name, Renée's name for it, so a Renée download's pairs are not silently left unfiltered."""
   if not filter_file:
@@ -139,7 +139,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     if len(label_tokens) != num_labels:
       raise XCFormatError(lbl_x, None, f"{len(label_tokens)} label texts but the label "
                           f"matrices have {num_labels} columns")
-  filter_path = test_filter_path(d, data_cfg.filter_file)
+  filter_path = filter_file_path(d, data_cfg.filter_file)
   if filter_path:
     test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
   else:

@@ -133,12 +133,15 @@ def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: 
   n = len(queries)
   out = np.full((n, k), -1, np.int32) if out is None else out
   lengths = positives.row_lengths()
+
+  def search(r, n):
+    ids = index.search(queries[r], n)
+    return np.where(ids >= 0, ids + offset, -1)  # -1: a slot the index could not fill
+
   for s in range(0, n, batch):
     rows = np.arange(s, min(s + batch, n))
     extra = int(min(lengths[rows].max(initial=0), 4 * k))
     want = min(k + extra, num_labels)
-    search = lambda r, n: (lambda ids: np.where(ids >= 0, ids + offset, -1))(
-        index.search(queries[r], n))
     neg, short = remove_positives(search(rows, want), rows, positives, k)
     while short.any() and want < num_labels:
       want = min(2 * want, num_labels)
