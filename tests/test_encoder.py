@@ -139,6 +139,23 @@ def test_dropout_mask_is_bernoulli(rate):
   close((flat[1:] & other.reshape(-1)[:-1]).mean(), p * p, n - 1)
 
 
+@pytest.mark.parametrize("model_type, hidden_sites", [("bert", 3), ("distilbert", 2)])
+def test_dropout_sites_follow_hf(monkeypatch, model_type, hidden_sites):
+  # One layer. HF BERT drops the embeddings, the attention output and the FFN output; HF
+  # DistilBERT (TransformerBlock: sa_layer_norm(attention + x)) only the embeddings and the
+  # FFN output. Both drop the attention probabilities.
+  from astra_jax.model import encoder as encoder_lib
+  calls = []
+  real = encoder_lib._dropout
+  monkeypatch.setattr(encoder_lib, "_dropout",
+                      lambda x, rate, key: calls.append((x.ndim, rate)) or real(x, rate, key))
+  cfg = EncoderConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2,
+                      intermediate_size=32, max_position=16, model_type=model_type,
+                      hidden_dropout=0.1, attention_dropout=0.2, embedding_dropout=0.0)
+  Encoder(cfg, nnx.Rngs(0))(jnp.array([[1, 2, 3, 0]], jnp.int32), dropout_key=jax.random.key(0))
+  assert calls.count((3, 0.1)) == hidden_sites and calls.count((4, 0.2)) == 1
+
+
 def test_dropout_keeps_the_expectation():
   from astra_jax.model.encoder import _dropout
   x = jnp.full((200_000,), 3.0)

@@ -22,6 +22,15 @@ def test_schedule_warmup_then_cosine():
   assert float(s(110)) == pytest.approx(0.0, abs=1e-7)
 
 
+def test_encoder_weight_decay_spares_biases_and_layer_norm():
+  tx = optim.encoder_optimizer(cfg(encoder_weight_decay=0.1, warmup_steps=0), total_steps=100)
+  params = {"kernel": jnp.ones((2, 3)), "bias": jnp.ones((3,)), "norm_scale": jnp.ones((3,))}
+  zeros = {k: jnp.zeros_like(v) for k, v in params.items()}
+  updates, _ = tx.update(zeros, tx.init(params), params)
+  np.testing.assert_allclose(updates["kernel"], -1e-3 * 0.1 * np.ones((2, 3)), rtol=1e-6)
+  assert not np.asarray(updates["bias"]).any() and not np.asarray(updates["norm_scale"]).any()
+
+
 def test_adam_for_encoder_sgd_with_decay_for_classifier():
   tx = optim.make_optimizer(cfg(), total_steps=100)
   params = {"encoder": {"a": jnp.array([1.0, -2.0])}, "classifier": jnp.array([[1.0, 2.0]])}

@@ -177,6 +177,13 @@ def test_paper_table_translation():
   s = load_config("experiments/ss20m.py")
   assert (s.encoder.bottleneck_dim, s.mesh.model, s.train.grad_accum_steps) == (64, 2, 2)
   assert (s.data.propensity_A, s.data.propensity_B) == (0.55, 1.5)
+  # Stand-ins: the paper's share of the labels as negatives, at least 64, at most L/2.
+  for path, scale, k in (("lf_amazontitles_131k.py", 0.01, (8, 64)),  # 1% of 800 + 6,400
+                         ("lf_amazon_131k.py", 0.01, (8, 56)),  # 1% of 240 + 1,600: 18 -> 64
+                         ("ss20m.py", 2e-5, (8, 56)),  # 240 + 1,600 (one CPU device)
+                         ("amazon_670k.py", 1e-3, (7, 57))):  # 800 + 6,400: 7.2 -> 64
+    sc = load_config(f"experiments/{path}", f"synthetic,{scale}")
+    assert (sc.negatives.k_h, sc.negatives.k_r) == k, path
   with pytest.raises(ValueError, match="use a scale of at least"):
     load_config("experiments/ss20m.py", "synthetic,1e-6")
   with pytest.raises(ValueError, match="ss20m.py:synthetic,abc: the scale must be a number"):

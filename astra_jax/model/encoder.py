@@ -129,7 +129,10 @@ class TransformerLayer(nnx.Module):
 
   def __call__(self, x: jax.Array, mask: jax.Array, keys: _Keys) -> jax.Array:
     p = self.cfg.hidden_dropout
-    x = self.attention_norm(x + _dropout(self.attention(x, mask, keys), p, keys()))
+    a = self.attention(x, mask, keys)
+    if self.cfg.model_type != "distilbert":  # HF DistilBERT's block drops no attention output
+      a = _dropout(a, p, keys())
+    x = self.attention_norm(x + a)
     y = self.ffn_out(jax.nn.gelu(self.ffn_in(x), approximate=False))
     return self.output_norm(x + _dropout(y, p, keys()))
 
