@@ -52,8 +52,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
   return out
 
 
+def _trained(workdir: str) -> bool:
+  """Whether the workdir holds anything a run computed: a checkpoint or final results."""
+  ck = os.path.join(workdir, "checkpoints")
+  return (os.path.exists(os.path.join(workdir, "results.json"))
+          or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
+
+
 def check_config(workdir: str, config_json: dict) -> None:
-  """Records the config in a new workdir; in an old one, refuses a changed computation."""
+  """Records the config in a new workdir; in one holding a checkpoint or results, refuses a
+  changed computation. (A run that stopped before either, e.g. on missing data, binds
+  nothing: its config.json is replaced.)"""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     with xc_format.atomic_text_writer(path) as f:
@@ -64,7 +73,11 @@ def check_config(workdir: str, config_json: dict) -> None:
   now = _flat(config_json)
   diff = [k for k in sorted(set(saved) | set(now))
           if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
-  if diff:
+  if diff and not _trained(workdir):
+    logging.info("%s: nothing trained in this workdir yet; recording the new config", path)
+    os.remove(path)
+    check_config(workdir, config_json)
+  elif diff:
     shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
     raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
                      f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same config")

@@ -11,7 +11,7 @@ host_memory.keep_freed_memory()  # before jax starts its threads (see host_memor
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from astra_jax import checkpoint, distributed, evaluate, train  # noqa: E402
+from astra_jax import checkpoint, cli, distributed, evaluate, train  # noqa: E402
 from astra_jax.errors import InputError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
@@ -26,7 +26,7 @@ PREEMPTED_MARKER = "PREEMPTED"
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"unexpected arguments: {argv[1:]}")
-  config = flags.FLAGS.config
+  config = cli.config_flag()
   if config is None:
     sys.exit("--config=experiments/<name>.py is required")
   logging.get_absl_handler().python_handler.stream = sys.stdout
@@ -57,4 +57,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

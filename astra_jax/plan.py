@@ -31,6 +31,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from astra_jax import cli
 from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -513,9 +514,10 @@ def main(argv):
     sys.exit(f"unexpected arguments: {argv[1:]}")
   F = flags.FLAGS
   path = config_flags.get_config_filename(F["config"])
-  label = f"{F.config.data.get('name', '') or '?'} ({path})"
+  config = cli.config_flag()
+  label = f"{config.data.get('name', '') or '?'} ({path})"
   try:
-    p = plan_config(F.config, F.gpu, F.mesh, F.num_gpus, label)
+    p = plan_config(config, F.gpu, F.mesh, F.num_gpus, label)
   except InputError as e:
     sys.exit(f"error: {e}")
   print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))
@@ -526,4 +528,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["config"])
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

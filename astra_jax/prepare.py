@@ -28,7 +28,7 @@ import zipfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from astra_jax import config_base
+from astra_jax import cli, config_base
 from astra_jax.data import dataset, tokenize
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -162,7 +162,8 @@ def main(argv):
     sys.exit(f"unexpected arguments: {argv[1:]}")
   F = flags.FLAGS
   logging.get_absl_handler().python_handler.stream = sys.stdout
-  c = F.config if F.config is not None else config_base.base_config()
+  c = cli.config_flag()
+  c = c if c is not None else config_base.base_config()
   dc = c.data
   with dc.unlocked():
     if F.tokenizer is not None or not dc.tokenizer_dir:
@@ -185,4 +186,4 @@ def main(argv):
 if __name__ == "__main__":
   define_flags()
   flags.mark_flags_as_required(["src"])
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)

@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from astra_jax import loss, sparse_sgd
+from astra_jax.errors import InputError
 
 ALL = ("data", "model")
 # Logical axis -> mesh axes. Batch arrays carry a leading micro-batch axis (never split).
@@ -66,12 +67,14 @@ def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
   n = len(devices)
   if data == -1:
     if n % model:
-      raise ValueError(f"mesh.model={model} does not divide the {n} devices")
+      raise InputError(f"config.mesh.model={model} does not divide the {n} devices")
     data = n // model
   if data * model == 1:
     devices = devices[:1]
   elif data * model != n:
-    raise ValueError(f"mesh {data} x {model} needs {data * model} devices, have {n}")
+    raise InputError(f"config.mesh: {data} x {model} needs {data * model} devices, have {n} "
+                     f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={data * model} "
+                     f"fakes them)")
   return jax.make_mesh((data, model), ALL, axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
 

@@ -25,7 +25,11 @@ visible_gpus() {
     IFS=, read -r -a ids <<< "$CUDA_VISIBLE_DEVICES"
     echo "${#ids[@]}"
   elif command -v nvidia-smi > /dev/null; then
-    nvidia-smi -L | grep -c '^GPU'
+    # grep -c exits 1 on no match, and nvidia-smi fails without a driver (a login node's
+    # dry run): count 0 -> 1, never end the script here (set -e, pipefail)
+    local n
+    n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+    echo "$(( ${n:-0} > 0 ? n : 1 ))"
   else
     echo 1
   fi

@@ -113,3 +113,19 @@ def test_config_combinations_that_cannot_train_are_refused(changes, match):
     c[section][name] = value
   with pytest.raises(InputError, match=match):
     config_base.validate(c)
+
+
+@pytest.mark.parametrize("module, args, message", [
+    ("main", ["--config=experiments/demo.py", "--config.train.epoch=3"],
+     "error: 'epoch' Did you mean \"epochs\""),
+    ("main", ["--config=experiments/nothere.py"],
+     "error: --config: Configuration is not available"),
+    ("plan", ["--config=experiments/ss20m.py:synthetic,abc"],
+     "error: ValueError: experiments/ss20m.py:synthetic,abc: the scale must be a number"),
+])
+def test_command_line_mistakes_are_one_line(tmp_path, module, args, message):
+  r = subprocess.run([sys.executable, "-m", f"astra_jax.{module}", *args,
+                      *([f"--workdir={tmp_path}"] if module == "main" else [])],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("[transformers]")]
+  assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]

@@ -182,6 +182,10 @@ def _templates(c, mesh, rows):
 def test_a_workdir_with_another_config_is_refused(tmp_path):
   c = _small_synthetic(tmp_path)
   checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+  c.data.dir = "elsewhere"  # the first run stopped before training (e.g. no data): accepted
+  checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+  assert json.loads((tmp_path / "config.json").read_text())["data"]["dir"] == "elsewhere"
+  (tmp_path / "checkpoints" / "40").mkdir(parents=True)  # now it has trained
   c.negatives.k_r = 99
   c.train.log_every_steps = 7  # free to change
   with pytest.raises(InputError, match=r"config.json: .*negatives.k_r: 256 -> 99"):

@@ -40,7 +40,20 @@ def test_slurm_dry_run_counts_every_gpu_of_every_node():
   assert "mesh: 1 data x 8 model = 8 devices" in r.stdout
   command = r.stdout.split("would run:")[1]
   assert command.strip().startswith("srun --kill-on-bad-exit=1 --gpus-per-task=1")
+  assert "--cpus-per-task=8" in command  # srun no longer inherits sbatch's (Slurm >= 22.05)
   assert "--config.mesh.distributed=auto" in command
+
+
+def test_single_node_dry_run_where_nvidia_smi_sees_no_gpu(tmp_path):
+  # A login node: nvidia-smi is there but fails. The dry run plans for one GPU.
+  (tmp_path / "bin").mkdir()
+  fake = tmp_path / "bin" / "nvidia-smi"
+  fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+  fake.chmod(0o755)
+  env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "WORKDIR": str(tmp_path / "wd")}
+  r = dry_run("launch/single_node.sh", "experiments/demo.py", **env)
+  assert r.returncode == 0, r.stdout + r.stderr
+  assert "on 1 x v100-32gb (one process)" in r.stdout and "would run:" in r.stdout
 
 
 def test_launch_stops_when_the_planner_says_it_does_not_fit(tmp_path):
