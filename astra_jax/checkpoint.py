@@ -59,28 +59,29 @@ def _trained(workdir: str) -> bool:
           or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
 
 
-def check_config(workdir: str, config_json: dict) -> None:
+def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
   """Records the config in a new workdir; in one holding a checkpoint or results, refuses a
   changed computation. (A run that stopped before either, e.g. on missing data, binds
-  nothing: its config.json is replaced.)"""
+  nothing: its config.json is replaced.) write=False: only the refusal (the processes
+  other than the leader)."""
   path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  if os.path.exists(path):
+    with open(path) as f:
+      saved = _flat(json.load(f))
+    now = _flat(config_json)
+    diff = [k for k in sorted(set(saved) | set(now))
+            if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
+    if not diff:
+      return
+    if _trained(workdir):
+      shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
+      raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
+                       f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same "
+                       "config")
+    logging.info("%s: nothing trained in this workdir yet; recording the new config", path)
+  if write:  # atomically: another process may be reading it
     with xc_format.atomic_text_writer(path) as f:
       json.dump(config_json, f, indent=1)
-    return
-  with open(path) as f:
-    saved = _flat(json.load(f))
-  now = _flat(config_json)
-  diff = [k for k in sorted(set(saved) | set(now))
-          if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
-  if diff and not _trained(workdir):
-    logging.info("%s: nothing trained in this workdir yet; recording the new config", path)
-    os.remove(path)
-    check_config(workdir, config_json)
-  elif diff:
-    shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
-    raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
-                     f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same config")
 
 
 class Preempted(Exception):

@@ -173,7 +173,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"unknown index {c.negatives.index!r}; use auto, exact or scann")
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
-  need(c.train.batch_size >= 1, "train.batch_size", "must be >= 1")
+  for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",
+                "eval.batch_size", "checkpoint.keep"):
+    section, name = field.split(".")
+    need(c[section][name] >= 1, field, f"must be >= 1, got {c[section][name]}")
   need(c.train.input_threads >= 1, "train.input_threads",
        f"must be >= 1, got {c.train.input_threads}")
   need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",

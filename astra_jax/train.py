@@ -321,10 +321,18 @@ def _median_ms(xs):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   config_base.validate(config)
   config = copy.deepcopy(config)  # data preparation fills in derived fields
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise InputError(f"--workdir={workdir} is a file, not a directory")
   os.makedirs(workdir, exist_ok=True)
-  if distributed.is_leader():  # before any long work: a rerun must be the same run
-    checkpoint.check_config(workdir, json.loads(config.to_json()))
-  distributed.barrier("config check")
+  refused = None
+  try:  # before any long work: a rerun must be the same run (only the leader writes)
+    checkpoint.check_config(workdir, json.loads(config.to_json()), distributed.is_leader())
+  except InputError as e:
+    refused = e
+  # Every process stops with the one line, none at a later collective's timeout.
+  if distributed.any_true([refused is not None])[0]:
+    raise refused or InputError(f"{workdir}/config.json: another process refused this "
+                                "workdir's config")
   t_start = time.time()
   data = prepare_data(config)
   seed = config.train.seed
@@ -428,6 +436,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     global_step, train_seconds = progress["global_step"], progress["train_seconds"]
     evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
     step_times = progress["step_times"]
+    phases = progress.get("phases", phases)  # (checkpoints before 2026-11-26 lack it)
     hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
@@ -466,6 +475,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "epoch": epoch, "step": step, "global_step": global_step,
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
         "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
+        "phases": phases,
         "hard_negatives": hard_negatives.state_dict()}
     # A copy: the save is asynchronous and the loop goes on appending to these lists.
     ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
@@ -589,7 +599,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
       epoch_s = time.time() - t_epoch
       train_seconds += epoch_s
-      step_times.append(epoch_s / max(1, steps_per_epoch - first_step))  # resumed: fewer
+      if not resumed:  # a resumed part of an epoch would add a compilation to fewer steps
+        step_times.append(epoch_s / steps_per_epoch)
       every = config.train.eval_every_epochs
       if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
         m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
@@ -626,7 +637,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     breakup["backward_update"] = round(max(breakup["step"] - fwd, 0.0), 3)
   breakup = {"unit": "ms (median over profiled steps)", "steps_profiled": len(phases["step"]),
              "batch_size": config.train.batch_size, **breakup,
-             "mean_step_wall_ms": round(1000 * statistics.median(step_times), 3),
+             "mean_step_wall_ms": (round(1000 * statistics.median(step_times), 3)
+                                   if step_times else None),
              "note": "step = the fused forward+backward+update actually used; backward_update ="
                      " step - (encoder_forward + classifier_forward + loss)"}
   if leader:

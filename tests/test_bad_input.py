@@ -103,6 +103,10 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
      r"curriculum_final_hard_fraction: must be in \[k_h / \(k_h \+ k_r\) = 0.6, 1\]"),
     ({"negatives.strategy": "curriculum+e_hard", "negatives.curriculum_final_hard_fraction": 1.2},
      "curriculum_final_hard_fraction: must be in"),
+    ({"train.grad_accum_steps": 0}, "train.grad_accum_steps: must be >= 1, got 0"),
+    ({"train.log_every_steps": 0}, "train.log_every_steps: must be >= 1"),
+    ({"eval.batch_size": 0}, "eval.batch_size: must be >= 1"),
+    ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote
 ])
 def test_config_combinations_that_cannot_train_are_refused(changes, match):
   from astra_jax import config_base
@@ -129,3 +133,10 @@ def test_command_line_mistakes_are_one_line(tmp_path, module, args, message):
                      cwd=REPO, capture_output=True, text=True, timeout=120)
   lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("[transformers]")]
   assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
+
+
+def test_a_workdir_that_is_a_file_is_named(tmp_path):
+  c = _load_config("experiments/demo.py")
+  (tmp_path / "wd").write_text("")
+  with pytest.raises(InputError, match=r"--workdir=.*wd is a file"):
+    train.train_and_evaluate(c, str(tmp_path / "wd"))

@@ -123,12 +123,15 @@ def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(tmp
   monkeypatch.setattr(checkpoint, "Checkpoints", Saves)
   monkeypatch.setattr(manager.HardNegatives, "start_epoch", crashing_start_epoch)
   c = _small_synthetic(tmp_path, tau_s=2, tau_r=1)
+  c.train.profile_steps = 2  # in epoch 1: the time break-up must survive the resume too
   wd = tmp_path / "wd"
   with pytest.raises(Crash):
     train.train_and_evaluate(c, str(wd))
   if crash["unfinished"] is not None:  # the killed process never finalised that save
     shutil.rmtree(wd / "checkpoints" / str(crash["unfinished"]))
-  neg = train.train_and_evaluate(c, str(wd))["negatives"]
+  r = train.train_and_evaluate(c, str(wd))
+  assert r["time_breakup"]["steps_profiled"] == 2 and r["time_breakup"]["step"] > 0
+  neg = r["negatives"]
   assert [x["epoch"] for x in neg["refreshes"]] == [2, 3]
   assert all(x["ok"] for x in neg["refreshes"]), neg["refreshes"]
   assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]

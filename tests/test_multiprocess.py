@@ -41,15 +41,22 @@ def _losses(workdir):
     return [r["loss"] for r in map(json.loads, f) if r["kind"] == "train"]
 
 
-def test_two_processes_train_like_one(tmp_path):
+def _free_port():
   with socket.socket() as s:
     s.bind(("localhost", 0))
-    port = s.getsockname()[1]
+    return s.getsockname()[1]
+
+
+def _pair(cmd):
+  port = _free_port()
+  return [(cmd, _env(2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                     JAX_PROCESS_ID=str(i))) for i in range(2)]
+
+
+def test_two_processes_train_like_one(tmp_path):
   # The one-process reference runs beside the pair (its own copy of the same seeded data).
   runs = [(_main(tmp_path / "one", tmp_path / "data_one"), _env(4))]
-  runs += [(_main(tmp_path / "two", tmp_path / "data_two"),
-            _env(2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                 JAX_PROCESS_ID=str(i))) for i in range(2)]
+  runs += _pair(_main(tmp_path / "two", tmp_path / "data_two"))
   procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True) for cmd, env in runs]
   outs = [p.communicate(timeout=600)[0] for p in procs]
@@ -72,3 +79,14 @@ def test_two_processes_train_like_one(tmp_path):
     hard = np.load(tmp_path / "two" / f"process{i}" / "negatives" / "hard_epoch2.npy")
     assert hard.shape == (1800, 2 * 4) and hard.min() >= lo and hard.max() < hi
     np.testing.assert_array_equal(hard, ref[:, 8 * i:8 * (i + 1)])
+
+  # The same workdir with another config: both processes stop with process 0's one line
+  # (not one of them at a collective's timeout).
+  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for cmd, env in _pair(_main(tmp_path / "two", tmp_path / "data_two")
+                                 + ["--config.negatives.k_r=16"])]
+  for p in procs:
+    err = p.communicate(timeout=120)[1]
+    lines = [l for l in err.splitlines() if l.startswith("error:")]
+    assert p.returncode == 1 and len(lines) == 1 and "negatives.k_r: 32 -> 16" in lines[0], err
