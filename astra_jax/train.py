@@ -436,7 +436,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     global_step, train_seconds = progress["global_step"], progress["train_seconds"]
     evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
     step_times = progress["step_times"]
-    phases = progress.get("phases", phases)  # (checkpoints before 2026-11-26 lack it)
+    phases = progress.get("phases", phases)  # (older checkpoints lack it)
     hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
