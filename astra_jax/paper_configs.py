@@ -65,7 +65,7 @@ PAPER_GPUS = 16
 FALLBACK_ENCODER = "all-MiniLM-L6-v2"
 MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
 # Training queries (all epochs together) a default synthetic stand-in processes: minutes
-# with the tiny BERT on 2 CPU cores (SS-20M's: 600-1,300 queries/s, 7.3 minutes).
+# with the tiny BERT on 2 CPU cores (SS-20M's: 1,800-3,300 queries/s, 2 minutes).
 SYNTHETIC_QUERY_BUDGET = 400_000
 TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a random tiny
                         # BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
