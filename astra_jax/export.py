@@ -109,7 +109,7 @@ def save_model(workdir: str, *, encoder_cfg: EncoderConfig, encoder_params: nnx.
                label_texts: list[str] | None = None, train_config: dict | None = None,
                extra: dict | None = None) -> str:
   """Writes WORKDIR/model atomically; returns its path."""
-  from safetensors.numpy import save_file
+  from safetensors.numpy import save as safetensors_save
   classifier = np.asarray(classifier, np.float32)
   if classifier.ndim != 2 or classifier.shape[1] != encoder_cfg.embed_dim:
     raise ValueError(f"classifier shape {classifier.shape} does not match the encoder's "
@@ -121,7 +121,9 @@ def save_model(workdir: str, *, encoder_cfg: EncoderConfig, encoder_params: nnx.
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:
-    save_file(_flat_params(encoder_params), os.path.join(tmp, "encoder.safetensors"))
+    # Not save_file: it creates the file 0600, unreadable to a model dir's other users.
+    with open(os.path.join(tmp, "encoder.safetensors"), "wb") as f:
+      f.write(safetensors_save(_flat_params(encoder_params)))
     np.save(os.path.join(tmp, "classifier.npy"), classifier)
     copy_tokenizer(tokenizer_dir, os.path.join(tmp, "tokenizer"))
     if label_texts is not None:

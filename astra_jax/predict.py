@@ -187,6 +187,10 @@ class Predictor:
     right = getattr(self.tokenizer, "padding_side", "right") == "right"
     self.seq_buckets = seq_buckets(model.max_len) if right else (model.max_len,)
     self.num_labels = len(model.classifier)
+    if index == "scann" and self.num_labels < serve_index.MIN_ROWS:
+      logging.info("%d labels: exact search (ScaNN needs at least %d rows, and exact costs "
+                   "nothing here)", self.num_labels, serve_index.MIN_ROWS)
+      index = "exact"
     if index == "exact":
       self.index = ExactLabels(model.classifier)
     elif index == "scann":

@@ -29,6 +29,8 @@ from astra_jax.negatives.index import ExactIndex, ScannIndex, ScannParams
 INDEX_DIR = "scann"
 META_FILE = "astra_index.json"
 _SERIAL_MAX = 16  # up to this many queries, search in the calling thread (no pool hand-off)
+# Fewer rows than this: exact search (ScaNN's 16 leaves and 16-centre quantizer need more).
+MIN_ROWS = 64
 
 
 def serving_params(num_rows: int, k: int = 10, num_leaves: int = 0, leaves_to_search: int = 0,
@@ -96,10 +98,18 @@ def open_scann(model_path: str, model_id: str, w: np.ndarray, params: ScannParam
   have = None if rebuild else _read_meta(path)
   if have is not None and {k: have.get(k) for k in want} == want:
     t0 = time.time()
-    index = ScannIndex.load(path, params)
-    logging.info("loaded the ScaNN index from %s in %.1fs", path, time.time() - t0)
-    return ScannLabels(index, w, True, have.get("build_s", 0.0))
-  if have is not None:
+    try:
+      index = ScannIndex.load(path, params)
+      # Another process may have replaced the directory while this one read it.
+      replaced = _read_meta(path) != have
+    except (RuntimeError, OSError, ValueError) as e:
+      index, replaced = None, True
+      logging.info("could not load the ScaNN index in %s (%s)", path, e)
+    if not replaced:
+      logging.info("loaded the ScaNN index from %s in %.1fs", path, time.time() - t0)
+      return ScannLabels(index, w, True, have.get("build_s", 0.0))
+    logging.info("the ScaNN index in %s changed while loading; building one", path)
+  elif have is not None:
     logging.info("the ScaNN index in %s was built for another model or other knobs; "
                  "rebuilding", path)
   t0 = time.time()

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -72,6 +73,18 @@ def test_training_exports_a_self_contained_model(trained):
             open(os.path.join(data, "tokenizer", name), "rb").read())
   assert json.load(open(os.path.join(m, "config.json")))["train"]["epochs"] == 2
   assert not [f for f in os.listdir(wd) if f.startswith(".model")]  # no temporaries left
+  # every file readable as the umask allows (safetensors' save_file would make it 0600)
+  mode = lambda name: os.stat(os.path.join(m, name)).st_mode & 0o777
+  assert mode("encoder.safetensors") == mode("classifier.npy") == mode("model.json")
+
+
+def test_a_model_with_few_labels_predicts_with_exact_search(exact):
+  # ScaNN cannot partition 12 rows into its 16 leaves: such a model is searched exactly.
+  small = dataclasses.replace(exact.model, classifier=exact.model.classifier[:12])
+  p = predict.Predictor(small, index="scann")
+  assert p.index_kind == "exact"
+  ids = p.predict(["apple"], k=5).ids
+  assert ids.shape == (1, 5) and (ids >= 0).all() and (ids < 12).all()
 
 
 def test_exact_topk_equals_numpy_bruteforce(trained, exact):
@@ -133,6 +146,12 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   other = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
   assert not other.index.loaded
   assert json.load(open(meta_file))["params"]["num_leaves_to_search"] == 3
+  # A directory that another process is replacing (here: an asset already gone) is built
+  # anew, not a crash.
+  os.remove(os.path.join(index_dir, "scann_config.pb"))
+  rebuilt = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
+  assert not rebuilt.index.loaded
+  np.testing.assert_array_equal(rebuilt.predict(texts).ids, other.predict(texts).ids)
 
 
 def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained, exact):

@@ -41,7 +41,7 @@ class SyntheticSpec:
   own_words: int = 2            # words that tell a label apart inside its group
   vocab_size: int = 8000        # content words (noise words are the first 200)
   zipf_exponent: float = 0.75   # label popularity ~ (rank + 1) ^ -exponent
-  mean_labels: float = 2.5      # mean positives per query
+  mean_labels: float = 2.5      # mean labels drawn per query (one drawn twice counts once)
   max_labels: int = 7
   same_group_prob: float = 0.3  # an extra positive comes from the first one's group
   own_word_prob: float = 0.85   # a query mentions each own word of a positive with it
