@@ -59,6 +59,13 @@ def _trained(workdir: str) -> bool:
           or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
 
 
+def config_diff(saved: dict, now: dict) -> list[str]:
+  """The flattened keys whose values differ between two configs' JSON, except FREE_KEYS."""
+  saved, now = _flat(saved), _flat(now)
+  return [k for k in sorted(set(saved) | set(now))
+          if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
+
+
 def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
   """Records the config in a new workdir; in one holding a checkpoint or results, refuses a
   changed computation. (A run that stopped before either, e.g. on missing data, binds
@@ -67,13 +74,12 @@ def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
     with open(path) as f:
-      saved = _flat(json.load(f))
-    now = _flat(config_json)
-    diff = [k for k in sorted(set(saved) | set(now))
-            if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
+      saved_json = json.load(f)
+    diff = config_diff(saved_json, config_json)
     if not diff:
       return
     if _trained(workdir):
+      saved, now = _flat(saved_json), _flat(config_json)
       shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
       raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
                        f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same "

@@ -5,7 +5,8 @@ The encoder's cost does not depend on L and is left out. Shapes default to
 benchmarks/step_vs_labels.py's (d=64, B=256, k_p=7, k_h=50, k_r=400). Per method:
   clf_forward_ms   gather + scores (ASTRA); scores + loss fused, in label blocks (full)
   loss_ms          the estimator from the scores (ASTRA); None for full (fused above)
-  step_ms          the fused forward + backward + update actually trained with
+  step_ms          the fused forward + backward + update actually trained with, including
+                   dloss/dE(x), which the encoder's backward pass needs
   backward_update_ms = step_ms - clf_forward_ms - loss_ms (None when negative: the parts
                    jitted apart take longer than the fused step)
   temp_bytes       XLA's temporary allocation for the compiled step
@@ -15,7 +16,9 @@ benchmarks/step_vs_labels.py's (d=64, B=256, k_p=7, k_h=50, k_r=400). Per method
 from __future__ import annotations
 
 import functools
+import hashlib
 import statistics
+import sys
 import time
 
 import jax
@@ -35,16 +38,18 @@ def astra_step():
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(v, scale, emb, batch):
-    _, _, row_grads = grads(emb, v, scale, batch)
-    return update(v, scale, jax.tree.map(lambda x: x[None], row_grads), jnp.float32(LR))
+    _, d_emb, row_grads = grads(emb, v, scale, batch)
+    v, scale = update(v, scale, jax.tree.map(lambda x: x[None], row_grads), jnp.float32(LR))
+    return v, scale, d_emb
 
   return step
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def full_step(w, scale, emb, batch):
-  g = jax.grad(lambda w: loss.full_bce_chunked(emb, w, batch["pos_ids"], batch["pos_mask"]))(w)
-  return (1 - LR * WD) * w - LR * g, scale
+  d_emb, g = jax.grad(lambda e, w: loss.full_bce_chunked(e, w, batch["pos_ids"],
+                                                         batch["pos_mask"]), (0, 1))(emb, w)
+  return (1 - LR * WD) * w - LR * g, scale, d_emb
 
 
 @jax.jit
@@ -53,9 +58,19 @@ def _full_dense_step(w, emb, targets):
   return (1 - LR * WD) * w - LR * g
 
 
-_astra_fwd = jax.jit(loss.classifier_scores)
+_astra_fwd = jax.jit(loss.classifier_scores)  # with the step's traced scale (see there)
 _astra_loss = jax.jit(loss.batch_loss)
 _full_fwd = jax.jit(lambda emb, w, b: loss.full_bce_chunked(emb, w, b["pos_ids"], b["pos_mask"]))
+
+
+def code_fingerprint() -> str:
+  """A hash of the code a measurement runs (this file and the step's modules): a cached
+  measurement by other code is stale (reproduce.py reruns it)."""
+  h = hashlib.sha256()
+  for module in (sys.modules[__name__], loss, sharding, sharding.sparse_sgd):
+    with open(module.__file__, "rb") as f:
+      h.update(f.read())
+  return h.hexdigest()[:16]
 
 
 def make_batch(L: int, rng: np.random.Generator, per_query: bool = True) -> dict:
@@ -88,11 +103,12 @@ def measure(method: str, num_labels: int, steps: int = 10) -> dict:
   emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
   batch = make_batch(L, rng)
   row = {"method": method, "num_labels": L, "d": D, "batch_size": B, "k_p": KP, "k_h": KH,
-         "k_r": KR, "device": jax.devices()[0].platform}
+         "k_r": KR, "device": jax.devices()[0].platform, "code": code_fingerprint()}
   if method == "astra":
     step = astra_step()
-    row["clf_forward_ms"] = _median_ms(lambda: _astra_fwd(emb, w, batch), steps)
-    scores = _astra_fwd(emb, w, batch)
+    one = jnp.float32(1.0)
+    row["clf_forward_ms"] = _median_ms(lambda: _astra_fwd(emb, w, batch, one), steps)
+    scores = _astra_fwd(emb, w, batch, one)
     row["loss_ms"] = _median_ms(lambda: _astra_loss(scores, batch), steps)
   elif method == "full":
     step = full_step
@@ -109,8 +125,8 @@ def measure(method: str, num_labels: int, steps: int = 10) -> dict:
   state = [w, scale]
 
   def run():  # W and scale are donated: thread them through
-    state[0], state[1] = step(state[0], state[1], emb, batch)
-    return state[0]
+    state[0], state[1], d_emb = step(state[0], state[1], emb, batch)
+    return state[0], d_emb
 
   row["step_ms"] = _median_ms(run, steps)
   fwd = row["clf_forward_ms"] + (row["loss_ms"] or 0.0)

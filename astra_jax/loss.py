@@ -51,12 +51,14 @@ def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
   return emb @ rows.T if rows.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rows)
 
 
-def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict):
-  """The classifier forward pass over W (L, d): scores of positives (B, k_p), hard
-  negatives (B, k_h) and random negatives (B, k_r); random ids of shape (k_r,) are one
-  draw shared by the batch."""
+def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict,
+                      scale: jax.Array | float = 1.0):
+  """The classifier forward pass over W = scale * classifier (L, d): scores of positives
+  (B, k_p), hard negatives (B, k_h) and random negatives (B, k_r); random ids of shape
+  (k_r,) are one draw shared by the batch. (The sparse step's W is scale * V; timing its
+  forward with a traced scale also keeps XLA:CPU's gather fused as the step has it.)"""
   emb = embeddings.astype(jnp.float32)
-  return tuple(score_rows(emb, classifier[batch[k]].astype(jnp.float32))
+  return tuple(score_rows(emb, scale * classifier[batch[k]].astype(jnp.float32))
                for k in ("pos_ids", "hard_ids", "rand_ids"))
 
 

@@ -123,14 +123,35 @@ def stand_in_group(scale: float, epochs: int) -> str:
   return f"scale{scale:g}_epochs{epochs}"
 
 
+def stale(run: Run, cached: dict) -> str:
+  """Why a cached result does not answer `run` now ("" if it does): a training run made
+  with another config (code changes are not detected: delete the run to re-measure), or a
+  benchmark made by other classifier-step code."""
+  if run.bench is not None:
+    from astra_jax import classifier_bench
+    same = cached.get("code") == classifier_bench.code_fingerprint()
+    return "" if same else "measured with other classifier-step code"
+  from astra_jax import checkpoint
+  # data.tokenizer_dir is filled in when the run starts
+  diff = [k for k in checkpoint.config_diff(cached.get("config", {}),
+                                            json.loads(run.config().to_json()))
+          if k != "data.tokenizer_dir"]
+  return f"its config differs in {', '.join(diff[:5])}" if diff else ""
+
+
 def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict:
-  """results.json of a finished run, else runs it (and writes results.json)."""
+  """results.json of a finished run with this run's config (and, for benchmarks, code),
+  else runs it (and writes results.json)."""
   wd = run_dir(root, run)
   path = os.path.join(wd, "results.json")
   if os.path.exists(path):
-    log(f"{run.name}: reusing {path}")
     with open(path) as f:
-      return json.load(f)
+      cached = json.load(f)
+    why = stale(run, cached)
+    if not why:
+      log(f"{run.name}: reusing {path}")
+      return cached
+    log(f"{run.name}: {path} is stale ({why}); running again")
   log(f"{run.name}: running in {wd}")
   os.makedirs(wd, exist_ok=True)
   result = run.execute(wd)

@@ -524,7 +524,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           micro = {k: x[0] for k, x in batch.items()}
           emb = jax.block_until_ready(enc_fwd(params["encoder"], micro["input_ids"], key))
           t2 = time.perf_counter()
-          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], micro))
+          # W = scale * V in the sparse step (the traced scale also keeps the gather as
+          # the step fuses it)
+          w_scale = opt_state["scale"] if sparse else jnp.float32(1.0)
+          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], micro, w_scale))
           t3 = time.perf_counter()
           jax.block_until_ready(loss_only(scores, micro))
           t4 = time.perf_counter()

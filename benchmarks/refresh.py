@@ -19,12 +19,12 @@ import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import optim
+from astra_jax import optim, sharding
 from astra_jax.config_base import base_config
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.refresh import RefreshJob, RefreshWorker, save_labels
-from astra_jax.train import make_train_step
+from astra_jax.train import init_sparse_opt_state, make_sparse_train_step
 
 import jsonl  # benchmarks/jsonl.py
 
@@ -54,22 +54,27 @@ def step_throughput(step, state, batch, seconds, stop=None):
 def main(_):
   F = flags.FLAGS
   rng = np.random.default_rng(0)
-  # The demo's train step (tiny BERT, B=128, 16 hard + 256 random negatives).
+  # The demo's train step (tiny BERT, B=128, 16 hard + 256 random negatives drawn per
+  # query, the sparse classifier update on one device).
   cfg = EncoderConfig(vocab_size=8005, hidden_size=64, num_layers=2, num_heads=2,
                       intermediate_size=128, embedding_dropout=0.2)
   graphdef, enc = nnx.split(Encoder(cfg, nnx.Rngs(0)), nnx.Param)
   B, L_step = 128, 2000
   params = {"encoder": enc, "classifier": 0.02 * jax.random.normal(jax.random.key(1), (L_step, 64))}
   c = base_config()
-  tx = optim.make_optimizer(c.optim, 10_000)
-  step = make_train_step(graphdef, tx)
+  tx = optim.encoder_optimizer(c.optim, 10_000)
+  mesh = sharding.make_mesh(1, 1)
+  step = make_sparse_train_step(graphdef, tx, optim.classifier_schedule(c.optim, 10_000),
+                                c.optim.classifier_weight_decay, mesh, B)
   batch = {"input_ids": jnp.asarray(rng.integers(5, 8000, (B, 24)), jnp.int32),
            "pos_ids": jnp.zeros((B, 7), jnp.int32), "pos_mask": jnp.ones((B, 7), bool),
            "hard_ids": jnp.asarray(rng.integers(0, L_step, (B, 16)), jnp.int32),
            "hard_mask": jnp.ones((B, 16), bool),
-           "rand_ids": jnp.asarray(rng.integers(0, L_step, 256), jnp.int32),
-           "rand_mask": jnp.ones((B, 256), bool), "rand_weight": jnp.float32(L_step / 256)}
-  state = (params, tx.init(params))
+           "rand_ids": jnp.asarray(rng.integers(0, L_step, (B, 256)), jnp.int32),
+           "rand_mask": jnp.ones((B, 256), bool),
+           "rand_weight": jnp.full((256,), L_step / 256, jnp.float32)}
+  batch = {k: v[None] for k, v in batch.items()}  # one micro-batch: (A, B/A, ...)
+  state = sharding.shard_params(params, init_sparse_opt_state(tx, params), mesh)
   _, state = step_throughput(step, state, batch, 3)  # compile + warm up
 
   for L in map(int, F.num_labels):

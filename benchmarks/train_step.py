@@ -210,7 +210,8 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
       jax.block_until_ready(params)
       inflight.clear()
       t_start, waits = time.perf_counter(), batches.wait_seconds
-    batch = sharding.shard_batch({k: host_batch[k] for k in train._DEVICE_KEYS}, mesh)
+    batch = sharding.shard_batch({k: host_batch[k] for k in train._DEVICE_KEYS
+                                  if k in host_batch}, mesh)
     params, opt_state, value, _ = step(params, opt_state, batch, jax.random.key(i))
     # As the trainer does: at most 2 steps in flight, so a wait on the queue is time the
     # device would idle, not the host running ahead.

@@ -7,6 +7,14 @@ import pytest
 from astra_jax import reproduce
 
 
+@pytest.fixture(autouse=True)
+def _hand_made_results_are_current(request, monkeypatch):
+  """The tabulation tests' results are written by hand, without the config or code
+  fingerprint a real run records; the staleness tests check that part."""
+  if "stale" not in request.node.name:
+    monkeypatch.setattr(reproduce, "stale", lambda run, cached: "")
+
+
 def _write(root, name, result, group=""):
   d = os.path.join(root, group, name.replace("+", "_"))
   os.makedirs(d, exist_ok=True)
@@ -133,6 +141,29 @@ def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
 
   monkeypatch.setattr(reproduce.Run, "execute", boom)
   assert reproduce.load_or_run(run, root, log=lambda m: None) == {"P@1": 1.0}
+
+
+def test_stale_results_are_run_again(tmp_path, monkeypatch):
+  calls = []
+  monkeypatch.setattr(reproduce.Run, "execute",
+                      lambda self, wd: calls.append(self.name) or {"fresh": True})
+  run = reproduce.ablation_runs(0.01, 3)[0]
+  config = json.loads(run.config().to_json())
+  _write(str(tmp_path), run.name, {"P@1": 1.0, "config": config}, run.group)
+  assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None)["P@1"] == 1.0
+  config["negatives"]["k_r"] += 1  # made with another config
+  _write(str(tmp_path), run.name, {"P@1": 1.0, "config": config}, run.group)
+  logs = []
+  assert reproduce.load_or_run(run, str(tmp_path), log=logs.append) == {"fresh": True}
+  assert "its config differs in negatives.k_r" in logs[0]
+  from astra_jax import classifier_bench
+  bench = reproduce.Run("bench_astra_L10", bench=("astra", 10))
+  _write(str(tmp_path), bench.name, {"step_ms": 1.0, "code": classifier_bench.code_fingerprint()})
+  assert reproduce.load_or_run(bench, str(tmp_path), log=lambda m: None) == {
+      "step_ms": 1.0, "code": classifier_bench.code_fingerprint()}
+  _write(str(tmp_path), bench.name, {"step_ms": 1.0, "code": "older"})
+  assert reproduce.load_or_run(bench, str(tmp_path), log=lambda m: None) == {"fresh": True}
+  assert calls == [run.name, bench.name]
 
 
 def test_other_scale_or_epochs_never_reuse_a_run():
