@@ -476,8 +476,9 @@ python -m astra_jax.reproduce --table=all_cpu --workdir={workdir} --scale={scale
     --epochs={epochs} --seeds={seeds} --out={out}
 ```
 
-(runs whose `WORKDIR/[scaleS_epochsE/][seedN/]<run>/results.json` exists are reused; delete
-it to re-measure).
+(runs whose `WORKDIR/[scaleS_epochsE/][seedN/]<run>/results.json` exists are reused when
+made with the same config — benchmarks: by the same classifier-step code — else run again;
+after other code changes, delete a run to re-measure it).
 One table: `--table=rq3|rq3_paper_refreshes|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation`.
 Tables that need the real datasets and GPUs (`tab:rq1`, `tab:rq2_table_1`) are not run:
 `--table=rq1` prints the command.
