@@ -59,10 +59,11 @@ def _trained(workdir: str) -> bool:
           or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
 
 
-def config_diff(saved: dict, now: dict) -> list[str]:
-  """The flattened keys whose values differ between two configs' JSON, except FREE_KEYS."""
+def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
+  """(flattened key, saved value, new value) where two configs' JSON differ, FREE_KEYS
+  aside."""
   saved, now = _flat(saved), _flat(now)
-  return [k for k in sorted(set(saved) | set(now))
+  return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
           if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
 
 
@@ -74,13 +75,11 @@ def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
     with open(path) as f:
-      saved_json = json.load(f)
-    diff = config_diff(saved_json, config_json)
+      diff = config_diff(json.load(f), config_json)
     if not diff:
       return
     if _trained(workdir):
-      saved, now = _flat(saved_json), _flat(config_json)
-      shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:8])
+      shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:8])
       raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
                        f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same "
                        "config")

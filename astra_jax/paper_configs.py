@@ -226,9 +226,9 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   total = min(L / 2, max((k_h + k_r) * scale, SYNTHETIC_MIN_NEGATIVES))
   shrink = min(1.0, total / (k_h + k_r))
   shards = c.mesh.get_ref("model")
-  k_h = max(1, int(k_h * shrink))
-  c.negatives.k_h = FieldReference(k_h) // shards
-  c.negatives.k_r = FieldReference(max(1, int(total) - k_h)) // shards  # the total, not 1 less
+  hard = max(1, int(k_h * shrink))
+  c.negatives.k_h = FieldReference(hard) // shards
+  c.negatives.k_r = FieldReference(max(1, int(total) - hard)) // shards  # the total, not 1 less
   c.mesh.data = c.mesh.model = 1
   c.paper.synthetic_scale = scale
   return c

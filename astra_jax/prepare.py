@@ -35,8 +35,8 @@ from astra_jax.model import pretrained
 
 # Files a data directory can use, by name (see data/dataset.py LAYOUTS).
 DATA_FILES = {name for layout in dataset.LAYOUTS.values() for name in layout} | {
-    "trn_X_Y.txt", "tst_X_Y.txt", "filter_labels_test.txt", "filter_labels_train.txt",
-    "tst_filter_labels.txt", "trn_filter_labels.txt"}
+    "trn_X_Y.txt", "tst_X_Y.txt", dataset.FILTER_FILE, dataset.RENEE_FILTER_FILE,
+    "filter_labels_train.txt", "trn_filter_labels.txt"}
 
 
 def _dataset_root(names: list[str]) -> str:

@@ -133,8 +133,8 @@ def stale(run: Run, cached: dict) -> str:
     return "" if same else "measured with other classifier-step code"
   from astra_jax import checkpoint
   # data.tokenizer_dir is filled in when the run starts
-  diff = [k for k in checkpoint.config_diff(cached.get("config", {}),
-                                            json.loads(run.config().to_json()))
+  diff = [k for k, _, _ in checkpoint.config_diff(cached.get("config", {}),
+                                                  json.loads(run.config().to_json()))
           if k != "data.tokenizer_dir"]
   return f"its config differs in {', '.join(diff[:5])}" if diff else ""
 
