@@ -20,6 +20,7 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import sys
 from typing import Callable
 
@@ -125,18 +126,26 @@ def stand_in_group(scale: float, epochs: int) -> str:
 
 def stale(run: Run, cached: dict) -> str:
   """Why a cached result does not answer `run` now ("" if it does): a training run made
-  with another config (code changes are not detected: delete the run to re-measure), or a
-  benchmark made by other classifier-step code."""
+  with another config or on stand-in data of an older generator (other code changes are
+  not detected: delete the run to re-measure), or a benchmark made by other
+  classifier-step code."""
   if run.bench is not None:
     from astra_jax import classifier_bench
     same = cached.get("code") == classifier_bench.code_fingerprint()
     return "" if same else "measured with other classifier-step code"
   from astra_jax import checkpoint
+  from astra_jax.data import synthetic
+  config = run.config()
   # data.tokenizer_dir is filled in when the run starts
   diff = [k for k, _, _ in checkpoint.config_diff(cached.get("config", {}),
-                                                  json.loads(run.config().to_json()))
+                                                  json.loads(config.to_json()))
           if k != "data.tokenizer_dir"]
-  return f"its config differs in {', '.join(diff[:5])}" if diff else ""
+  if diff:
+    return f"its config differs in {', '.join(diff[:5])}"
+  if (config.data.synthetic.enabled
+      and cached.get("synthetic_generator", 1) != synthetic.GENERATOR_VERSION):
+    return "its stand-in data came from an older synthetic generator"
+  return ""
 
 
 def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict:
@@ -151,7 +160,10 @@ def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict
     if not why:
       log(f"{run.name}: reusing {path}")
       return cached
-    log(f"{run.name}: {path} is stale ({why}); running again")
+    # The workdir's checkpoints belong to that other run: resuming from them (or refusing
+    # the changed config) would not answer this one.
+    log(f"{run.name}: {path} is stale ({why}); removing {wd} and running again")
+    shutil.rmtree(wd)
   log(f"{run.name}: running in {wd}")
   os.makedirs(wd, exist_ok=True)
   result = run.execute(wd)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import dataclasses
 import functools
 import json
 import os
@@ -51,12 +50,7 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
         group_size=s.group_size, vocab_size=s.vocab_size, zipf_exponent=s.zipf_exponent,
         mean_labels=s.mean_labels, max_labels=s.max_labels, same_group_prob=s.same_group_prob,
         own_word_prob=s.own_word_prob, noise_words=s.noise_words, seed=s.seed)
-    stats_path = os.path.join(dc.dir, "synthetic.json")
-    have = None
-    if os.path.exists(stats_path):
-      with open(stats_path) as f:
-        have = json.load(f).get("spec")
-    if have != dataclasses.asdict(spec) and distributed.is_leader():
+    if not synthetic.is_current(dc.dir, spec) and distributed.is_leader():
       logging.info("generating synthetic dataset into %s", dc.dir)
       synthetic.generate(dc.dir, spec)
     distributed.barrier("synthetic data")
@@ -661,6 +655,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
       "config": json.loads(config.to_json()),
+      "synthetic_generator": (synthetic.GENERATOR_VERSION if config.data.synthetic.enabled
+                              else None),
   }
   if leader:
     with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:

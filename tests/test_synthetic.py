@@ -24,6 +24,33 @@ def test_written_files_parse_and_are_deterministic(tmp_path):
   assert not filecmp.cmp(a / "trn_X.txt", other / "trn_X.txt", shallow=False)
 
 
+def test_rows_hold_the_specified_mean_label_count(tmp_path):
+  # Many labels per row from a few head labels and small groups: duplicate draws are
+  # frequent, and each must be drawn again for the rows to keep the spec's mean.
+  spec = SyntheticSpec(num_labels=300, num_train=4000, num_test=100, vocab_size=3000,
+                       mean_labels=8.0, max_labels=30, zipf_exponent=1.0, seed=5)
+  synthetic.generate(str(tmp_path), spec)
+  lengths = xc_format.read_sparse(tmp_path / "trn_X_Y.txt", 300).row_lengths()
+  # E[min(1 + Poisson(7), 30)] = 8 up to a 1e-9 tail; its s.e. over 4000 rows is 0.042.
+  assert abs(lengths.mean() - 8.0) < 0.15, lengths.mean()
+  tiny = SyntheticSpec(num_labels=3, num_train=200, num_test=10, vocab_size=300,
+                       mean_labels=5.0, max_labels=10, seed=5)
+  synthetic.generate(str(tmp_path / "tiny"), tiny)  # rows cannot exceed the 3 labels
+  assert xc_format.read_sparse(tmp_path / "tiny" / "trn_X_Y.txt", 3).row_lengths().max() <= 3
+
+
+def test_is_current_names_spec_and_generator(tmp_path):
+  import json
+  assert not synthetic.is_current(str(tmp_path), SPEC)
+  synthetic.generate(str(tmp_path), SPEC)
+  assert synthetic.is_current(str(tmp_path), SPEC)
+  assert not synthetic.is_current(str(tmp_path), SyntheticSpec(**{**SPEC.__dict__, "seed": 4}))
+  stats = json.loads((tmp_path / "synthetic.json").read_text())
+  del stats["generator"]  # written by the first generator, which dropped duplicate draws
+  (tmp_path / "synthetic.json").write_text(json.dumps(stats))
+  assert not synthetic.is_current(str(tmp_path), SPEC)
+
+
 def test_power_law_head_and_tail(tmp_path):
   stats = synthetic.generate(str(tmp_path), SPEC)
   deciles = stats["label_deciles_pct"]

@@ -29,6 +29,10 @@ _VOWELS = "aeiou"
 _SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]  # 70 syllables
 _CHUNK = 65536  # rows per generated chunk; fixed so output does not depend on memory
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Bumped when the same spec generates different data: data and results made by an older
+# generator are then made again (train.prepare_data, reproduce.stale).
+GENERATOR_VERSION = 2  # 2: a label drawn twice is drawn again (1 dropped it: rows 4-17% short)
+_MAX_DRAWS_PER_LABEL = 50  # a row of a tiny label set may not find its count of new labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +45,7 @@ class SyntheticSpec:
   own_words: int = 2            # words that tell a label apart inside its group
   vocab_size: int = 8000        # content words (noise words are the first 200)
   zipf_exponent: float = 0.75   # label popularity ~ (rank + 1) ^ -exponent
-  mean_labels: float = 2.5      # mean labels drawn per query (one drawn twice counts once)
+  mean_labels: float = 2.5      # mean labels per query (1 + Poisson, capped at max_labels)
   max_labels: int = 7
   same_group_prob: float = 0.3  # an extra positive comes from the first one's group
   own_word_prob: float = 0.85   # a query mentions each own word of a positive with it
@@ -112,12 +116,15 @@ def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: in
   for start in range(0, n, _CHUNK):
     m = min(_CHUNK, n - start)
     rng = np.random.default_rng([spec.seed, stream, start // _CHUNK])
-    counts = np.minimum(1 + rng.poisson(spec.mean_labels - 1.0, m), spec.max_labels)
+    counts = np.minimum(1 + rng.poisson(spec.mean_labels - 1.0, m),
+                        min(spec.max_labels, spec.num_labels))
     first = pop.sample(rng, m)
     texts, rows = [], []
     for i in range(m):
       labels = [int(first[i])]
-      for _ in range(counts[i] - 1):
+      for _ in range(_MAX_DRAWS_PER_LABEL * int(counts[i])):
+        if len(labels) == counts[i]:
+          break
         if rng.random() < spec.same_group_prob:
           g0 = labels[0] - labels[0] % spec.group_size
           cand = g0 + int(rng.integers(spec.group_size))
@@ -170,13 +177,24 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
         done += len(texts)
         logging.info("synthetic: %s %d/%d queries (%.0fs)", split, done, n, time.time() - t0)
   write_word_tokenizer(os.path.join(out_dir, "tokenizer"), words)
-  stats = {"spec": dataclasses.asdict(spec),
+  stats = {"spec": dataclasses.asdict(spec), "generator": GENERATOR_VERSION,
            "label_deciles_pct": [round(100 * float(s), 2) for s in decile_label_shares(counts)],
            "train_labels_seen": int((counts > 0).sum()),
            "seconds": round(time.time() - t0, 1)}
   with xc_format.atomic_text_writer(os.path.join(out_dir, "synthetic.json")) as f:
     json.dump(stats, f, indent=1)
   return stats
+
+
+def is_current(out_dir: str, spec: SyntheticSpec) -> bool:
+  """Whether `out_dir` holds the data this generator writes for `spec`."""
+  path = os.path.join(out_dir, "synthetic.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    stats = json.load(f)
+  return (stats.get("spec") == dataclasses.asdict(spec)
+          and stats.get("generator", 1) == GENERATOR_VERSION)
 
 
 def decile_label_shares(label_counts: np.ndarray) -> list[float]:
