@@ -180,9 +180,7 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
 
   Kept: batch size, gradient accumulation, epochs, classifier lr, dropout, weight decay,
   k_p, tau_s, tau_r, bottleneck. Changed, and why:
-    * sizes: L, N and test points x scale; the dataset's labels per point drawn per query
-      (duplicate draws count once: rows hold 4-17% fewer, most for the SS datasets and
-      Amazon-3M, whose rows have tens of labels);
+    * sizes: L, N and test points x scale; the dataset's mean labels per point;
     * encoder: the base config's tiny random BERT over the generated tokenizer, encoder
       lr TINY_ENCODER_LR (the paper's lr fine-tunes a pretrained model);
     * warmup x scale: the same fraction of training (steps per epoch shrink by scale);

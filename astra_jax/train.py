@@ -11,7 +11,6 @@ import copy
 import functools
 import json
 import os
-import statistics
 import time
 
 import jax
@@ -34,6 +33,7 @@ from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
+from astra_jax.step_profile import StepProfiler
 
 _DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
                 "rand_mask", "rand_weight", "all_pos_ids")
@@ -232,14 +232,6 @@ def init_sparse_opt_state(tx_encoder: optax.GradientTransformation, params,
           "step": jnp.int32(0), "loss_scale": loss_scale.init(initial_loss_scale)}
 
 
-def make_phase_fns(graphdef):
-  """Separately compiled pieces of the step, timed for the iteration-time break-up."""
-  enc_fwd = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
-  clf_fwd = jax.jit(loss.classifier_scores)
-  loss_fn = jax.jit(loss.batch_loss)
-  return enc_fwd, clf_fwd, loss_fn
-
-
 def make_embed_fn(graphdef):
   return jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
 
@@ -306,10 +298,6 @@ class _JsonLines:
   def write(self, **record):
     self.f.write(json.dumps(record) + "\n")
     self.f.flush()
-
-
-def _median_ms(xs):
-  return round(1000 * statistics.median(xs), 3) if xs else None
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -401,7 +389,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                                                  opt_state["scale"])
 
   embed_fn = make_embed_fn(graphdef)
-  enc_fwd, clf_fwd, loss_only = make_phase_fns(graphdef)
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
@@ -413,13 +400,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                config.train.epochs)
 
   base_key = jax.random.key(seed + 2)
-  phases = {k: [] for k in ("data_prep", "host_to_device", "encoder_forward",
-                            "classifier_forward", "loss", "step")}
+  profiler = StepProfiler(graphdef, steps_per_epoch, config.train.epochs,
+                          config.train.profile_steps)
   step_times, evals, negatives_per_epoch = [], [], []
-  # Profile warm steps (second epoch when there is one): compile time and first-touch
-  # effects stay out of the break-up.
-  first = steps_per_epoch + 2 if config.train.epochs > 1 else min(3, steps_per_epoch - 1)
-  profile_at = set(range(first, first + config.train.profile_steps))
   global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
 
   # Resume: the same command with the same workdir continues from the last checkpoint.
@@ -430,7 +413,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     global_step, train_seconds = progress["global_step"], progress["train_seconds"]
     evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
     step_times = progress["step_times"]
-    phases = progress.get("phases", phases)  # (older checkpoints lack it)
+    profiler.phases = progress.get("phases", profiler.phases)  # (older checkpoints lack it)
     hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
@@ -469,7 +452,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "epoch": epoch, "step": step, "global_step": global_step,
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
         "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
-        "phases": phases,
+        "phases": profiler.phases,
         "hard_negatives": hard_negatives.state_dict()}
     # A copy: the save is asynchronous and the loop goes on appending to these lists.
     ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
@@ -508,34 +491,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       for step, (host_batch, prep_s) in enumerate(
           batches.epoch(epoch, hard, first_step, **split), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
-        profiling = global_step in profile_at
+        profiling = profiler.wants(global_step)
         t0 = time.perf_counter()
         batch = sharding.shard_batch({k: host_batch[k] for k in _DEVICE_KEYS
                                       if k in host_batch}, mesh)
-        if profiling:  # phases of the first micro-batch
-          jax.block_until_ready(batch)
-          t1 = time.perf_counter()
-          micro = {k: x[0] for k, x in batch.items()}
-          emb = jax.block_until_ready(enc_fwd(params["encoder"], micro["input_ids"], key))
-          t2 = time.perf_counter()
-          # W = scale * V in the sparse step (the traced scale also keeps the gather as
-          # the step fuses it)
-          w_scale = opt_state["scale"] if sparse else jnp.float32(1.0)
-          scores = jax.block_until_ready(clf_fwd(emb, params["classifier"], micro, w_scale))
-          t3 = time.perf_counter()
-          jax.block_until_ready(loss_only(scores, micro))
-          t4 = time.perf_counter()
+        if profiling:
+          profiler.before_step(t0, prep_s, batch, params["encoder"], params["classifier"],
+                               opt_state["scale"] if sparse else jnp.float32(1.0), key)
         params, opt_state, value, pooled = step_fn(params, opt_state, batch, key)
         inflight.append(value)
         if len(inflight) > 2:
           inflight.popleft().block_until_ready()
         if profiling:
-          value.block_until_ready()
-          t5 = time.perf_counter()
-          for name, dt in (("data_prep", prep_s), ("host_to_device", t1 - t0),
-                           ("encoder_forward", t2 - t1), ("classifier_forward", t3 - t2),
-                           ("loss", t4 - t3), ("step", t5 - t4)):
-            phases[name].append(dt)
+          profiler.after_step(value)
         if hard_negatives.collecting:
           if jax.process_count() > 1:  # every process mines for all queries
             hard_negatives.collect(host_batch["rows"], distributed.gather_rows(pooled))
@@ -628,16 +596,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log.write(kind="eval", **evals[-1])
   baseline = popularity_baseline(data, config, inv_prop)
 
-  breakup = {k: _median_ms(v) for k, v in phases.items()}
-  if breakup["step"] is not None:
-    fwd = sum(breakup[k] for k in ("encoder_forward", "classifier_forward", "loss"))
-    breakup["backward_update"] = round(max(breakup["step"] - fwd, 0.0), 3)
-  breakup = {"unit": "ms (median over profiled steps)", "steps_profiled": len(phases["step"]),
-             "batch_size": config.train.batch_size, **breakup,
-             "mean_step_wall_ms": (round(1000 * statistics.median(step_times), 3)
-                                   if step_times else None),
-             "note": "step = the fused forward+backward+update actually used; backward_update ="
-                     " step - (encoder_forward + classifier_forward + loss)"}
+  breakup = profiler.breakup(step_times, config.train.batch_size)
   if leader:
     with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
       json.dump(breakup, f, indent=1)
