@@ -300,21 +300,66 @@ class _JsonLines:
     self.f.flush()
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  config_base.validate(config)
-  config = copy.deepcopy(config)  # data preparation fills in derived fields
+def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Creates the workdir, or refuses one that holds a run of another config: before any long
+  work, a rerun must be the same run. Every process compares (the leader writes), and all
+  stop with the one line, none at a later collective's timeout."""
   if os.path.exists(workdir) and not os.path.isdir(workdir):
     raise InputError(f"--workdir={workdir} is a file, not a directory")
   os.makedirs(workdir, exist_ok=True)
   refused = None
-  try:  # before any long work: a rerun must be the same run (only the leader writes)
+  try:
     checkpoint.check_config(workdir, json.loads(config.to_json()), distributed.is_leader())
   except InputError as e:
     refused = e
-  # Every process stops with the one line, none at a later collective's timeout.
   if distributed.any_true([refused is not None])[0]:
     raise refused or InputError(f"{workdir}/config.json: another process refused this "
                                 "workdir's config")
+
+
+def make_steps(config: ml_collections.ConfigDict, graphdef, params: dict, mesh,
+               total_steps: int, sparse: bool):
+  """(params, opt_state, train_step, mining_step): params and optimizer state laid out on
+  the mesh, the jitted step, and for `uptodate` the step that mines k_h in the step."""
+  nc = config.negatives
+  if sparse:
+    tx = optim.encoder_optimizer(config.optim, total_steps)
+    opt_state = init_sparse_opt_state(tx, params, optim.initial_loss_scale(config))
+    params, opt_state = sharding.shard_params(params, opt_state, mesh)
+    train_step = make_sparse_train_step(
+        graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
+        config.optim.classifier_weight_decay, mesh, config.train.batch_size,
+        optim.loss_scaling(config))
+  else:
+    tx = optim.make_optimizer(config.optim, total_steps)
+    opt_state = tx.init(params)
+    train_step = make_train_step(graphdef, tx, 0,
+                                 config.train.full_label_block if nc.strategy == "full" else 0)
+  # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
+  mining_step = make_train_step(graphdef, tx, nc.k_h) if nc.strategy == "uptodate" else None
+  return params, opt_state, train_step, mining_step
+
+
+def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSchedule,
+                        sampler: NegativeSampler, mesh, data: dataset.XCData, dim: int,
+                        workdir: str) -> HardNegatives:
+  """The refresh manager for the W shards this process holds (each process mines its own)."""
+  nc = config.negatives
+  local_shards = sharding.local_model_shards(mesh)
+  return HardNegatives(
+      schedule, workdir if jax.process_count() == 1 else
+      os.path.join(workdir, f"process{jax.process_index()}"),
+      data.train_labels, dim, nc.index,
+      {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
+       "reorder": nc.scann_reorder}, nc.recall_sample, config.train.seed, nc.inject_fault,
+      shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
+      num_shards=mesh.shape["model"])
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  config_base.validate(config)
+  config = copy.deepcopy(config)  # data preparation fills in derived fields
+  claim_workdir(config, workdir)
   t_start = time.time()
   data = prepare_data(config)
   seed = config.train.seed
@@ -345,42 +390,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
-  num_shards = mesh.shape["model"]
   sampler = NegativeSampler(
-      data.train_labels, nc.k_p, nc.k_h, nc.k_r, num_shards,
+      data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
       per_query_random=nc.random_draws == "per_query",
       all_positives=(max(1, int(np.diff(data.train_labels.indptr).max()))
                      if nc.strategy in ("uptodate", "full") else 0))
-  local_shards = sharding.local_model_shards(mesh)
-  hard_negatives = HardNegatives(
-      schedule, workdir if jax.process_count() == 1 else
-      os.path.join(workdir, f"process{jax.process_index()}"),
-      data.train_labels, encoder.cfg.embed_dim, nc.index,
-      {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
-       "reorder": nc.scann_reorder}, nc.recall_sample, seed, nc.inject_fault,
-      shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
-      num_shards=num_shards)
+  hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, d, workdir)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
                          config.train.prefetch, accum,
                          sharding.process_token_rows(mesh, accum, micro_batch),
                          config.train.input_threads)
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
-  if sparse:
-    tx = optim.encoder_optimizer(config.optim, total_steps)
-    scaling = optim.loss_scaling(config)
-    opt_state = init_sparse_opt_state(tx, params, optim.initial_loss_scale(config))
-    params, opt_state = sharding.shard_params(params, opt_state, mesh)
-    train_step = make_sparse_train_step(
-        graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
-        config.optim.classifier_weight_decay, mesh, config.train.batch_size, scaling)
-  else:
-    tx = optim.make_optimizer(config.optim, total_steps)
-    opt_state = tx.init(params)
-    train_step = make_train_step(graphdef, tx, 0,
-                                 config.train.full_label_block if nc.strategy == "full" else 0)
-  # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
-  mining_step = make_train_step(graphdef, tx, nc.k_h) if nc.strategy == "uptodate" else None
+  params, opt_state, train_step, mining_step = make_steps(config, graphdef, params, mesh,
+                                                         total_steps, sparse)
 
   def fold_classifier():
     """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""
