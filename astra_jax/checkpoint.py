@@ -40,6 +40,7 @@ FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
              "train.input_threads", "eval.",
              "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
              "train.stop_after_steps")
+_SYNTHETIC_ON = "data.synthetic.enabled"
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -63,8 +64,11 @@ def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
   """(flattened key, saved value, new value) where two configs' JSON differ, FREE_KEYS
   aside."""
   saved, now = _flat(saved), _flat(now)
+  # A real-data run does not read the synthetic generator's fields.
+  free = FREE_KEYS if saved.get(_SYNTHETIC_ON) or now.get(_SYNTHETIC_ON) else (
+      FREE_KEYS + ("data.synthetic.",))
   return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
-          if saved.get(k) != now.get(k) and not k.startswith(FREE_KEYS)]
+          if saved.get(k) != now.get(k) and not k.startswith(free)]
 
 
 def check_config(workdir: str, config_json: dict, write: bool = True) -> None:

@@ -11,6 +11,7 @@ import os
 
 import ml_collections
 
+from astra_jax.data import synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.negatives.schedule import STRATEGIES
@@ -55,6 +56,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.own_word_prob = 0.85   # a query names each positive's own words with it
   c.data.synthetic.noise_words = 2
   c.data.synthetic.seed = 0
+  # The version of the data the generator writes (a record, not a choice): a workdir trained
+  # on an older generator's data is another run, refused on resume like any config change.
+  c.data.synthetic.generator = synthetic.GENERATOR_VERSION
 
   c.encoder = ml_collections.ConfigDict()
   c.encoder.hf_dir = ""            # dir with config.json (+ model.safetensors); "" = tiny BERT
@@ -152,6 +156,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.data.tokenizer_dir or c.data.synthetic.enabled, "data.tokenizer_dir",
        "no tokenizer directory given")
   need(c.data.max_len >= 2, "data.max_len", f"must be >= 2, got {c.data.max_len}")
+  need(not c.data.synthetic.enabled
+       or c.data.synthetic.generator == synthetic.GENERATOR_VERSION, "data.synthetic.generator",
+       f"this astra_jax generates version {synthetic.GENERATOR_VERSION} of the synthetic data, "
+       f"not {c.data.synthetic.generator}")
   need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",
        f"unknown layout {c.data.layout!r}")
   need(c.negatives.strategy in STRATEGIES, "negatives.strategy",

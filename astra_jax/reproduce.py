@@ -126,26 +126,19 @@ def stand_in_group(scale: float, epochs: int) -> str:
 
 def stale(run: Run, cached: dict) -> str:
   """Why a cached result does not answer `run` now ("" if it does): a training run made
-  with another config or on stand-in data of an older generator (other code changes are
-  not detected: delete the run to re-measure), or a benchmark made by other
+  with another config (the config records the synthetic generator's version; other code
+  changes are not detected: delete the run to re-measure), or a benchmark made by other
   classifier-step code."""
   if run.bench is not None:
     from astra_jax import classifier_bench
     same = cached.get("code") == classifier_bench.code_fingerprint()
     return "" if same else "measured with other classifier-step code"
   from astra_jax import checkpoint
-  from astra_jax.data import synthetic
-  config = run.config()
   # data.tokenizer_dir is filled in when the run starts
   diff = [k for k, _, _ in checkpoint.config_diff(cached.get("config", {}),
-                                                  json.loads(config.to_json()))
+                                                  json.loads(run.config().to_json()))
           if k != "data.tokenizer_dir"]
-  if diff:
-    return f"its config differs in {', '.join(diff[:5])}"
-  if (config.data.synthetic.enabled
-      and cached.get("synthetic_generator", 1) != synthetic.GENERATOR_VERSION):
-    return "its stand-in data came from an older synthetic generator"
-  return ""
+  return f"its config differs in {', '.join(diff[:5])}" if diff else ""
 
 
 def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict:

@@ -637,8 +637,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
       "config": json.loads(config.to_json()),
-      "synthetic_generator": (synthetic.GENERATOR_VERSION if config.data.synthetic.enabled
-                              else None),
   }
   if leader:
     with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:

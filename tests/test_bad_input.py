@@ -119,6 +119,16 @@ def test_config_combinations_that_cannot_train_are_refused(changes, match):
     config_base.validate(c)
 
 
+def test_a_synthetic_generator_version_this_code_cannot_write_is_refused():
+  from astra_jax import config_base
+  from astra_jax.data import synthetic
+  c = config_base.load_config("experiments/demo.py")  # a synthetic-data config
+  c.data.synthetic.generator = synthetic.GENERATOR_VERSION - 1
+  with pytest.raises(InputError, match="config.data.synthetic.generator: this astra_jax "
+                                       f"generates version {synthetic.GENERATOR_VERSION}"):
+    config_base.validate(c)
+
+
 @pytest.mark.parametrize("module, args, message", [
     ("main", ["--config=experiments/demo.py", "--config.train.epoch=3"],
      "error: 'epoch' Did you mean \"epochs\""),

@@ -195,6 +195,19 @@ def test_a_workdir_with_another_config_is_refused(tmp_path):
     checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
 
 
+def test_synthetic_data_of_another_generator_is_another_run(tmp_path):
+  c = _small_synthetic(tmp_path)
+  saved = json.loads(c.to_json())
+  del saved["data"]["synthetic"]["generator"]  # a run on the first generator's data
+  diff = checkpoint.config_diff(saved, json.loads(c.to_json()))
+  assert [k for k, _, _ in diff] == ["data.synthetic.generator"]
+  # A real-data run reads none of the generator's fields: they bind nothing there.
+  saved["data"]["synthetic"]["enabled"] = False
+  c.data.synthetic.enabled = False
+  c.data.synthetic.num_labels += 1
+  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
+
+
 def test_keeps_the_last_n_and_the_best_by_p5(tmp_path):
   ck = checkpoint.Checkpoints(str(tmp_path), keep=2)
   params = {"encoder": {"w": jax.numpy.ones(3)}, "classifier": jax.numpy.zeros((4, 2))}
