@@ -47,9 +47,8 @@ Nothing is downloaded at run time, so a config names the model it wants
 (`data.tokenizer_dir` is the same reference as `encoder.hf_dir`).
 
 Variants: `:synthetic[,SCALE]` replaces the data by a synthetic stand-in with the dataset's
-labels, training points and test points times SCALE and its labels per point as the draws
-per query (a label drawn twice counts once: 4-17% fewer per row), keeps the
-hyper-parameters, and trains a tiny random BERT over the generator's vocabulary on one
+labels, training points and test points times SCALE and its mean labels per point, keeps
+the hyper-parameters, and trains a tiny random BERT over the generator's vocabulary on one
 device; see `synthetic_variant`.
 """
 from __future__ import annotations
