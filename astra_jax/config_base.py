@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from astra_jax.data import synthetic
+from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.negatives.schedule import STRATEGIES
@@ -35,9 +35,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.max_len = 32              # 32 titles, 128 full text, 256 Wikipedia
   c.data.use_content = False       # json layout: title + content instead of title
   c.data.augment_label_text = False  # label texts as extra training rows
-  c.data.filter_file = "filter_labels_test.txt"  # relative to data.dir (this default name
-                                                 # also finds Renée's tst_filter_labels.txt);
-                                                 # ignored if absent
+  c.data.filter_file = dataset.FILTER_FILE  # relative to data.dir (this default name also
+                                            # finds Renée's tst_filter_labels.txt); ignored
+                                            # if absent
   c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
   c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
   c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
@@ -182,11 +182,9 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",
-                "eval.batch_size", "checkpoint.keep"):
+                "train.input_threads", "eval.batch_size", "checkpoint.keep"):
     section, name = field.split(".")
     need(c[section][name] >= 1, field, f"must be >= 1, got {c[section][name]}")
-  need(c.train.input_threads >= 1, "train.input_threads",
-       f"must be >= 1, got {c.train.input_threads}")
   need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",
        f"use sparse or dense, got {c.optim.classifier_update!r}")
   need(not (c.optim.classifier_update == "sparse" and c.optim.classifier_momentum),

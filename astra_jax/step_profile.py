@@ -10,6 +10,7 @@ import statistics
 import time
 
 import jax
+from flax import nnx
 
 from astra_jax import loss
 
@@ -25,7 +26,6 @@ class StepProfiler:
   first-touch effects stay out). `phases` (seconds per phase) is saved in checkpoints."""
 
   def __init__(self, graphdef, steps_per_epoch: int, epochs: int, profile_steps: int):
-    from flax import nnx
     self._encoder = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
     self._scores = jax.jit(loss.classifier_scores)
     self._loss = jax.jit(loss.batch_loss)

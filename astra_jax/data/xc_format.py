@@ -171,7 +171,8 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
   if count != rows:
     raise XCFormatError(path, None, f"header says {rows} rows, file has {count}")
   sorted_unique.report()
-  indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+  indptr = np.zeros(count + 1, np.int64)
+  np.cumsum(lengths, out=indptr[1:])
   ind = np.concatenate(indices) if indices else np.zeros(0, np.int32)
   val = np.concatenate(values) if values else np.zeros(0, np.float32)
   return SparseRows(indptr, ind, val, cols)
