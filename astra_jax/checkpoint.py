@@ -41,6 +41,9 @@ FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
              "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
              "train.stop_after_steps")
 _SYNTHETIC_ON = "data.synthetic.enabled"
+# Keys added after runs were recorded, each with the value that computes what those runs
+# computed: a saved config without the key reads as that value (not as a changed run).
+ADDED_KEYS = {"data.synthetic.hidden_own_words": 0}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -63,7 +66,7 @@ def _trained(workdir: str) -> bool:
 def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
   """(flattened key, saved value, new value) where two configs' JSON differ, FREE_KEYS
   aside."""
-  saved, now = _flat(saved), _flat(now)
+  saved, now = {**ADDED_KEYS, **_flat(saved)}, _flat(now)
   # A real-data run does not read the synthetic generator's fields.
   free = FREE_KEYS if saved.get(_SYNTHETIC_ON) or now.get(_SYNTHETIC_ON) else (
       FREE_KEYS + ("data.synthetic.",))

@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.max_labels = 7
   c.data.synthetic.same_group_prob = 0.3  # an extra positive comes from the first's group
   c.data.synthetic.own_word_prob = 0.85   # a query names each positive's own words with it
+  c.data.synthetic.hidden_own_words = 0   # own words (of 2) its label's text leaves out
   c.data.synthetic.noise_words = 2
   c.data.synthetic.seed = 0
   # The version of the data the generator writes (a record, not a choice): a workdir trained
@@ -160,6 +161,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        or c.data.synthetic.generator == synthetic.GENERATOR_VERSION, "data.synthetic.generator",
        f"this astra_jax generates version {synthetic.GENERATOR_VERSION} of the synthetic data, "
        f"not {c.data.synthetic.generator}")
+  own_words = synthetic.SyntheticSpec.own_words
+  need(0 <= c.data.synthetic.hidden_own_words <= own_words, "data.synthetic.hidden_own_words",
+       f"must be in [0, {own_words}] (a label's own words), got "
+       f"{c.data.synthetic.hidden_own_words}")
   need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",
        f"unknown layout {c.data.layout!r}")
   need(c.negatives.strategy in STRATEGIES, "negatives.strategy",

@@ -49,7 +49,8 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
         num_labels=s.num_labels, num_train=s.num_train, num_test=s.num_test,
         group_size=s.group_size, vocab_size=s.vocab_size, zipf_exponent=s.zipf_exponent,
         mean_labels=s.mean_labels, max_labels=s.max_labels, same_group_prob=s.same_group_prob,
-        own_word_prob=s.own_word_prob, noise_words=s.noise_words, seed=s.seed)
+        own_word_prob=s.own_word_prob, hidden_own_words=s.hidden_own_words,
+        noise_words=s.noise_words, seed=s.seed)
     if not synthetic.is_current(dc.dir, spec) and distributed.is_leader():
       logging.info("generating synthetic dataset into %s", dc.dir)
       synthetic.generate(dc.dir, spec)

@@ -129,6 +129,15 @@ def test_a_synthetic_generator_version_this_code_cannot_write_is_refused():
     config_base.validate(c)
 
 
+def test_more_hidden_label_words_than_a_label_has_are_refused():
+  from astra_jax import config_base
+  c = config_base.load_config("experiments/demo.py")
+  c.data.synthetic.hidden_own_words = 3
+  with pytest.raises(InputError, match=r"config.data.synthetic.hidden_own_words: must be in "
+                                       r"\[0, 2\]"):
+    config_base.validate(c)
+
+
 @pytest.mark.parametrize("module, args, message", [
     ("main", ["--config=experiments/demo.py", "--config.train.epoch=3"],
      "error: 'epoch' Did you mean \"epochs\""),

@@ -208,6 +208,16 @@ def test_synthetic_data_of_another_generator_is_another_run(tmp_path):
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
 
 
+def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(tmp_path):
+  c = _small_synthetic(tmp_path)
+  saved = json.loads(c.to_json())
+  del saved["data"]["synthetic"]["hidden_own_words"]  # recorded before the key existed
+  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
+  c.data.synthetic.hidden_own_words = 1  # other data: another run
+  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
+      ("data.synthetic.hidden_own_words", 0, 1)]
+
+
 def test_keeps_the_last_n_and_the_best_by_p5(tmp_path):
   ck = checkpoint.Checkpoints(str(tmp_path), keep=2)
   params = {"encoder": {"w": jax.numpy.ones(3)}, "classifier": jax.numpy.zeros((4, 2))}

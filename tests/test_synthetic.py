@@ -1,6 +1,8 @@
 import filecmp
+import json
 
 import numpy as np
+import pytest
 
 from astra_jax.data import synthetic, xc_format
 from astra_jax.data.synthetic import SyntheticSpec
@@ -42,7 +44,6 @@ def test_rows_hold_the_specified_mean_label_count(tmp_path):
 
 
 def test_is_current_names_spec_and_generator(tmp_path):
-  import json
   assert not synthetic.is_current(str(tmp_path), SPEC)
   synthetic.generate(str(tmp_path), SPEC)
   assert synthetic.is_current(str(tmp_path), SPEC)
@@ -105,3 +106,35 @@ def test_bounded_memory_streaming(tmp_path):
   per_label = (peaks[1] - peaks[0]) / 300_000
   # A few 8-byte arrays per label; keeping one Python str per label would cost > 50 bytes.
   assert per_label < 48, per_label
+
+
+def test_hidden_own_words_leave_the_label_texts_and_nothing_else(tmp_path):
+  hidden = SyntheticSpec(**{**SPEC.__dict__, "hidden_own_words": 1})
+  synthetic.generate(str(tmp_path / "all"), SPEC)
+  synthetic.generate(str(tmp_path / "hidden"), hidden)
+  for name in ("trn_X.txt", "tst_X.txt", "trn_X_Y.txt", "tst_X_Y.txt"):  # the same queries
+    assert filecmp.cmp(tmp_path / "all" / name, tmp_path / "hidden" / name, shallow=False)
+  full = [t.split() for t in xc_format.read_texts(tmp_path / "all" / "Y.txt")]
+  short = [t.split() for t in xc_format.read_texts(tmp_path / "hidden" / "Y.txt")]
+  assert all(s == f[:-1] for s, f in zip(short, full)) and len(short) == len(full)
+  # The left-out word still names its label in the queries.
+  texts = [set(t.split()) for t in xc_format.read_texts(tmp_path / "all" / "trn_X.txt")]
+  trn = xc_format.read_sparse(tmp_path / "all" / "trn_X_Y.txt")
+  named = np.mean([full[trn.row(i)[0]][-1] in texts[i] for i in range(1000)])
+  assert named > 0.5, named  # each own word of a positive: with probability 0.85
+  with pytest.raises(ValueError, match="hidden_own_words 3"):
+    synthetic.generate(str(tmp_path / "bad"), SyntheticSpec(**{**SPEC.__dict__,
+                                                                "hidden_own_words": 3}))
+
+
+def test_data_written_before_a_spec_field_existed_stays_current(tmp_path):
+  synthetic.generate(str(tmp_path), SPEC)
+  stats = json.loads((tmp_path / "synthetic.json").read_text())
+  del stats["spec"]["hidden_own_words"]  # synthetic.json of a generator without the field
+  (tmp_path / "synthetic.json").write_text(json.dumps(stats))
+  assert synthetic.is_current(str(tmp_path), SPEC)
+  assert not synthetic.is_current(str(tmp_path),
+                                  SyntheticSpec(**{**SPEC.__dict__, "hidden_own_words": 1}))
+  stats["spec"]["field_of_a_later_version"] = 1
+  (tmp_path / "synthetic.json").write_text(json.dumps(stats))
+  assert not synthetic.is_current(str(tmp_path), SPEC)

@@ -37,12 +37,17 @@ _MAX_DRAWS_PER_LABEL = 50  # a row of a tiny label set may not find its count of
 
 @dataclasses.dataclass(frozen=True)
 class SyntheticSpec:
+  """What to generate. A field added later must default to what the generator did before
+  it, so data written before stay current (`is_current`)."""
   num_labels: int = 2000
   num_train: int = 20000
   num_test: int = 4000
   group_size: int = 8           # labels per confusable group
   group_words: int = 3          # words every label of a group shares
   own_words: int = 2            # words that tell a label apart inside its group
+  hidden_own_words: int = 0     # of them, left out of the label's text: only its queries
+                                # (so its classifier) show them, as a real label's text
+                                # does not say all that its queries do
   vocab_size: int = 8000        # content words (noise words are the first 200)
   zipf_exponent: float = 0.75   # label popularity ~ (rank + 1) ^ -exponent
   mean_labels: float = 2.5      # mean labels per query (1 + Poisson, capped at max_labels)
@@ -149,15 +154,19 @@ def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: in
 
 def generate(out_dir: str, spec: SyntheticSpec) -> dict:
   """Writes the dataset; returns its statistics (also saved as `synthetic.json`)."""
+  if not 0 <= spec.hidden_own_words <= spec.own_words:
+    raise ValueError(f"hidden_own_words {spec.hidden_own_words}: a label has "
+                     f"{spec.own_words} own words")
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.time()
   words = vocabulary(spec)
+  text_words = spec.group_words + spec.own_words - spec.hidden_own_words
   pop = _Popularity(spec)
   # Label texts, streamed.
   with xc_format.atomic_text_writer(os.path.join(out_dir, "Y.txt")) as f:
     for start in range(0, spec.num_labels, _CHUNK):
       labels = np.arange(start, min(start + _CHUNK, spec.num_labels))
-      for row in label_word_ids(spec, labels):
+      for row in label_word_ids(spec, labels)[:, :text_words]:
         f.write(" ".join(words[w] for w in row) + "\n")
       logging.log_every_n_seconds(logging.INFO, "synthetic: %d/%d label texts", 10,
                                   labels[-1] + 1, spec.num_labels)
@@ -193,8 +202,11 @@ def is_current(out_dir: str, spec: SyntheticSpec) -> bool:
     return False
   with open(path) as f:
     stats = json.load(f)
-  return (stats.get("spec") == dataclasses.asdict(spec)
-          and stats.get("generator", 1) == GENERATOR_VERSION)
+  try:  # a field added since reads as its default, which generates what came before it
+    saved = SyntheticSpec(**stats.get("spec", {}))
+  except TypeError:  # a field this code does not know
+    return False
+  return saved == spec and stats.get("generator", 1) == GENERATOR_VERSION
 
 
 def decile_label_shares(label_counts: np.ndarray) -> list[float]:

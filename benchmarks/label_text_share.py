@@ -1,0 +1,63 @@
+r"""How much of a trained model's accuracy the label texts alone carry.
+
+  python benchmarks/label_text_share.py --workdirs=workdir/reproduce/scale0.01_epochs15/full \
+      --out=label_text_share.jsonl
+
+For each finished run: test P@1 / P@5 ranking labels by the classifiers, w_l.E(x), and by
+the label texts under the same trained encoder, E(z_l).E(x) (no classifier: what a
+dual encoder scores), and their P@1 ratio. On the real LF-AmazonTitles-131K text-only dual
+encoders reach 0.91-0.97 of ASTRA's P@1 (the paper's tab:dualencoder); a stand-in whose
+ratio is above 1 is one where label texts say all there is to learn, and an index on label
+embeddings is then as aligned with the loss as one on the classifiers.
+One JSON line per workdir: workdir, data_dir, classifier_P@1, classifier_P@5,
+label_text_P@1, label_text_P@5, ratio_P@1.
+"""
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+
+from astra_jax import metrics, predict
+from astra_jax.data import xc_format
+
+import jsonl  # benchmarks/jsonl.py
+
+flags.DEFINE_list("workdirs", None, "finished runs (each holding model/ and config.json)")
+flags.DEFINE_string("out", None, "append JSON lines here")
+
+
+def ranked(queries: np.ndarray, rows: np.ndarray, filter_pairs: np.ndarray) -> np.ndarray:
+  """Top 5 labels per query by dot product, the filter file's pairs removed first."""
+  k = 5 + metrics.max_filtered_per_row(filter_pairs)
+  top = np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :k]
+  return metrics.remove_filtered(top, filter_pairs, 5)
+
+
+def measure(workdir: str) -> dict:
+  with open(os.path.join(workdir, "config.json")) as f:
+    data = json.load(f)["data"]
+  d = data["dir"]
+  p = predict.Predictor.from_workdir(workdir, index="exact")
+  queries = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "tst_X.txt")))[0])
+  labels = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "Y.txt")))[0])
+  truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"), len(labels))
+  filter_path = os.path.join(d, data["filter_file"])
+  filter_pairs = (xc_format.read_filter(filter_path, truth.num_rows, len(labels))
+                  if os.path.exists(filter_path) else np.zeros((0, 2), np.int64))
+  row = {"workdir": workdir, "data_dir": d}
+  for name, rows in (("classifier", np.asarray(p.model.classifier)), ("label_text", labels)):
+    m = metrics.as_percent(metrics.compute(ranked(queries, rows, filter_pairs), truth, ks=(1, 5)))
+    row[f"{name}_P@1"], row[f"{name}_P@5"] = m["P@1"], m["P@5"]
+  row["ratio_P@1"] = row["label_text_P@1"] / row["classifier_P@1"]
+  return row
+
+
+def main(_):
+  for wd in flags.FLAGS.workdirs:
+    jsonl.emit(measure(wd), flags.FLAGS.out, digits=3)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("workdirs")
+  app.run(main)
