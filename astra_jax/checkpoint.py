@@ -21,14 +21,15 @@ import json
 import os
 import signal
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax import distributed
 from astra_jax.data import xc_format
 from astra_jax.errors import InputError
 
@@ -117,6 +118,34 @@ class StopSignal:
   def restore(self) -> None:
     for sig, handler in self.previous.items():
       signal.signal(sig, handler)
+
+
+class SavePolicy:
+  """When the train loop checkpoints inside an epoch (the epoch-end save is its own): every
+  `every_steps` steps, every `every_minutes` minutes (0: not by that rule) and on a stop
+  signal, after which the run stops. A checkpoint is a collective save, so in a
+  multi-process run every process must decide alike: signals and clocks are compared across
+  processes at log steps only."""
+
+  def __init__(self, stop: StopSignal, every_steps: int, every_minutes: float,
+               log_every_steps: int):
+    self.stop, self.every_steps = stop, every_steps
+    self.every_s, self.log_every_steps = 60 * every_minutes, log_every_steps
+    self.saved()
+
+  def saved(self) -> None:
+    self.last_save = time.time()
+
+  def decide(self, global_step: int, step: int) -> tuple[bool, bool]:
+    """(save now, stop after it) after `step` of an epoch (0-based), the run's `global_step`."""
+    stop_now = bool(self.stop.received)
+    time_due = bool(self.every_s and time.time() - self.last_save > self.every_s)
+    if jax.process_count() > 1:
+      log_step = (step + 1) % self.log_every_steps == 0
+      stop_now, time_due = (distributed.any_true([stop_now, time_due]) if log_step
+                            else (False, False))
+    steps_due = bool(self.every_steps and global_step % self.every_steps == 0)
+    return steps_due or time_due or stop_now, stop_now
 
 
 class Checkpoints:

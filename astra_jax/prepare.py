@@ -29,7 +29,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from astra_jax import cli, config_base
-from astra_jax.data import dataset, tokenize
+from astra_jax.data import dataset
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 

@@ -291,14 +291,54 @@ def popularity_baseline(data: dataset.XCData, config, inv_prop) -> dict[str, flo
 
 
 # ------------------------------------------------------------------------------- loop
-class _JsonLines:
+class TrainLog:
+  """Progress output: a line every `train.log_every_steps` steps and at each epoch's end
+  (loss; queries/s and the share of the time the loop waited for input since the last line;
+  learning rates; ETA), each also a JSON line in `path` (metrics.jsonl), as are evaluations.
+  A non-finite loss stops the run there."""
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, config: ml_collections.ConfigDict, batches: TrainBatches,
+               total_steps: int):
     self.f = open(path, "a")
+    self.config, self.batches, self.total_steps = config, batches, total_steps
 
-  def write(self, **record):
+  def start(self, step: int) -> None:
+    """The next line's window opens at `step` (of the epoch)."""
+    self.window_step, self.t, self.waited = step, time.time(), self.batches.wait_seconds
+
+  def due(self, step: int) -> bool:
+    return ((step + 1) % self.config.train.log_every_steps == 0
+            or step + 1 == self.batches.steps_per_epoch)
+
+  def report(self, epoch: int, step: int, global_step: int, loss_value: float,
+             negatives: dict) -> None:
+    dt = max(time.time() - self.t, 1e-9)
+    n = step + 1 - self.window_step
+    qps = n * self.config.train.batch_size / dt
+    eta = (self.total_steps - global_step) * dt / max(n, 1)
+    lr_e, lr_c = optim.learning_rates(self.config.optim, self.total_steps, global_step)
+    input_wait = (self.batches.wait_seconds - self.waited) / dt  # the device idle
+    logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | input wait %.1f%% | "
+                 "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s", epoch, step + 1,
+                 self.batches.steps_per_epoch, loss_value, qps, 100 * input_wait, lr_e, lr_c,
+                 negatives["num_hard"], negatives["num_random"],
+                 time.strftime("%H:%M:%S", time.gmtime(eta)))
+    if not np.isfinite(loss_value):
+      raise FloatingPointError(f"loss is {loss_value} at epoch {epoch} step {step + 1}")
+    self.write(kind="train", epoch=epoch, step=global_step, loss=loss_value, queries_per_s=qps,
+               input_wait=round(input_wait, 4))
+    self.start(step + 1)
+
+  def write(self, **record) -> None:
     self.f.write(json.dumps(record) + "\n")
     self.f.flush()
+
+
+def _preempted(stop: checkpoint.StopSignal, where: str, saved: bool) -> checkpoint.Preempted:
+  return checkpoint.Preempted(
+      f"stopped by signal {stop.received} {where}; "
+      + ("checkpoint written; rerun the same command to resume" if saved else
+         "no checkpoint (checkpoint.enabled=False)"))
 
 
 def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -417,7 +457,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
   leader = distributed.is_leader()  # writes the run's files; every process logs
-  log = _JsonLines(os.path.join(workdir, "metrics.jsonl") if leader else os.devnull)
+  log = TrainLog(os.path.join(workdir, "metrics.jsonl") if leader else os.devnull, config,
+                 batches, total_steps)
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
                encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,
@@ -447,7 +488,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     if advised:
       logging.info("classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9,
                    time.time() - t)
-  last_save = time.time()
 
   # What a refresh needs from the host, evaluated when called: the label vectors to index
   # (W, or E(z_l) for e_hard) and embeddings of given training rows.
@@ -471,7 +511,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   def save(epoch, step, metrics=None, wait=False):
     """A checkpoint that resumes at (epoch, step); step 0 = before start_epoch(epoch)."""
-    nonlocal last_save
     progress = {
         "epoch": epoch, "step": step, "global_step": global_step,
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
@@ -482,11 +521,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
     if wait:
       ckpt.wait()
-    last_save = time.time()
+    policy.saved()
 
-  every_steps = config.checkpoint.every_steps
-  every_s = 60 * config.checkpoint.every_minutes
   stop = checkpoint.StopSignal()
+  policy = checkpoint.SavePolicy(stop, config.checkpoint.every_steps,
+                                 config.checkpoint.every_minutes, config.train.log_every_steps)
   try:
     for epoch in range(start_epoch, config.train.epochs):
       t_epoch = time.time()
@@ -499,19 +538,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       hard, split = hard_negatives.start_epoch(
           epoch, vectors_fn, embed_rows,
           resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
-      n_hard, n_random = split["num_hard"], split["num_random"]
       if not resumed:
-        negatives_per_epoch.append({"epoch": epoch, "hard": n_hard, "random": n_random,
+        negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
+                                    "random": split["num_random"],
                                     "source": hard_negatives.current_epoch if hard is not None
                                     else None})
       first_step = start_step if resumed else 0
-      step_fn = mining_step if mining_step and n_hard else train_step
-      window_n, t_window = first_step, time.time()
+      step_fn = mining_step if mining_step and split["num_hard"] else train_step
+      log.start(first_step)
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       # At most 2 steps in flight: dispatch stays ahead of the device without the host
       # queueing unboundedly many steps (and their batches) when the input is faster.
       inflight = collections.deque()
-      wait_before = batches.wait_seconds
       for step, (host_batch, prep_s) in enumerate(
           batches.epoch(epoch, hard, first_step, **split), start=first_step):
         key = jax.random.fold_in(base_key, global_step)
@@ -537,51 +575,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             pooled.copy_to_host_async()
             pending = (host_batch["rows"], pooled)
         global_step += 1
-        if (step + 1) % config.train.log_every_steps == 0 or step + 1 == steps_per_epoch:
-          value = float(value)
-          dt = time.time() - t_window
-          n_steps = step + 1 - window_n
-          qps = n_steps * config.train.batch_size / max(dt, 1e-9)
-          eta = (total_steps - global_step) * dt / max(n_steps, 1)
-          lr_e, lr_c = optim.learning_rates(config.optim, total_steps, global_step)
-          # Share of the window the loop blocked on the input queue (the device idle).
-          input_wait = (batches.wait_seconds - wait_before) / max(dt, 1e-9)
-          wait_before = batches.wait_seconds
-          logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | input wait %.1f%% | "
-                       "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s", epoch, step + 1,
-                       steps_per_epoch, value, qps, 100 * input_wait, lr_e, lr_c, n_hard,
-                       n_random, time.strftime("%H:%M:%S", time.gmtime(eta)))
-          if not np.isfinite(value):
-            raise FloatingPointError(f"loss is {value} at epoch {epoch} step {step + 1}")
-          log.write(kind="train", epoch=epoch, step=global_step, loss=value, queries_per_s=qps,
-                    input_wait=round(input_wait, 4))
-          window_n, t_window = step + 1, time.time()
+        if log.due(step):
+          log.report(epoch, step, global_step, float(value), split)
           if sparse and float(opt_state["scale"]) < 1e-2:
             fold_classifier()
         if config.train.stop_after_steps and global_step >= config.train.stop_after_steps:
           stop.received = stop.received or "stop_after_steps"
-        # A checkpoint is a collective save: in a multi-process run every process must take
-        # the same decisions, so signals and clocks are compared at log steps only.
-        stop_now = bool(stop.received)
-        time_due = bool(every_s and time.time() - last_save > every_s)
-        if jax.process_count() > 1:
-          log_step = (step + 1) % config.train.log_every_steps == 0
-          stop_now, time_due = distributed.any_true([stop_now, time_due]) if log_step else (
-              False, False)
+        due, stop_now = policy.decide(global_step, step)
         last = step + 1 == steps_per_epoch  # the epoch-end save follows
-        due = ckpt is not None and not last and (
-            (every_steps and global_step % every_steps == 0) or time_due or stop_now)
-        if due:
+        if ckpt is not None and due and not last:
           if pending is not None:  # everything up to this step is in the memmap
             hard_negatives.collect(pending[0], np.asarray(pending[1]))
             pending = None
           hard_negatives.flush()
           save(epoch, step + 1, wait=stop_now)
         if stop_now and not last:
-          raise checkpoint.Preempted(
-              f"stopped by signal {stop.received} at epoch {epoch} step {step + 1}; "
-              + ("checkpoint written; rerun the same command to resume" if ckpt else
-                 "no checkpoint (checkpoint.enabled=False)"))
+          raise _preempted(stop, f"at epoch {epoch} step {step + 1}", ckpt is not None)
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
@@ -603,10 +612,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         save(epoch + 1, 0, {"P@5": evals[-1]["P@5"]} if fresh and "P@5" in evals[-1] else None,
              wait=stop_now)
       if stop_now and epoch + 1 < config.train.epochs:
-        raise checkpoint.Preempted(
-            f"stopped by signal {stop.received} after epoch {epoch}; "
-            + ("checkpoint written; rerun the same command to resume" if ckpt else
-               "no checkpoint (checkpoint.enabled=False)"))
+        raise _preempted(stop, f"after epoch {epoch}", ckpt is not None)
   finally:
     stop.restore()
     hard_negatives.close()

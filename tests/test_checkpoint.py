@@ -229,3 +229,24 @@ def test_keeps_the_last_n_and_the_best_by_p5(tmp_path):
   # Saves are atomic: nothing but finished step directories is listed.
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["2", "4", "5"]
   ck.close()
+
+
+def test_save_policy_by_steps_minutes_and_signal(monkeypatch):
+  stop = checkpoint.StopSignal()
+  try:
+    now = [1000.0]
+    monkeypatch.setattr(checkpoint.time, "time", lambda: now[0])
+    by_steps = checkpoint.SavePolicy(stop, every_steps=3, every_minutes=0, log_every_steps=10)
+    assert [by_steps.decide(g, g - 1) for g in range(1, 7)] == [
+        (False, False), (False, False), (True, False)] * 2
+    by_time = checkpoint.SavePolicy(stop, every_steps=0, every_minutes=2, log_every_steps=10)
+    now[0] += 119
+    assert by_time.decide(1, 0) == (False, False)
+    now[0] += 2  # 121 s since the policy's start (a save)
+    assert by_time.decide(2, 1) == (True, False)
+    by_time.saved()
+    assert by_time.decide(3, 2) == (False, False)
+    stop.received = 15  # SIGTERM: save now, then stop
+    assert by_time.decide(4, 3) == (True, True)
+  finally:
+    stop.restore()

@@ -235,3 +235,26 @@ def test_training_on_a_mesh_with_per_shard_negatives(tmp_path):
   # The per-step equivalence with the single-device step is in test_sharding.py; here the
   # model must learn (popularity P@1 on this data is ~10).
   assert r["P@1"] > 40, r["P@1"]
+
+
+def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
+  from types import SimpleNamespace
+  c = config_base.base_config()
+  c.train.log_every_steps, c.train.batch_size = 4, 32
+  c.optim.warmup_steps = 0
+  batches = SimpleNamespace(steps_per_epoch=10, wait_seconds=0.0)
+  now = [100.0]
+  monkeypatch.setattr(train.time, "time", lambda: now[0])
+  log = train.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
+  log.start(0)
+  assert [s for s in range(10) if log.due(s)] == [3, 7, 9]  # every 4 steps and the last
+  now[0] += 2.0
+  batches.wait_seconds = 0.5
+  negatives = {"num_hard": 8, "num_random": 64}
+  log.report(epoch=0, step=3, global_step=4, loss_value=0.25, negatives=negatives)
+  line = json.loads((tmp_path / "metrics.jsonl").read_text())
+  # 4 steps x 32 queries in 2 s; 0.5 s of them waiting for input
+  assert line == {"kind": "train", "epoch": 0, "step": 4, "loss": 0.25, "queries_per_s": 64.0,
+                  "input_wait": 0.25}
+  with pytest.raises(FloatingPointError, match="loss is nan at epoch 0 step 8"):
+    log.report(epoch=0, step=7, global_step=8, loss_value=float("nan"), negatives=negatives)
