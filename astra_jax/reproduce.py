@@ -490,11 +490,10 @@ Tables that need the real datasets and GPUs (`tab:rq1`, `tab:rq2_table_1`) are n
 
 Training runs: synthetic stand-ins `CONFIG:synthetic,{scale}` ({scale} x the dataset's labels,
 points and test points; at 0.01: 1,311 labels, 2,948 training queries + the label texts, 1,348
-test queries; tiny random BERT on CPU, embedding dropout 0.2; each label's text leaves out
-one of the two words that tell it from its group, which its queries use: the classifiers must
-learn what the label texts do not say, as on the real data — with every word in the texts,
-the label texts alone ranked better than the trained classifiers, unlike the real dataset's
-dual encoders, `astra_jax/paper_configs.py` STAND_IN_HIDDEN_OWN_WORDS), {epochs} epochs, batch 128 (the
+test queries; tiny random BERT on CPU, embedding dropout 0.2; a label's text leaves out one
+of the two words that tell it from its group, which its queries use, so the classifiers learn
+what the texts do not say, as on the real data: `paper_configs.STAND_IN_HIDDEN_OWN_WORDS`),
+{epochs} epochs, batch 128 (the
 paper's 512 gives 8 steps per epoch at this scale; no accumulation: it only splits a batch
 for a GPU's memory) and the classifier lr and weight decay the config derives from it (the
 table's lr x 128 and wd / 128: the paper's step per example and decay per step), the same data for every run, evaluated
