@@ -121,11 +121,11 @@ class StopSignal:
 
 
 class SavePolicy:
-  """When the train loop checkpoints inside an epoch (the epoch-end save is its own): every
-  `every_steps` steps, every `every_minutes` minutes (0: not by that rule) and on a stop
-  signal, after which the run stops. A checkpoint is a collective save, so in a
-  multi-process run every process must decide alike: signals and clocks are compared across
-  processes at log steps only."""
+  """Whether to checkpoint after a step: every `every_steps` steps, every `every_minutes`
+  minutes (0: not by that rule) and on a stop signal, after which the run stops. (The train
+  loop skips the answer at an epoch's last step, whose epoch-end save follows.) A checkpoint
+  is a collective save, so in a multi-process run every process must decide alike: signals
+  and clocks are compared across processes only after every `log_every_steps`-th step."""
 
   def __init__(self, stop: StopSignal, every_steps: int, every_minutes: float,
                log_every_steps: int):

@@ -162,7 +162,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"this astra_jax generates version {synthetic.GENERATOR_VERSION} of the synthetic data, "
        f"not {c.data.synthetic.generator}")
   own_words = synthetic.SyntheticSpec.own_words
-  need(0 <= c.data.synthetic.hidden_own_words <= own_words, "data.synthetic.hidden_own_words",
+  need(not c.data.synthetic.enabled or 0 <= c.data.synthetic.hidden_own_words <= own_words,
+       "data.synthetic.hidden_own_words",
        f"must be in [0, {own_words}] (a label's own words), got "
        f"{c.data.synthetic.hidden_own_words}")
   need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",

@@ -1,7 +1,7 @@
 r"""How much of a trained model's accuracy the label texts alone carry.
 
-  python benchmarks/label_text_share.py --workdirs=workdir/reproduce/scale0.01_epochs15/full \
-      --out=label_text_share.jsonl
+  PYTHONPATH=. python benchmarks/label_text_share.py \
+      --workdirs=workdir/reproduce/scale0.01_epochs15/full --out=label_text_share.jsonl
 
 For each finished run: test P@1 / P@5 ranking labels by the classifiers, w_l.E(x), and by
 the label texts under the same trained encoder, E(z_l).E(x) (no classifier: what a
@@ -23,21 +23,27 @@ from astra_jax.data import xc_format
 
 import jsonl  # benchmarks/jsonl.py
 
-flags.DEFINE_list("workdirs", None, "finished runs (each holding model/ and config.json)")
+flags.DEFINE_list("workdirs", None, "finished runs (each holding model/ and config.json) "
+                  "on data in the one-text-per-line layout (tst_X.txt, Y.txt)")
 flags.DEFINE_string("out", None, "append JSON lines here")
 
 
 def ranked(queries: np.ndarray, rows: np.ndarray, filter_pairs: np.ndarray) -> np.ndarray:
   """Top 5 labels per query by dot product, the filter file's pairs removed first."""
-  k = 5 + metrics.max_filtered_per_row(filter_pairs)
-  top = np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :k]
-  return metrics.remove_filtered(top, filter_pairs, 5)
+  k = min(5 + metrics.max_filtered_per_row(filter_pairs), len(rows))
+  out = np.empty((len(queries), k), np.int64)
+  for start in range(0, len(queries), 1024):  # (1024, L) scores at a time
+    scores = queries[start:start + 1024] @ rows.T
+    top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+    out[start:start + 1024] = np.take_along_axis(top, order, 1)
+  return metrics.remove_filtered(out, filter_pairs, 5)
 
 
 def measure(workdir: str) -> dict:
   with open(os.path.join(workdir, "config.json")) as f:
     data = json.load(f)["data"]
-  d = data["dir"]
+  d = data["dir"]  # as training read it: relative to the directory it ran in
   p = predict.Predictor.from_workdir(workdir, index="exact")
   queries = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "tst_X.txt")))[0])
   labels = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "Y.txt")))[0])
@@ -49,7 +55,7 @@ def measure(workdir: str) -> dict:
   for name, rows in (("classifier", np.asarray(p.model.classifier)), ("label_text", labels)):
     m = metrics.as_percent(metrics.compute(ranked(queries, rows, filter_pairs), truth, ks=(1, 5)))
     row[f"{name}_P@1"], row[f"{name}_P@5"] = m["P@1"], m["P@5"]
-  row["ratio_P@1"] = row["label_text_P@1"] / row["classifier_P@1"]
+  row["ratio_P@1"] = row["label_text_P@1"] / max(row["classifier_P@1"], 1e-9)
   return row
 
 

@@ -250,3 +250,22 @@ def test_save_policy_by_steps_minutes_and_signal(monkeypatch):
     assert by_time.decide(4, 3) == (True, True)
   finally:
     stop.restore()
+
+
+def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatch):
+  stop = checkpoint.StopSignal()
+  try:
+    calls = []
+    def any_true(flags):  # another process saw a stop signal
+      calls.append(flags)
+      return [True, False]
+    monkeypatch.setattr(checkpoint.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(checkpoint.distributed, "any_true", any_true)
+    policy = checkpoint.SavePolicy(stop, every_steps=0, every_minutes=30, log_every_steps=4)
+    decisions = [policy.decide(g, g - 1) for g in range(1, 9)]
+    # This process received nothing; it stops with the others after steps 4 and 8.
+    assert decisions == [(False, False)] * 3 + [(True, True)] + [(False, False)] * 3 + [
+        (True, True)]
+    assert calls == [[False, False]] * 2
+  finally:
+    stop.restore()

@@ -256,5 +256,9 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   # 4 steps x 32 queries in 2 s; 0.5 s of them waiting for input
   assert line == {"kind": "train", "epoch": 0, "step": 4, "loss": 0.25, "queries_per_s": 64.0,
                   "input_wait": 0.25}
-  with pytest.raises(FloatingPointError, match="loss is nan at epoch 0 step 8"):
-    log.report(epoch=0, step=7, global_step=8, loss_value=float("nan"), negatives=negatives)
+  now[0] += 4.0  # the next window: steps 4-7, 4 s, no waiting
+  log.report(epoch=0, step=7, global_step=8, loss_value=0.5, negatives=negatives)
+  second = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
+  assert (second["queries_per_s"], second["input_wait"]) == (32.0, 0.0)
+  with pytest.raises(FloatingPointError, match="loss is nan at epoch 0 step 10"):
+    log.report(epoch=0, step=9, global_step=10, loss_value=float("nan"), negatives=negatives)

@@ -202,8 +202,10 @@ def is_current(out_dir: str, spec: SyntheticSpec) -> bool:
     return False
   with open(path) as f:
     stats = json.load(f)
+  if not isinstance(stats.get("spec"), dict) or not stats["spec"]:
+    return False
   try:  # a field added since reads as its default, which generates what came before it
-    saved = SyntheticSpec(**stats.get("spec", {}))
+    saved = SyntheticSpec(**stats["spec"])
   except TypeError:  # a field this code does not know
     return False
   return saved == spec and stats.get("generator", 1) == GENERATOR_VERSION
