@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -44,13 +45,10 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
   """Generates the synthetic dataset when asked (cached by its spec), then loads."""
   dc = config.data
   if dc.synthetic.enabled:
-    s = dc.synthetic
-    spec = synthetic.SyntheticSpec(
-        num_labels=s.num_labels, num_train=s.num_train, num_test=s.num_test,
-        group_size=s.group_size, vocab_size=s.vocab_size, zipf_exponent=s.zipf_exponent,
-        mean_labels=s.mean_labels, max_labels=s.max_labels, same_group_prob=s.same_group_prob,
-        own_word_prob=s.own_word_prob, hidden_own_words=s.hidden_own_words,
-        noise_words=s.noise_words, seed=s.seed)
+    # The spec's fields the config sets (a field it lacks keeps the spec's default).
+    spec = synthetic.SyntheticSpec(**{f.name: dc.synthetic[f.name]
+                                      for f in dataclasses.fields(synthetic.SyntheticSpec)
+                                      if f.name in dc.synthetic})
     if not synthetic.is_current(dc.dir, spec) and distributed.is_leader():
       logging.info("generating synthetic dataset into %s", dc.dir)
       synthetic.generate(dc.dir, spec)
@@ -301,13 +299,14 @@ class TrainLog:
                total_steps: int):
     self.f = open(path, "a")
     self.config, self.batches, self.total_steps = config, batches, total_steps
+    self.every = config.train.log_every_steps  # read every step: not through ConfigDict
 
   def start(self, step: int) -> None:
     """The next line's window opens at `step` (of the epoch)."""
     self.window_step, self.t, self.waited = step, time.time(), self.batches.wait_seconds
 
   def due(self, step: int) -> bool:
-    return ((step + 1) % self.config.train.log_every_steps == 0
+    return ((step + 1) % self.every == 0
             or step + 1 == self.batches.steps_per_epoch)
 
   def report(self, epoch: int, step: int, global_step: int, loss_value: float,
