@@ -88,6 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.negatives.scann_leaves = 0     # 0: scaled to L (2 sqrt(L))
   c.negatives.scann_leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
   c.negatives.scann_reorder = 0    # 0: max(20 k, 1000)
+  # > 0: rows a query scores, whatever L (leaves of ~1000 rows, as many searched as hold
+  # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
+  c.negatives.scann_rows_per_query = 0
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
@@ -185,6 +188,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"use per_query or shared, got {c.negatives.random_draws!r}")
   need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",
        f"unknown index {c.negatives.index!r}; use auto, exact or scann")
+  need(c.negatives.scann_rows_per_query >= 0, "negatives.scann_rows_per_query",
+       f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}")
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",

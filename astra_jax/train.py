@@ -391,7 +391,8 @@ def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSch
       os.path.join(workdir, f"process{jax.process_index()}"),
       data.train_labels, dim, nc.index,
       {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
-       "reorder": nc.scann_reorder}, nc.recall_sample, config.train.seed, nc.inject_fault,
+       "reorder": nc.scann_reorder, "rows_per_query": nc.scann_rows_per_query},
+      nc.recall_sample, config.train.seed, nc.inject_fault,
       shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
       num_shards=mesh.shape["model"])
 

@@ -256,3 +256,27 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
     hard, split = m.start_epoch(epoch, None, None)
     assert split == {"num_hard": h, "num_random": r, "random_columns": 4}
     np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])
+
+
+def test_exact_index_tiles_equal_one_argsort():
+  # Row blocks far smaller than L (and than k's multiple) must give the one-block answer:
+  # the running top-k merge keeps the best k and orders ties by id.
+  w, rng = clustered(2000, d=16)
+  w[1000:1010] = w[5]  # exact ties across blocks
+  q = rng.normal(size=(30, 16)).astype(np.float32)
+  want = np.argsort(-(q @ w.T), axis=1, kind="stable")[:, :25]
+  for tile_floats in (1 << 25, 7 * 40, 1):  # one block; 40-row blocks; k-row blocks
+    got = index_lib.ExactIndex(w, query_block=7, tile_floats=tile_floats).search(q, 25)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fixed_cost_knobs_keep_rows_per_query_flat():
+  # The fixed-cost rule: rows a query scores stay at the budget from 1e6 to 1e8 rows,
+  # leaves grow with L at ~1000 rows each; the default rule scores a third of L.
+  for L in (10**6, 10**7, 10**8):
+    p = index_lib.scann_defaults(L, 50, rows_per_query=64_000, soar_lambda=1.5)
+    assert 64_000 <= index_lib.rows_scored_per_query(L, p) < 64_000 + 2 * L / p.num_leaves
+    assert L / p.num_leaves <= 1000
+    assert p.training_sample_size <= 1_000_000
+  old = index_lib.scann_defaults(10**7, 50)
+  assert index_lib.rows_scored_per_query(10**7, old) >= 10**7 // 3 - 10**7 // old.num_leaves

@@ -19,20 +19,37 @@ from astra_jax.data.xc_format import SparseRows
 
 
 class ExactIndex:
+  """Brute-force top-k by inner product, in (query block x row block) tiles.
 
-  def __init__(self, rows: np.ndarray, query_block: int = 4096):
+  The tiles bound memory by `tile_floats` whatever L is: a refresh's recall check searches
+  1,000 queries against a shard of ~10^7 rows at SS-20M's size, which as one score array
+  would take 38 GB. Each row block's top-k is merged into a running top-k."""
+
+  def __init__(self, rows: np.ndarray, query_block: int = 4096, tile_floats: int = 1 << 25):
     self.rows = np.ascontiguousarray(rows, np.float32)
     self.query_block = query_block
+    self.tile_floats = tile_floats
 
   def search(self, queries: np.ndarray, k: int) -> np.ndarray:
     L = len(self.rows)
     k = min(k, L)
     out = np.empty((len(queries), k), np.int32)
+    row_block = max(k, self.tile_floats // max(1, min(self.query_block, len(queries))))
     for s in range(0, len(queries), self.query_block):
-      scores = np.asarray(queries[s:s + self.query_block], np.float32) @ self.rows.T
-      top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if k < L else np.tile(np.arange(L), (len(scores), 1))
-      order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
-      out[s:s + len(scores)] = np.take_along_axis(top, order, 1)
+      q = np.asarray(queries[s:s + self.query_block], np.float32)
+      best_ids = np.empty((len(q), 0), np.int64)
+      best_scores = np.empty((len(q), 0), np.float32)
+      for r in range(0, L, row_block):
+        scores = q @ self.rows[r:r + row_block].T
+        kk = min(k, scores.shape[1])
+        top = (np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < scores.shape[1]
+               else np.broadcast_to(np.arange(scores.shape[1]), scores.shape))
+        ids = np.concatenate([best_ids, top + r], axis=1)
+        cand = np.concatenate([best_scores, np.take_along_axis(scores, top, 1)], axis=1)
+        order = np.lexsort((ids, -cand), axis=1)[:, :k]  # best first; ties: lower id first
+        best_ids = np.take_along_axis(ids, order, 1)
+        best_scores = np.take_along_axis(cand, order, 1)
+      out[s:s + len(q)] = best_ids
     return out
 
 
@@ -48,17 +65,63 @@ class ScannParams:
   soar_lambda: float | None = None
 
 
+LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
+
+
 def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search: int = 0,
-                   reorder: int = 0) -> ScannParams:
-  """~2 sqrt(L) leaves, a third of them (at least 64) searched, 20 k candidates re-ranked
-  exactly. Zeros mean "scaled to L". Measured recall@k: benchmarks/refresh.py (L=1e5, groups
-  of 8 confusable rows, k=50) 0.68 searching 1/10 of the leaves and re-ranking 200, 0.83 with
-  1/5 and 500, 0.92 with 1/3 and 1000; the demo's trained W (L=2000, k=16, 89 leaves) 0.73
-  searching 32 leaves, 0.94 searching 64. Hard negatives are near-ties: breadth matters."""
-  leaves = num_leaves or int(min(max(2 * math.sqrt(num_rows), 16), 20000))
-  search = leaves_to_search or max(min(leaves, 64), leaves // 3)
-  return ScannParams(leaves, min(search, leaves), reorder or max(20 * k, 1000),
-                     min(num_rows, max(250_000, 50 * leaves)))
+                   reorder: int = 0, rows_per_query: int = 0, leaf_rows: int = 0,
+                   avq: float | None = None, soar_lambda: float | None = None) -> ScannParams:
+  """ScaNN knobs for mining k neighbours from `num_rows` rows (zeros: scaled to L).
+
+  Two rules for the leaves:
+  * rows_per_query = 0 (the default): ~2 sqrt(L) leaves, a third of them (at least 64)
+    searched. Measured recall@k: benchmarks/refresh.py (L=1e5, groups of 8 confusable rows,
+    k=50) 0.68 searching 1/10 of the leaves and re-ranking 200, 0.83 with 1/5 and 500, 0.92
+    with 1/3 and 1000; the demo's trained W (L=2000, k=16, 89 leaves) 0.73 searching 32
+    leaves, 0.94 searching 64. Hard negatives are near-ties: breadth matters. But a query
+    then scores L/3 rows, and a refresh costs O(N L): ~10^15 row scores at SS-20M.
+  * rows_per_query = R > 0, a fixed cost per query: ~2 sqrt(L) leaves while that leaves at
+    most `leaf_rows` rows in each, then L / leaf_rows (their number grows with L, not their
+    size), and as many leaves searched as hold R rows (SOAR's second copies counted). Recall
+    then holds as L grows only where a query's near-ties live in a neighbourhood whose size
+    does not grow with L: benchmarks/refresh_knobs.py measures it.
+  20 k candidates (at least 1,000) are re-ranked exactly either way.
+
+  Args:
+    num_rows: rows in the index (one W shard).
+    k: neighbours wanted per query.
+    num_leaves, leaves_to_search, reorder: explicit knobs (config.negatives.scann_*).
+    rows_per_query: the fixed-cost rule's budget (config.negatives.scann_rows_per_query).
+    leaf_rows: rows per leaf under that rule (0: LEAF_ROWS).
+    avq, soar_lambda: partitioner options for inner products (None: off), as the serving
+      index uses them (serve_index.serving_params).
+  Returns:
+    The ScannParams to build with.
+  """
+  sqrt_rule = max(2 * math.sqrt(num_rows), 16)
+  if rows_per_query:
+    leaves = num_leaves or int(min(max(sqrt_rule, num_rows / (leaf_rows or LEAF_ROWS)),
+                                   200_000))
+  else:
+    leaves = num_leaves or int(min(sqrt_rule, 20000))
+  leaves = max(1, min(leaves, num_rows))
+  if leaves_to_search:
+    search = leaves_to_search
+  elif rows_per_query:
+    search = math.ceil(rows_per_query / (num_rows / leaves * (2 if soar_lambda else 1)))
+  else:
+    search = max(min(leaves, 64), leaves // 3)
+  return ScannParams(leaves, max(1, min(search, leaves)), reorder or max(20 * k, 1000),
+                     # k-means on ~50 rows per leaf, capped: the build must not grow as L^2.
+                     min(num_rows, max(250_000, min(50 * leaves, 1_000_000))),
+                     avq=avq, soar_lambda=soar_lambda)
+
+
+def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
+  """Rows a query scores in the searched leaves (SOAR's second copies counted); the leaves'
+  centres, `params.num_leaves` of them, are scored too."""
+  per_leaf = num_rows / params.num_leaves * (2 if params.soar_lambda else 1)
+  return int(round(params.num_leaves_to_search * per_leaf))
 
 
 class ScannIndex:

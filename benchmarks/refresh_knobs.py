@@ -1,0 +1,123 @@
+r"""ScaNN knobs for hard-negative mining at a fixed cost per query, chosen on 10^6-10^7 rows.
+
+  python benchmarks/refresh_knobs.py --num_labels=1e6,1e7 --out=refresh_knobs.jsonl
+
+A refresh mines k_h negatives for every training query (146M at SS-20M) from W's rows. With
+~2 sqrt(L) leaves and a third of them searched (the default rule), a query scores L/3 rows,
+and a refresh's cost grows as N L. `index.scann_defaults(rows_per_query=R)` instead keeps
+the rows a query scores about constant: leaves of about `leaf_rows` rows (so their number
+grows with L) and as many searched as hold R rows. This benchmark measures, per L and R,
+recall@k against exact search on a sample of queries, the rows each query scores, and build
+and search time, so R can be chosen where recall holds at both sizes.
+
+Label vectors: trained classifier rows of related labels sit near each other at several
+scales (a topic, a group of near-duplicates inside it), and a query sits near its
+positives' rows. The generator makes topics of --topic_rows rows around --topic_scale N(0, I)
+centres,
+groups of 8 inside a topic (offset 0.5 N(0, I)), rows 0.3 N(0, I) around their group, and
+queries 0.3 N(0, I) around the mean of 1-3 rows of one topic. A topic's size does not
+change with L: the assumption under any fixed-cost search, that a query's hard negatives
+live in a neighbourhood whose size does not grow with the label count.
+
+One JSON line per (L, setting): num_labels, leaf_rows, leaves_to_search, num_leaves,
+rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copies counted),
+centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), build_s,
+search_ms_per_query, exact_ms_per_query.
+"""
+import dataclasses
+import time
+
+import numpy as np
+from absl import app, flags
+
+from astra_jax.negatives import index as index_lib
+
+import jsonl  # benchmarks/jsonl.py
+
+flags.DEFINE_list("num_labels", ["1e6", "1e7"], "label counts")
+flags.DEFINE_integer("d", 64, "row dimension")
+flags.DEFINE_integer("k", 50, "hard negatives per query (recall@k)")
+flags.DEFINE_integer("num_queries", 1000, "queries searched and checked against exact search")
+flags.DEFINE_integer("topic_rows", 1000, "rows per topic (see the module docstring)")
+flags.DEFINE_float("topic_scale", 0.2, "scale of the topic centres: smaller puts topics closer, "
+                   "so a query's top-k reaches into neighbouring topics")
+flags.DEFINE_list("rows_per_query", ["16000", "32000", "64000", "128000"],
+                  "rows scored per query: the settings measured")
+flags.DEFINE_list("partitioner", ["avq_soar", "plain"], "avq_soar (AVQ centres + SOAR spilling, "
+                  "as the serving index) and/or plain k-means leaves")
+flags.DEFINE_integer("leaf_rows", 0, "rows per leaf (0: index.LEAF_ROWS)")
+flags.DEFINE_integer("seed", 0, "data seed")
+flags.DEFINE_string("out", None, "append JSON lines here")
+FLAGS = flags.FLAGS
+
+
+def label_vectors(L: int, d: int, topic_rows: int, rng: np.random.Generator) -> np.ndarray:
+  """(L, d) float32 rows in topics of `topic_rows` and groups of 8, generated in blocks of
+  whole topics (topic_rows is a multiple of 8, so groups never straddle blocks)."""
+  assert topic_rows % 8 == 0, "topic_rows must be a multiple of 8"
+  out = np.empty((L, d), np.float32)
+  block = topic_rows * 1024
+  for s in range(0, L, block):
+    n = min(block, L - s)
+    local = np.arange(n)
+    topics = rng.standard_normal((-(-n // topic_rows), d), np.float32)
+    groups = rng.standard_normal((-(-n // 8), d), np.float32)
+    out[s:s + n] = (FLAGS.topic_scale * topics[local // topic_rows] + 0.5 * groups[local // 8] +
+                    0.3 * rng.standard_normal((n, d), np.float32))
+  return out
+
+
+def make_queries(w: np.ndarray, n: int, topic_rows: int, rng: np.random.Generator):
+  topics = rng.integers(0, max(1, len(w) // topic_rows), n)
+  q = np.empty((n, w.shape[1]), np.float32)
+  for i, t in enumerate(topics):
+    lo, hi = t * topic_rows, min((t + 1) * topic_rows, len(w))
+    q[i] = w[rng.integers(lo, hi, rng.integers(1, 4))].mean(0)
+  return q + 0.3 * rng.standard_normal(q.shape, np.float32)
+
+
+def main(argv):
+  del argv
+  rng = np.random.default_rng(FLAGS.seed)
+  for L in (int(float(x)) for x in FLAGS.num_labels):
+    w = label_vectors(L, FLAGS.d, FLAGS.topic_rows, rng)
+    q = make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng)
+    t0 = time.time()
+    exact = index_lib.ExactIndex(w).search(q, FLAGS.k)
+    exact_ms = 1000 * (time.time() - t0) / len(q)
+    budgets = sorted(int(r) for r in FLAGS.rows_per_query)
+    for partitioner in FLAGS.partitioner:
+      partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
+      # One build per partitioner (the largest budget's knobs); smaller budgets search
+      # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
+      params = index_lib.scann_defaults(L, FLAGS.k, leaf_rows=FLAGS.leaf_rows,
+                                        rows_per_query=budgets[-1], **partition)
+      t0 = time.time()
+      index = index_lib.ScannIndex(w, FLAGS.k, params)
+      build_s = time.time() - t0
+      for rows in budgets:
+        search = index_lib.scann_defaults(L, FLAGS.k, leaf_rows=FLAGS.leaf_rows,
+                                          rows_per_query=rows, **partition).num_leaves_to_search
+        params = dataclasses.replace(params, num_leaves_to_search=search)
+        t0 = time.time()
+        got, _ = index.searcher.search_batched_parallel(
+            q, final_num_neighbors=FLAGS.k, pre_reorder_num_neighbors=params.reorder,
+            leaves_to_search=search)
+        search_ms = 1000 * (time.time() - t0) / len(q)
+        recall = float(np.mean([len(np.intersect1d(a, b)) / FLAGS.k
+                                for a, b in zip(got, exact)]))
+        jsonl.emit({"num_labels": L, "d": FLAGS.d, "k": FLAGS.k, "num_queries": len(q),
+                    "topic_rows": FLAGS.topic_rows, "topic_scale": FLAGS.topic_scale,
+                    "partitioner": partitioner, "num_leaves": params.num_leaves,
+                    "leaves_to_search": search,
+                    "rows_scored_per_query": index_lib.rows_scored_per_query(L, params),
+                    "centroids_scored_per_query": params.num_leaves, "reorder": params.reorder,
+                    "training_sample_size": params.training_sample_size,
+                    "recall": round(recall, 4), "build_s": round(build_s, 2),
+                    "search_ms_per_query": round(search_ms, 4),
+                    "exact_ms_per_query": round(exact_ms, 3)}, FLAGS.out)
+      del index
+
+
+if __name__ == "__main__":
+  app.run(main)
