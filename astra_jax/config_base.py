@@ -96,6 +96,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.negatives.scann_leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
   c.negatives.scann_reorder = 0    # 0: max(20 k, 1000)
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
+  # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
+  # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
+  c.negatives.refresh_threads = 0
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
 
@@ -199,6 +202,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"use per_query or shared, got {c.negatives.random_draws!r}")
   need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",
        f"unknown index {c.negatives.index!r}; use auto, exact or scann")
+  need(c.negatives.refresh_threads >= 0, "negatives.refresh_threads", "must be >= 0 (0: the "
+       "task's CPUs less the input threads)")
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",

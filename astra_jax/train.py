@@ -22,8 +22,9 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, distributed, host_memory, loss, loss_scale,
-                       metrics, optim, predict, sharding, sparse_sgd)
+from astra_jax import (checkpoint, config_base, cpu_budget, distributed, final_eval,
+                       host_memory, loss, loss_scale, metrics, optim, predict, sharding,
+                       sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -32,9 +33,11 @@ from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives.manager import HardNegatives
+from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
+from astra_jax.watchdog import HangWatchdog
 
 _DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
                 "rand_mask", "rand_weight", "all_pos_ids")
@@ -353,6 +356,24 @@ class TrainLog:
     self.f.flush()
 
 
+def final_evaluation(embed_fn, params, data: dataset.XCData, config, inv_prop, workdir: str,
+                     global_step: int, checkpointed: bool) -> dict[str, float]:
+  """The whole test set's metrics (final_eval.py): resumed from its progress record, and
+  stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
+  host = host_params(params)
+  stop = checkpoint.StopSignal()
+  try:
+    return final_eval.evaluate(
+        lambda rows: embed(embed_fn, host["encoder"], data.test_tokens[rows],
+                           config.eval.batch_size),
+        host["classifier"][:data.num_labels], data, config, inv_prop, workdir, global_step,
+        lambda: bool(stop.received))
+  except final_eval.EvalInterrupted as e:
+    raise _preempted(stop, f"({e})", checkpointed) from None
+  finally:
+    stop.restore()
+
+
 def _preempted(stop: checkpoint.StopSignal, where: str, saved: bool) -> checkpoint.Preempted:
   return checkpoint.Preempted(
       f"stopped by signal {stop.received} {where}; "
@@ -413,20 +434,24 @@ def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSch
       {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
        "reorder": nc.scann_reorder}, nc.recall_sample, config.train.seed, nc.inject_fault,
       shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
-      num_shards=mesh.shape["model"])
+      num_shards=mesh.shape["model"],
+      threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains, evaluates and writes the workdir's files (module docstring); returns the
   results.json record. float32 matmuls run at `encoder.matmul_precision` throughout (a
-  context, so that it ends with the run: jit keys its compilations on it)."""
+  context, so that it ends with the run: jit keys its compilations on it); the training
+  steps under a hang watchdog (`train.hang_timeout_s`, watchdog.py)."""
   config_base.validate(config)
   precision = config.encoder.matmul_precision
-  with jax.default_matmul_precision(None if precision == "default" else precision):
-    return _train_and_evaluate(config, workdir)
+  with (jax.default_matmul_precision(None if precision == "default" else precision),
+        HangWatchdog(config.train.hang_timeout_s, jax.process_index()) as hang_watchdog):
+    return _train_and_evaluate(config, workdir, hang_watchdog)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        hang_watchdog: HangWatchdog) -> dict:
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
@@ -557,6 +582,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
     policy.saved()
 
   stop = checkpoint.StopSignal()
+  hard_negatives.stop_requested = lambda: bool(stop.received)
   policy = checkpoint.SavePolicy(stop, config.checkpoint.every_steps,
                                  config.checkpoint.every_minutes, config.train.log_every_steps)
   try:
@@ -568,9 +594,13 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
         # asynchronous save that stops naming them must be on disk first.
         ckpt.wait()
       # Resuming inside an epoch: its negatives are already in place.
-      hard, split = hard_negatives.start_epoch(
-          epoch, vectors_fn, embed_rows,
-          resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      try:
+        hard, split = hard_negatives.start_epoch(
+            epoch, vectors_fn, embed_rows,
+            resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      except RefreshInterrupted:  # the checkpoint at (epoch, 0) lists the refresh as pending
+        raise _preempted(stop, f"at the start of epoch {epoch} (waiting for its hard-negative "
+                         "refresh)", ckpt is not None) from None
       if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
@@ -585,6 +615,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       inflight = collections.deque()
       for step, (host_batch, prep_s) in enumerate(
           batches.epoch(epoch, hard, first_step, **split), start=first_step):
+        hang_watchdog.kick(f"in epoch {epoch} step {step + 1}")
         key = jax.random.fold_in(base_key, global_step)
         profiling = profiler.wants(global_step)
         t0 = time.perf_counter()
@@ -628,6 +659,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
           save(epoch, step + 1, wait=stop_now)
         if stop_now and not last:
           raise _preempted(stop, f"at epoch {epoch} step {step + 1}", ckpt is not None)
+      hang_watchdog.disarm()  # what follows grows with the data, not a step
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
@@ -657,7 +689,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
       ckpt.close()
 
   hard_negatives.finish()
-  final = evaluate_model(embed_fn, params, data, config, inv_prop)
+  hang_watchdog.disarm()
+  final = final_evaluation(embed_fn, params, data, config, inv_prop, workdir, global_step,
+                           ckpt is not None)
   save_trained_model(workdir, config, encoder.cfg, params, data, final)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
@@ -687,4 +721,5 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict
   if leader:
     with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
       json.dump(results, f, indent=1)
+  final_eval.clear(workdir)
   return results
