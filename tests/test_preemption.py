@@ -19,35 +19,35 @@ METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5")
 
 def _config(tmp_path):
   c = config_base.load_config(os.path.join(REPO, "experiments/demo.py"))
-  c.data.dir = str(tmp_path.parent / "small_synthetic")  # shared with test_train.py's
+  c.data.dir = str(tmp_path.parent / "preemption_synthetic")  # generated once per session
   c.data.synthetic.num_labels = 300
-  c.data.synthetic.num_train = 3000
-  c.data.synthetic.num_test = 500
+  c.data.synthetic.num_train = 1200
+  c.data.synthetic.num_test = 300
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 3, 64, 0
   c.optim.warmup_steps = 20
   c.negatives.update(tau_s=2, tau_r=1, k_h=8, k_r=64)
-  c.eval.progress_rows = 200  # the final evaluation in 3 blocks (500 test rows)
+  c.eval.progress_rows = 120  # the final evaluation in 3 blocks (300 test rows)
   return c
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  tmp = tmp_path_factory.mktemp("reference")
-  return train.train_and_evaluate(_config(tmp), str(tmp / "wd"))
 
 
 def _same_run(got, want):
   assert {m: got[m] for m in METRICS} == {m: want[m] for m in METRICS}
   assert all(r["ok"] for r in got["negatives"]["refreshes"])
+  assert [r["epoch"] for r in got["negatives"]["refreshes"]] == [2]
   assert ([e["source"] for e in got["negatives"]["per_epoch"]] ==
-          [e["source"] for e in want["negatives"]["per_epoch"]])
+          [e["source"] for e in want["negatives"]["per_epoch"]] == [None, None, 2])
   assert got["steps"] == want["steps"]
 
 
-def test_sigterm_while_waiting_for_a_refresh_resumes_it(tmp_path, monkeypatch, uninterrupted):
-  # The refresh for epoch 2 is launched at the end of epoch 0; it is held (SIGSTOP) so that
-  # it is still running when the trainer waits for it at the start of epoch 2. Then the
-  # job's SIGTERM reaches both processes, and the worker runs on.
+def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_run(
+    tmp_path, monkeypatch):
+  c = _config(tmp_path)
+  want = train.train_and_evaluate(c, str(tmp_path / "uninterrupted"))
+  wd = str(tmp_path / "wd")
+
+  # 1. The refresh for epoch 2 is launched at the end of epoch 0 and held (SIGSTOP), so
+  # that it still runs when the trainer waits for it at the start of epoch 2. Then the
+  # job's SIGTERM reaches both processes, and the worker goes on.
   workers = []
   start, start_epoch = refresh.RefreshWorker.start, manager.HardNegatives.start_epoch
 
@@ -66,14 +66,12 @@ def test_sigterm_while_waiting_for_a_refresh_resumes_it(tmp_path, monkeypatch, u
 
   monkeypatch.setattr(refresh.RefreshWorker, "start", held_start)
   monkeypatch.setattr(manager.HardNegatives, "start_epoch", signalled_start_epoch)
-  c = _config(tmp_path)
-  with pytest.raises(checkpoint.Preempted, match="stopped by signal"):
-    train.train_and_evaluate(c, str(tmp_path / "wd"))
+  with pytest.raises(checkpoint.Preempted, match="stopped by signal 15 at the start of epoch 2"):
+    train.train_and_evaluate(c, wd)
   monkeypatch.undo()
-  _same_run(train.train_and_evaluate(c, str(tmp_path / "wd")), uninterrupted)
 
-
-def test_sigterm_during_the_final_evaluation_resumes_it(tmp_path, monkeypatch, uninterrupted):
+  # 2. The rerun resumes the refresh; SIGTERM comes after 2 of the final evaluation's 3
+  # blocks of test rows.
   blocks = []
   block_sums = final_eval.block_sums
 
@@ -84,14 +82,15 @@ def test_sigterm_during_the_final_evaluation_resumes_it(tmp_path, monkeypatch, u
     return block_sums(*args)
 
   monkeypatch.setattr(final_eval, "block_sums", signalled_block_sums)
-  c = _config(tmp_path)
-  with pytest.raises(checkpoint.Preempted, match="final evaluation stopped after 400 of 500"):
-    train.train_and_evaluate(c, str(tmp_path / "wd"))
-  assert blocks == [(0, 200), (200, 400)]
-  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
-  assert blocks[2:] == [(400, 500)]  # the rerun evaluated only the block left
-  _same_run(r, uninterrupted)
-  assert not (tmp_path / "wd" / final_eval.PROGRESS_FILE).exists()
+  with pytest.raises(checkpoint.Preempted, match="final evaluation stopped after 240 of 300"):
+    train.train_and_evaluate(c, wd)
+  assert blocks == [(0, 120), (120, 240)]
+
+  # 3. The next rerun evaluates the block left only, to the uninterrupted run's metrics.
+  got = train.train_and_evaluate(c, wd)
+  assert blocks[2:] == [(240, 300)]
+  _same_run(got, want)
+  assert not os.path.exists(os.path.join(wd, final_eval.PROGRESS_FILE))
 
 
 def test_progress_of_another_trained_state_is_not_used(tmp_path):
