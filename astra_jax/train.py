@@ -22,9 +22,9 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, cpu_budget, distributed, final_eval,
-                       host_memory, loss, loss_scale, metrics, optim, predict, sharding,
-                       sparse_sgd)
+from astra_jax import (checkpoint, config_base, cpu_budget, device_check, distributed,
+                       final_eval, host_memory, loss, loss_scale, metrics, optim, predict,
+                       sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -464,6 +464,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
   num_devices = mesh.devices.size
+  device_check.check_mesh(num_devices)
   if num_devices > 1 and not sparse:
     raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
                      "and a strategy other than uptodate or full")
