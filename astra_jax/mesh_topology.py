@@ -14,6 +14,7 @@ import collections
 import dataclasses
 
 import numpy as np
+from absl import logging
 from jax.experimental import mesh_utils
 
 from astra_jax.errors import InputError
@@ -70,4 +71,6 @@ def hybrid_grid(devices, data: int, model: int) -> np.ndarray | None:
   grid = mesh_utils.create_hybrid_device_mesh((per_node // model, model), (len(groups), 1),
                                               slots)
   by_id = {d.id: d for d in devices}
+  logging.info("mesh: %d data x %d model over %d nodes of %d devices ('model' inside a node)",
+               data, model, len(groups), per_node)
   return np.vectorize(lambda s: by_id[s.id], otypes=[object])(grid)

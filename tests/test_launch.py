@@ -8,7 +8,8 @@ import sys
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["launch/slurm.sbatch", "launch/single_node.sh", "launch/common.sh"]
+SCRIPTS = ["launch/slurm.sbatch", "launch/single_node.sh", "launch/common.sh",
+           "launch/first_job.sh"]
 
 
 def dry_run(script, *args, **extra_env):
@@ -95,6 +96,24 @@ def test_single_node_uses_every_visible_gpu():
   r = dry_run("launch/single_node.sh", "experiments/demo.py", CUDA_VISIBLE_DEVICES="3",
               NUM_GPUS="8")
   assert r.returncode == 2 and "NUM_GPUS=8 but this process sees 1 GPU(s)" in r.stderr
+
+
+def test_first_job_steps_print_their_commands():
+  env = {**os.environ, "PYTHON": sys.executable, "DRY_RUN": "1"}
+  for name in [k for k in env if k.startswith(("SLURM_", "CUDA_VISIBLE"))]:
+    env.pop(name)
+  run = lambda step: subprocess.run(["bash", "launch/first_job.sh", step], cwd=REPO, env=env,
+                                    capture_output=True, text=True, timeout=60)
+  one = run("1")
+  assert one.returncode == 0, one.stderr
+  for part in ("-m astra_jax.main", "--config=experiments/demo.py",
+               "--config.encoder.dtype=float16", "--workdir=workdir/first_job_step1"):
+    assert part in one.stdout, part
+  two, three = run("2"), run("3")
+  assert "sbatch --job-name=first_job_step2 --nodes=1 --ntasks-per-node=8 --gpus-per-node=8" \
+      in two.stdout
+  assert "--nodes=2" in three.stdout and "launch/slurm.sbatch" in three.stdout
+  assert run("4").returncode == 2
 
 
 def test_device_check_refuses_fewer_gpus_than_planned():
