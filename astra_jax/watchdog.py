@@ -36,6 +36,8 @@ class HangWatchdog:
     self.what = ""
     self.last = time.monotonic()
     self.armed = False
+    self._fallback_armed = 0.0
+    self._rearm_every = min(_FALLBACK_GRACE_S / 2, timeout_s / 4)
     self._wake = threading.Event()
     self._stopped = False
     self._thread = None
@@ -51,18 +53,24 @@ class HangWatchdog:
 
   def kick(self, what: str) -> None:
     """Progress: the clock starts again; `what` says what the process does next."""
-    self.last, self.what, self.armed = time.monotonic(), what, True
-    if self._thread is not None:
+    now = time.monotonic()
+    self.last, self.what = now, what
+    # Re-arming faulthandler starts a thread: done at most every half grace period, so
+    # the fallback still fires at least half a grace period after the Python watchdog.
+    if self._thread is not None and (not self.armed or
+                                     now - self._fallback_armed >= self._rearm_every):
+      self._fallback_armed = now
       try:
         faulthandler.dump_traceback_later(self.timeout_s + _FALLBACK_GRACE_S, exit=True,
                                           file=self.stream)
       except (ValueError, OSError, AttributeError):  # a stream without a file descriptor
         pass
+    self.armed = True
 
   def disarm(self) -> None:
-    self.armed = False
-    if self._thread is not None:
+    if self.armed and self._thread is not None:
       faulthandler.cancel_dump_traceback_later()
+    self.armed = False
 
   def close(self) -> None:
     self.disarm()
