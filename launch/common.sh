@@ -54,7 +54,7 @@ default_dtype() {
 # (KEEP_LD_LIBRARY_PATH=1 keeps them: a jax built against the site's CUDA).
 sanitize_library_path() {
   [[ "${KEEP_LD_LIBRARY_PATH:-0}" == "1" || -z "${LD_LIBRARY_PATH:-}" ]] && return 0
-  local kept=() removed=() dir
+  local kept=() removed=() dirs=() dir
   IFS=: read -r -a dirs <<< "$LD_LIBRARY_PATH"
   for dir in "${dirs[@]}"; do
     case "${dir,,}" in
@@ -66,8 +66,12 @@ sanitize_library_path() {
   if [[ ${#removed[@]} -gt 0 ]]; then
     echo "LD_LIBRARY_PATH: removed ${removed[*]} (the pip CUDA wheels are used;" \
          "KEEP_LD_LIBRARY_PATH=1 keeps them)"
-    local IFS=:
-    export LD_LIBRARY_PATH="${kept[*]}"
+    if [[ ${#kept[@]} -eq 0 ]]; then
+      unset LD_LIBRARY_PATH  # empty, it would name the current directory
+    else
+      local IFS=:
+      export LD_LIBRARY_PATH="${kept[*]}"
+    fi
   fi
 }
 
