@@ -16,6 +16,9 @@ from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.negatives.schedule import STRATEGIES
 
+# encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
+MATMUL_PRECISIONS = ("default", "high", "highest")
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -72,6 +75,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder.bottleneck_dim = 0     # 64 for very large L (SS datasets)
   c.encoder.embedding_dropout = 0.5  # the paper's (high) dropout on E(x)
   c.encoder.dtype = "float32"      # compute dtype: float32 | bfloat16 | float16
+  # float32 matmuls (jax_default_matmul_precision): default = the backend's choice, which
+  # on A100/H100 is TF32 (10-bit mantissa inputs); highest = full float32 passes; high
+  # = bf16x3 / TF32-like where the backend has it.
+  c.encoder.matmul_precision = "default"
 
   c.negatives = ml_collections.ConfigDict()
   c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/schedule.py
@@ -92,6 +99,9 @@ def base_config() -> ml_collections.ConfigDict:
   # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
   c.negatives.scann_rows_per_query = 0
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
+  # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
+  # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
+  c.negatives.refresh_threads = 0
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
 
@@ -122,6 +132,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train.classifier_init_std = 0.02
   c.train.stop_after_steps = 0     # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
+  # A step (or a collective inside one) that makes no progress for this long ends the
+  # process with every thread's stack (astra_jax/watchdog.py): a stuck rank would otherwise
+  # hold the whole job until its time limit. 0: no watchdog.
+  c.train.hang_timeout_s = 1800.0
 
   # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
   # device the model axis leaves. W's rows are split over 'model'.
@@ -145,6 +159,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.batch_size = 1024
   c.eval.label_block = 32768
   c.eval.max_test_rows = 0         # 0: all; >0 evaluates the first rows only (periodic evals)
+  # The final evaluation records its progress every this many test rows (rows done and the
+  # metrics' partial sums), so that a preempted run resumes it instead of starting over.
+  c.eval.progress_rows = 65536
   return c
 
 
@@ -190,6 +207,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"unknown index {c.negatives.index!r}; use auto, exact or scann")
   need(c.negatives.scann_rows_per_query >= 0, "negatives.scann_rows_per_query",
        f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}")
+  need(c.negatives.refresh_threads >= 0, "negatives.refresh_threads", "must be >= 0 (0: the "
+       "task's CPUs less the input threads)")
   need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
        "use '', 'raise' or 'kill'")
   for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",
@@ -213,6 +232,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "by 1 - lr wd <= 0")
   need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
        f"unknown dtype {c.encoder.dtype!r}")
+  need(c.encoder.matmul_precision in MATMUL_PRECISIONS, "encoder.matmul_precision",
+       f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}")
+  need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
+  need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   if c.encoder.hf_dir:
     hf_dir = pretrained.resolve(c.encoder.hf_dir)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from astra_jax import tmpnames
 from astra_jax.data import dataset, xc_format
 from astra_jax.errors import InputError
 from astra_jax.model.encoder import Encoder, EncoderConfig
@@ -78,7 +79,7 @@ def replace_dir(tmp: str, dest: str) -> None:
       _fsync(os.path.join(root, name))
   old = None
   if os.path.exists(dest):
-    old = f"{dest}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    old = f"{dest}.old-{tmpnames.unique_suffix()}"
     os.rename(dest, old)
   os.rename(tmp, dest)
   _fsync(os.path.dirname(os.path.abspath(dest)))
@@ -117,7 +118,7 @@ def save_model(workdir: str, *, encoder_cfg: EncoderConfig, encoder_params: nnx.
   if label_texts is not None and len(label_texts) != len(classifier):
     raise ValueError(f"{len(label_texts)} label texts for {len(classifier)} classifier rows")
   dest = model_dir(workdir)
-  tmp = os.path.join(workdir, f".{MODEL_DIR}.tmp-{os.getpid()}")
+  tmp = os.path.join(workdir, f".{MODEL_DIR}.tmp-{tmpnames.unique_suffix()}")
   shutil.rmtree(tmp, ignore_errors=True)
   os.makedirs(tmp)
   try:

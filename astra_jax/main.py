@@ -11,7 +11,9 @@ host_memory.keep_freed_memory()  # before jax starts its threads (see host_memor
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from astra_jax import checkpoint, cli, distributed, evaluate, train  # noqa: E402
+import jax  # noqa: E402
+
+from astra_jax import checkpoint, cli, device_check, distributed, evaluate, train  # noqa: E402
 from astra_jax.errors import InputError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
@@ -32,6 +34,7 @@ def main(argv):
   logging.get_absl_handler().python_handler.stream = sys.stdout
   try:
     distributed.initialize(config.mesh.distributed)
+    device_check.check_devices(jax.devices())
     marker = os.path.join(flags.FLAGS.workdir, PREEMPTED_MARKER)
     if distributed.is_leader() and os.path.exists(marker):
       os.remove(marker)  # there only while the last run ended preempted

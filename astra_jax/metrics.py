@@ -29,6 +29,16 @@ def _hits(pred: np.ndarray, truth: SparseRows) -> np.ndarray:
 def compute(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
             ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
   """pred: (n, >= max(ks)) label ids ranked best first (-1 = no prediction)."""
+  return from_sums(row_sums(pred, truth, inv_prop, ks), truth.num_rows, ks)
+
+
+def row_sums(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
+             ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+  """The sums over rows that every metric is made of, for these rows: so that the metrics
+  of a test set can be computed a block of rows at a time (`from_sums` of their sums).
+
+  Returns {"P@k": hits in the top k, "nDCG@k": per-row nDCG, "PSP@k", "PSnDCG@k": the
+  propensity-weighted gains, "PSP@k/best", "PSnDCG@k/best": the best possible ones}."""
   pred = np.asarray(pred, np.int64)
   if pred.shape[0] != truth.num_rows:
     raise ValueError(f"{pred.shape[0]} prediction rows but {truth.num_rows} truth rows")
@@ -48,14 +58,34 @@ def compute(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = N
       w = np.sort(inv_prop[truth.row(i)])[::-1][:kmax]
       best[i, :len(w)] = w
   for k in ks:
-    out[f"P@{k}"] = float(hits[:, :k].sum(1).mean() / k)
+    out[f"P@{k}"] = float(hits[:, :k].sum(1).sum())
     ideal = np.cumsum(discount)[np.minimum(num_true, k) - 1] * (num_true > 0)
     dcg = (hits[:, :k] * discount[:k]).sum(1)
-    out[f"nDCG@{k}"] = float(np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1), 0).mean())
+    out[f"nDCG@{k}"] = float(np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1), 0).sum())
     if inv_prop is not None:
-      out[f"PSP@{k}"] = float(w_pred[:, :k].sum(1).mean() / best[:, :k].sum(1).mean())
-      out[f"PSnDCG@{k}"] = float((w_pred[:, :k] * discount[:k]).sum(1).mean() /
-                                 (best[:, :k] * discount[:k]).sum(1).mean())
+      out[f"PSP@{k}"] = float(w_pred[:, :k].sum(1).sum())
+      out[f"PSP@{k}/best"] = float(best[:, :k].sum(1).sum())
+      out[f"PSnDCG@{k}"] = float((w_pred[:, :k] * discount[:k]).sum(1).sum())
+      out[f"PSnDCG@{k}/best"] = float((best[:, :k] * discount[:k]).sum(1).sum())
+  return out
+
+
+def add_sums(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+  """The sums of two blocks of rows together."""
+  return {key: a.get(key, 0.0) + b[key] for key in b}
+
+
+def from_sums(sums: dict[str, float], num_rows: int,
+              ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+  """The metrics (fractions) of `num_rows` rows from their `row_sums`."""
+  n = max(num_rows, 1)
+  out = {}
+  for k in ks:
+    out[f"P@{k}"] = sums[f"P@{k}"] / n / k
+    out[f"nDCG@{k}"] = sums[f"nDCG@{k}"] / n
+    if f"PSP@{k}" in sums:
+      out[f"PSP@{k}"] = (sums[f"PSP@{k}"] / n) / (sums[f"PSP@{k}/best"] / n)
+      out[f"PSnDCG@{k}"] = (sums[f"PSnDCG@{k}"] / n) / (sums[f"PSnDCG@{k}/best"] / n)
   return out
 
 

@@ -28,7 +28,7 @@ import zipfile
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from astra_jax import cli, config_base
+from astra_jax import cli, config_base, tmpnames
 from astra_jax.data import dataset
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -77,7 +77,7 @@ def extract_zip(src: str, out: str) -> list[str]:
         logging.info("prepare: %s already extracted", rel)
       else:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        tmp = f"{dest}.tmp-{os.getpid()}"
+        tmp = f"{dest}.tmp-{tmpnames.unique_suffix()}"
         t0 = time.time()
         with z.open(info) as fin, open(tmp, "wb") as fout:
           shutil.copyfileobj(fin, fout, 1 << 20)

@@ -23,6 +23,7 @@ import time
 import numpy as np
 from absl import logging
 
+from astra_jax import tmpnames
 from astra_jax.export import replace_dir
 from astra_jax.negatives.index import ExactIndex, ScannIndex, ScannParams
 
@@ -117,7 +118,7 @@ def open_scann(model_path: str, model_id: str, w: np.ndarray, params: ScannParam
   build_s = round(time.time() - t0, 2)
   logging.info("built a ScaNN index over %d x %d classifier rows in %.1fs (%s)", *w.shape,
                build_s, params)
-  tmp = os.path.join(model_path, f".{INDEX_DIR}.tmp-{os.getpid()}")
+  tmp = os.path.join(model_path, f".{INDEX_DIR}.tmp-{tmpnames.unique_suffix()}")
   try:
     shutil.rmtree(tmp, ignore_errors=True)
     index.save(tmp)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from astra_jax import loss, sparse_sgd
+from astra_jax import loss, mesh_topology, sparse_sgd
 from astra_jax.errors import InputError
 
 ALL = ("data", "model")
@@ -62,7 +62,8 @@ def batch_spec(key: str, ndim: int) -> P:
 
 def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
   """A (data, model) mesh over every device of every process (1 x 1: the first device);
-  data=-1 takes the devices model leaves over."""
+  data=-1 takes the devices model leaves over. Devices on several nodes: the hybrid grid
+  of mesh_topology.py ('model' inside a node)."""
   devices = jax.devices() if devices is None else devices
   n = len(devices)
   if data == -1:
@@ -75,6 +76,9 @@ def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
     raise InputError(f"config.mesh: {data} x {model} needs {data * model} devices, have {n} "
                      f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={data * model} "
                      f"fakes them)")
+  grid = mesh_topology.hybrid_grid(devices, data, model) if data * model > 1 else None
+  if grid is not None:
+    return jax.sharding.Mesh(grid, ALL, axis_types=(AxisType.Auto,) * 2)
   return jax.make_mesh((data, model), ALL, axis_types=(AxisType.Auto,) * 2,
                        devices=devices)
 

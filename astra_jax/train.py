@@ -22,8 +22,9 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, distributed, host_memory, loss, loss_scale,
-                       metrics, optim, predict, sharding, sparse_sgd)
+from astra_jax import (checkpoint, config_base, cpu_budget, device_check, distributed,
+                       final_eval, host_memory, loss, loss_scale, metrics, optim, predict,
+                       sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
@@ -32,9 +33,11 @@ from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives.manager import HardNegatives
+from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
+from astra_jax.watchdog import HangWatchdog
 
 _DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
                 "rand_mask", "rand_weight", "all_pos_ids")
@@ -293,7 +296,11 @@ class TrainLog:
   """Progress output: a line every `train.log_every_steps` steps and at each epoch's end
   (loss; queries/s and the share of the time the loop waited for input since the last line;
   learning rates; ETA), each also a JSON line in `path` (metrics.jsonl), as are evaluations.
-  A non-finite loss stops the run there."""
+
+  Steps that dynamic loss scaling skipped (non-finite gradients or loss: float16 overflow;
+  the step changed nothing but the scale) are counted per line. A non-finite loss stops the
+  run only where nothing skipped it (no dynamic scaling), and skipped steps only when every
+  step of a line's window was skipped: then the scale is not recovering."""
 
   def __init__(self, path: str, config: ml_collections.ConfigDict, batches: TrainBatches,
                total_steps: int):
@@ -301,36 +308,70 @@ class TrainLog:
     self.config, self.batches, self.total_steps = config, batches, total_steps
     self.every = config.train.log_every_steps  # read every step: not through ConfigDict
 
-  def start(self, step: int) -> None:
-    """The next line's window opens at `step` (of the epoch)."""
+  def start(self, step: int, skipped_total: int = 0) -> None:
+    """The next line's window opens at `step` (of the epoch), `skipped_total` steps of the
+    run skipped so far."""
     self.window_step, self.t, self.waited = step, time.time(), self.batches.wait_seconds
+    self.skipped_before = skipped_total
 
   def due(self, step: int) -> bool:
     return ((step + 1) % self.every == 0
             or step + 1 == self.batches.steps_per_epoch)
 
   def report(self, epoch: int, step: int, global_step: int, loss_value: float,
-             negatives: dict) -> None:
+             negatives: dict, skipped_total: int = 0) -> None:
+    """The line for the window that ends after `step`; `skipped_total`: the run's steps
+    skipped by dynamic loss scaling so far. Raises FloatingPointError as the class says."""
     dt = max(time.time() - self.t, 1e-9)
     n = step + 1 - self.window_step
+    skipped = skipped_total - self.skipped_before
     qps = n * self.config.train.batch_size / dt
     eta = (self.total_steps - global_step) * dt / max(n, 1)
     lr_e, lr_c = optim.learning_rates(self.config.optim, self.total_steps, global_step)
     input_wait = (self.batches.wait_seconds - self.waited) / dt  # the device idle
     logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | input wait %.1f%% | "
-                 "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s", epoch, step + 1,
+                 "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s%s", epoch, step + 1,
                  self.batches.steps_per_epoch, loss_value, qps, 100 * input_wait, lr_e, lr_c,
                  negatives["num_hard"], negatives["num_random"],
-                 time.strftime("%H:%M:%S", time.gmtime(eta)))
-    if not np.isfinite(loss_value):
+                 time.strftime("%H:%M:%S", time.gmtime(eta)),
+                 f" | {skipped} of {n} steps skipped (non-finite float16 gradients; loss "
+                 "scale lowered)" if skipped else "")
+    if skipped >= n:
+      raise FloatingPointError(
+          f"all {n} steps up to epoch {epoch} step {step + 1} were skipped for non-finite "
+          "gradients: dynamic loss scaling is not recovering (try encoder.dtype=float32 or "
+          "bfloat16, or a lower learning rate)")
+    if not np.isfinite(loss_value) and not skipped:
       raise FloatingPointError(f"loss is {loss_value} at epoch {epoch} step {step + 1}")
-    self.write(kind="train", epoch=epoch, step=global_step, loss=loss_value, queries_per_s=qps,
-               input_wait=round(input_wait, 4))
-    self.start(step + 1)
+    record = dict(kind="train", epoch=epoch, step=global_step,
+                  loss=loss_value if np.isfinite(loss_value) else None, queries_per_s=qps,
+                  input_wait=round(input_wait, 4))
+    if skipped:
+      record["skipped_steps"] = skipped
+    self.write(**record)
+    self.start(step + 1, skipped_total)
 
   def write(self, **record) -> None:
     self.f.write(json.dumps(record) + "\n")
     self.f.flush()
+
+
+def final_evaluation(embed_fn, params, data: dataset.XCData, config, inv_prop, workdir: str,
+                     global_step: int, checkpointed: bool) -> dict[str, float]:
+  """The whole test set's metrics (final_eval.py): resumed from its progress record, and
+  stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
+  host = host_params(params)
+  stop = checkpoint.StopSignal()
+  try:
+    return final_eval.evaluate(
+        lambda rows: embed(embed_fn, host["encoder"], data.test_tokens[rows],
+                           config.eval.batch_size),
+        host["classifier"][:data.num_labels], data, config, inv_prop, workdir, global_step,
+        lambda: bool(stop.received))
+  except final_eval.EvalInterrupted as e:
+    raise _preempted(stop, f"({e})", checkpointed) from None
+  finally:
+    stop.restore()
 
 
 def _preempted(stop: checkpoint.StopSignal, where: str, saved: bool) -> checkpoint.Preempted:
@@ -394,11 +435,24 @@ def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSch
        "reorder": nc.scann_reorder, "rows_per_query": nc.scann_rows_per_query},
       nc.recall_sample, config.train.seed, nc.inject_fault,
       shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
-      num_shards=mesh.shape["model"])
+      num_shards=mesh.shape["model"],
+      threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains, evaluates and writes the workdir's files (module docstring); returns the
+  results.json record. float32 matmuls run at `encoder.matmul_precision` throughout (a
+  context, so that it ends with the run: jit keys its compilations on it); the training
+  steps under a hang watchdog (`train.hang_timeout_s`, watchdog.py)."""
   config_base.validate(config)
+  precision = config.encoder.matmul_precision
+  with (jax.default_matmul_precision(None if precision == "default" else precision),
+        HangWatchdog(config.train.hang_timeout_s, jax.process_index()) as hang_watchdog):
+    return _train_and_evaluate(config, workdir, hang_watchdog)
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                        hang_watchdog: HangWatchdog) -> dict:
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
@@ -411,6 +465,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
   num_devices = mesh.devices.size
+  device_check.check_mesh(num_devices)
   if num_devices > 1 and not sparse:
     raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
                      "and a strategy other than uptodate or full")
@@ -467,6 +522,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   base_key = jax.random.key(seed + 2)
   profiler = StepProfiler(graphdef, steps_per_epoch, config.train.epochs,
                           config.train.profile_steps)
+  first_step_s = None  # this process's first step: XLA's compilation and one step
   step_times, evals, negatives_per_epoch = [], [], []
   global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
 
@@ -482,6 +538,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
+  def skipped_total() -> int:
+    """Steps dynamic loss scaling skipped: the optimizer's step counts the applied ones."""
+    return global_step - int(opt_state["step"]) if sparse else 0
+
   if sparse:  # the donated V keeps its buffer, so once covers the run (CPU backend only)
     t = time.time()
     advised = host_memory.back_with_huge_pages(params["classifier"])
@@ -524,6 +584,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     policy.saved()
 
   stop = checkpoint.StopSignal()
+  hard_negatives.stop_requested = lambda: bool(stop.received)
   policy = checkpoint.SavePolicy(stop, config.checkpoint.every_steps,
                                  config.checkpoint.every_minutes, config.train.log_every_steps)
   try:
@@ -535,9 +596,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # asynchronous save that stops naming them must be on disk first.
         ckpt.wait()
       # Resuming inside an epoch: its negatives are already in place.
-      hard, split = hard_negatives.start_epoch(
-          epoch, vectors_fn, embed_rows,
-          resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      try:
+        hard, split = hard_negatives.start_epoch(
+            epoch, vectors_fn, embed_rows,
+            resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      except RefreshInterrupted:  # the checkpoint at (epoch, 0) lists the refresh as pending
+        raise _preempted(stop, f"at the start of epoch {epoch} (waiting for its hard-negative "
+                         "refresh)", ckpt is not None) from None
       if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
@@ -545,13 +610,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                                     else None})
       first_step = start_step if resumed else 0
       step_fn = mining_step if mining_step and split["num_hard"] else train_step
-      log.start(first_step)
+      log.start(first_step, skipped_total())
       pending = None  # (rows, device embeddings) of the previous step, fetched one step late
       # At most 2 steps in flight: dispatch stays ahead of the device without the host
       # queueing unboundedly many steps (and their batches) when the input is faster.
       inflight = collections.deque()
       for step, (host_batch, prep_s) in enumerate(
           batches.epoch(epoch, hard, first_step, **split), start=first_step):
+        hang_watchdog.kick(f"in epoch {epoch} step {step + 1}")
         key = jax.random.fold_in(base_key, global_step)
         profiling = profiler.wants(global_step)
         t0 = time.perf_counter()
@@ -561,6 +627,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           profiler.before_step(t0, prep_s, batch, params["encoder"], params["classifier"],
                                opt_state["scale"] if sparse else jnp.float32(1.0), key)
         params, opt_state, value, pooled = step_fn(params, opt_state, batch, key)
+        if first_step_s is None:
+          value.block_until_ready()
+          first_step_s = round(time.perf_counter() - t0, 3)
+          logging.info("first step: %.1f s (XLA compilation included)", first_step_s)
         inflight.append(value)
         if len(inflight) > 2:
           inflight.popleft().block_until_ready()
@@ -576,7 +646,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
             pending = (host_batch["rows"], pooled)
         global_step += 1
         if log.due(step):
-          log.report(epoch, step, global_step, float(value), split)
+          log.report(epoch, step, global_step, float(value), split, skipped_total())
           if sparse and float(opt_state["scale"]) < 1e-2:
             fold_classifier()
         if config.train.stop_after_steps and global_step >= config.train.stop_after_steps:
@@ -591,6 +661,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           save(epoch, step + 1, wait=stop_now)
         if stop_now and not last:
           raise _preempted(stop, f"at epoch {epoch} step {step + 1}", ckpt is not None)
+      hang_watchdog.disarm()  # what follows grows with the data, not a step
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
@@ -620,7 +691,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       ckpt.close()
 
   hard_negatives.finish()
-  final = evaluate_model(embed_fn, params, data, config, inv_prop)
+  hang_watchdog.disarm()
+  final = final_evaluation(embed_fn, params, data, config, inv_prop, workdir, global_step,
+                           ckpt is not None)
   save_trained_model(workdir, config, encoder.cfg, params, data, final)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
@@ -637,6 +710,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "num_train_with_label_texts": data.train_labels.num_rows,
       "num_test": data.test_labels.num_rows, "epochs": config.train.epochs,
       "steps": global_step, "train_time_s": round(train_seconds, 2),
+      "skipped_steps": skipped_total(), "first_step_s": first_step_s,
+      "matmul_precision": config.encoder.matmul_precision,
       "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
       "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": negatives_per_epoch},
@@ -648,4 +723,5 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if leader:
     with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
       json.dump(results, f, indent=1)
+  final_eval.clear(workdir)
   return results

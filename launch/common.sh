@@ -6,9 +6,11 @@
 #   GPU       v100-32gb | v100-16gb | a100-40gb | a100-80gb | h100-80gb | h200-141gb
 #             (default: from nvidia-smi's name and memory of the first GPU)
 #   DTYPE     float32 | bfloat16 | float16 encoder compute   (default: per GPU, see below)
-#   WORKDIR   results directory                            (default: workdir/<config>-<id>)
+#   WORKDIR   results directory       (default: workdir/<config>-<run name>, stable across
+#             resubmits: see each script)
 #   DRY_RUN   1: print the commands and the memory plan, run nothing
 #   PLAN_CHECK 0: launch even when the planner says the run does not fit (default 1: stop)
+#   KEEP_LD_LIBRARY_PATH 1: keep CUDA directories in LD_LIBRARY_PATH (default: removed)
 
 PYTHON=${PYTHON:-.venv/bin/python}
 # The planner assumes XLA may use 90% of a GPU; JAX's own default is 75%.
@@ -42,6 +44,35 @@ default_dtype() {
     v100-*) echo float16 ;;
     *) echo bfloat16 ;;
   esac
+}
+
+# jax[cuda12] brings its CUDA libraries as pip wheels (nvidia-*-cu12) and finds them itself.
+# `module load cuda` puts the system's CUDA, cuDNN or NCCL directories in LD_LIBRARY_PATH,
+# which the loader then prefers: another cuDNN/NCCL version than jax was built against
+# (errors at the first convolution or collective) or a CUDA plugin that fails to load, after
+# which jax runs on the CPU with a warning. Entries naming cuda, cudnn or nccl are removed
+# (KEEP_LD_LIBRARY_PATH=1 keeps them: a jax built against the site's CUDA).
+sanitize_library_path() {
+  [[ "${KEEP_LD_LIBRARY_PATH:-0}" == "1" || -z "${LD_LIBRARY_PATH:-}" ]] && return 0
+  local kept=() removed=() dirs=() dir
+  IFS=: read -r -a dirs <<< "$LD_LIBRARY_PATH"
+  for dir in "${dirs[@]}"; do
+    case "${dir,,}" in
+      *cuda*|*cudnn*|*nccl*) removed+=("$dir") ;;
+      "") ;;
+      *) kept+=("$dir") ;;
+    esac
+  done
+  if [[ ${#removed[@]} -gt 0 ]]; then
+    echo "LD_LIBRARY_PATH: removed ${removed[*]} (the pip CUDA wheels are used;" \
+         "KEEP_LD_LIBRARY_PATH=1 keeps them)"
+    if [[ ${#kept[@]} -eq 0 ]]; then
+      unset LD_LIBRARY_PATH  # empty, it would name the current directory
+    else
+      local IFS=:
+      export LD_LIBRARY_PATH="${kept[*]}"
+    fi
+  fi
 }
 
 # Prints a command with shell quoting, one argument per word.

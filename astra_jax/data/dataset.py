@@ -8,6 +8,7 @@ import os
 import numpy as np
 from absl import logging
 
+from astra_jax import tmpnames
 from astra_jax.data import tokenize, xc_format
 from astra_jax.data.xc_format import SparseRows, XCFormatError
 from astra_jax.errors import InputError
@@ -110,7 +111,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   cache_dir = cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache")
   try:
     os.makedirs(cache_dir, exist_ok=True)
-    probe = os.path.join(cache_dir, f".write-test-{os.getpid()}")
+    probe = os.path.join(cache_dir, f".write-test-{tmpnames.unique_suffix()}")
     open(probe, "w").close(), os.remove(probe)
   except OSError:
     raise InputError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None

@@ -22,6 +22,7 @@ import time
 import numpy as np
 from absl import logging
 
+from astra_jax import tmpnames
 from astra_jax.data import xc_format
 
 _CONSONANTS = "bdfgklmnprstvz"
@@ -237,7 +238,7 @@ def write_word_tokenizer(out_dir: str, words: list[str]) -> None:
       single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
   fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
                                  cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-  tmp = out_dir + f".tmp-{os.getpid()}"
+  tmp = out_dir + f".tmp-{tmpnames.unique_suffix()}"
   fast.save_pretrained(tmp)
   if os.path.exists(out_dir):
     import shutil

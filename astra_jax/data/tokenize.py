@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
+from astra_jax import tmpnames
 from astra_jax.data import xc_format
 from astra_jax.errors import InputError
 
@@ -98,7 +99,7 @@ def cached_tokens(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: i
                                 done / max(time.time() - t0, 1e-9))
 
   tokens = tokenize_texts(texts, tokenizer, max_len, progress)
-  tmp = f"{tok_path}.tmp-{os.getpid()}.npy"
+  tmp = f"{tok_path}.tmp-{tmpnames.unique_suffix()}.npy"
   np.save(tmp, tokens)
   os.replace(tmp, tok_path)
   meta = dict(want, rows=len(texts), pad_id=int(tokenizer.pad_token_id or 0),

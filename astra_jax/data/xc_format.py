@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from astra_jax import tmpnames
 from astra_jax.errors import InputError
 
 # ASCII digits only: str.isdigit also takes '²', which int() then rejects.
@@ -225,11 +226,11 @@ def write_sparse(path: str | os.PathLike, matrix: SparseRows, value_format: str 
 
 
 class atomic_text_writer:
-  """Context manager: write to `path.tmp-PID`, rename onto `path` only on success."""
+  """Context manager: write to `path.tmp-HOST-PID-RANDOM`, rename onto `path` only on success."""
 
   def __init__(self, path: str | os.PathLike, mode: str = "w"):
     self.path = os.fspath(path)
-    self.tmp = f"{self.path}.tmp-{os.getpid()}"
+    self.tmp = f"{self.path}.tmp-{tmpnames.unique_suffix()}"
     self.mode = mode
 
   def __enter__(self):

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from astra_jax import rowsets
+from astra_jax import rowsets, tmpnames
 from astra_jax.data.xc_format import SparseRows
 
 
@@ -126,11 +126,16 @@ def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
 
 class ScannIndex:
 
-  def __init__(self, rows: np.ndarray, k: int, params: ScannParams):
+  def __init__(self, rows: np.ndarray, k: int, params: ScannParams, threads: int = 0):
+    """threads > 0: the build's and search_batched_parallel's thread count (ScaNN's own
+    default is every core of the machine, not the task's share: cpu_budget.py)."""
     import scann  # imported lazily: heavy, and only needed on the host that mines
     self.params = params
     rows = np.ascontiguousarray(rows, np.float32)
-    self.searcher = (scann.scann_ops_pybind.builder(rows, k, "dot_product")
+    builder = scann.scann_ops_pybind.builder(rows, k, "dot_product")
+    if threads > 0:
+      builder.set_n_training_threads(threads)
+    self.searcher = (builder
                      .tree(num_leaves=params.num_leaves,
                            num_leaves_to_search=params.num_leaves_to_search,
                            training_sample_size=params.training_sample_size,
@@ -139,6 +144,8 @@ class ScannIndex:
                            overretrieve_factor=2.0 if params.soar_lambda else None)
                      .score_ah(2, anisotropic_quantization_threshold=0.2)
                      .reorder(params.reorder).build())
+    if threads > 0:
+      self.searcher.set_num_threads(threads)
 
   def search(self, queries: np.ndarray, k: int) -> np.ndarray:
     """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
@@ -164,14 +171,17 @@ class ScannIndex:
     return index
 
 
-def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None):
-  """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap)."""
+def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None,
+                threads: int = 0):
+  """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap).
+  threads > 0: ScaNN's thread count (the exact index's matmul follows the BLAS pool, which
+  the refresh worker's environment sets)."""
   if backend == "auto":
     backend = "exact" if len(rows) <= 50_000 else "scann"
   if backend == "exact":
     return ExactIndex(rows)
   if backend == "scann":
-    return ScannIndex(rows, k, scann_defaults(len(rows), k, **(scann_knobs or {})))
+    return ScannIndex(rows, k, scann_defaults(len(rows), k, **(scann_knobs or {})), threads)
   raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
 
 
@@ -223,7 +233,7 @@ def recall_at_k(index, exact: ExactIndex, queries: np.ndarray, k: int) -> float:
 
 def save_atomic(path: str, array: np.ndarray) -> None:
   """np.save to a temporary name, fsync, rename: a reader never sees a half-written file."""
-  tmp = f"{path}.tmp-{os.getpid()}.npy"
+  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npy"
   with open(tmp, "wb") as f:
     np.save(f, array)
     f.flush()

@@ -32,11 +32,15 @@ class HardNegatives:
                dim: int, backend: str = "auto", scann_knobs: dict | None = None,
                recall_sample: int = 1000, seed: int = 0, inject_fault: str = "",
                shards: list | None = None, shard_ids: list | None = None,
-               num_shards: int = 1):
+               num_shards: int = 1, threads: int = 0):
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
+    self.threads = threads  # each worker's thread budget (cpu_budget.refresh_threads)
+    # Polled while the trainer waits for a refresh: a stop request (SIGTERM) ends the wait
+    # with RefreshInterrupted, the refresh left pending for the resumed run.
+    self.stop_requested: Callable[[], bool] = lambda: False
     # One index per W shard (global row ranges [lo, hi)); the negatives are k per shard,
     # grouped. In a multi-process run a process mines for the shards it holds (`shard_ids`
     # of `num_shards`) and leaves the others' blocks -1: they never reach its devices.
@@ -69,7 +73,8 @@ class HardNegatives:
     fault, self.fault = self.fault, ""  # an injected fault hits the first refresh only
     return RefreshJob(epoch, paths["vectors"], paths["queries"], self.labels_path, paths["out"],
                       paths["stats"], self.schedule.mined_k(), self.backend, self.scann_knobs,
-                      self.recall_sample, self.seed + epoch, fault, self.shards)
+                      self.recall_sample, self.seed + epoch, fault, self.shards,
+                      threads=self.threads)
 
   # ------------------------------------------------------------------------ epochs
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
@@ -80,10 +85,15 @@ class HardNegatives:
     and random_columns >= num_random columns, the extra ones masked by the sampler).
 
     resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
-    embeddings were collected before the interruption."""
+    embeddings were collected before the interruption.
+
+    Raises RefreshInterrupted when a stop is requested while it waits for the refresh
+    (nothing changed: the refresh stays pending, its worker running until `close`)."""
     if epoch in self.schedule.refresh_epochs and resumed_rows is None:
       t0 = time.time()
       new, error = None, None
+      if epoch in self.pending:
+        self.pending[epoch].join(self.stop_requested)
       try:
         if epoch in self.pending:
           stats = self.pending.pop(epoch).wait()

@@ -6,6 +6,12 @@ training queries' embeddings from .npy files, builds an index, mines k negatives
 `stats_path`, then exits (dropping the index). The worker is a separate process
 (`python -m astra_jax.negatives.refresh JOB.json`): ScaNN runs on the host's cores beside
 training, and an exception, a kill or an out-of-memory in it cannot take training down.
+
+The worker's thread pools (ScaNN's, and numpy's BLAS / OpenMP through the environment it
+starts with) are held to `job.threads`, the task's CPU share (cpu_budget.py). It ignores
+SIGTERM and SIGINT: a preemption signals every process of the job, and the trainer, which
+checkpoints the refresh as pending, stops the worker itself; the refresh then runs again
+after the requeue instead of being recorded as failed.
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ import time
 
 import numpy as np
 
+from astra_jax import cpu_budget, tmpnames
 from astra_jax.data.xc_format import SparseRows, atomic_text_writer
 from astra_jax.negatives import index as index_lib
 
@@ -41,6 +48,7 @@ class RefreshJob:
   # the other); the vectors file holds their rows concatenated in this order. The output
   # holds k per shard, block s from shard s. None: one index over all rows.
   shards: list | None = None
+  threads: int = 0        # > 0: ScaNN's threads (the worker's BLAS pool is set at its start)
 
   def save(self, path: str) -> None:
     with atomic_text_writer(path) as f:
@@ -48,7 +56,7 @@ class RefreshJob:
 
 
 def save_labels(path: str, labels: SparseRows) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}.npz"
+  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npz"
   np.savez(tmp, indptr=labels.indptr, indices=labels.indices, num_cols=labels.num_cols)
   os.replace(tmp, path)
 
@@ -74,7 +82,7 @@ def run_job(job: RefreshJob) -> dict:
     raise ValueError(f"{job.vectors_path}: {len(vectors)} rows, the shards need {starts[-1]}")
   # Written block by block into a memmap (N x S k can exceed RAM at 1e8 queries), then
   # flushed and renamed: a reader never sees a partial file.
-  tmp = f"{job.out_path}.tmp-{os.getpid()}.npy"
+  tmp = f"{job.out_path}.tmp-{tmpnames.unique_suffix()}.npy"
   negatives = np.lib.format.open_memmap(tmp, "w+", np.int32,
                                         (len(queries), len(shards) * job.k))
   try:
@@ -107,7 +115,7 @@ def _mine_shards(job, vectors, queries, labels, shards, starts, negatives
   for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
     rows = np.asarray(vectors[start:start + hi - lo])
     t0 = time.time()
-    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs)
+    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs, job.threads)
     t1 = time.time()
     index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo,
                    out=negatives[:, s * job.k:(s + 1) * job.k])
@@ -123,6 +131,17 @@ def _mine_shards(job, vectors, queries, labels, shards, starts, negatives
 
 class RefreshFailed(RuntimeError):
   pass
+
+
+class RefreshInterrupted(Exception):
+  """The trainer was asked to stop (SIGTERM) while it waited for a refresh; the refresh is
+  still pending in the last checkpoint and runs again on resume."""
+
+
+# The worker's signal dispositions: it must not die of the job's SIGTERM (see the module
+# docstring). Blocked from before its fork until it installs SIG_IGN, so that a signal that
+# comes while it starts up is discarded, not fatal.
+_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class RefreshWorker:
@@ -142,13 +161,33 @@ class RefreshWorker:
         os.remove(p)
     self.job, self.started = job, time.time()
     self.log_path = job_path + ".log"
-    with open(self.log_path, "w") as log:
-      self.proc = subprocess.Popen([sys.executable, "-m", "astra_jax.negatives.refresh", job_path],
-                                   stdout=log, stderr=subprocess.STDOUT)
+    # The child inherits the blocked mask through fork and exec; this thread's mask is
+    # restored right after, and a SIGTERM for the trainer meanwhile stays pending for it.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED_SIGNALS)
+    try:
+      with open(self.log_path, "w") as log:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "astra_jax.negatives.refresh", job_path], stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            env=cpu_budget.thread_environment(job.threads) if job.threads else None)
+    finally:
+      signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
   @property
   def busy(self) -> bool:
     return self.proc is not None
+
+  def join(self, stop_requested) -> None:
+    """Blocks until the job's process ends, or raises RefreshInterrupted as soon as
+    `stop_requested()` is true (the worker keeps running: `stop` ends it)."""
+    while self.proc is not None:
+      try:
+        self.proc.wait(timeout=0.5)
+        return
+      except subprocess.TimeoutExpired:
+        if stop_requested():
+          raise RefreshInterrupted(f"stopped while waiting for the refresh for epoch "
+                                   f"{self.job.epoch}") from None
 
   def wait(self) -> dict:
     """Blocks until the job ends; returns its stats or raises RefreshFailed."""
@@ -179,6 +218,9 @@ class RefreshWorker:
 
 
 def _main(argv: list[str]) -> int:
+  for sig in _IGNORED_SIGNALS:
+    signal.signal(sig, signal.SIG_IGN)
+  signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED_SIGNALS)
   if len(argv) != 2:
     print("usage: python -m astra_jax.negatives.refresh JOB.json", file=sys.stderr)
     return 2
