@@ -11,7 +11,7 @@ host_memory.keep_freed_memory()  # before jax starts its threads (see host_memor
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from astra_jax import checkpoint, cli, distributed, evaluate, train  # noqa: E402
+from astra_jax import checkpoint, cli, distributed, evaluate, faults, train  # noqa: E402
 from astra_jax.errors import InputError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
@@ -44,6 +44,13 @@ def main(argv):
       with open(marker, "w") as f:
         f.write(f"{e}\n")
     sys.exit(PREEMPTED_EXIT_CODE)
+  except Exception as e:  # a full disk (or one turned read-only) anywhere: one line
+    found = faults.disk_error_code(e)
+    if found is None:
+      raise
+    full = e if isinstance(e, faults.DiskFull) else faults.DiskFull(
+        found[1] or flags.FLAGS.workdir, None, found[0])
+    sys.exit(f"error: {full}")
   if not distributed.is_leader():
     return
   print()

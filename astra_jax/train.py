@@ -22,10 +22,11 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, distributed, host_memory, loss, loss_scale,
-                       metrics, optim, predict, sharding, sparse_sgd)
+from astra_jax import (checkpoint, config_base, distributed, faults, host_memory, loss,
+                       loss_scale, metrics, optim, predict, sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
+from astra_jax.degraded import Degraded, note_refresh
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
 from astra_jax.model import pretrained
@@ -468,17 +469,24 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           config.train.profile_steps)
   step_times, evals, negatives_per_epoch = [], [], []
   global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
+  degraded = Degraded()
 
-  # Resume: the same command with the same workdir continues from the last checkpoint.
+  # Resume: the same command with the same workdir continues from the last checkpoint that
+  # restores (damaged ones are set aside).
   ckpt = checkpoint.Checkpoints(workdir, config.checkpoint.keep) if config.checkpoint.enabled else None
-  if ckpt is not None and ckpt.latest_step() is not None:
-    params, opt_state, progress = ckpt.restore(params, opt_state)
+  restored = None
+  if ckpt is not None:
+    restored = ckpt.restore(params, opt_state, accept=lambda progress: (
+        hard_negatives.load_state(progress["hard_negatives"])))
+  if restored is not None:
+    params, opt_state, progress = restored
+    degraded = Degraded.from_json(progress.get("degraded"))
+    degraded.checkpoints_set_aside += len(ckpt.set_aside)
     start_epoch, start_step = progress["epoch"], progress["step"]
     global_step, train_seconds = progress["global_step"], progress["train_seconds"]
     evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
     step_times = progress["step_times"]
     profiler.phases = progress.get("phases", profiler.phases)  # (older checkpoints lack it)
-    hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
   if sparse:  # the donated V keeps its buffer, so once covers the run (CPU backend only)
@@ -515,7 +523,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
         "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
         "phases": profiler.phases,
-        "hard_negatives": hard_negatives.state_dict()}
+        "hard_negatives": hard_negatives.state_dict(), "degraded": degraded.to_json()}
     # A copy: the save is asynchronous and the loop goes on appending to these lists.
     ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
     if wait:
@@ -533,10 +541,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         # A refresh deletes the negatives and inputs the previous checkpoint names: the
         # asynchronous save that stops naming them must be on disk first.
         ckpt.wait()
+      if hard_negatives.schedule.refresh_collected_in(epoch) is not None:
+        # The epoch's query embeddings go to a memory map (and W's snapshot follows).
+        faults.require_space(hard_negatives.dir, 4 * d * (data.train_labels.num_rows + rows))
       # Resuming inside an epoch: its negatives are already in place.
+      refreshes, pipelined = len(hard_negatives.refreshes), epoch in hard_negatives.pending
       hard, split = hard_negatives.start_epoch(
           epoch, vectors_fn, embed_rows,
           resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
+      if not resumed:
+        note_fallbacks(degraded, hard_negatives, refreshes, epoch, pipelined, split)
       if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
@@ -593,13 +607,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
-      hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
+      with faults.writing(hard_negatives.dir, 4 * d * (data.train_labels.num_rows + rows)):
+        hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)  # the refresh's inputs
       epoch_s = time.time() - t_epoch
       train_seconds += epoch_s
       if not resumed:  # a resumed part of an epoch would add a compilation to fewer steps
         step_times.append(epoch_s / steps_per_epoch)
       every = config.train.eval_every_epochs
       if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
+        if 0 < config.eval.max_test_rows < data.test_labels.num_rows:
+          degraded.note("evals_on_subset", "eval after epoch %d on the first %d of %d test "
+                        "rows (eval.max_test_rows)", epoch + 1, config.eval.max_test_rows,
+                        data.test_labels.num_rows)
         m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
         evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
         log.write(kind="eval", **evals[-1])
@@ -620,15 +639,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   hard_negatives.finish()
   final = evaluate_model(embed_fn, params, data, config, inv_prop)
-  save_trained_model(workdir, config, encoder.cfg, params, data, final)
+  with faults.writing(os.path.join(workdir, "model"),
+                      sum(x.nbytes for x in jax.tree.leaves(params))):
+    save_trained_model(workdir, config, encoder.cfg, params, data, final)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
   baseline = popularity_baseline(data, config, inv_prop)
 
   breakup = profiler.breakup(step_times, config.train.batch_size)
   if leader:
-    with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
-      json.dump(breakup, f, indent=1)
+    write_json(os.path.join(workdir, "time_breakup.json"), breakup)
 
   results = {
       "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
@@ -642,9 +662,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
-      "config": json.loads(config.to_json()),
+      "degraded": degraded.to_json(), "config": json.loads(config.to_json()),
   }
   if leader:
-    with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
-      json.dump(results, f, indent=1)
+    write_json(os.path.join(workdir, "results.json"), results)
   return results
+
+
+def write_json(path: str, record: dict) -> None:
+  """Atomically; a disk error raises faults.DiskFull naming `path`."""
+  text = json.dumps(record, indent=1)
+  with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
+    f.write(text)
+
+
+def note_fallbacks(degraded: Degraded, hard_negatives: HardNegatives, refreshes_before: int,
+                   epoch: int, pipelined: bool, split: dict) -> None:
+  """After an epoch's start_epoch: counts a failed or late refresh, and hard negatives the
+  schedule wanted but the epoch trains without (random ones in their place). A refresh
+  whose output could not be written for lack of space stops the run (faults.DiskFull)."""
+  for stats in hard_negatives.refreshes[refreshes_before:]:
+    code = faults.disk_error_in_text(stats.get("error", ""))
+    if not stats.get("ok") and code is not None:
+      k = len(hard_negatives.shards) * hard_negatives.schedule.mined_k()
+      raise faults.DiskFull(hard_negatives.dir, 4 * hard_negatives.num_rows * k, code)
+  note_refresh(degraded, hard_negatives.refreshes, refreshes_before, epoch, pipelined)
+  wanted, _ = hard_negatives.schedule.split(epoch, True)
+  if wanted and not split["num_hard"]:
+    degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
+                  "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)
