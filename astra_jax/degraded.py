@@ -11,6 +11,8 @@ import dataclasses
 
 from absl import logging
 
+from astra_jax import faults
+
 # A pipelined refresh is launched an epoch ahead; the loop waiting longer than this for it at
 # the epoch's start means it was late (its wait otherwise is the load of the file, ms).
 LATE_REFRESH_S = 1.0
@@ -40,15 +42,27 @@ class Degraded:
     return cls(**{k: int(v) for k, v in (record or {}).items() if k in known})
 
 
-def note_refresh(degraded: Degraded, refreshes: list[dict], before: int, epoch: int,
-                 pipelined: bool) -> None:
-  """Counts a failed or late refresh among refreshes[before:] (what start_epoch added).
+def note_epoch_start(degraded: Degraded, hard_negatives, refreshes_before: int, epoch: int,
+                     pipelined: bool, split: dict) -> None:
+  """After HardNegatives.start_epoch: counts a failed or late refresh among the refreshes it
+  added (from index `refreshes_before`), and hard negatives the schedule wanted but the
+  epoch trains without (random ones in their place).
 
-  The refresh manager already warns of a failure in its own line; a late one is warned here.
-  pipelined: the refresh ran beside the previous epoch (a synchronous one always waits)."""
-  for stats in refreshes[before:]:
+  The refresh manager already warns of a failure in its own line. A refresh whose output
+  could not be written for lack of space stops the run instead (faults.DiskFull): resuming
+  reruns it from its inputs. pipelined: the refresh ran beside the previous epoch (a
+  synchronous one always waits)."""
+  for stats in hard_negatives.refreshes[refreshes_before:]:
+    code = faults.disk_error_in_text(stats.get("error", ""))
+    if not stats.get("ok") and code is not None:
+      k = len(hard_negatives.shards) * hard_negatives.schedule.mined_k()
+      raise faults.DiskFull(hard_negatives.dir, 4 * hard_negatives.num_rows * k, code)
     if not stats.get("ok"):
       degraded.refreshes_failed += 1
     elif pipelined and stats.get("wait_s", 0.0) > LATE_REFRESH_S:
       degraded.note("refreshes_late", "negatives: the refresh for epoch %d was late: "
                     "training waited %.1fs for it", epoch, stats["wait_s"])
+  wanted, _ = hard_negatives.schedule.split(epoch, True)
+  if wanted and not split["num_hard"]:
+    degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
+                  "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)

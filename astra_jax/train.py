@@ -26,7 +26,7 @@ from astra_jax import (checkpoint, config_base, distributed, faults, host_memory
                        loss_scale, metrics, optim, predict, sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
-from astra_jax.degraded import Degraded, note_refresh
+from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
 from astra_jax.model import pretrained
@@ -550,7 +550,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           epoch, vectors_fn, embed_rows,
           resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
       if not resumed:
-        note_fallbacks(degraded, hard_negatives, refreshes, epoch, pipelined, split)
+        note_epoch_start(degraded, hard_negatives, refreshes, epoch, pipelined, split)
       if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
@@ -675,19 +675,3 @@ def write_json(path: str, record: dict) -> None:
   with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
     f.write(text)
 
-
-def note_fallbacks(degraded: Degraded, hard_negatives: HardNegatives, refreshes_before: int,
-                   epoch: int, pipelined: bool, split: dict) -> None:
-  """After an epoch's start_epoch: counts a failed or late refresh, and hard negatives the
-  schedule wanted but the epoch trains without (random ones in their place). A refresh
-  whose output could not be written for lack of space stops the run (faults.DiskFull)."""
-  for stats in hard_negatives.refreshes[refreshes_before:]:
-    code = faults.disk_error_in_text(stats.get("error", ""))
-    if not stats.get("ok") and code is not None:
-      k = len(hard_negatives.shards) * hard_negatives.schedule.mined_k()
-      raise faults.DiskFull(hard_negatives.dir, 4 * hard_negatives.num_rows * k, code)
-  note_refresh(degraded, hard_negatives.refreshes, refreshes_before, epoch, pipelined)
-  wanted, _ = hard_negatives.schedule.split(epoch, True)
-  if wanted and not split["num_hard"]:
-    degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
-                  "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)
