@@ -228,6 +228,9 @@ def _quiet():
 
 
 class Checkpoints:
+  """The workdir's orbax checkpoints: asynchronous saves, each sealed with its MANIFEST once
+  on disk; restore of the newest whole one (see the module docstring). Steps found damaged
+  when it opens are set aside at once, before orbax reads their metadata."""
 
   def __init__(self, workdir: str, keep: int = 3):
     self.workdir = os.path.abspath(workdir)
@@ -235,8 +238,8 @@ class Checkpoints:
     self.set_aside: list[tuple[int, str]] = []  # (step, what was wrong) moved to damaged/
     self._unsealed: int | None = None  # the step of the save in flight
     self._save_bytes = 0
-    # Before orbax reads the steps' metadata (the P@5 kept): its log of a damaged file would
-    # be a second line.
+    # Before orbax reads the steps' metadata (for the best P@5): its log of a damaged file
+    # would be a second line.
     self._set_aside_damaged_files()
     policies = ocp.checkpoint_managers
     self.manager = ocp.CheckpointManager(
