@@ -551,7 +551,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           resumed_rows=batches.rows_before(epoch, start_step) if resumed else None)
       if not resumed:
         note_epoch_start(degraded, hard_negatives, refreshes, epoch, pipelined, split)
-      if not resumed:
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
                                     "source": hard_negatives.current_epoch if hard is not None
