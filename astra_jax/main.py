@@ -13,7 +13,8 @@ from ml_collections import config_flags  # noqa: E402
 
 import jax  # noqa: E402
 
-from astra_jax import checkpoint, cli, device_check, distributed, evaluate, train  # noqa: E402
+from astra_jax import (checkpoint, cli, device_check, distributed, evaluate, faults,  # noqa: E402
+                       train)
 from astra_jax.errors import InputError  # noqa: E402
 
 config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
@@ -47,6 +48,13 @@ def main(argv):
       with open(marker, "w") as f:
         f.write(f"{e}\n")
     sys.exit(PREEMPTED_EXIT_CODE)
+  except Exception as e:  # a full disk (or one turned read-only) anywhere: one line
+    found = faults.disk_error_code(e)
+    if found is None:
+      raise
+    full = e if isinstance(e, faults.DiskFull) else faults.DiskFull(
+        found[1] or flags.FLAGS.workdir, None, found[0])
+    sys.exit(f"error: {full}")
   if not distributed.is_leader():
     return
   print()

@@ -23,10 +23,11 @@ from absl import logging
 from flax import nnx
 
 from astra_jax import (checkpoint, config_base, cpu_budget, device_check, distributed,
-                       final_eval, host_memory, loss, loss_scale, metrics, optim, predict,
-                       sharding, sparse_sgd)
+                       faults, final_eval, host_memory, loss, loss_scale, metrics, optim,
+                       predict, sharding, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
+from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
 from astra_jax.model import pretrained
@@ -525,17 +526,24 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   first_step_s = None  # this process's first step: XLA's compilation and one step
   step_times, evals, negatives_per_epoch = [], [], []
   global_step, train_seconds, start_epoch, start_step = 0, 0.0, 0, 0
+  degraded = Degraded()
 
-  # Resume: the same command with the same workdir continues from the last checkpoint.
+  # Resume: the same command with the same workdir continues from the last checkpoint that
+  # restores (damaged ones are set aside).
   ckpt = checkpoint.Checkpoints(workdir, config.checkpoint.keep) if config.checkpoint.enabled else None
-  if ckpt is not None and ckpt.latest_step() is not None:
-    params, opt_state, progress = ckpt.restore(params, opt_state)
+  restored = None
+  if ckpt is not None:
+    restored = ckpt.restore(params, opt_state, accept=lambda progress: (
+        hard_negatives.load_state(progress["hard_negatives"])))
+  if restored is not None:
+    params, opt_state, progress = restored
+    degraded = Degraded.from_json(progress.get("degraded"))
+    degraded.checkpoints_set_aside += len(ckpt.set_aside)
     start_epoch, start_step = progress["epoch"], progress["step"]
     global_step, train_seconds = progress["global_step"], progress["train_seconds"]
     evals, negatives_per_epoch = progress["evals"], progress["negatives_per_epoch"]
     step_times = progress["step_times"]
     profiler.phases = progress.get("phases", profiler.phases)  # (older checkpoints lack it)
-    hard_negatives.load_state(progress["hard_negatives"])
     logging.info("resuming at epoch %d step %d (global step %d)", start_epoch, start_step,
                  global_step)
   def skipped_total() -> int:
@@ -576,7 +584,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         "train_seconds": train_seconds + (time.time() - t_epoch if step else 0.0),
         "evals": evals, "negatives_per_epoch": negatives_per_epoch, "step_times": step_times,
         "phases": profiler.phases,
-        "hard_negatives": hard_negatives.state_dict()}
+        "hard_negatives": hard_negatives.state_dict(), "degraded": degraded.to_json()}
     # A copy: the save is asynchronous and the loop goes on appending to these lists.
     ckpt.save(global_step, params, opt_state, json.loads(json.dumps(progress)), metrics)
     if wait:
@@ -595,7 +603,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         # A refresh deletes the negatives and inputs the previous checkpoint names: the
         # asynchronous save that stops naming them must be on disk first.
         ckpt.wait()
+      if hard_negatives.schedule.refresh_collected_in(epoch) is not None:
+        # The epoch's query embeddings go to a memory map (and W's snapshot follows).
+        faults.require_space(hard_negatives.dir, 4 * d * (data.train_labels.num_rows + rows))
       # Resuming inside an epoch: its negatives are already in place.
+      refreshes, pipelined = len(hard_negatives.refreshes), epoch in hard_negatives.pending
       try:
         hard, split = hard_negatives.start_epoch(
             epoch, vectors_fn, embed_rows,
@@ -604,6 +616,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         raise _preempted(stop, f"at the start of epoch {epoch} (waiting for its hard-negative "
                          "refresh)", ckpt is not None) from None
       if not resumed:
+        note_epoch_start(degraded, hard_negatives, refreshes, epoch, pipelined, split)
         negatives_per_epoch.append({"epoch": epoch, "hard": split["num_hard"],
                                     "random": split["num_random"],
                                     "source": hard_negatives.current_epoch if hard is not None
@@ -665,13 +678,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       if pending is not None:
         hard_negatives.collect(pending[0], np.asarray(pending[1]))
       fold_classifier()  # from here on params["classifier"] is W itself
-      hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)
+      with faults.writing(hard_negatives.dir, 4 * d * (data.train_labels.num_rows + rows)):
+        hard_negatives.end_epoch(epoch, vectors_fn, embed_rows)  # the refresh's inputs
       epoch_s = time.time() - t_epoch
       train_seconds += epoch_s
       if not resumed:  # a resumed part of an epoch would add a compilation to fewer steps
         step_times.append(epoch_s / steps_per_epoch)
       every = config.train.eval_every_epochs
       if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
+        if 0 < config.eval.max_test_rows < data.test_labels.num_rows:
+          degraded.note("evals_on_subset", "eval after epoch %d on the first %d of %d test "
+                        "rows (eval.max_test_rows)", epoch + 1, config.eval.max_test_rows,
+                        data.test_labels.num_rows)
         m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
         evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
         log.write(kind="eval", **evals[-1])
@@ -694,15 +712,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   hang_watchdog.disarm()
   final = final_evaluation(embed_fn, params, data, config, inv_prop, workdir, global_step,
                            ckpt is not None)
-  save_trained_model(workdir, config, encoder.cfg, params, data, final)
+  with faults.writing(os.path.join(workdir, "model"),
+                      sum(x.nbytes for x in jax.tree.leaves(params))):
+    save_trained_model(workdir, config, encoder.cfg, params, data, final)
   evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
   log.write(kind="eval", **evals[-1])
   baseline = popularity_baseline(data, config, inv_prop)
 
   breakup = profiler.breakup(step_times, config.train.batch_size)
   if leader:
-    with xc_format.atomic_text_writer(os.path.join(workdir, "time_breakup.json")) as f:
-      json.dump(breakup, f, indent=1)
+    write_json(os.path.join(workdir, "time_breakup.json"), breakup)
 
   results = {
       "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
@@ -718,10 +737,17 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
-      "config": json.loads(config.to_json()),
+      "degraded": degraded.to_json(), "config": json.loads(config.to_json()),
   }
   if leader:
-    with xc_format.atomic_text_writer(os.path.join(workdir, "results.json")) as f:
-      json.dump(results, f, indent=1)
+    write_json(os.path.join(workdir, "results.json"), results)
   final_eval.clear(workdir)
   return results
+
+
+def write_json(path: str, record: dict) -> None:
+  """Atomically; a disk error raises faults.DiskFull naming `path`."""
+  text = json.dumps(record, indent=1)
+  with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
+    f.write(text)
+
