@@ -36,8 +36,8 @@ from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
 
-_DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
-                "rand_mask", "rand_weight", "all_pos_ids")
+_DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "pos_weight", "hard_ids", "hard_mask",
+                "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
 
 
 # ------------------------------------------------------------------------------- data
