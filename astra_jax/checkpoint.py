@@ -44,7 +44,7 @@ FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
 _SYNTHETIC_ON = "data.synthetic.enabled"
 # Keys added after runs were recorded, each with the value that computes what those runs
 # computed: a saved config without the key reads as that value (not as a changed run).
-ADDED_KEYS = {"data.synthetic.hidden_own_words": 0}
+ADDED_KEYS = {"data.synthetic.hidden_own_words": 0, "optim.encoder_adam_eps": 1e-8}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -435,7 +435,8 @@ TABLES: dict[str, Table] = {
     "tau_r_ablation": Table(
         "tab:tau_r_ablation", "τ_r ablation (the paper's values as they are; at --epochs=15, "
         "the default, with τ_s = 5, refreshes fall at 5 and 10 for τ_r = 5, at 5 and 10 for "
-        "τ_r = 10 (Algorithm 1's t mod τ_r = 0, and τ_s) and at 5 only for τ_r = 20). " + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
+        "τ_r = 10 (Algorithm 1's t mod τ_r = 0, and τ_s) and at 5 only for τ_r = 20). "
+        + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
         lambda s, e, n: tau_runs("tau_r", s, e), lambda r: tab_tau(r, "tau_r")),
     "ratio_ablation": Table("tab:ratio_ablation", "k_h:k_r ablation. " + _STAND_IN_NOTE.format(
         ds="LF-AmazonTitles-131K", cfg=STAND_IN), lambda s, e, n: ratio_runs(s, e), tab_ratio),

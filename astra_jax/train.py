@@ -28,7 +28,7 @@ from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
-from astra_jax.model import pretrained
+from astra_jax.model import encoder_source, pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives.manager import HardNegatives
@@ -88,12 +88,13 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
     raise InputError(f"config.data.max_len={config.data.max_len} exceeds the encoder's "
                      f"max_position_embeddings={cfg.max_position}")
   model = Encoder(cfg, nnx.Rngs(params=seed))
-  weights = os.path.join(hf_dir, "model.safetensors") if hf_dir else ""
-  if weights and ec.load_weights and os.path.exists(weights):
+  encoder_source.check(ec)  # weights missing: an error unless load_weights=False
+  if hf_dir and ec.load_weights:
+    weights = os.path.join(hf_dir, encoder_source.WEIGHTS_FILE)
     load_hf_weights(model, weights)
     logging.info("loaded encoder weights from %s", weights)
   elif hf_dir:
-    logging.warning("no weights at %s: encoder randomly initialised", weights)
+    logging.info("encoder.load_weights=False: %s randomly initialised", hf_dir)
   return model
 
 
@@ -642,6 +643,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
+      "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
       "config": json.loads(config.to_json()),
   }
   if leader:
