@@ -61,6 +61,7 @@ ADDED_KEYS = {
     "data.synthetic.hidden_own_words": 0,
     "negatives.scann_rows_per_query": 0,
     "encoder.matmul_precision": "default",
+    "optim.encoder_adam_eps": 1e-8,
 }
 
 

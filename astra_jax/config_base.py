@@ -7,13 +7,12 @@ error from ml_collections that names it.
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import ml_collections
 
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
-from astra_jax.model import pretrained
+from astra_jax.model import encoder_source
 from astra_jax.negatives.schedule import STRATEGIES
 
 # encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
@@ -110,6 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.classifier_lr = 0.05
   c.optim.warmup_steps = 3000
   c.optim.encoder_weight_decay = 0.0
+  c.optim.encoder_adam_eps = 1e-8   # the paper configs take Renee's 1e-6 (paper_configs.py)
   c.optim.classifier_weight_decay = 1e-4
   c.optim.classifier_momentum = 0.0  # dense update only (a momentum buffer is O(L)/step)
   c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
@@ -237,10 +237,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
-  if c.encoder.hf_dir:
-    hf_dir = pretrained.resolve(c.encoder.hf_dir)
-    need(os.path.exists(os.path.join(hf_dir, "config.json")), "encoder.hf_dir",
-         f"{hf_dir}/config.json does not exist")
+  encoder_source.check(c.encoder)
 
 
 def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigDict:

@@ -2,10 +2,12 @@
 
 For one query with positives P, hard negatives H and k_r uniform draws r_1..r_k from [L]:
 
-  loss = sum_{l in P} softplus(-f_l)                      (positives)
+  loss = (|P| / |K|) sum_{l in K} softplus(-f_l)          (positives)
        + sum_{l in H \\ P} softplus(f_l)                  (hard negatives)
        + (L / k_r) * sum_j [r_j not in P u H] softplus(f_{r_j})   (random negatives)
 
+K = P when |P| <= k_p, else a uniform random k_p-subset of P (sampler.py): each positive
+is in K with probability |K| / |P|, so E[positive term] = sum_{l in P} softplus(-f_l).
 softplus(f) = f + log(1 + exp(-f)) is the paper's negative term. The draws are uniform over
 all of [L] with replacement and the indicator masks out positives and hard negatives, so
 E[random term] = sum_{l not in P u H} softplus(f_l) exactly: the estimator is unbiased for
@@ -37,10 +39,13 @@ def negative_terms(scores: jax.Array, mask: jax.Array) -> jax.Array:
 def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
                           hard_scores: jax.Array, hard_mask: jax.Array,
                           rand_scores: jax.Array, rand_mask: jax.Array,
-                          rand_weight: jax.Array | float) -> jax.Array:
+                          rand_weight: jax.Array | float,
+                          pos_weight: jax.Array | float = 1.0) -> jax.Array:
   """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean;
-  rand_weight: a scalar or one weight per draw (k_r,) (per-shard draws, see sampler.py)."""
-  return (positive_terms(pos_scores, pos_mask).sum(-1) +
+  rand_weight: a scalar or one weight per draw (k_r,) (per-shard draws, see sampler.py);
+  pos_weight: a scalar or one weight per query (B,), |P| / k_p where the sampler kept k_p
+  of |P| > k_p positives."""
+  return (positive_terms(pos_scores, pos_mask).sum(-1) * pos_weight +
           negative_terms(hard_scores, hard_mask).sum(-1) +
           (negative_terms(rand_scores, rand_mask) * rand_weight).sum(-1))
 
@@ -66,7 +71,8 @@ def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> j
   """Mean over the batch of the estimator, from `classifier_scores`."""
   pos, hard, rand = scores
   return sampled_bce_per_query(pos, batch["pos_mask"], hard, batch["hard_mask"], rand,
-                               batch["rand_mask"], batch["rand_weight"]).mean()
+                               batch["rand_mask"], batch["rand_weight"],
+                               batch.get("pos_weight", 1.0)).mean()
 
 
 def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:

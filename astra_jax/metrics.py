@@ -2,9 +2,13 @@
 
 P@k, nDCG@k (normaliser: DCG of min(k, |y|) ones), PSP@k and PSnDCG@k with inverse
 propensity w_l = 1 + C (n_l + B)^-A, C = (ln N - 1)(B + 1)^A. PS metrics are normalised by
-the best possible ranking as a ratio of test-set means (not a mean of ratios). Test rows
-without labels stay in every denominator; a missing prediction (-1) is a miss. Values are
-fractions; `as_percent` reports x100 as papers do.
+the best possible ranking as a ratio of test-set means (not a mean of ratios). PSnDCG@k, as
+pyxclib's `psndcg` computes it, first divides each row's propensity-weighted DCG@k and its
+best possible one by that row's own nDCG normaliser min(DCG of |y_i| ones, DCG of k ones),
+so a row with many labels does not outweigh one with few; without it the two agree only
+when every row has the same |y|. Test rows without labels stay in every denominator (their
+PS terms are 0 over 0: they change no PS ratio); a missing prediction (-1) is a miss.
+Values are fractions; `as_percent` reports x100 as papers do.
 """
 from __future__ import annotations
 
@@ -59,14 +63,17 @@ def row_sums(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = 
       best[i, :len(w)] = w
   for k in ks:
     out[f"P@{k}"] = float(hits[:, :k].sum(1).sum())
-    ideal = np.cumsum(discount)[np.minimum(num_true, k) - 1] * (num_true > 0)
+    # DCG of min(|y_i|, k) ones; a row without labels gets k's (pyxclib's choice: its DCGs
+    # are 0 either way, so any positive normaliser leaves every metric unchanged).
+    ideal = np.cumsum(discount)[np.where(num_true > 0, np.minimum(num_true, k), k) - 1]
     dcg = (hits[:, :k] * discount[:k]).sum(1)
-    out[f"nDCG@{k}"] = float(np.where(ideal > 0, dcg / np.where(ideal > 0, ideal, 1), 0).sum())
+    out[f"nDCG@{k}"] = float((dcg / ideal).sum())
     if inv_prop is not None:
       out[f"PSP@{k}"] = float(w_pred[:, :k].sum(1).sum())
       out[f"PSP@{k}/best"] = float(best[:, :k].sum(1).sum())
-      out[f"PSnDCG@{k}"] = float((w_pred[:, :k] * discount[:k]).sum(1).sum())
-      out[f"PSnDCG@{k}/best"] = float((best[:, :k] * discount[:k]).sum(1).sum())
+      # Each row's DCGs over its own nDCG normaliser, as pyxclib's psndcg.
+      out[f"PSnDCG@{k}"] = float(((w_pred[:, :k] * discount[:k]).sum(1) / ideal).sum())
+      out[f"PSnDCG@{k}/best"] = float(((best[:, :k] * discount[:k]).sum(1) / ideal).sum())
   return out
 
 

@@ -22,7 +22,8 @@ def schedule(peak: float, warmup_steps: int, total_steps: int, end_fraction: flo
 def encoder_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
   enc_lr = schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)
   # Decay on matrices only, as in BERT fine-tuning: not on biases or LayerNorm (1-d).
-  encoder = optax.adamw(enc_lr, b1=0.9, b2=0.999, eps=1e-8,
+  # eps: 1e-8 unless the config sets it (configs written before the key had 1e-8).
+  encoder = optax.adamw(enc_lr, b1=0.9, b2=0.999, eps=optim_cfg.get("encoder_adam_eps", 1e-8),
                         weight_decay=optim_cfg.encoder_weight_decay,
                         mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
   if optim_cfg.grad_clip_norm > 0:

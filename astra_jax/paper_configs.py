@@ -22,8 +22,21 @@ derived from it with ml_collections FieldReferences, so they follow command-line
                           "fixed (to 2K)"). We read the table as its caption says (per GPU
                           of 16). (--config.mesh.model=M rescales them; an explicit
                           --config.negatives.k_h=... overrides.)
-  negatives.k_p         = as in the table: positives per query are a property of the query
-                          (the most positives a training point has), not of a shard.
+  negatives.k_p         = enough to keep every positive of >= 99.9% of the training rows
+                          (POSITIVES_COVERED), for the paper "simply use[s] all the
+                          available +ve labels". The table's k_p (kept as paper.k_p) is
+                          said to be the most positives of any row (7 for LF-AmazonTitles-
+                          131K), but we cannot check that offline, and for means of 5.5
+                          (Amazon-670K, k_p 7) or 26 (SS-20M, k_p 32) it is hard to believe.
+                          With only the mean labels per row m known (catalog), we assume a
+                          row's positives |P| are geometric on {1, 2, ...} with mean m (the
+                          maximum-entropy law for a given mean; its tail, P(|P| > k) =
+                          (1 - 1/m)^k, is heavier than the stand-in's 1 + Poisson and than
+                          what the table's maxima imply) and take its 99.9% quantile,
+                          `positives_to_cover` (docs/positives.md has the table). Rows with
+                          more keep a random k_p-subset weighted |P| / k_p (sampler.py), so
+                          the estimator stays unbiased whatever the real tail; a real tail
+                          heavier than geometric only means more rows are subsampled.
   optim.classifier_lr   = table lr x train.batch_size: Renée's classifier gradient is summed
                           over the global batch ("mean reduction ... does not work well, going
                           with sum"), ours is a batch mean (README, Reduction), so the same SGD
@@ -39,11 +52,21 @@ derived from it with ml_collections FieldReferences, so they follow command-line
   optim.encoder_lr      = as in the table: Adam's step does not depend on the loss's scale.
   tau_s = tau_r = 5 for every dataset (table caption).
 
+  optim.encoder_adam_eps, optim.encoder_weight_decay
+                        = Renée's encoder optimizer, which the table does not give: apex
+                          FusedAdam with eps 1e-6 (ours was optax's 1e-8), betas (0.9,
+                          0.999), and decoupled (AdamW) decay on all but biases and LayerNorm
+                          of 0.01 (its default; its commands for Amazon-670K and Amazon-3M
+                          pass 0.001), RENEE_ENCODER_DECAY below. The SS datasets take the
+                          default.
+
 Encoders: the paper fine-tunes DistilBERT-size encoders (d = 768; "over 60M parameters").
 Nothing is downloaded at run time, so a config names the model it wants
 (`encoder.paper_encoder`) and uses `$ASTRA_MODELS_DIR/<its last path part>` (default
-`models/`) when that directory holds a config.json, else the installed all-MiniLM-L6-v2
-(d = 384, the same WordPiece vocabulary). The tokenizer follows the encoder
+`models/`). Training without it stops with one `error:` line (model/encoder_source.py);
+`--config.encoder.hf_dir=all-MiniLM-L6-v2` chooses the installed MiniLM (d = 384, the same
+WordPiece vocabulary) explicitly. The planner plans a missing paper encoder from its
+published shape (PAPER_ENCODER_SHAPES). The tokenizer follows the encoder
 (`data.tokenizer_dir` is the same reference as `encoder.hf_dir`).
 
 Variants: `:synthetic[,SCALE]` replaces the data by a synthetic stand-in with the dataset's
@@ -54,16 +77,26 @@ device; see `synthetic_variant`.
 from __future__ import annotations
 
 import math
-import os
 
 import ml_collections
 from ml_collections import FieldReference
 
 from astra_jax.data import catalog
+from astra_jax.model import encoder_source
 
 PAPER_GPUS = 16
-FALLBACK_ENCODER = "all-MiniLM-L6-v2"
-MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
+# Renée's encoder optimizer (main.py: FusedAdam eps 1e-6; --wd2, default 0.01, 0.001 in its
+# Amazon-670K and Amazon-3M commands).
+RENEE_ENCODER_ADAM_EPS = 1e-6
+RENEE_ENCODER_DECAY = {"Amazon-670K": 1e-3, "Amazon-3M": 1e-3}
+RENEE_ENCODER_DECAY_DEFAULT = 1e-2
+# The published config.json of each encoder a paper config names: the planner sizes a
+# missing one from it (training needs the files).
+PAPER_ENCODER_SHAPES = {
+    "sentence-transformers/msmarco-distilbert-base-v4": {
+        "model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
+        "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512},
+}
 # Training queries (all epochs together) a default synthetic stand-in processes: minutes
 # with the tiny BERT on 2 CPU cores (SS-20M's: 1,800-3,300 queries/s, 2 minutes).
 SYNTHETIC_QUERY_BUDGET = 400_000
@@ -77,6 +110,8 @@ TINY_EMBEDDING_DROPOUT = 0.2
 # Fewest negatives per query a stand-in keeps (k_h + k_r) when the paper's share of the
 # labels would leave fewer (SS-20M at 1e-4: 0.2).
 SYNTHETIC_MIN_NEGATIVES = 64
+# The share of training rows whose positives all fit in k_p (negatives.k_p above).
+POSITIVES_COVERED = 0.999
 # Own words (of 2) a stand-in label's text leaves out. With all in its text, the text alone
 # ranks labels better than the trained classifiers do (E(z_l).E(x) vs w_l.E(x), full-L,
 # LF-AmazonTitles-131K stand-in at 0.01: 90.50 vs 87.83 P@1, ratio 1.03); on the real data
@@ -103,12 +138,32 @@ def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset
   return ds
 
 
+def positives_to_cover(mean_labels: float, share: float = POSITIVES_COVERED) -> int:
+  """The smallest k with P(|P| <= k) >= share for |P| geometric on {1, 2, ...} with mean
+  `mean_labels` (the module docstring says why geometric).
+
+  Args:
+    mean_labels: mean positives per training row (>= 1).
+    share: the share of rows whose positives must all fit.
+  Returns:
+    k_p.
+  """
+  if mean_labels <= 1:
+    return 1
+  return math.ceil(math.log1p(-share) / math.log1p(-1.0 / mean_labels) - 1e-9)
+
+
+def positives_covered(mean_labels: float, k_p: int) -> float:
+  """P(|P| <= k_p) under the same geometric law."""
+  return 1.0 - (1.0 - 1.0 / max(mean_labels, 1.0)) ** k_p
+
+
 def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
                   encoder_lr: float, classifier_lr: float, dropout: float, warmup: int,
                   weight_decay: float, k_r: int, k_h: int, k_p: int,
                   source: str = "appendix tab:hyperparam") -> None:
   """One row of the appendix table (per-GPU values of a 16-GPU run), translated as the
-  module docstring says."""
+  module docstring says; the dataset (`set_dataset`) must be set first, for k_p."""
   c.paper = ml_collections.ConfigDict()
   c.paper.source = source
   c.paper.gpus = PAPER_GPUS
@@ -117,12 +172,13 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.paper.k_h_per_gpu = k_h
   c.paper.classifier_lr = classifier_lr
   c.paper.classifier_weight_decay = weight_decay
+  c.paper.k_p = k_p
   gpus = c.paper.get_ref("gpus")
   shards = c.mesh.get_ref("model")
   c.train.batch_size = c.paper.get_ref("batch_size_per_gpu") * gpus
   c.negatives.k_r = c.paper.get_ref("k_r_per_gpu") * gpus // shards
   c.negatives.k_h = c.paper.get_ref("k_h_per_gpu") * gpus // shards
-  c.negatives.k_p = k_p
+  c.negatives.k_p = positives_to_cover(catalog.DATASETS[c.data.name].labels_per_point)
   c.negatives.tau_s = c.negatives.tau_r = 5
   c.optim.classifier_lr = c.paper.get_ref("classifier_lr") * c.train.get_ref("batch_size")
   c.optim.encoder_lr = encoder_lr
@@ -133,19 +189,16 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.train.epochs = epochs
 
 
-def local_encoder_dir(name: str) -> str:
-  return os.path.join(os.environ.get(MODELS_DIR_ENV, "models"), name.rstrip("/").split("/")[-1])
-
-
 def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
-  """The paper's encoder when it is on disk (see the module docstring), else MiniLM; the
-  tokenizer is the encoder's."""
+  """The paper's encoder from `$ASTRA_MODELS_DIR` (see the module docstring; missing, it is
+  an error at training time), with Renée's Adam settings; the tokenizer is the encoder's."""
   c.encoder.paper_encoder = paper_encoder
-  local = local_encoder_dir(paper_encoder)
-  found = os.path.exists(os.path.join(local, "config.json"))
-  shared = FieldReference(local if found else FALLBACK_ENCODER)
+  shared = FieldReference(encoder_source.local_encoder_dir(paper_encoder))
   c.encoder.hf_dir = shared
   c.data.tokenizer_dir = shared
+  c.optim.encoder_adam_eps = RENEE_ENCODER_ADAM_EPS
+  c.optim.encoder_weight_decay = RENEE_ENCODER_DECAY.get(c.data.name,
+                                                         RENEE_ENCODER_DECAY_DEFAULT)
 
 
 def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
@@ -185,7 +238,7 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   """The dataset's synthetic stand-in at `scale`.
 
   Kept: batch size, gradient accumulation, epochs, classifier lr, dropout, weight decay,
-  k_p, tau_s, tau_r, bottleneck. Changed, and why:
+  the encoder's Adam eps and decay, tau_s, tau_r, bottleneck. Changed, and why:
     * sizes: L, N and test points x scale; the dataset's mean labels per point;
     * a label's text leaves out one of its own words (STAND_IN_HIDDEN_OWN_WORDS): the
       classifiers must learn what the label texts do not say, as on the real data;
@@ -196,6 +249,8 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
     * k_h and k_r x scale, in the table's ratio: each query sees the same share of the
       labels as in the paper and random negatives keep the paper's weight L / k_r (at
       least SYNTHETIC_MIN_NEGATIVES in all, at most L/2);
+    * k_p = the generator's most positives per row (max_labels): every positive of every
+      stand-in row, as the paper uses all positives;
     * max_len 32 (a generated query names ~4 words per positive: with many positives,
       as SS-20M's 26, the text is cut), float32, a 1 x 1 mesh: one CPU device.
       (--config.mesh.model=M with XLA_FLAGS=--xla_force_host_platform_device_count=M
@@ -218,6 +273,7 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   s.mean_labels = ds.labels_per_point
   s.max_labels = math.ceil(ds.labels_per_point + 4 * math.sqrt(ds.labels_per_point)) + 1
   s.hidden_own_words = STAND_IN_HIDDEN_OWN_WORDS
+  c.negatives.k_p = s.max_labels
   c.data.dir = f"data/{ds.name}-synthetic"
   c.data.num_labels, c.data.num_train = L, n
   c.data.max_len = 32

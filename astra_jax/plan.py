@@ -31,7 +31,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from astra_jax import cli
+from astra_jax import cli, paper_configs
 from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -162,6 +162,10 @@ def encoder_shape(config) -> tuple[EncoderConfig, str]:
   common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
                 dtype=ec.dtype)
   hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
+  published = paper_configs.PAPER_ENCODER_SHAPES.get(ec.get("paper_encoder", ""))
+  if hf_dir and published and not os.path.exists(os.path.join(hf_dir, "config.json")):
+    # Training would stop (encoder_source.check); the plan uses the published shape.
+    return EncoderConfig.from_hf(published, **common), f"{ec.paper_encoder} (published shape)"
   if hf_dir:
     return EncoderConfig.from_hf(hf_dir, **common), hf_dir
   if config.data.synthetic.enabled:
@@ -357,9 +361,12 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
 
 def _encoder_note(config, source: str) -> str:
   want = config.encoder.get("paper_encoder", "")
-  if want and pretrained.resolve(config.encoder.hf_dir) == pretrained.resolve("all-MiniLM-L6-v2"):
-    return (f"the paper's encoder {want} was not found locally: planned with the fallback "
-            f"all-MiniLM-L6-v2 (see astra_jax/paper_configs.py)")
+  if want and source.endswith("(published shape)"):
+    return (f"the paper's encoder {want} is not in {config.encoder.hf_dir}: planned with its "
+            f"published shape; training needs its files there (or "
+            f"--config.encoder.hf_dir=all-MiniLM-L6-v2, see astra_jax/paper_configs.py)")
+  if want and config.encoder.hf_dir == "all-MiniLM-L6-v2":
+    return f"planned with all-MiniLM-L6-v2 as asked, not the paper's encoder {want}"
   return ""
 
 

@@ -212,8 +212,8 @@ def plot_runs(scale: float, epochs: int) -> list[Run]:
 
 def tau_runs(key: str, scale: float, epochs: int) -> list[Run]:
   """The paper's τ values as they are (it trains 100 epochs): a τ_s at or past `epochs`
-  leaves no refresh at all (all random), and with τ_s = 5 any τ_r ≥ epochs - 5 refreshes
-  once."""
+  leaves no refresh at all (all random), and with τ_s = 5 a τ_r past epochs - 1 refreshes
+  once, at τ_s (schedule.py: refreshes at τ_s and at every t >= τ_s with t mod τ_r = 0)."""
   return [Run(tau_run_name(key, t), TAU_STAND_IN, f"synthetic,{scale}",
               _train_overrides(epochs, **({} if t == 5 else {f"negatives.{key}": t})),
               group=stand_in_group(scale, epochs)) for t in (5, 10, 20)]
@@ -434,8 +434,9 @@ TABLES: dict[str, Table] = {
         lambda s, e, n: tau_runs("tau_s", s, e), lambda r: tab_tau(r, "tau_s")),
     "tau_r_ablation": Table(
         "tab:tau_r_ablation", "τ_r ablation (the paper's values as they are; at --epochs=15, "
-        "the default, with τ_s = 5, τ_r = 10 and 20 both refresh once, at epoch 5: the same "
-        "run). " + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
+        "the default, with τ_s = 5, refreshes fall at 5 and 10 for τ_r = 5, at 5 and 10 for "
+        "τ_r = 10 (Algorithm 1's t mod τ_r = 0, and τ_s) and at 5 only for τ_r = 20). "
+        + _STAND_IN_NOTE.format(ds="LF-Amazon-131K", cfg=TAU_STAND_IN),
         lambda s, e, n: tau_runs("tau_r", s, e), lambda r: tab_tau(r, "tau_r")),
     "ratio_ablation": Table("tab:ratio_ablation", "k_h:k_r ablation. " + _STAND_IN_NOTE.format(
         ds="LF-AmazonTitles-131K", cfg=STAND_IN), lambda s, e, n: ratio_runs(s, e), tab_ratio),

@@ -6,7 +6,12 @@ epoch, keep their widest blocks and mask the columns the epoch does not use). Wi
 split into S shards (S = the mesh's 'model' axis; shard s owns rows [s R, (s+1) R) of the
 padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
   pos_ids, pos_mask   (B, k_p)     positives, padded with a False mask (more than k_p: a
-                                   fresh random subset of k_p each time the row is drawn)
+                                   fresh uniform random subset of k_p each time the row is
+                                   drawn)
+  pos_weight          (B,)         |P| / k_p for a row with |P| > k_p positives, else 1: each
+                                   positive is kept with probability k_p / |P|, so the kept
+                                   ones' terms, weighted so, sum to the full positive term in
+                                   expectation (the estimator stays unbiased)
   hard_ids, hard_mask (B, S k_h)   stale hard negatives, block s from shard s's own index
                                    (-1 = none); False where missing or a positive
   rand_ids            (B, S k_r)   block s: each query's k_r uniform draws over shard s's
@@ -72,6 +77,8 @@ class NegativeSampler:
     pos_mask = np.zeros((b, self.k_p), bool)
     pos_ids[all_pos_row[keep], slot] = all_pos_ids[keep]
     pos_mask[all_pos_row[keep], slot] = True
+    num_pos = np.bincount(all_pos_row, minlength=b)
+    pos_weight = np.maximum(num_pos / self.k_p, 1.0).astype(np.float32)
 
     if hard_negatives is None:
       k_r = self.k_r + self.k_h if num_random is None else num_random
@@ -108,9 +115,10 @@ class NegativeSampler:
       rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
     if width > k_r:  # padding columns: not negatives
       rand_mask &= np.tile(np.arange(width) < k_r, S)
-    out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "hard_ids": hard_ids,
-           "hard_mask": hard_mask, "rand_ids": rand_ids.astype(np.int32, copy=False),
-           "rand_mask": rand_mask, "rand_weight": rand_weight}
+    out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "pos_weight": pos_weight,
+           "hard_ids": hard_ids, "hard_mask": hard_mask,
+           "rand_ids": rand_ids.astype(np.int32, copy=False), "rand_mask": rand_mask,
+           "rand_weight": rand_weight}
     if self.all_positives:  # every positive, in the random order that chose the k_p
       if len(rank) and rank.max() >= self.all_positives:
         raise ValueError(f"a row has {rank.max() + 1} positives, all_positives is "

@@ -36,7 +36,8 @@ ALL = ("data", "model")
 RULES = {"query": ALL, "query_group": "data", "label_shard": "model", "replicated": None}
 _LOGICAL = {  # per batch key: the logical name of each axis after the micro-batch axis
     "input_ids": ("query", None), "pos_ids": ("query_group", None),
-    "pos_mask": ("query_group", None), "hard_ids": ("query_group", "label_shard"),
+    "pos_mask": ("query_group", None), "pos_weight": ("query_group",),
+    "hard_ids": ("query_group", "label_shard"),
     "hard_mask": ("query_group", "label_shard"), "rand_ids": ("label_shard",),
     "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",),
     "all_pos_ids": ("query_group", None)}
@@ -137,7 +138,8 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
 
     def estimator(pos_s, hard_s, rand_s):
       """Positives' term (the same on every shard) + this shard's negatives' terms."""
-      pos = loss.positive_terms(pos_s, batch["pos_mask"]).sum()
+      pos = (loss.positive_terms(pos_s, batch["pos_mask"]).sum(-1) *
+             batch.get("pos_weight", 1.0)).sum()
       neg = (loss.negative_terms(hard_s, batch["hard_mask"]).sum() +
              (loss.negative_terms(rand_s, batch["rand_mask"]) * batch["rand_weight"]).sum())
       return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)

@@ -30,7 +30,7 @@ from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
-from astra_jax.model import pretrained
+from astra_jax.model import encoder_source, pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives.manager import HardNegatives
@@ -40,8 +40,8 @@ from astra_jax.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
 from astra_jax.watchdog import HangWatchdog
 
-_DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "hard_ids", "hard_mask", "rand_ids",
-                "rand_mask", "rand_weight", "all_pos_ids")
+_DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "pos_weight", "hard_ids", "hard_mask",
+                "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
 
 
 # ------------------------------------------------------------------------------- data
@@ -92,12 +92,13 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
     raise InputError(f"config.data.max_len={config.data.max_len} exceeds the encoder's "
                      f"max_position_embeddings={cfg.max_position}")
   model = Encoder(cfg, nnx.Rngs(params=seed))
-  weights = os.path.join(hf_dir, "model.safetensors") if hf_dir else ""
-  if weights and ec.load_weights and os.path.exists(weights):
+  encoder_source.check(ec)  # weights missing: an error unless load_weights=False
+  if hf_dir and ec.load_weights:
+    weights = os.path.join(hf_dir, encoder_source.WEIGHTS_FILE)
     load_hf_weights(model, weights)
     logging.info("loaded encoder weights from %s", weights)
   elif hf_dir:
-    logging.warning("no weights at %s: encoder randomly initialised", weights)
+    logging.info("encoder.load_weights=False: %s randomly initialised", hf_dir)
   return model
 
 
@@ -737,7 +738,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),
       "mesh": dict(mesh.shape), "grad_accum_steps": accum,
-      "degraded": degraded.to_json(), "config": json.loads(config.to_json()),
+      "degraded": degraded.to_json(),
+      "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
+      "config": json.loads(config.to_json()),
   }
   if leader:
     write_json(os.path.join(workdir, "results.json"), results)

@@ -17,8 +17,8 @@ raw_data/{train,test,label}.raw.txt (NGAME). The text of a point is its title + 
 Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-base-v4; the
 paper says d = 768 up to 3M labels): put it (config.json, model.safetensors, tokenizer
 files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
---config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
-all-MiniLM-L6-v2 (d = 384).
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
+--config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 16 = 256, 16 x 50 = 800 hard and 16 x 400 = 6,400 random negatives per query,

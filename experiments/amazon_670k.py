@@ -18,8 +18,8 @@ Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-ba
 used all-roberta-large-v1 with 512 tokens here; the paper says d = 768 up to 3M labels, and
 we use 128 tokens as for the other full-text datasets): put it (config.json,
 model.safetensors, tokenizer files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default
-models/), or pass --config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the
-installed all-MiniLM-L6-v2 (d = 384).
+models/), or pass --config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
+--config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 16 = 256, 16 x 50 = 800 hard and 16 x 400 = 6,400 random negatives per query,

@@ -18,8 +18,8 @@ raw_data/{train,test,label}.raw.txt (NGAME). The text of a point is its title + 
 Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-base-v4; as
 Renée's command for LF-AmazonTitles-131K names): put it (config.json, model.safetensors,
 tokenizer files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
---config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
-all-MiniLM-L6-v2 (d = 384).
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
+--config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 32 = 512, 16 x 15 = 240 hard and 16 x 100 = 1,600 random negatives per query,

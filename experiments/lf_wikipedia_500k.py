@@ -19,8 +19,8 @@ Encoder: DistilBERT as in the paper (sentence-transformers/msmarco-distilbert-ba
 used paraphrase-distilroberta-base-v2 here, a RoBERTa model our encoder does not load): put
 it (config.json, model.safetensors, tokenizer files) in
 $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
---config.encoder.hf_dir=DIR (the tokenizer follows). Without it: the installed
-all-MiniLM-L6-v2 (d = 384).
+--config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
+--config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 128 = 2,048, 16 x 30 = 480 hard and 16 x 200 = 3,200 random negatives per query,

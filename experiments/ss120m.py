@@ -19,14 +19,14 @@ raw_data/{train,test,label}.raw.txt, or {trn,tst,lbl}.json.gz):
 The appendix table has no row for the SS datasets; ours is a starting point, not the
 paper's: LF-AmazonTitles-1.3M's row (short text, the largest public L) with a per-GPU batch
 of 128 (global 2,048), 10 epochs (what 25 hours on 8 V100s allow at a few thousand queries
-per second per GPU; hard negatives from epoch 5), k_p = 16 (10.4 positives per query on
-average). As the paper does for very large L: a bias-free bottleneck to d = 64 and W split
-over all 8 GPUs (mesh 1 x 8; the encoder is data parallel over all 8). Negatives:
-16 x 15 = 240 hard and 16 x 100 = 1,600 random per query, i.e. 30 and 200 per W shard. No
-gradient accumulation: 256 queries per V100 fit in fp32 with a third of it free
-(python -m astra_jax.plan; raise train.grad_accum_steps for larger batches or fewer GPUs).
-Encoder: DistilBERT (see lf_amazontitles_131k.py for where it is looked for; else
-all-MiniLM-L6-v2).
+per second per GPU; hard negatives from epoch 5), k_p = 69 (10.4 positives per query on
+average; paper_configs.positives_to_cover). As the paper does for very large L: a bias-free
+bottleneck to d = 64 and W split over all 8 GPUs (mesh 1 x 8; the encoder is data parallel
+over all 8). Negatives: 16 x 15 = 240 hard and 16 x 100 = 1,600 random per query, i.e.
+30 and 200 per W shard. No gradient accumulation: 256 queries per V100 fit in fp32 with a
+third of it free (python -m astra_jax.plan; raise train.grad_accum_steps for larger
+batches or fewer GPUs). Encoder: DistilBERT (see lf_amazontitles_131k.py for where it is
+looked for; without it, an error).
 """
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config

@@ -19,12 +19,12 @@ The appendix table has no row for the SS datasets; ours is a starting point, not
 paper's: LF-AmazonTitles-1.3M's row (short text, the largest public L) with a per-GPU batch
 of 128 (global 2,048; 2 micro-batches of 1,024 on 2 GPUs: the smallest accumulation that
 leaves a quarter of a V100-32GB free in fp32, python -m astra_jax.plan), 20 epochs (what
-130 hours on 2 V100s allow at a few thousand queries per second per GPU), k_p = 32 (26
-positives per query on average). As the paper does for very large L: a bias-free
-bottleneck to d = 64 and W split over both GPUs (mesh 1 x 2; the encoder is data parallel
-over both). Negatives: 16 x 15 = 240 hard and 16 x 100 = 1,600 random per query, i.e. 120 and
-800 per W shard. Encoder: DistilBERT (see lf_amazontitles_131k.py for where it is looked for;
-else all-MiniLM-L6-v2).
+130 hours on 2 V100s allow at a few thousand queries per second per GPU), k_p = 177 (26
+positives per query on average; paper_configs.positives_to_cover). As the paper does for
+very large L: a bias-free bottleneck to d = 64 and W split over both GPUs (mesh 1 x 2;
+the encoder is data parallel over both). Negatives: 16 x 15 = 240 hard and 16 x 100 = 1,600
+random per query, i.e. 120 and 800 per W shard. Encoder: DistilBERT (see
+lf_amazontitles_131k.py for where it is looked for; without it, an error).
 """
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config

@@ -126,6 +126,45 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   assert values[:, 0].std() > 0.1
 
 
+@pytest.mark.parametrize("per_query", [False, True])
+def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
+  # |P| = 5 and 3 > k_p = 2: the sampler keeps a uniform 2-subset, weighted by |P| / k_p.
+  # Unweighted, each positive's expected weight would be 2/5 (2/3): biased.
+  L, k_p, M = 60, 2, 6000
+  w, emb, _, hard = _setup(L)
+  labels = SparseRows.from_lists([[3, 17, 40, 44, 51], [5, 6, 7]], L)
+  sampler = NegativeSampler(labels, k_p=k_p, k_h=4, k_r=8, per_query_random=per_query)
+  rng = np.random.default_rng(2)
+  draws = [sampler(np.arange(2), rng, hard) for _ in range(M)]
+  np.testing.assert_array_equal(draws[0]["pos_weight"], [2.5, 1.5])
+  stacked = {k: jnp.asarray(np.stack([b[k] for b in draws])) for k in draws[0]}
+
+  def values_of(e, b):
+    pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["pos_ids"]])
+    hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
+    r = jnp.asarray(w)[b["rand_ids"]]
+    rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
+    return loss.sampled_bce_per_query(pos, b["pos_mask"], hrd, b["hard_mask"], rnd,
+                                      b["rand_mask"], b["rand_weight"], b["pos_weight"])
+
+  values = np.asarray(jax.vmap(values_of, (None, 0))(jnp.asarray(emb), stacked))  # (M, 2)
+  grads = np.asarray(jax.vmap(jax.jacrev(lambda e, b: values_of(e, b).sum()), (None, 0))(
+      jnp.asarray(emb), stacked))  # (M, 2, d)
+  full, s, t = _full_bce_rows(w, emb, labels)
+  sig = 1 / (1 + np.exp(-s))
+  full_grad = np.where(t, -(1 - sig), sig) @ w.astype(np.float64)
+  for i in range(2):
+    # Both the positives' subset and the random draws vary: the sample standard error.
+    se = values[:, i].std() / np.sqrt(M)
+    assert abs(values[:, i].mean() - full[i]) < 5 * se, (values[:, i].mean(), full[i], se)
+    se_g = grads[:, i].std(0) / np.sqrt(M)
+    np.testing.assert_array_less(np.abs(grads[:, i].mean(0) - full_grad[i]), 5 * se_g + 1e-6)
+  # The batch mean through batch_loss (the trainer's path) weights the positives too.
+  b0 = {k: jnp.asarray(v) for k, v in draws[0].items()}
+  np.testing.assert_allclose(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), b0),
+                             values[0].mean(), rtol=1e-5)
+
+
 def test_weight_matches_the_paper_before_tau_s():
   # No hard negatives yet: all k_r + k_h negatives random, weight L/(k_r + k_h).
   L = 60

@@ -1,5 +1,6 @@
-"""Metrics against the golden case of DESIGN.md and a naive per-row implementation written
-from the definitions (loops, no vectorisation, nothing shared with astra_jax.metrics)."""
+"""Metrics against two hand-computed golden cases (the second with test rows of different
+|y|) and a naive per-row implementation written from pyxclib's definitions (loops, no
+vectorisation, nothing shared with astra_jax.metrics)."""
 import math
 import subprocess
 import sys
@@ -16,17 +17,37 @@ TEST = [[0, 2], [3, 4], []]
 SCORES = [{0: .9, 1: .8, 2: .1}, {0: .2, 3: .7, 4: .6}, {0: .5, 1: .4, 2: .3}]
 GOLDEN = {"P": [.6667, .5, .4444], "nDCG": [.6667, .5377, .6399], "PSP": [.9097, .7382, 1.0],
           "PSnDCG": [.9097, .7784, .9372]}
+# The second golden case: test rows with 1, 4 and 2 labels, where PSnDCG's per-row
+# normaliser matters (a ratio of plain means gives .6453, .6004, .5349 at k = 1, 2, 3).
+TEST_MIXED = [[0], [1, 2, 3, 4], [3, 4]]
+GOLDEN_MIXED = {"P": [.6667, .5, .3333], "nDCG": [.6667, .6667, .5885],
+                "PSP": [.6453, .5850, .4845], "PSnDCG": [.6453, .6453, .5621]}
 
 
-def test_golden_case():
+@pytest.mark.parametrize("test_rows,golden", [(TEST, GOLDEN), (TEST_MIXED, GOLDEN_MIXED)],
+                         ids=["same_sizes", "mixed_sizes"])
+def test_golden_case(test_rows, golden):
   train = SparseRows.from_lists(TRAIN, 5)
   inv = metrics.inverse_propensity(train, 0.55, 1.5)
   np.testing.assert_allclose(inv, [1.4681, 1.6580, 1.7918, 1.7918, 1.7918], atol=1e-4)
   pred = np.array([sorted(s, key=lambda l: -s[l]) for s in SCORES])
-  m = metrics.compute(pred, SparseRows.from_lists(TEST, 5), inv, ks=(1, 2, 3))
-  for name, values in GOLDEN.items():
+  m = metrics.compute(pred, SparseRows.from_lists(test_rows, 5), inv, ks=(1, 2, 3))
+  for name, values in golden.items():
     for k, v in zip((1, 2, 3), values):
       assert m[f"{name}@{k}"] == pytest.approx(v, abs=1e-4), (name, k)
+
+
+def test_rows_without_labels_stay_in_the_denominators():
+  # Two more test rows without labels: P@k and nDCG@k are means over 5 rows instead of 3;
+  # the PS metrics are ratios of means, whose 0 / 0 rows change nothing.
+  train = SparseRows.from_lists(TRAIN, 5)
+  inv = metrics.inverse_propensity(train, 0.55, 1.5)
+  pred = np.array([sorted(s, key=lambda l: -s[l]) for s in SCORES] + [[0, 1, 2]] * 2)
+  m = metrics.compute(pred, SparseRows.from_lists(TEST_MIXED + [[], []], 5), inv, ks=(1, 2, 3))
+  for name, values in GOLDEN_MIXED.items():
+    for k, v in zip((1, 2, 3), values):
+      want = v * 3 / 5 if name in ("P", "nDCG") else v
+      assert m[f"{name}@{k}"] == pytest.approx(want, abs=1e-4), (name, k)
 
 
 def naive(pred, truth, train, A, B, k):
@@ -46,8 +67,10 @@ def naive(pred, truth, train, A, B, k):
     psp_num += sum(h * w[l] for h, l in zip(hits, top)) / k
     best = sorted((w[l] for l in y), reverse=True)[:k]
     psp_den += sum(best) / k
-    psn_num += sum(h * w[l] / math.log2(r + 2) for r, (h, l) in enumerate(zip(hits, top)))
-    psn_den += sum(b / math.log2(r + 2) for r, b in enumerate(best))
+    # pyxclib's psndcg: both DCGs over the row's own nDCG normaliser before the means.
+    if idcg:
+      psn_num += sum(h * w[l] / math.log2(r + 2) for r, (h, l) in enumerate(zip(hits, top))) / idcg
+      psn_den += sum(b / math.log2(r + 2) for r, b in enumerate(best)) / idcg
   t = len(truth)
   return {f"P@{k}": p / t, f"nDCG@{k}": nd / t, f"PSP@{k}": psp_num / psp_den,
           f"PSnDCG@{k}": psn_num / psn_den}
@@ -79,9 +102,9 @@ def test_filter_removes_pairs_before_top_k():
   np.testing.assert_array_equal(out, [[3, 1, 0], [0, 1, 2]])
 
 
-def _golden_files(tmp_path, with_filter=False):
+def _golden_files(tmp_path, with_filter=False, test_rows=TEST):
   train = SparseRows.from_lists(TRAIN, 5)
-  test = SparseRows.from_lists(TEST, 5)
+  test = SparseRows.from_lists(test_rows, 5)
   xc_format.write_sparse(tmp_path / "trn_X_Y.txt", train)
   xc_format.write_sparse(tmp_path / "tst_X_Y.txt", test)
   scores = SparseRows.from_lists([list(s) for s in SCORES], 5, [list(s.values()) for s in SCORES])
@@ -96,6 +119,12 @@ def test_evaluate_files_golden(tmp_path):
   m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
                               str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))
   assert m["P@1"] == pytest.approx(66.67, abs=0.01) and m["PSnDCG@2"] == pytest.approx(77.84, abs=0.01)
+  _golden_files(tmp_path, test_rows=TEST_MIXED)
+  m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
+                              str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))
+  for name, values in GOLDEN_MIXED.items():
+    for k, v in zip((1, 2, 3), values):
+      assert m[f"{name}@{k}"] == pytest.approx(100 * v, abs=0.01), (name, k)
   # Filtering (0, 0) removes row 0's top prediction: its ranking becomes 1, 2.
   _golden_files(tmp_path, with_filter=True)
   m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
@@ -121,3 +150,18 @@ def test_evaluate_cli(tmp_path):
                       f"--truth={d}/tst_X_Y.txt", f"--train={d}/trn_X_Y.txt"],
                      capture_output=True, text=True, timeout=120)
   assert r.returncode != 0 and "scores.txt:3: malformed pair '1:x'" in r.stderr
+
+
+def test_evaluate_cli_mixed_sizes(tmp_path):
+  # The second golden case through the command line, every metric at k = 1, 2, 3.
+  d = _golden_files(tmp_path, test_rows=TEST_MIXED)
+  out = d / "m.json"
+  r = subprocess.run([sys.executable, "-m", "astra_jax.evaluate", f"--pred={d}/scores.txt",
+                      f"--truth={d}/tst_X_Y.txt", f"--train={d}/trn_X_Y.txt", f"--out={out}",
+                      "--k=1", "--k=2", "--k=3"], capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  import json
+  m = json.loads(out.read_text())
+  for name, values in GOLDEN_MIXED.items():
+    for k, v in zip((1, 2, 3), values):
+      assert m[f"{name}@{k}"] == pytest.approx(100 * v, abs=0.01), (name, k)

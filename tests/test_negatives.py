@@ -83,10 +83,13 @@ def test_scann_defaults_scale_with_labels():
 
 
 @pytest.mark.parametrize("tau_s, tau_r, epochs, refreshes, sources", [
-    # Algorithm 1: random before tau_s; from tau_s a refresh every tau_r epochs, whose
-    # negatives are used until the next refresh.
+    # Algorithm 1: random before tau_s; a refresh at every epoch t >= tau_s with
+    # t mod tau_r = 0 (and at tau_s, whose hard negatives Algorithm 1 uses), whose negatives
+    # are used until the next refresh.
     (5, 5, 16, [5, 10, 15], [None] * 5 + [5] * 5 + [10] * 5 + [15]),
-    (2, 3, 9, [2, 5, 8], [None, None, 2, 2, 2, 5, 5, 5, 8]),
+    (5, 10, 31, [5, 10, 20, 30], [None] * 5 + [5] * 5 + [10] * 10 + [20] * 10 + [30]),
+    (10, 20, 61, [10, 20, 40, 60], [None] * 10 + [10] * 10 + [20] * 20 + [40] * 20 + [60]),
+    (2, 3, 9, [2, 3, 6], [None, None, 2, 3, 3, 3, 6, 6, 6]),
     (0, 1, 3, [0, 1, 2], [0, 1, 2]),
     (4, 10, 6, [4], [None] * 4 + [4, 4]),
 ])

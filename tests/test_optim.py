@@ -31,6 +31,17 @@ def test_encoder_weight_decay_spares_biases_and_layer_norm():
   assert not np.asarray(updates["bias"]).any() and not np.asarray(updates["norm_scale"]).any()
 
 
+@pytest.mark.parametrize("eps", [1e-8, 1e-6])
+def test_encoder_adam_eps_from_the_config(eps):
+  # Adam's first bias-corrected step is lr g / (|g| + eps): for g = 1e-7 that is lr / 1.1
+  # with eps = 1e-8 and lr / 11 with Renee's 1e-6. A config without the key gets 1e-8.
+  c = cfg(warmup_steps=0) if eps == 1e-8 else cfg(warmup_steps=0, encoder_adam_eps=eps)
+  tx = optim.encoder_optimizer(c, total_steps=100)
+  params = {"kernel": jnp.ones((2, 2))}
+  updates, _ = tx.update({"kernel": jnp.full((2, 2), 1e-7)}, tx.init(params), params)
+  np.testing.assert_allclose(updates["kernel"], -1e-3 * 1e-7 / (1e-7 + eps), rtol=1e-4)
+
+
 def test_adam_for_encoder_sgd_with_decay_for_classifier():
   tx = optim.make_optimizer(cfg(), total_steps=100)
   params = {"encoder": {"a": jnp.array([1.0, -2.0])}, "classifier": jnp.array([[1.0, 2.0]])}

@@ -13,6 +13,7 @@ import pytest
 
 from astra_jax import config_base, plan
 from astra_jax.data import catalog
+from astra_jax.errors import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = {d.config for d in catalog.DATASETS.values()}
@@ -147,6 +148,11 @@ def test_every_config_loads_and_validates(path):
   for variant in variants.get(path, ["", "synthetic"]):
     c = load_config(path, variant)
     c.data.dir = c.data.dir or "/some/dir"  # demo.py and xc_text.py leave it to the user
+    if path in PAPER_CONFIGS and variant == "" and not os.path.isdir(c.encoder.hf_dir):
+      # Without the paper's encoder: an error, until MiniLM is chosen explicitly.
+      with pytest.raises(InputError, match="the paper's encoder .* is not in"):
+        config_base.validate(c)
+      c.encoder.hf_dir = "all-MiniLM-L6-v2"
     config_base.validate(c)
     if path in PAPER_CONFIGS:
       assert c.data.dir.startswith("data/") and c.negatives.tau_s == c.negatives.tau_r == 5
@@ -157,7 +163,12 @@ def test_every_config_loads_and_validates(path):
 def test_paper_table_translation():
   c = load_config("experiments/lf_amazontitles_131k.py")
   assert (c.train.batch_size, c.negatives.k_h, c.negatives.k_r) == (512, 800, 6400)
-  assert c.negatives.k_p == 7
+  # k_p: every positive of >= 99.9% of rows, |P| geometric with mean 2.3:
+  # ceil(ln(0.001) / ln(1 - 1/2.3)) = ceil(12.09) = 13; the table's 7 is kept as paper.k_p.
+  assert (c.negatives.k_p, c.paper.k_p) == (13, 7)
+  # Renee's encoder Adam: eps 1e-6, decoupled decay 0.01 (0.001 for Amazon-670K / -3M).
+  assert (c.optim.encoder_adam_eps, c.optim.encoder_weight_decay) == (1e-6, 1e-2)
+  assert load_config("experiments/amazon_3m.py").optim.encoder_weight_decay == 1e-3
   assert c.optim.classifier_lr == pytest.approx(0.05 * 512)
   # torch SGD on a batch-summed loss shrinks W by lr x wd per step (0.05 x 1e-4 here); our
   # decoupled decay with lr x B must shrink it by the same
@@ -195,7 +206,8 @@ def test_paper_table_translation():
 def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
   missing = tmp_path / "SS-20M"
   r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/ss20m.py",
-                      f"--config.data.dir={missing}", f"--workdir={tmp_path / 'wd'}"],
+                      f"--config.data.dir={missing}", f"--workdir={tmp_path / 'wd'}",
+                      "--config.encoder.hf_dir=all-MiniLM-L6-v2"],
                      cwd=REPO, capture_output=True, text=True, timeout=120)
   assert r.returncode != 0
   lines = [l for l in r.stderr.splitlines() if l.strip()]
@@ -222,6 +234,10 @@ def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   assert (r["num_labels"], r["num_train"], r["num_train_with_label_texts"]) == (381, 1200, 1581)
   assert [e["hard"] for e in r["negatives"]["per_epoch"]] == [0, c.negatives.k_h]
   assert r["steps"] == 2 * 6 and np.isfinite(r["P@1"]) and r["P@1"] > 0
+  # Stand-in rows have at most max_labels positives: k_p keeps all of them.
+  assert c.negatives.k_p == c.data.synthetic.max_labels == 48
+  assert r["encoder"]["name"] == "tiny random BERT" and r["encoder"]["weights_sha256"] is None
+  assert r["encoder"]["parameters"] > 0
 
 
 DISTILBERT = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,

@@ -191,3 +191,11 @@ def test_hard_columns_past_num_hard_are_masked():
     excluded = {0} | {1, 2, 7, 8} if i == 0 else {7} | {0, 4, 11}
     want = np.array([r not in excluded for r in b["rand_ids"][i]])
     np.testing.assert_array_equal(b["rand_mask"][i], want)
+
+
+def test_positive_weight_is_positives_over_k_p_when_some_are_left_out():
+  # |P| = 5, 2, 0 with k_p = 2: weights 5/2, 1 (all kept), 1 (no positives).
+  labels = SparseRows.from_lists([[0, 1, 2, 3, 4], [5, 6], []], 10)
+  b = NegativeSampler(labels, k_p=2, k_h=0, k_r=3)(np.arange(3), np.random.default_rng(0))
+  np.testing.assert_array_equal(b["pos_weight"], np.array([2.5, 1.0, 1.0], np.float32))
+  assert b["pos_weight"].dtype == np.float32 and b["pos_mask"].sum(1).tolist() == [2, 2, 0]

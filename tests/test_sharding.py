@@ -18,7 +18,7 @@ L, B, D, KH = 64, 16, 8, 3
 
 
 def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False,
-           num_labels=L):
+           num_labels=L, k_p=4):
   cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
                       intermediate_size=16, max_position=16, embedding_dropout=dropout,
                       hidden_dropout=0.1 if dropout else 0.0,
@@ -30,7 +30,7 @@ def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=
   rng = np.random.default_rng(0)
   n = num_labels
   labels = SparseRows.from_lists([list(rng.choice(n, 3, replace=False)) for _ in range(40)], n)
-  sampler = NegativeSampler(labels, k_p=4, k_h=KH, k_r=24, num_shards=num_shards,
+  sampler = NegativeSampler(labels, k_p=k_p, k_h=KH, k_r=24, num_shards=num_shards,
                             per_query_random=per_query)
   R = -(-n // num_shards)  # rows per shard of the padded W; the last shard's real: n - s R
   batches = []
@@ -98,6 +98,14 @@ def test_sharded_step_equals_dense_single_device_step(shape):
   assert jax.device_count() == 8
   setup = _setup(num_shards=shape[1])
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
+
+
+def test_kept_positives_weighted_in_the_sharded_step():
+  # Rows with 3 positives, k_p = 2: the sampler keeps 2 with weight 3/2; the model-parallel
+  # kernel must weight them as the dense estimator does.
+  setup = _setup(num_shards=4, k_p=2)
+  assert np.all(setup[3][0]["pos_weight"] == 1.5)
+  _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
 
 @pytest.mark.parametrize("per_query", [False, True])

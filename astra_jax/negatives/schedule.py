@@ -13,9 +13,13 @@ Every strategy uses the same number of negatives per query, T = k_h + k_r:
                   small L only) + k_r random
   full            no sampling: the full-L BCE over every label (the Renee-style baseline,
                   O(L) per step; the sampled negatives are ignored)
-Before tau_s every strategy trains with T random negatives. Index strategies refresh at
-epochs tau_s, tau_s + tau_r, ...; the refresh for epoch e collects query embeddings during
-epoch e-2, snapshots W at its end, and mines during epoch e-1.
+Before tau_s every strategy trains with T random negatives. Index strategies refresh where
+Algorithm 1 writes it, at every epoch t >= tau_s with t mod tau_r = 0, and also at tau_s
+itself: from tau_s on the algorithm trains with "the most recent sample" of hard negatives,
+which a tau_s that is not a multiple of tau_r would otherwise not have. (tau_s = 5: tau_r =
+5 refreshes at 5, 10, 15, ...; tau_r = 10 at 5, 10, 20, ...; tau_s = 10, tau_r = 20 at 10,
+20, 40, ....) The refresh for epoch e collects query embeddings during epoch e-2, snapshots
+W at its end, and mines during epoch e-1.
 """
 from __future__ import annotations
 
@@ -60,7 +64,8 @@ class NegativeSchedule:
   def refresh_epochs(self) -> list[int]:
     if not self.uses_index:
       return []
-    return list(range(self.tau_s, self.epochs, max(self.tau_r, 1)))
+    every = max(self.tau_r, 1)
+    return [t for t in range(self.tau_s, self.epochs) if t == self.tau_s or t % every == 0]
 
   def collect_epoch(self, refresh_epoch: int) -> int | None:
     """The epoch whose forward passes provide the refresh's query embeddings (None: the
