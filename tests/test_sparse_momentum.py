@@ -151,3 +151,35 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, 
   # (The encoders are not compared: over 50 steps Adam turns the float noise of ~zero
   # gradients into steps of up to lr on those parameters, see test_sparse_sgd.py; the
   # encoder's path does not depend on the classifier's optimizer.)
+
+
+def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
+  """61 rows saved from one device, restored onto 4 W shards of 16 rows: the velocity and
+  the steps rows are current at move with their rows; the padded rows are empty."""
+  rng = np.random.default_rng(0)
+  rows, d = 61, 3
+  state = sparse_momentum.init(rows, d, 8)._replace(
+      velocity=jnp.asarray(rng.normal(size=(rows, d)), jnp.float32),
+      touched_at=jnp.asarray(rng.integers(0, 5, rows), jnp.int32), period_step=jnp.int32(5))
+  w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
+  one = sharding.make_mesh(1, 1)
+  params, opt_state = sharding.shard_params({"encoder": {"b": jnp.ones(2)}, "classifier": w},
+                                            {"momentum": state}, one)
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  ck.save(1, params, opt_state, {"step": 1})
+  ck.close()
+  mesh = sharding.make_mesh(2, 4)
+  padded = sparse_momentum.init(64, d, 8)
+  template = sharding.shard_params({"encoder": {"b": jnp.ones(2)},
+                                    "classifier": jnp.zeros((64, d))}, {"momentum": padded}, mesh)
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  got_params, got_state, _ = ck.restore(*template)
+  ck.close()
+  got = got_state["momentum"]
+  assert got.velocity.sharding.spec == jax.sharding.PartitionSpec("model")
+  np.testing.assert_array_equal(got_params["classifier"][:rows], w)
+  np.testing.assert_array_equal(got.velocity[:rows], state.velocity)
+  np.testing.assert_array_equal(got.touched_at[:rows], state.touched_at)
+  np.testing.assert_array_equal(got.velocity[rows:], 0.0)
+  np.testing.assert_array_equal(got.touched_at[rows:], 0)
+  assert int(got.period_step) == 5
