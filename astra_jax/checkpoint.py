@@ -1,7 +1,8 @@
 """Checkpoints (orbax) and exact resume.
 
 A checkpoint is the train state (params: encoder + V; optimizer state: Adam, the
-classifier's scale and step, the loss scale) saved with orbax's StandardSave (sharded,
+classifier's scale and step, the loss scale, with classifier momentum its velocity, the
+step each row is current at and the steps' transitions, sparse_momentum.py) saved with orbax's StandardSave (sharded,
 asynchronous, written to a temporary directory and renamed when complete), plus a JSON
 `progress` record: epoch, step within the epoch, global step, training seconds, the
 evaluations so far and the hard-negative state (file in use, pending refresh, collection).
@@ -62,6 +63,7 @@ ADDED_KEYS = {
     "negatives.scann_rows_per_query": 0,
     "encoder.matmul_precision": "default",
     "optim.encoder_adam_eps": 1e-8,
+    "optim.classifier_momentum": 0.0,
 }
 
 
@@ -366,14 +368,26 @@ class Checkpoints:
     saved = self.manager.item_metadata(step)["state"]["params"]["classifier"].shape
     w_target = abstract(w) if tuple(saved) == w.shape else jax.ShapeDtypeStruct(
         tuple(saved), w.dtype, sharding=NamedSharding(w.sharding.mesh, P()))
+    opt_target = abstract(opt_state)
+    per_row = opt_state.get("momentum")  # the classifier's momentum: padded like W
+    if per_row is not None and tuple(saved) != w.shape:
+      opt_target["momentum"] = opt_target["momentum"]._replace(**{
+          k: jax.ShapeDtypeStruct((saved[0],) + x.shape[1:], x.dtype, sharding=w_target.sharding)
+          for k, x in (("velocity", per_row.velocity), ("touched_at", per_row.touched_at))})
     target = {"params": {"encoder": abstract(params["encoder"]), "classifier": w_target},
-              "opt_state": abstract(opt_state)}
+              "opt_state": opt_target}
     out = self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()))
     state = out["state"]
     rows = state["params"]["classifier"]
     if rows.shape != w.shape:  # padded rows are never read: cut or extend them
       rows = _resize_rows(rows, w.shape[0], w.sharding)
+      if per_row is not None:  # padded rows: no velocity, current at step 0
+        restored = state["opt_state"]["momentum"]
+        state["opt_state"]["momentum"] = restored._replace(
+            velocity=_resize_rows(restored.velocity, w.shape[0], per_row.velocity.sharding),
+            touched_at=_resize_rows(restored.touched_at, w.shape[0],
+                                    per_row.touched_at.sharding))
     return ({"encoder": state["params"]["encoder"], "classifier": rows}, state["opt_state"],
             out["progress"])
 
@@ -387,5 +401,5 @@ class Checkpoints:
 def _resize_rows(w: jax.Array, rows: int, sharding) -> jax.Array:
   def resize(x):
     x = x[:rows]
-    return jnp.pad(x, ((0, rows - x.shape[0]), (0, 0)))
+    return jnp.pad(x, ((0, rows - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
   return jax.jit(resize, out_shardings=sharding)(w)

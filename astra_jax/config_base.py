@@ -111,7 +111,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.optim.encoder_weight_decay = 0.0
   c.optim.encoder_adam_eps = 1e-8   # the paper configs take Renee's 1e-6 (paper_configs.py)
   c.optim.classifier_weight_decay = 1e-4
-  c.optim.classifier_momentum = 0.0  # dense update only (a momentum buffer is O(L)/step)
+  # SGD momentum beta of the classifier, weight decay inside it (torch's SGD; optim.py). The
+  # sparse update does it at the cost of the rows a step touches (sparse_momentum.py);
+  # its state is a velocity as large as W. 0: plain SGD + decay (W = scale * V).
+  c.optim.classifier_momentum = 0.0
   c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
   c.optim.grad_clip_norm = 0.0
   # Loss scaling for float16 compute: 0 = dynamic (start 2^15, halve on overflow and skip
@@ -217,9 +220,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
     need(c[section][name] >= 1, field, f"must be >= 1, got {c[section][name]}")
   need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",
        f"use sparse or dense, got {c.optim.classifier_update!r}")
-  need(not (c.optim.classifier_update == "sparse" and c.optim.classifier_momentum),
-       "optim.classifier_momentum", "needs optim.classifier_update=dense (dense momentum "
-       "buffer); the sparse update is plain SGD + decoupled weight decay")
+  need(0 <= c.optim.classifier_momentum < 1, "optim.classifier_momentum",
+       f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}")
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
   dense = c.optim.classifier_update == "dense" or c.negatives.strategy in ("uptodate", "full")
   need(not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),

@@ -2,9 +2,11 @@
 classifier, each with its own linear-warmup + cosine-decay schedule (paper appendix).
 
 Parameters are a dict {"encoder": <nnx.State>, "classifier": (L, d) array}.
-Weight decay on the classifier is decoupled (`add_decayed_weights` before SGD):
-w <- w - lr * (g + wd * w) over all rows each step. Done densely that is O(L) per step;
-`sparse_sgd.py` computes exactly the same update touching only the sampled rows.
+Weight decay on the classifier is added to its gradient (`add_decayed_weights` before SGD):
+w <- w - lr * (g + wd * w) over all rows each step; with momentum beta the sum goes through
+the momentum, m <- beta m + g + wd w, w <- w - lr m (torch's SGD with weight_decay). Done
+densely that is O(L) per step; `sparse_sgd.py` (beta = 0) and `sparse_momentum.py` compute
+exactly the same update touching only the sampled rows.
 """
 from __future__ import annotations
 

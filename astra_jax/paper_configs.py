@@ -41,13 +41,20 @@ derived from it with ml_collections FieldReferences, so they follow command-line
                           over the global batch ("mean reduction ... does not work well, going
                           with sum"), ours is a batch mean (README, Reduction), so the same SGD
                           step per row needs lr x B. It follows train.batch_size overrides.
-                          (Renée's SGD also had momentum 0.9 by default; the table does not
-                          say, and our sparse update has none: the first thing to sweep.)
+  optim.classifier_momentum
+                        = 0.9 (`paper.classifier_momentum`): Renée's classifier optimizer is
+                          torch SGD with momentum 0.9 (its default, which its training
+                          commands do not override); the table does not list it. With it the
+                          effective step of a steady gradient is lr / (1 - 0.9) = 10 lr.
   optim.classifier_weight_decay
                         = table wd / train.batch_size: the table's decay is torch SGD's, added
-                          to that summed gradient, so each step shrinks W by lr x wd; ours is
-                          decoupled (W <- (1 - lr wd) W - lr G) with lr already x B, so the
-                          same shrinkage per step needs wd / B. (Until 2026-11-26 the table's
+                          to that summed gradient before the momentum: buf <- 0.9 buf +
+                          (sum_b g_b + wd W), W <- W - lr buf. Ours is the same optimizer
+                          (optim.py's chain: decay added to the gradient, then momentum;
+                          sparse_momentum.py does it sparsely) on the batch mean, so with
+                          lr' = lr B and wd' = wd / B our velocity is buf / B and our step
+                          lr' buf / B = lr buf: the paper's update exactly, momentum and
+                          decay included, not an approximation. (Until 2026-11-26 the table's
                           wd was used as is: a decay B times the paper's.)
   optim.encoder_lr      = as in the table: Adam's step does not depend on the loss's scale.
   tau_s = tau_r = 5 for every dataset (table caption).
@@ -97,6 +104,7 @@ PAPER_ENCODER_SHAPES = {
         "model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
         "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512},
 }
+RENEE_CLASSIFIER_MOMENTUM = 0.9  # torch SGD's momentum in Renée's classifier optimizer
 # Training queries (all epochs together) a default synthetic stand-in processes: minutes
 # with the tiny BERT on 2 CPU cores (SS-20M's: 1,800-3,300 queries/s, 2 minutes).
 SYNTHETIC_QUERY_BUDGET = 400_000
@@ -173,6 +181,7 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.paper.classifier_lr = classifier_lr
   c.paper.classifier_weight_decay = weight_decay
   c.paper.k_p = k_p
+  c.paper.classifier_momentum = RENEE_CLASSIFIER_MOMENTUM
   gpus = c.paper.get_ref("gpus")
   shards = c.mesh.get_ref("model")
   c.train.batch_size = c.paper.get_ref("batch_size_per_gpu") * gpus
@@ -185,6 +194,7 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.optim.warmup_steps = warmup
   c.optim.classifier_weight_decay = (c.paper.get_ref("classifier_weight_decay") /
                                      c.train.get_ref("batch_size"))
+  c.optim.classifier_momentum = c.paper.get_ref("classifier_momentum")
   c.encoder.embedding_dropout = dropout
   c.train.epochs = epochs
 

@@ -252,6 +252,12 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   if dense:
     mom = L * d * 4 if config.optim.classifier_momentum else 0
     dev.append(Item("classifier optimizer state (dense SGD momentum)", mom, "L x d x 4"))
+  elif config.optim.classifier_momentum:
+    # sparse_momentum.py: a velocity per W row (sharded like W) and the step each row is
+    # current at; its tree of per-step 2 x 2 matrices (16 bytes x 2 x steps per epoch) is
+    # left out: under 100 MB up to 3M steps per epoch.
+    dev.append(Item("classifier optimizer state (sparse momentum: velocity + step per row)",
+                    R * d * 4 + R * 4, "ceil(L / model) x (d + 1) x 4"))
   else:
     dev.append(Item("classifier optimizer state (sparse: one scale, one step)", 8, "2 x 4"))
   dev += [

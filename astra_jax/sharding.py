@@ -18,8 +18,10 @@ Inside `jax.shard_map` each device
      a shard applies the same update), not the B x K x d gradients: d times less to
      all-gather and to keep for the micro-batches of an accumulated step.
 `classifier_update` then forms each micro-batch's row gradients in turn and scatter-adds
-them into the donated shard of V (W = scale * V, see sparse_sgd.py). Nothing in a step is
-O(L), and the row gradients held at once are one micro-batch's.
+them into the donated shard of V (W = scale * V, see sparse_sgd.py). With classifier
+momentum, `classifier_momentum_update` does the same into W and its velocity, catching the
+touched rows up first, and the kernel reads rows caught up (sparse_momentum.py). Nothing in
+a step is O(L), and the row gradients held at once are one micro-batch's.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
-from astra_jax import loss, mesh_topology, sparse_sgd
+from astra_jax import loss, mesh_topology, sparse_momentum, sparse_sgd
 from astra_jax.errors import InputError
 
 ALL = ("data", "model")
@@ -101,8 +103,11 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
 
 
 def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
-  """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch) ->
+  """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch[, momentum]) ->
   (loss, dloss/demb (B, d), row_grads).
+
+  W's rows are scale * V's, or with `momentum` (a sparse_momentum.MomentumState; scale is
+  then unused) V's rows caught up from their last touched step.
 
   row_grads, per shard (out spec P('model') on every leaf), the gradient w.r.t. W's rows:
     ids (n, K) int32    local row ids of the per-query rows (positives, hard negatives, and
@@ -119,7 +124,7 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   all_gather, psum, psum_scatter = (_unless_single(mesh, c) for c in (
       jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
 
-  def body(emb, v, scale, batch):
+  def body(emb, v, scale, batch, momentum):
     rows_per_shard = v.shape[0]
     offset = jax.lax.axis_index("model") * rows_per_shard
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
@@ -127,8 +132,10 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
     def local(ids):
       lid = ids - offset
       mine = (lid >= 0) & (lid < rows_per_shard)
-      rows = jnp.where(mine[..., None], v[jnp.clip(lid, 0, rows_per_shard - 1)], 0.0)
-      return jnp.where(mine, lid, rows_per_shard), scale * rows.astype(jnp.float32)
+      safe = jnp.clip(lid, 0, rows_per_shard - 1)
+      rows = (scale * v[safe].astype(jnp.float32) if momentum is None
+              else sparse_momentum.current_rows(v, momentum, safe))
+      return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
 
     (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = (
         local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
@@ -165,14 +172,15 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
       row_grads["shared_grads"] = psum(d_rand.T @ emb_group, "data")
     return value, d_emb.astype(emb.dtype), row_grads
 
-  def kernel(emb, v, scale, batch):
+  def kernel(emb, v, scale, batch, momentum=None):
     labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
     return jax.shard_map(body, mesh=mesh,
-                         in_specs=(P(ALL), P("model"), P(), labels),
+                         in_specs=(P(ALL), P("model"), P(), labels,
+                                   None if momentum is None else MOMENTUM_SPEC),
                          out_specs=(P(), P(ALL), P("model")),
                          # row_grads are identical across data replicas (all-gathered), which
                          # the vma checker cannot infer; the mesh-equivalence tests check it.
-                         check_vma=False)(emb, v, scale, batch)
+                         check_vma=False)(emb, v, scale, batch, momentum)
 
   return kernel
 
@@ -200,12 +208,48 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
                        out_specs=(P("model"), P()), check_vma=False)
 
 
+def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, beta: float):
+  """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply) ->
+  (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the dense
+  optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
+  apply=False: a step that changes nothing (identity transition, zero gradients)."""
+
+  def body(w, state, row_grads, lr, apply):
+    state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
+
+    def add_micro_batch(carry, g):
+      w, state = carry
+      n, k = g["ids"].shape
+      grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
+      ids = jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]])
+      grads = jnp.concatenate([grads, g["shared_grads"]])
+      return sparse_momentum.add_gradients(w, state, ids, grads, lr), None
+
+    (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
+    return w, state
+
+  return jax.shard_map(body, mesh=mesh,
+                       in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P()),
+                       out_specs=(P("model"), MOMENTUM_SPEC), check_vma=False)
+
+
+# The momentum state's layout: per-row arrays split like W, the step tree replicated.
+MOMENTUM_SPEC = sparse_momentum.MomentumState(P("model"), P("model"), P(), P())
+
+
 def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
-  """Encoder and optimizer state replicated, V split by rows over 'model'."""
+  """Encoder and optimizer state replicated, V (and the classifier's momentum state's
+  per-row arrays) split by rows over 'model'."""
   rep = NamedSharding(mesh, P())
   params = {"encoder": jax.device_put(params["encoder"], rep),
             "classifier": jax.device_put(params["classifier"], NamedSharding(mesh, P("model")))}
-  return params, jax.device_put(opt_state, rep)
+  rest = {k: v for k, v in opt_state.items() if k != "momentum"}
+  out = jax.device_put(rest, rep)
+  if "momentum" in opt_state:
+    out["momentum"] = jax.device_put(
+        opt_state["momentum"], jax.tree.map(lambda spec: NamedSharding(mesh, spec),
+                                            MOMENTUM_SPEC))
+  return params, out
 
 
 def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:

@@ -8,7 +8,8 @@ buffer, so duplicate ids add up exactly like the dense gradient). This is the de
 exactly, not an approximation ("decay of touched rows" would be a different optimizer).
 `fold` multiplies the scale back into V (O(L)); the trainer folds at epoch ends, before
 anything outside the step reads W, and whenever the scale falls below 1e-2 (float range).
-Momentum on W is not offered: a dense momentum buffer is O(L) per step again.
+With optim.classifier_momentum > 0 the update is sparse_momentum.py's instead (each row
+caught up from the step it was last touched; its docstring derives it).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from flax import nnx
 
 from astra_jax import (checkpoint, config_base, cpu_budget, device_check, distributed,
                        faults, final_eval, host_memory, loss, loss_scale, metrics, optim,
-                       predict, sharding, sparse_sgd)
+                       predict, sharding, sparse_momentum, sparse_sgd)
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
@@ -171,7 +171,7 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
 
 def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
                            weight_decay: float, mesh, global_batch: int,
-                           loss_scaling: str = "off"):
+                           loss_scaling: str = "off", momentum: float = 0.0):
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
   The encoder runs data-parallel under jit's partitioning; the classifier through
@@ -183,9 +183,13 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   `sparse_sgd` step into the donated V. W is the same for all micro-batches, as in the
   dense step. loss_scaling: off | static | dynamic (see loss_scale.py); with dynamic, a step
   with non-finite gradients changes nothing but the scale.
-  opt_state: {"encoder", "scale", "step", "loss_scale"}."""
+  momentum > 0: SGD with that momentum (decay inside it, as the dense chain), through
+  `sharding.classifier_momentum_update`; W is then V caught up (sparse_momentum.py), not
+  scale * V.
+  opt_state: {"encoder", "scale", "step", "loss_scale"[, "momentum"]}."""
   grads_kernel = sharding.classifier_grads(mesh, global_batch)
-  update_kernel = sharding.classifier_update(mesh, weight_decay)
+  update_kernel = (sharding.classifier_momentum_update(mesh, weight_decay, momentum)
+                   if momentum else sharding.classifier_update(mesh, weight_decay))
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
@@ -198,7 +202,7 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
       emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb["input_ids"], k),
                                      params["encoder"], has_aux=True)
       labels = {name: x for name, x in mb.items() if name != "input_ids"}
-      value, d_emb, row_grads = grads_kernel(emb, v, scale, labels)
+      value, d_emb, row_grads = grads_kernel(emb, v, scale, labels, opt_state.get("momentum"))
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
       return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
 
@@ -217,11 +221,16 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     updates, enc_state = tx_encoder.update(g_enc, opt_state["encoder"], params["encoder"])
     encoder = optax.apply_updates(params["encoder"], updates)
     lr = jnp.where(ok, lr_schedule(opt_state["step"]), 0.0)
-    v, scale = update_kernel(v, scale, row_grads, lr)
+    if momentum:
+      v, momentum_state = update_kernel(v, opt_state["momentum"], row_grads, lr, ok)
+    else:
+      v, scale = update_kernel(v, scale, row_grads, lr)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     new_state = {"encoder": keep(enc_state, opt_state["encoder"]), "scale": scale,
                  "step": opt_state["step"] + ok.astype(jnp.int32),
                  "loss_scale": opt_state["loss_scale"]}
+    if momentum:
+      new_state["momentum"] = momentum_state
     if loss_scaling == "dynamic":
       new_state["loss_scale"] = loss_scale.adjust(opt_state["loss_scale"], ok)
     return ({"encoder": keep(encoder, params["encoder"]), "classifier": v}, new_state,
@@ -231,9 +240,14 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
 
 
 def init_sparse_opt_state(tx_encoder: optax.GradientTransformation, params,
-                          initial_loss_scale: float = 1.0) -> dict:
-  return {"encoder": tx_encoder.init(params["encoder"]), "scale": jnp.float32(1.0),
-          "step": jnp.int32(0), "loss_scale": loss_scale.init(initial_loss_scale)}
+                          initial_loss_scale: float = 1.0, momentum_steps: int = 0) -> dict:
+  """The sparse step's optimizer state; momentum_steps > 0 adds the classifier's momentum
+  state (sparse_momentum.py) for folds at least every that many steps."""
+  state = {"encoder": tx_encoder.init(params["encoder"]), "scale": jnp.float32(1.0),
+           "step": jnp.int32(0), "loss_scale": loss_scale.init(initial_loss_scale)}
+  if momentum_steps:
+    state["momentum"] = sparse_momentum.init(*params["classifier"].shape, momentum_steps)
+  return state
 
 
 def make_embed_fn(graphdef):
@@ -401,18 +415,20 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def make_steps(config: ml_collections.ConfigDict, graphdef, params: dict, mesh,
-               total_steps: int, sparse: bool):
+               total_steps: int, sparse: bool, steps_per_epoch: int):
   """(params, opt_state, train_step, mining_step): params and optimizer state laid out on
   the mesh, the jitted step, and for `uptodate` the step that mines k_h in the step."""
   nc = config.negatives
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
-    opt_state = init_sparse_opt_state(tx, params, optim.initial_loss_scale(config))
+    beta = config.optim.classifier_momentum
+    opt_state = init_sparse_opt_state(tx, params, optim.initial_loss_scale(config),
+                                      steps_per_epoch if beta else 0)
     params, opt_state = sharding.shard_params(params, opt_state, mesh)
     train_step = make_sparse_train_step(
         graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
         config.optim.classifier_weight_decay, mesh, config.train.batch_size,
-        optim.loss_scaling(config))
+        optim.loss_scaling(config), beta)
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
@@ -501,11 +517,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
   params, opt_state, train_step, mining_step = make_steps(config, graphdef, params, mesh,
-                                                         total_steps, sparse)
+                                                         total_steps, sparse, steps_per_epoch)
 
   def fold_classifier():
-    """W = scale * V back into V (sparse update only); O(L), at epoch ends and rarely."""
-    if sparse:
+    """W = scale * V back into V, or every row caught up with its momentum (sparse update
+    only); O(L), at epoch ends (the momentum state holds an epoch's steps) and rarely."""
+    if sparse and "momentum" in opt_state:
+      params["classifier"], opt_state["momentum"] = sparse_momentum.fold(
+          params["classifier"], opt_state["momentum"])
+    elif sparse:
       params["classifier"], opt_state["scale"] = sparse_sgd.fold(params["classifier"],
                                                                  opt_state["scale"])
 

@@ -107,6 +107,8 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
     ({"train.log_every_steps": 0}, "train.log_every_steps: must be >= 1"),
     ({"eval.batch_size": 0}, "eval.batch_size: must be >= 1"),
     ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote
+    ({"optim.classifier_momentum": 1.0}, r"optim.classifier_momentum: must be in \[0, 1\)"),
+    ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
 ])
 def test_config_combinations_that_cannot_train_are_refused(changes, match):
   from astra_jax import config_base

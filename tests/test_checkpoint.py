@@ -216,6 +216,9 @@ def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(tmp
   c.data.synthetic.hidden_own_words = 1  # other data: another run
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
       ("data.synthetic.hidden_own_words", 0, 1)]
+  del saved["optim"]["classifier_momentum"]  # a run recorded without it had none
+  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
+      ("data.synthetic.hidden_own_words", 0, 1)]
 
 
 def test_keeps_the_last_n_and_the_best_by_p5(tmp_path):

@@ -1,0 +1,184 @@
+"""SGD with momentum and weight decay on the classifier, in O(rows touched) per step.
+
+The update it reproduces is the dense optax chain of optim.py, `add_decayed_weights(wd)`
+then `sgd(lr_t, momentum=beta)`, which is torch's SGD(momentum=beta, weight_decay=wd,
+dampening=0): the decay is added to the gradient and goes through the momentum,
+
+    m_t = beta m_{t-1} + wd w_{t-1} + g_t,      w_t = w_{t-1} - lr_t m_t.
+
+Per row, as a linear map of the pair x = (w, m) (each coordinate alike):
+
+    x_t = A_t x_{t-1} + (-lr_t g_t, g_t),   A_t = [[1 - lr_t wd, -lr_t beta],
+                                                   [wd,           beta     ]].
+
+A row the batch does not touch has g_t = 0 and still moves: x_t = A_t x_{t-1}. So each row
+keeps (w, m) as of the step it was last touched, `touched_at`, and is caught up when read:
+x_t = Phi(t, s) x_s with Phi(t, s) = A_t A_{t-1} ... A_{s+1}, the same 2 x 2 matrix for every
+row with the same s. A step touches its rows once: it sets them to Phi(t, s) x_s, then adds
+(-lr_t G, G) with the scatter-summed gradient G (duplicates add up as in the dense gradient)
+and sets touched_at = t. Nothing else is written: an untouched row's state is implied.
+
+Phi(t, s) for any s < t in O(log T) without dividing: A_t's determinant is beta, so a prefix
+product P_t = A_t ... A_1 has a mode that decays like beta^t, and P_t P_s^{-1} would divide
+by numbers that underflow (0.9^1000 = 1.7e-46) and cancel catastrophically long before. We
+keep instead a segment tree over the steps since the last fold (`transitions`): leaf j holds
+the A of step j + 1 and each inner node the ordered product of its two children; a range
+is the product of at most 2 log2(C) nodes, each a product of consecutive A's. Only
+multiplications of matrices whose entries stay O(1) (a row's state is bounded by the
+dense dynamics), so a gap of any length is as accurate as a short one; the beta mode of
+a long gap underflows to 0 exactly as it does in the dense recurrence. Each step writes its
+leaf and the log2(C) nodes above it (a few hundred flops, replicated on every shard).
+
+A fold (epoch ends, before anything outside the step reads W) catches every row up, resets
+touched_at to 0 and the tree to identities: O(L), like the scale fold of sparse_sgd.py. The
+tree's capacity C (a power of two) is at least the steps of an epoch, so it never fills
+between the trainer's folds. A step that must change nothing (a dynamic loss-scale overflow)
+pushes the identity: every row's state stays what it was.
+
+Memory: the velocity (L, d) sharded like W, an int32 per row, and C x 8 floats.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class MomentumState(NamedTuple):
+  """The classifier's momentum state next to W (rows split over 'model' like W).
+
+  velocity: (L, d) m of each row as of its touched_at step.
+  touched_at: (L,) int32, the step (since the last fold) the row's W and velocity hold.
+  transitions: (2 C, 2, 2) float32 segment tree of the steps' A matrices (node 1 the root,
+    leaves C..2C-1; node 0 unused).
+  period_step: () int32, steps since the last fold (the next leaf to write).
+  """
+  velocity: jax.Array
+  touched_at: jax.Array
+  transitions: jax.Array
+  period_step: jax.Array
+
+
+def capacity(steps_between_folds: int) -> int:
+  """The tree's leaves: the smallest power of two >= steps_between_folds (at least 1)."""
+  return 1 << max(0, int(steps_between_folds) - 1).bit_length()
+
+
+def _identities(n: int) -> jax.Array:
+  return jnp.broadcast_to(jnp.eye(2, dtype=jnp.float32), (n, 2, 2))
+
+
+def init(rows: int, dim: int, steps_between_folds: int,
+         dtype=jnp.float32) -> MomentumState:
+  """Zero velocity, every row current at step 0, an identity tree."""
+  c = capacity(steps_between_folds)
+  return MomentumState(jnp.zeros((rows, dim), dtype), jnp.zeros((rows,), jnp.int32),
+                       _identities(2 * c), jnp.int32(0))
+
+
+def step_matrix(lr: jax.Array, weight_decay: float, beta: float,
+                apply: jax.Array | bool = True) -> jax.Array:
+  """A_t of the module docstring; the identity where `apply` is False (a skipped step)."""
+  lr = jnp.asarray(lr, jnp.float32)
+  a = jnp.stack([jnp.stack([1.0 - lr * weight_decay, -lr * beta]),
+                 jnp.stack([jnp.float32(weight_decay), jnp.float32(beta)])])
+  return jnp.where(apply, a, jnp.eye(2, dtype=jnp.float32))
+
+
+def push(transitions: jax.Array, leaf: jax.Array, a: jax.Array) -> jax.Array:
+  """The tree with leaf `leaf` set to `a` and its ancestors recomputed (later @ earlier)."""
+  c = transitions.shape[0] // 2
+
+  def up(level, carry):
+    transitions, node = carry
+    node = node // 2
+    return transitions.at[node].set(transitions[2 * node + 1] @ transitions[2 * node]), node
+
+  transitions = transitions.at[c + leaf].set(a)
+  return jax.lax.fori_loop(0, c.bit_length() - 1, up, (transitions, c + leaf))[0]
+
+
+def span(transitions: jax.Array, start: jax.Array, stop: jax.Array) -> jax.Array:
+  """Phi(stop, start) = A_stop ... A_{start+1} for each start (n,) (stop scalar or (n,)),
+  as (n, 2, 2); the identity where start >= stop. The bottom-up segment-tree range query,
+  vectorised over rows: the left end's nodes multiply on the left of what precedes them,
+  the right end's on the right of what follows."""
+  c = transitions.shape[0] // 2
+
+  def level(_, carry):
+    lo, hi, left, right = carry
+    active = lo < hi
+    take_lo = active & (lo % 2 == 1)
+    left = jnp.where(take_lo[:, None, None], transitions[lo] @ left, left)
+    lo = jnp.where(take_lo, lo + 1, lo)
+    take_hi = active & (hi % 2 == 1)
+    hi = jnp.where(take_hi, hi - 1, hi)
+    right = jnp.where(take_hi[:, None, None], right @ transitions[hi], right)
+    return lo // 2, hi // 2, left, right
+
+  lo = c + start.astype(jnp.int32)
+  hi = c + jnp.broadcast_to(stop, start.shape).astype(jnp.int32)
+  eye = _identities(start.shape[0])
+  _, _, left, right = jax.lax.fori_loop(0, c.bit_length(), level, (lo, hi, eye, eye))
+  return right @ left
+
+
+def current_rows(w: jax.Array, state: MomentumState, ids: jax.Array) -> jax.Array:
+  """W's rows `ids` (any shape, in range) at period_step, caught up from touched_at."""
+  flat = ids.reshape(-1)
+  phi = span(state.transitions, state.touched_at[flat], state.period_step)
+  rows = (phi[:, 0, 0, None] * w[flat].astype(jnp.float32)
+          + phi[:, 0, 1, None] * state.velocity[flat].astype(jnp.float32))
+  return rows.reshape(*ids.shape, w.shape[-1])
+
+
+def begin_step(state: MomentumState, lr: jax.Array, weight_decay: float, beta: float,
+               apply: jax.Array | bool = True) -> MomentumState:
+  """Pushes this step's A_t (identity if not `apply`) and advances period_step: rows are
+  then caught up to the step's end, before its gradient."""
+  a = step_matrix(lr, weight_decay, beta, apply)
+  return state._replace(transitions=push(state.transitions, state.period_step, a),
+                        period_step=state.period_step + 1)
+
+
+def add_gradients(w: jax.Array, state: MomentumState, ids: jax.Array, grads: jax.Array,
+                  lr: jax.Array) -> tuple[jax.Array, MomentumState]:
+  """After `begin_step`: catches rows `ids` (n,) up to period_step, then adds their
+  gradients grads (n, d): m += g, w -= lr g (duplicates add up). Ids out of range (another
+  shard's rows, padding) are dropped. Rows already current (touched earlier in the same
+  step) get Phi = I: calling this once per micro-batch accumulates exactly."""
+  rows = w.shape[0]
+  safe = jnp.clip(ids, 0, rows - 1)
+  phi = span(state.transitions, state.touched_at[safe], state.period_step)
+  w_old = w[safe].astype(jnp.float32)
+  m_old = state.velocity[safe].astype(jnp.float32)
+  # Every duplicate of a row computes the same caught-up value, so `set` is well defined.
+  w_now = phi[:, 0, 0, None] * w_old + phi[:, 0, 1, None] * m_old
+  m_now = phi[:, 1, 0, None] * w_old + phi[:, 1, 1, None] * m_old
+  w = w.at[ids].set(w_now.astype(w.dtype), mode="drop")
+  m = state.velocity.at[ids].set(m_now.astype(state.velocity.dtype), mode="drop")
+  grads = grads.astype(jnp.float32)
+  w = w.at[ids].add((-lr * grads).astype(w.dtype), mode="drop")
+  m = m.at[ids].add(grads.astype(m.dtype), mode="drop")
+  touched = state.touched_at.at[ids].set(state.period_step, mode="drop")
+  return w, state._replace(velocity=m, touched_at=touched)
+
+
+def catch_up_all(w: jax.Array, state: MomentumState) -> tuple[jax.Array, MomentumState]:
+  """Every row at period_step, touched_at = 0 and an identity tree: the true W and velocity
+  (O(L)). Shard-local: works on one shard's rows as on all of them."""
+  phi = span(state.transitions, state.touched_at, state.period_step)
+  w32, m32 = w.astype(jnp.float32), state.velocity.astype(jnp.float32)
+  w_now = phi[:, 0, 0, None] * w32 + phi[:, 0, 1, None] * m32
+  m_now = phi[:, 1, 0, None] * w32 + phi[:, 1, 1, None] * m32
+  return w_now.astype(w.dtype), MomentumState(
+      m_now.astype(state.velocity.dtype), jnp.zeros_like(state.touched_at),
+      _identities(state.transitions.shape[0]), jnp.zeros_like(state.period_step))
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def fold(w: jax.Array, state: MomentumState) -> tuple[jax.Array, MomentumState]:
+  """`catch_up_all`, jitted with W and the state donated (rows keep their sharding)."""
+  return catch_up_all(w, state)

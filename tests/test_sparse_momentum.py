@@ -1,0 +1,185 @@
+"""Classifier momentum at the cost of the rows a step touches equals dense SGD with momentum
+(optax's, decay inside the momentum as torch's), over long untouched stretches, on 1 x 1 and
+2 x 4 meshes, with gradient accumulation, and across a checkpoint in the middle."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from astra_jax import checkpoint, optim, sharding, sparse_momentum, train
+from test_sharding import B, L, _setup
+
+BETA, WD = 0.9, 0.05
+
+
+def _dense_transitions(lrs, wd, beta):
+  """A_t of each step in float64 (the module docstring's definition, written out)."""
+  return [np.array([[1 - lr * wd, -lr * beta], [wd, beta]]) for lr in lrs]
+
+
+def test_span_is_the_ordered_product_over_any_gap():
+  steps, wd = 3000, 1e-4  # W's own mode decays to 0.2 over all steps, beta's to 1e-137
+  lrs = 0.5 * np.abs(np.sin(np.arange(steps) / 300.0)) + 0.01
+  tree = sparse_momentum.init(1, 1, steps).transitions
+  push = jax.jit(sparse_momentum.push)
+  a = []  # A_t as the tree holds it (float32): the truth is their exact ordered product
+  for t, lr in enumerate(lrs):
+    a.append(sparse_momentum.step_matrix(jnp.float32(lr), wd, BETA))
+    tree = push(tree, jnp.int32(t), a[-1])
+  np.testing.assert_allclose(a[7], _dense_transitions(lrs[7:8], wd, BETA)[0], rtol=1e-6)
+  a = [np.asarray(m, np.float64) for m in a]
+  pairs = [(0, 3000), (0, 1), (5, 5), (17, 2999), (1000, 1003), (2047, 2049), (1, 2500),
+           (2999, 3000), (300, 2300)]
+  got = np.asarray(sparse_momentum.span(tree, jnp.array([p[0] for p in pairs]),
+                                        jnp.array([p[1] for p in pairs])))
+  for (start, stop), phi in zip(pairs, got):
+    want = np.eye(2)
+    for m in a[start:stop]:  # A_stop ... A_{start+1}, leaf j = step j + 1
+      want = m @ want
+    np.testing.assert_allclose(phi, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
+  """Single array, no mesh: rows never touched after step 3, rows touched every 17 or 500
+  steps, a row touched twice per step; the float64 dense recurrence as the truth. The beta
+  mode of a 2,000-step gap (0.9^2000 = 1e-92) underflows: nothing may divide by it."""
+  rows, d, steps = 12, 3, 2000
+  rng = np.random.default_rng(0)
+  lrs = np.asarray([optim.schedule(0.4, 200, steps)(t) for t in range(steps)])
+  w = rng.normal(size=(rows, d))
+  m = np.zeros((rows, d))
+  state = sparse_momentum.init(rows, d, steps)
+  v = jnp.asarray(w, jnp.float32)
+
+  @jax.jit
+  def step(v, state, ids, grads, lr):
+    state = sparse_momentum.begin_step(state, lr, WD, BETA)
+    return sparse_momentum.add_gradients(v, state, ids, grads, lr)
+
+  for t in range(steps):
+    ids = [4, 5, 5]  # touched every step, one twice
+    if t < 3:
+      ids += [0, 1]
+    if t % 17 == 0:
+      ids += [2]
+    if t % 500 == 0:
+      ids += [3]
+    ids += [rows + 7] * (8 - len(ids))  # out of range (padding / another shard): dropped
+    ids = np.asarray(ids)
+    grads = 0.1 * rng.normal(size=(len(ids), d))
+    g = np.zeros((rows, d))
+    np.add.at(g, ids[ids < rows], grads[ids < rows])
+    m = BETA * m + WD * w + g
+    w = w - lrs[t] * m
+    v, state = step(v, state, jnp.asarray(ids, jnp.int32), jnp.asarray(grads, jnp.float32),
+                    jnp.float32(lrs[t]))
+  w_got, state = sparse_momentum.catch_up_all(v, state)
+  np.testing.assert_allclose(w_got, w, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(state.velocity, m, rtol=1e-5, atol=1e-6)
+  assert int(state.period_step) == 0 and not np.asarray(state.touched_at).any()
+
+
+STEPS, RESUME_AT = 54, 27
+
+
+def _untouched_stretches(batches, num_shards, rng):
+  """STEPS batches from test_sharding's setup in which rows 0, 1 of each W shard are not
+  touched after step 3 and rows 2, 3 only every 17th step: their ids are moved to the
+  shard's free rows, so every hard and random negative stays in its shard's block."""
+  rows = -(-L // num_shards)
+  out = []
+  for t in range(STEPS):
+    b = dict(batches[rng.integers(len(batches))])
+    for k in ("pos_ids", "hard_ids", "rand_ids"):
+      ids = b[k]
+      offset = ids % rows
+      barred = ((offset < 2) & (t > 3)) | ((offset >= 2) & (offset < 4) & (t % 17 != 0))
+      b[k] = np.where(barred, ids - offset + 4 + (ids + t) % (rows - 4), ids)
+    out.append(b)
+  return out
+
+
+def _run(step_fn, params, opt_state, batches, put, start=0, stop=STEPS):
+  for t in range(start, stop):
+    params, opt_state, _, _ = step_fn(params, opt_state, put(batches[t]), jax.random.key(t))
+  return params, opt_state
+
+
+@pytest.mark.parametrize("shape,micro_batches", [((1, 1), 2), ((2, 4), 2)])
+def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, tmp_path):
+  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=micro_batches,
+                                          per_query=True)
+  oc.classifier_momentum, oc.classifier_lr, oc.warmup_steps = BETA, 0.3, 5
+  batches = _untouched_stretches(batches, shape[1], np.random.default_rng(1))
+  fresh = lambda: {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
+
+  # The dense reference: autodiff w.r.t. all of W and optim.py's optax chain.
+  tx = optim.make_optimizer(oc, STEPS)
+  params = fresh()
+  dense_step = train.make_train_step(graphdef, tx)
+  dense, _ = _run(dense_step, params, tx.init(params), batches,
+                  lambda b: {k: jnp.asarray(v) for k, v in b.items()})
+
+  mesh = sharding.make_mesh(*shape)
+  enc_tx = optim.encoder_optimizer(oc, STEPS)
+
+  def sparse_start():
+    return sharding.shard_params(fresh(), train.init_sparse_opt_state(
+        enc_tx, fresh(), momentum_steps=STEPS), mesh)
+
+  step = train.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, STEPS),
+                                      oc.classifier_weight_decay, mesh, B, momentum=BETA)
+  put = lambda b: sharding.shard_batch(b, mesh)
+  params, opt_state = _run(step, *sparse_start(), batches, put, stop=RESUME_AT)
+  touched = np.asarray(opt_state["momentum"].touched_at)
+  # The state holds rows last touched after step 3 (index 3) next to current ones.
+  assert touched.min() == 4 and touched.max() == RESUME_AT
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  ck.save(RESUME_AT, params, opt_state, {"step": RESUME_AT})
+  ck.close()
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  params, opt_state, _ = ck.restore(*sparse_start())
+  ck.close()
+  assert opt_state["momentum"].velocity.sharding.spec == jax.sharding.PartitionSpec("model")
+  params, opt_state = _run(step, params, opt_state, batches, put, start=RESUME_AT)
+  w, state = sparse_momentum.fold(params["classifier"], opt_state["momentum"])
+  w = np.asarray(w)
+  # Rows barred after step 3 moved on momentum and decay alone, as in the dense step.
+  stale = np.arange(0, L, -(-L // shape[1]))
+  assert not np.allclose(np.asarray(dense["classifier"])[stale], w0[stale])
+  np.testing.assert_allclose(w, dense["classifier"], rtol=1e-5, atol=1e-5)
+  # (The encoders are not compared: over 50 steps Adam turns the float noise of ~zero
+  # gradients into steps of up to lr on those parameters, see test_sparse_sgd.py; the
+  # encoder's path does not depend on the classifier's optimizer.)
+
+
+def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
+  """61 rows saved from one device, restored onto 4 W shards of 16 rows: the velocity and
+  the steps rows are current at move with their rows; the padded rows are empty."""
+  rng = np.random.default_rng(0)
+  rows, d = 61, 3
+  state = sparse_momentum.init(rows, d, 8)._replace(
+      velocity=jnp.asarray(rng.normal(size=(rows, d)), jnp.float32),
+      touched_at=jnp.asarray(rng.integers(0, 5, rows), jnp.int32), period_step=jnp.int32(5))
+  w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
+  one = sharding.make_mesh(1, 1)
+  params, opt_state = sharding.shard_params({"encoder": {"b": jnp.ones(2)}, "classifier": w},
+                                            {"momentum": state}, one)
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  ck.save(1, params, opt_state, {"step": 1})
+  ck.close()
+  mesh = sharding.make_mesh(2, 4)
+  padded = sparse_momentum.init(64, d, 8)
+  template = sharding.shard_params({"encoder": {"b": jnp.ones(2)},
+                                    "classifier": jnp.zeros((64, d))}, {"momentum": padded}, mesh)
+  ck = checkpoint.Checkpoints(str(tmp_path))
+  got_params, got_state, _ = ck.restore(*template)
+  ck.close()
+  got = got_state["momentum"]
+  assert got.velocity.sharding.spec == jax.sharding.PartitionSpec("model")
+  np.testing.assert_array_equal(got_params["classifier"][:rows], w)
+  np.testing.assert_array_equal(got.velocity[:rows], state.velocity)
+  np.testing.assert_array_equal(got.touched_at[:rows], state.touched_at)
+  np.testing.assert_array_equal(got.velocity[rows:], 0.0)
+  np.testing.assert_array_equal(got.touched_at[rows:], 0)
+  assert int(got.period_step) == 5
