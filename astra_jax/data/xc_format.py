@@ -16,6 +16,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
+from astra_jax.data import cache_files
 from astra_jax.errors import InputError
 
 # ASCII digits only: str.isdigit also takes '²', which int() then rejects.
@@ -46,6 +47,7 @@ class SparseRows:
   num_cols: int
   counts: np.ndarray | None = None  # (num_cols,) positives per label, when precomputed
   max_length: int | None = None     # the longest row's length, when precomputed
+  cache: str = ""                   # the label cache these arrays map (label_cache), if any
 
   @property
   def num_rows(self) -> int:
@@ -324,11 +326,12 @@ def write_sparse(path: str | os.PathLike, matrix: SparseRows, value_format: str 
 
 
 class atomic_text_writer:
-  """Context manager: write to `path.tmp-PID`, rename onto `path` only on success."""
+  """Context manager: write to a temporary name unique across hosts (host, pid, random),
+  rename onto `path` only on success."""
 
   def __init__(self, path: str | os.PathLike, mode: str = "w"):
     self.path = os.fspath(path)
-    self.tmp = f"{self.path}.tmp-{os.getpid()}"
+    self.tmp = cache_files.temporary_name(self.path)
     self.mode = mode
 
   def __enter__(self):
@@ -358,7 +361,7 @@ class atomic_text_writer:
 
 
 def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool = False) -> list[str]:
-  """Reads one text per row.
+  """Reads one text per row (all in RAM; `iter_texts` streams them).
 
   Args:
     path: the file.
@@ -367,6 +370,12 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
     use_content: json layout only: title + " " + content (full-text datasets) instead of
       the title alone (titles datasets).
   """
+  return list(iter_texts(path, layout, use_content))
+
+
+def iter_texts(path: str | os.PathLike, layout: str = "auto",
+               use_content: bool = False) -> Iterator[str]:
+  """One text per row, one line at a time (arguments as `read_texts`'s)."""
   p = os.fspath(path)
   if layout == "auto":
     if p.endswith((".json", ".json.gz")):
@@ -375,33 +384,48 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
       layout = "uid"
     else:
       layout = "lines"
-  if layout == "lines":
-    return [line for _, line in _lines(p)]
-  if layout == "uid":
-    texts = []
-    for lineno, line in _lines(p):
+  if layout not in ("lines", "uid", "json"):
+    raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
+  for lineno, line in _lines(p):
+    if layout == "lines":
+      yield line
+    elif layout == "uid":
       uid, sep, text = line.partition("->")
       if not sep:
         raise XCFormatError(p, lineno, "expected 'uid->text'")
-      texts.append(text)
-    return texts
-  if layout == "json":
-    texts = []
-    for lineno, line in _lines(p):
-      if not line.strip():
-        raise XCFormatError(p, lineno, "empty line in a JSON-lines file")
+      yield text
+    else:
+      yield _json_text(p, lineno, line, use_content)
+
+
+def _json_text(path: str, lineno: int, line: str, use_content: bool) -> str:
+  if not line.strip():
+    raise XCFormatError(path, lineno, "empty line in a JSON-lines file")
+  try:
+    obj = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise XCFormatError(path, lineno, f"invalid JSON: {e.msg}") from None
+  if not isinstance(obj, dict) or "title" not in obj:
+    raise XCFormatError(path, lineno, "missing field 'title'")
+  text = str(obj["title"] or "")  # JSON null: no text, not the word "None"
+  if use_content:
+    text = f"{text} {obj.get('content') or ''}".strip()
+  return text
+
+
+def count_lines(path: str | os.PathLike, block_bytes: int = 16 << 20) -> int:
+  """Lines in a file (a last line without a newline counts), read in blocks."""
+  count, last = 0, b"\n"
+  with _open_binary(path) as f:
+    while True:
       try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise XCFormatError(p, lineno, f"invalid JSON: {e.msg}") from None
-      if not isinstance(obj, dict) or "title" not in obj:
-        raise XCFormatError(p, lineno, "missing field 'title'")
-      text = str(obj["title"] or "")  # JSON null: no text, not the word "None"
-      if use_content:
-        text = f"{text} {obj.get('content') or ''}".strip()
-      texts.append(text)
-    return texts
-  raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
+        block = f.read(block_bytes)
+      except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise XCFormatError(path, count + 1, f"unreadable: {e}") from e
+      if not block:
+        return count + (last != b"\n")
+      count += block.count(b"\n")
+      last = block[-1:]
 
 
 def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:
