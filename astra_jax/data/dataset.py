@@ -147,7 +147,8 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   else:
     test_filter = np.zeros((0, 2), np.int64)
 
-  tokenizer = tokenize.load_tokenizer(data_cfg.tokenizer_dir)
+  pad_id, vocab_size = tokenize.tokenizer_ids(trn_x, cache_dir, data_cfg.tokenizer_dir,
+                                              data_cfg.max_len)
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
@@ -158,5 +159,4 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
                "%d filter pairs", d, layout, num_labels, n_orig, train_labels.num_rows,
                test_labels.num_rows, len(test_filter))
   return XCData(d, num_labels, train_tokens, train_labels, test_tokens, test_labels,
-                label_tokens, test_filter, int(tokenizer.pad_token_id or 0), len(tokenizer),
-                n_orig)
+                label_tokens, test_filter, pad_id, vocab_size, n_orig)

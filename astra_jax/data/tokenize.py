@@ -87,8 +87,7 @@ def cached_tokens(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: i
   killed build goes on from there.
   """
   os.makedirs(cache_dir, exist_ok=True)
-  base = os.path.basename(text_path).split(".")[0]
-  stem = os.path.join(cache_dir, f"{base}.L{max_len}")
+  stem = _stem(text_path, cache_dir, max_len)
   tok_path = stem + ".tokens.npy"
   want = {"source": cache_files.source_stamp(text_path),
           "tokenizer": tokenizer_fingerprint(tokenizer_dir),
@@ -98,6 +97,25 @@ def cached_tokens(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: i
       if not _is_current(stem, want):  # another process may have built it meanwhile
         _build(text_path, stem, want, tokenizer_dir)
   return np.load(tok_path, mmap_mode="r")
+
+
+def _stem(text_path: str, cache_dir: str, max_len: int) -> str:
+  base = os.path.basename(text_path).split(".")[0]
+  return os.path.join(cache_dir, f"{base}.L{max_len}")
+
+
+def tokenizer_ids(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: int
+                  ) -> tuple[int, int]:
+  """(pad id, vocabulary size with added tokens) of the tokenizer a built token cache used:
+  from its metadata, so that opening the caches does not import transformers (seconds);
+  from the tokenizer itself for a cache built before the metadata held them."""
+  try:
+    with open(_stem(text_path, cache_dir, max_len) + ".meta.json") as f:
+      meta = json.load(f)
+    return int(meta["pad_id"]), int(meta["vocab_size"])
+  except (OSError, KeyError, json.JSONDecodeError):
+    tokenizer = load_tokenizer(tokenizer_dir)
+    return int(tokenizer.pad_token_id or 0), len(tokenizer)
 
 
 _CHECKPOINT_ROWS = 1 << 20
@@ -157,7 +175,8 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
   os.replace(partial_path, tok_path)
   with contextlib.suppress(FileNotFoundError):
     os.remove(partial_meta)
-  meta = dict(want, rows=rows, pad_id=pad, seconds=round(progress.elapsed(), 2),
+  meta = dict(want, rows=rows, pad_id=pad, vocab_size=len(tokenizer),
+              seconds=round(progress.elapsed(), 2),
               truncated_rows=truncated)
   with xc_format.atomic_text_writer(meta_path) as f:
     json.dump(meta, f, indent=1)
