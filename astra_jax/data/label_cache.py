@@ -23,6 +23,7 @@ from absl import logging
 
 from astra_jax.data import cache_files, sparse_reader, xc_format
 from astra_jax.data.xc_format import SparseRows, XCFormatError
+from astra_jax.errors import InputError
 
 FORMAT_VERSION = 1
 _PROGRESS_SECONDS = 10.0
@@ -95,6 +96,34 @@ def open_cache(stem: str) -> SparseRows:
                     cache=stem)
 
 
+def verify(stem: str) -> dict:
+  """Checks a built cache against its metadata and itself (shapes, row pointers rising from
+  0 to nnz, ids in range, counts summing to nnz), in blocks. Returns the metadata."""
+  with open(stem + ".meta.json") as f:
+    meta = json.load(f)
+  rows = open_cache(stem)
+  problems = []
+  if rows.num_rows != meta["rows"] or len(rows.indices) != meta["nnz"] != rows.nnz:
+    problems.append(f"{rows.num_rows} rows, {len(rows.indices)} ids, the metadata says "
+                    f"{meta['rows']} and {meta['nnz']}")
+  block = 1 << 24
+  for s in range(0, rows.num_rows, block):
+    if (np.diff(rows.indptr[s:s + block + 1]) < 0).any():
+      problems.append(f"row pointers fall near row {s}")
+      break
+  for s in range(0, rows.nnz, block):
+    ids = rows.indices[s:s + block]
+    if len(ids) and (ids.min() < 0 or ids.max() >= rows.num_cols):
+      problems.append(f"an id out of [0, {rows.num_cols}) near entry {s}")
+      break
+  if int(rows.counts.sum(dtype=np.int64)) != rows.nnz:
+    problems.append("the label counts do not sum to nnz")
+  if problems or rows.indptr[0] != 0:
+    raise InputError(f"label cache {stem} is corrupt ({'; '.join(problems) or 'indptr[0]'}): "
+                     f"delete its files to rebuild it")
+  return meta
+
+
 def build(label_path: str, stem: str, want: dict, num_cols: int | None = None,
           json_num_labels: int | None = None) -> dict:
   """Parses the file into the cache's files (under temporary names, renamed when whole) and
@@ -147,6 +176,8 @@ class _CsrWriter:
     self.rows = self.nnz = self.max_length = 0
 
   def add(self, lengths: np.ndarray, indices: np.ndarray, values: np.ndarray | None) -> None:
+    if values is not None and self.values is None and (values == 1).all():
+      values = None
     self.indptr.append(self.nnz + np.cumsum(lengths))
     self.indices.append(indices)
     if values is not None and self.values is None:

@@ -294,9 +294,10 @@ def _kept(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
   return keep
 
 
-def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseRows:
+def read_sparse(path: str | os.PathLike, num_cols: int | None = None,
+                block_bytes: int = BLOCK_BYTES) -> SparseRows:
   """The whole file in RAM (see `label_cache.cached_labels` for large files)."""
-  reader = SparseFileReader(path, num_cols)
+  reader = SparseFileReader(path, num_cols, block_bytes)
   lengths, indices, values, ones = [], [], [], True
   for block in reader.blocks():
     lengths.append(block.lengths)
