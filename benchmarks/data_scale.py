@@ -5,7 +5,8 @@ r"""The data path at SS-20M's shape: generate, parse, tokenize, open, each phase
 Generates --rows training rows (and --rows/50 test rows) with SS-20M's label statistics
 (19,049,952 labels, 1 + Poisson(25) labels per row: mean 26, popularity Zipf with the
 synthetic generator's exponent) and 30-word texts (32 tokens with [CLS] and [SEP]), written
-in chunks straight to files in the repository layout. Then each phase runs in its own
+in chunks straight to files in the repository layout (past 10^6 rows, the first 10^6
+repeated: see `generate`). Then each phase runs in its own
 process, so its peak memory is its own:
   generate       writing the files (not part of a run; reported for scale)
   parse_labels   the training labels -> the binary label cache (label_cache)
@@ -51,6 +52,7 @@ WORDS_PER_TEXT = 30           # + [CLS] and [SEP]: 32 tokens
 MAX_LEN = 32
 VOCAB = 8000
 CHUNK_ROWS = 100_000
+UNIQUE_ROWS = 1_000_000       # see generate
 PHASES = ("generate", "parse_labels", "tokenize", "prepare_rest", "open_cached")
 
 
@@ -102,6 +104,9 @@ def _text_lines(rng: np.random.Generator, table: np.ndarray, n: int) -> bytes:
 
 
 def generate(d: str, rows: int) -> dict:
+  """Writes the files. Past UNIQUE_ROWS rows (when a multiple of it) the first UNIQUE_ROWS
+  rows are repeated: the same statistics, and a parser or tokenizer does the same work on
+  a repeated row, while generating costs I/O only (this machine has 2 shared cores)."""
   os.makedirs(d, exist_ok=True)
   words = _words()
   synthetic.write_word_tokenizer(os.path.join(d, "tokenizer"), words)
@@ -109,29 +114,52 @@ def generate(d: str, rows: int) -> dict:
   nnz = 0
   for split, n, seed in (("trn", rows, 1), ("tst", max(rows // 50, 1), 2)):
     rng = np.random.default_rng(seed)
-    with open(os.path.join(d, f"{split}_X_Y.txt"), "wb") as fy, \
-        open(os.path.join(d, f"{split}_X.txt"), "wb") as fx:
+    unique = UNIQUE_ROWS if n > UNIQUE_ROWS and n % UNIQUE_ROWS == 0 else n
+    paths = os.path.join(d, f"{split}_X_Y.txt"), os.path.join(d, f"{split}_X.txt")
+    with open(paths[0], "wb") as fy, open(paths[1], "wb") as fx:
       fy.write(f"{n} {NUM_LABELS}\n".encode())
-      for s in range(0, n, CHUNK_ROWS):
-        m = min(CHUNK_ROWS, n - s)
+      for s in range(0, unique, CHUNK_ROWS):
+        m = min(CHUNK_ROWS, unique - s)
         text, pairs = _label_lines(rng, m)
         fy.write(text)
         fx.write(_text_lines(rng, table, m))
-        nnz += pairs if split == "trn" else 0
+        nnz += pairs * (n // unique) if split == "trn" else 0
+    for path, header in zip(paths, (True, False)):
+      _repeat_body(path, n // unique - 1, header)
   return {"nnz": nnz, "mean_labels": round(nnz / rows, 2),
           "bytes": sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
                        if f.endswith(".txt"))}
 
 
+def _repeat_body(path: str, times: int, header: bool) -> None:
+  """Appends the file's rows (after its header line, when it has one) `times` times."""
+  if times <= 0:
+    return
+  with open(path, "rb") as f:
+    start = len(f.readline()) if header else 0
+  end = os.path.getsize(path)
+  with open(path, "rb") as src, open(path, "ab") as dst:
+    for _ in range(times):
+      src.seek(start)
+      left = end - start
+      while left:
+        block = src.read(min(64 << 20, left))
+        dst.write(block)
+        left -= len(block)
+
+
 # ------------------------------------------------------------------------------ phases
-def _data_config(d: str):
-  from astra_jax import config_base
-  c = config_base.base_config().data
-  with c.unlocked():
-    c.dir, c.cache_dir, c.layout = d, os.path.join(d, "astra_cache"), "renee"
-    c.tokenizer_dir, c.max_len = os.path.join(d, "tokenizer"), MAX_LEN
-    c.augment_label_text, c.filter_file = False, ""
-  return c
+class _DataConfig(dict):
+  """`config.data`'s fields that dataset.load reads (attribute access and .get, as a
+  ConfigDict): no ml_collections, so the phases run wherever numpy and tokenizers do."""
+  __getattr__ = dict.__getitem__
+
+
+def _data_config(d: str) -> _DataConfig:
+  return _DataConfig(dir=d, cache_dir=os.path.join(d, "astra_cache"), layout="renee",
+                     tokenizer_dir=os.path.join(d, "tokenizer"), max_len=MAX_LEN,
+                     use_content=False, augment_label_text=False, filter_file="",
+                     missing_hint="")
 
 
 def _cache_files(d: str) -> dict[str, int]:

@@ -261,7 +261,8 @@ def _values(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarra
   pos = starts[:, None] + np.arange(width)
   text = np.where(np.arange(width) < lengths[:, None], b[np.minimum(pos, len(b) - 1)], 0)
   values = np.ascontiguousarray(text.astype(np.uint8)).view(f"S{width}").ravel()
-  values = values.astype(np.float32)
+  # Through float64, as the line parser's float() then float32: the same rounding.
+  values = values.astype(np.float64).astype(np.float32)
   return None if (values == 1).all() else values
 
 
