@@ -199,10 +199,7 @@ class _CsrWriter:
     if self.values is None:
       with contextlib.suppress(FileNotFoundError):
         os.remove(self.files["values"])  # a values file of an older build of this source
-    indices = np.load(self.files["indices"], mmap_mode="r")
-    counts = SparseRows(np.array([0, self.nnz]), indices, None, cols).column_counts()
-    if counts.max(initial=0) >= 2 ** 31:
-      raise ValueError(f"a label has {counts.max()} positives: counts overflow int32")
+    counts = _count_labels(np.load(self.files["indices"], mmap_mode="r"), cols)
     counts_writer = cache_files.NpyStreamWriter(self.files["counts"], np.int32)
     counts_writer.append(counts)
     counts_writer.finish()
@@ -215,6 +212,20 @@ class _CsrWriter:
     for w in (self.indptr, self.indices, self.values):
       if w is not None:
         w.abort()
+
+
+def _count_labels(indices: np.ndarray, cols: int, block: int = 1 << 24) -> np.ndarray:
+  """(cols,) int32 positives per label, from `indices` in blocks: RAM is one int32 array
+  of cols plus one block's int64 bincount, whatever nnz is."""
+  counts = np.zeros(cols, np.int32)
+  may_overflow = len(indices) >= 2 ** 31
+  for s in range(0, len(indices), block):
+    np.add(counts, np.bincount(indices[s:s + block], minlength=cols), out=counts,
+           casting="unsafe")
+    # A block adds under 2^31 to a count: an overflow shows as a negative count.
+    if may_overflow and (counts < 0).any():
+      raise ValueError("a label has 2^31 positives or more: its count overflows int32")
+  return counts
 
 
 class _Progress:

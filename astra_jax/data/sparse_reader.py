@@ -66,26 +66,27 @@ class SparseFileReader:
   def __init__(self, path: str | os.PathLike, num_cols: int | None = None,
                block_bytes: int = BLOCK_BYTES):
     self.path, self.block_bytes = os.fspath(path), block_bytes
-    self.file = xc_format._open_binary(self.path)
     self.duplicates = _Duplicates()
-    self.rows_read = 0
-    self.bytes_read = 0
-    self._pending = self._read(block_bytes)
-    newline = self._pending.find(b"\n")
-    while newline < 0 and not self._eof:
-      more = self._read(block_bytes)
-      newline = len(self._pending) + more.find(b"\n") if b"\n" in more else -1
-      self._pending += more
-    raw = self._pending if newline < 0 else self._pending[:newline]
-    self._pending = b"" if newline < 0 else self._pending[newline + 1:]
-    if not raw and newline < 0:
-      raise XCFormatError(self.path, 1, "empty file: expected a header 'rows cols'")
-    header = _decode(self.path, 1, raw).rstrip("\r")
-    self.rows, self.cols = xc_format.parse_header(self.path, 1, header, num_cols)
+    self.rows_read = self.bytes_read = 0
+    self._eof = self._header_read = False
+    self.file = xc_format._open_binary(self.path)
+    try:
+      self.rows, self.cols = self._read_header(num_cols)
+    except BaseException:
+      self.file.close()
+      raise
     self._header_read = True
 
-  _eof = False
-  _header_read = False
+  def _read_header(self, num_cols: int | None) -> tuple[int, int]:
+    """Reads up to the first newline; leaves the rest of what it read in `_pending`."""
+    self._pending = self._read(self.block_bytes)
+    while b"\n" not in self._pending and not self._eof:
+      self._pending += self._read(self.block_bytes)
+    raw, newline, self._pending = self._pending.partition(b"\n")
+    if not raw and not newline:
+      raise XCFormatError(self.path, 1, "empty file: expected a header 'rows cols'")
+    header = _decode(self.path, 1, raw).rstrip("\r")
+    return xc_format.parse_header(self.path, 1, header, num_cols)
 
   def _read(self, n: int) -> bytes:
     try:
