@@ -162,8 +162,9 @@ def test_refresh_worker_maps_the_label_cache(tmp_path):
     assert isinstance(loaded, type(labels))
     np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
   in_ram = SparseRows.from_lists([[1], [0]], 2)
-  loaded = refresh.load_labels(refresh.positives_source(in_ram, str(tmp_path)))
-  np.testing.assert_array_equal(loaded.to_dense(), in_ram.to_dense())
+  for labels in (in_ram, WithLabelRows(in_ram)):
+    loaded = refresh.load_labels(refresh.positives_source(labels, str(tmp_path)))
+    np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
 
 
 class Killed(BaseException):

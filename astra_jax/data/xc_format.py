@@ -203,6 +203,12 @@ class WithLabelRows:
   def to_dense(self) -> np.ndarray:
     return np.concatenate([self.base.to_dense(), np.eye(self.num_cols, dtype=np.float32)])
 
+  def stacked(self) -> SparseRows:
+    """The rows as one SparseRows in RAM (a copy: for small matrices held in RAM anyway)."""
+    L = self.num_cols
+    return self.base.vstack(SparseRows(np.arange(L + 1, dtype=np.int64),
+                                       np.arange(L, dtype=np.int32), None, L))
+
 
 def _open_binary(path: str | os.PathLike):
   path = os.fspath(path)

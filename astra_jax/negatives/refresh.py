@@ -59,7 +59,7 @@ def positives_source(labels: SparseRows | WithLabelRows, directory: str) -> str:
       json.dump({"cache": base.cache, "label_rows": isinstance(labels, WithLabelRows)}, f)
   else:
     path = os.path.join(directory, "train_labels.npz")
-    save_labels(path, labels)
+    save_labels(path, labels.stacked() if isinstance(labels, WithLabelRows) else labels)
   return path
 
 
