@@ -52,7 +52,9 @@ def as_pairs(m: SparseRows) -> list[list[tuple[int, float]]]:
 @pytest.mark.parametrize("seed, values, quirks", [
     (0, ("1",), False), (1, ("1.0", "1.000000"), False), (2, ("0.5", "1", ".25", "3."), False),
     (3, ("1.0", "0.5"), True), (4, ("1",), True)])
-def test_reader_matches_a_plain_parser(tmp_path, block_bytes, seed, values, quirks):
+def test_reader_matches_a_plain_parser(tmp_path, monkeypatch, block_bytes, seed, values,
+                                       quirks):
+  monkeypatch.setattr(label_cache._LabelCounter, "BATCH", 64)  # counts over many batches
   text = random_file(np.random.default_rng(seed), 300, 50, values, quirks)
   path = tmp_path / "trn_X_Y.txt"
   path.write_text(text)

@@ -138,11 +138,13 @@ def build(label_path: str, stem: str, want: dict, num_cols: int | None = None,
   try:
     if json_num_labels is not None:
       rows = xc_format.read_json_labels(label_path, json_num_labels)
+      writer.start(json_num_labels)
       writer.add(rows.row_lengths(), rows.indices, rows.values)
       cols, source_bytes = json_num_labels, os.path.getsize(label_path)
     else:
       reader = sparse_reader.SparseFileReader(label_path, num_cols)
       progress = _Progress(label_path, os.path.getsize(label_path))
+      writer.start(reader.cols)
       for block in reader.blocks():
         writer.add(block.lengths, block.indices, block.values)
         progress(reader.bytes_read, writer.rows)
@@ -174,12 +176,14 @@ class _CsrWriter:
     self.values: cache_files.NpyStreamWriter | None = None
     self.indptr.append(np.zeros(1, np.int64))
     self.rows = self.nnz = self.max_length = 0
+    self.counter: _LabelCounter | None = None
 
   def add(self, lengths: np.ndarray, indices: np.ndarray, values: np.ndarray | None) -> None:
     if values is not None and self.values is None and (values == 1).all():
       values = None
     self.indptr.append(self.nnz + np.cumsum(lengths))
     self.indices.append(indices)
+    self.counter.add(indices)
     if values is not None and self.values is None:
       self.values = cache_files.NpyStreamWriter(self.files["values"], np.float32)
       for s in range(0, self.nnz, 1 << 24):
@@ -190,16 +194,19 @@ class _CsrWriter:
     self.nnz += len(indices)
     self.max_length = max(self.max_length, int(lengths.max(initial=0)))
 
+  def start(self, cols: int) -> None:
+    """Sets the column count (known once the header is read); call before `add`."""
+    self.counter = _LabelCounter(cols)
+
   def finish(self, cols: int) -> dict:
-    """Closes the arrays, counts positives per label from the written indices. Returns the
-    metadata's figures."""
+    """Closes the arrays, writes the positives per label. Returns the metadata's figures."""
     writers = [w for w in (self.indptr, self.indices, self.values) if w is not None]
     for w in writers:
       w.finish()
     if self.values is None:
       with contextlib.suppress(FileNotFoundError):
         os.remove(self.files["values"])  # a values file of an older build of this source
-    counts = _count_labels(np.load(self.files["indices"], mmap_mode="r"), cols)
+    counts = self.counter.finish()
     counts_writer = cache_files.NpyStreamWriter(self.files["counts"], np.int32)
     counts_writer.append(counts)
     counts_writer.finish()
@@ -214,18 +221,39 @@ class _CsrWriter:
         w.abort()
 
 
-def _count_labels(indices: np.ndarray, cols: int, block: int = 1 << 24) -> np.ndarray:
-  """(cols,) int32 positives per label, from `indices` in blocks: RAM is one int32 array
-  of cols plus one block's int64 bincount, whatever nnz is."""
-  counts = np.zeros(cols, np.int32)
-  may_overflow = len(indices) >= 2 ** 31
-  for s in range(0, len(indices), block):
-    np.add(counts, np.bincount(indices[s:s + block], minlength=cols), out=counts,
+class _LabelCounter:
+  """Positives per label as int32, counted as the blocks go by: ids are gathered up to
+  2^24 and counted with one bincount (its cost is O(cols) a call, so not one per block).
+  RAM: the int32 counts, the gathered ids and one int64 bincount of cols."""
+
+  BATCH = 1 << 24
+
+  def __init__(self, cols: int):
+    self.counts = np.zeros(cols, np.int32)
+    self.pending: list[np.ndarray] = []
+    self.pending_len = self.total = 0
+
+  def add(self, ids: np.ndarray) -> None:
+    self.pending.append(ids)
+    self.pending_len += len(ids)
+    if self.pending_len >= self.BATCH:
+      self._flush()
+
+  def _flush(self) -> None:
+    if not self.pending:
+      return
+    ids = np.concatenate(self.pending)
+    self.pending, self.pending_len = [], 0
+    np.add(self.counts, np.bincount(ids, minlength=len(self.counts)), out=self.counts,
            casting="unsafe")
-    # A block adds under 2^31 to a count: an overflow shows as a negative count.
-    if may_overflow and (counts < 0).any():
+    self.total += len(ids)
+    # A flush adds under 2^31 to a count: an overflow shows as a negative count.
+    if self.total >= 2 ** 31 and (self.counts < 0).any():
       raise ValueError("a label has 2^31 positives or more: its count overflows int32")
-  return counts
+
+  def finish(self) -> np.ndarray:
+    self._flush()
+    return self.counts
 
 
 class _Progress:
