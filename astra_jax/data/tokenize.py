@@ -2,7 +2,8 @@
 
 Each tokenized file is `<name>.tokens.npy` (an .npy file, so it opens with
 `np.load(mmap_mode="r")`) and `<name>.meta.json` holding the source file's size and mtime,
-the tokenizer's fingerprint and max_len: when any of them changes the cache is rebuilt.
+the tokenizer's fingerprint and max_len (when any of them changes the cache is rebuilt),
+and the tokenizer's pad id and vocabulary size (so opening needs no tokenizer).
 Padding uses the tokenizer's pad id; the attention mask is `tokens != pad_id`.
 """
 from __future__ import annotations
@@ -57,9 +58,6 @@ def tokenizer_fingerprint(tokenizer_dir: str) -> str:
       with open(path, "rb") as f:
         h.update(f.read())
   return h.hexdigest()[:16]
-
-
-_source_stamp = cache_files.source_stamp
 
 
 def tokenize_texts(texts: Sequence[str], tokenizer, max_len: int,
