@@ -93,9 +93,11 @@ def test_unsorted_and_repeated_labels_in_the_vectorised_path(tmp_path):
     ("2 5\n0:1\n3:\n", 3, "malformed pair '3:'"),
     ("2 5\n0:1\n3:1:1\n", 3, "malformed pair '3:1:1'"),
     ("2 5\n0:1\n3:1..0\n", 3, "malformed pair '3:1..0'"),
+    ("1 5\n0:1\n\n\n" + "\n" * 40 + "2:1\n", 45, "more rows than the header's 1"),
     ("two 5\n", 1, "bad header"),
 ])
-def test_the_cache_gives_the_readers_errors(tmp_path, text, line, message):
+def test_the_cache_gives_the_readers_errors(tmp_path, monkeypatch, text, line, message):
+  monkeypatch.setattr(sparse_reader, "BLOCK_BYTES", 8)  # errors in a later block, too
   path = tmp_path / "trn_X_Y.txt"
   path.write_text(text)
   with pytest.raises(XCFormatError, match=message) as e:

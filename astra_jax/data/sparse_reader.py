@@ -64,10 +64,10 @@ class SparseFileReader:
   """
 
   def __init__(self, path: str | os.PathLike, num_cols: int | None = None,
-               block_bytes: int = BLOCK_BYTES):
-    self.path, self.block_bytes = os.fspath(path), block_bytes
+               block_bytes: int | None = None):
+    self.path, self.block_bytes = os.fspath(path), block_bytes or BLOCK_BYTES
     self.duplicates = _Duplicates()
-    self.rows_read = self.bytes_read = 0
+    self.rows_read = self.lines_read = self.bytes_read = 0  # lines: rows + blank lines past them
     self._eof = self._header_read = False
     self.file = xc_format._open_binary(self.path)
     try:
@@ -116,8 +116,9 @@ class SparseFileReader:
           yield block
 
   def _parse(self, data: bytes) -> RowBlock | None:
-    first_line = self.rows_read + 2
+    first_line = self.lines_read + 2
     lines = data.count(b"\n")
+    self.lines_read += lines
     wanted = max(self.rows - self.rows_read, 0)
     fast = _parse_fast(np.frombuffer(data, np.uint8), self.cols, lines)
     if fast is not None and (lines <= wanted or not fast[0][wanted:].any()):
@@ -297,7 +298,7 @@ def _kept(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 
 def read_sparse(path: str | os.PathLike, num_cols: int | None = None,
-                block_bytes: int = BLOCK_BYTES) -> SparseRows:
+                block_bytes: int | None = None) -> SparseRows:
   """The whole file in RAM (see `label_cache.cached_labels` for large files)."""
   reader = SparseFileReader(path, num_cols, block_bytes)
   lengths, indices, values, ones = [], [], [], True
