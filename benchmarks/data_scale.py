@@ -10,6 +10,8 @@ repeated: see `generate`). Then each phase runs in its own
 process, so its peak memory is its own:
   generate       writing the files (not part of a run; reported for scale)
   parse_labels   the training labels -> the binary label cache (label_cache)
+  open_labels    a second process opens that cache (it must not parse again), then reads
+                 what training reads from it: counts, 200 batches of positives
   tokenize       the training texts -> the token cache
   prepare_rest   dataset.load: the test split's caches, then everything opened
   open_cached    a second process's dataset.load on the built caches (no parse, no
@@ -53,7 +55,7 @@ MAX_LEN = 32
 VOCAB = 8000
 CHUNK_ROWS = 100_000
 UNIQUE_ROWS = 1_000_000       # see generate
-PHASES = ("generate", "parse_labels", "tokenize", "prepare_rest", "open_cached")
+PHASES = ("generate", "parse_labels", "open_labels", "tokenize", "prepare_rest", "open_cached")
 
 
 # ------------------------------------------------------------------------------ generation
@@ -181,6 +183,14 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
     return {"nnz": labels.nnz, "source_bytes": meta["source_bytes"], "bytes": meta["bytes"],
             "mb_per_s": meta["source_bytes"] / 1e6 / meta["seconds"],
             "mb_per_cpu_s": meta["source_bytes"] / 1e6 / meta["cpu_seconds"]}
+  if phase == "open_labels":
+    before = _cache_files(d)
+    t0 = time.time()
+    labels = label_cache.cached_labels(os.path.join(d, "trn_X_Y.txt"), cache)
+    open_s = time.time() - t0
+    if _cache_files(d) != before:
+      raise RuntimeError("opening the label cache rewrote it")
+    return {"open_seconds": open_s, **_label_reads(labels)}
   if phase == "tokenize":
     t0 = time.time()
     tokens = tokenize.cached_tokens(os.path.join(d, "trn_X.txt"), cache,
@@ -199,6 +209,20 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
       raise RuntimeError("opening the caches rewrote them")
     return {"open_seconds": open_s, **_training_reads(data)}
   raise ValueError(f"unknown phase {phase!r}")
+
+
+def _label_reads(labels) -> dict:
+  """What a training process reads from the label cache: counts, then 200 batches of 512
+  rows' positives as the sampler draws them."""
+  from astra_jax.sampler import NegativeSampler
+  t0 = time.time()
+  np.argsort(-labels.column_counts())[:5]
+  counts_s = time.time() - t0
+  sampler, rng = NegativeSampler(labels, 8, 0, 256), np.random.default_rng(0)
+  t0 = time.time()
+  for _ in range(200):
+    sampler(rng.integers(0, labels.num_rows, 512), rng)
+  return {"counts_seconds": counts_s, "batch_ms": (time.time() - t0) / 200 * 1e3}
 
 
 def _training_reads(data) -> dict:
