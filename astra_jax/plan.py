@@ -325,20 +325,28 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                   rows * M * mined * 4, "N x (model x k_mined) x 4", paged=True),
              Item(f"query embeddings being collected ({rows:,} x {d} fp32)",
                   rows * d * 4, "N x d x 4", paged=True)]
+  # The label matrix is the label cache's memmaps (label_cache): the training processes
+  # and workers of a node share one page-cache copy; the label-text rows are not stored.
+  n_file, nnz_file = data.num_train + 1, (int(data.num_train * lpp) if lpp else 0)
+  label_cache_bytes = n_file * 8 + nnz_file * 4 + L * 4
   if nnz:
-    worker.append(Item(f"training positives (~{nnz:,} pairs)", (rows + 1) * 8 + nnz * 4,
-                       "(N + 1) x 8 + nnz x 4"))
-    trainer.insert(0, Item(f"training label matrix ({nnz:,} pairs)",
-                           (rows + 1) * 8 + nnz * 8, "(N + 1) x 8 + nnz x (4 + 4)"))
+    worker.append(Item(f"training positives (label cache, ~{nnz_file:,} pairs)",
+                       label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True))
+    trainer.insert(0, Item(f"training label matrix (label cache, ~{nnz_file:,} pairs)",
+                           label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True))
   else:
-    notes.append("the label matrix is not counted (labels per point unknown): "
-                 "(N + 1) x 8 + nnz x 8 bytes in each training process")
+    notes.append("the label matrix is not counted (labels per point unknown): its cache, "
+                 "(N + 1) x 8 + nnz x 4 + L x 4 bytes, is mapped once per node")
   disk = [Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
                "N x T x 4 (+ test rows)"),
+
           Item("hard negatives, in use + next", 2 * rows * M * mined * 4,
                "2 x N x (model x k_mined) x 4"),
           Item("query embeddings + W snapshot of a refresh", rows * d * 4 + L * d * 4,
                "N x d x 4 + L x d x 4")]
+  if nnz:
+    disk.insert(1, Item("label cache (training labels)", label_cache_bytes,
+                        "(N + 1) x 8 + nnz x 4 + L x 4"))
   if M > 1:
     notes.append(f"a refresh worker is for one W shard ({R:,} rows); a host that mines for "
                  f"several shards needs that much for each")

@@ -7,14 +7,17 @@ DOWNLOAD is the Extreme Classification Repository's download: a .zip, or a direc
 a directory holding one dataset directory) in any layout `data/dataset.py` reads
 ({trn,tst,lbl}.json.gz; trn_X.txt/tst_X.txt/Y.txt or raw_data/*.raw.txt with
 trn_X_Y.txt/tst_X_Y.txt). Its files are extracted (zip) or linked into DIR (a Mac zip's
-`__MACOSX/` and `._*` entries are skipped), and every text file is tokenized into
-DIR/astra_cache, the cache training reads. With --config, the tokenizer, max_len,
+`__MACOSX/` and `._*` entries are skipped), every label file is parsed into a binary CSR
+cache and every text file tokenized, into DIR/astra_cache, the caches training
+memory-maps; the summary names each cache's rows, positives, bytes and build seconds,
+after checking the label caches. With --config, the tokenizer, max_len,
 use_content and DIR default to the config's (e.g. data/LF-AmazonTitles-131K), so training
 needs no further flag.
 
 Resumable: files already extracted with the right size are kept, and token files whose
-metadata matches (source size and time, tokenizer, max_len) are not rebuilt; an
-interrupted run leaves no partial file (everything is written under a temporary name).
+metadata matches (source size and time, tokenizer, max_len) are not rebuilt, nor are label
+caches of unchanged files; a killed tokenization goes on from its last checkpoint (every
+2^20 rows); nothing else is left half-written (temporary names, renamed when whole).
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from astra_jax import cli, config_base, tmpnames
-from astra_jax.data import dataset
+from astra_jax.data import dataset, label_cache
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 
@@ -131,16 +134,28 @@ def prepare(src: str, out: str, data_cfg) -> dataset.XCData:
 
 
 def summary(data: dataset.XCData, cache_dir: str) -> str:
+  """What was built: the dataset's sizes, then each cache's rows, size and build time (the
+  label caches verified on the way)."""
   lines = [f"{data.data_dir}: L = {data.num_labels:,} labels, {data.num_train_original:,} "
            f"training rows, {data.test_labels.num_rows:,} test rows, label texts: "
            f"{'yes' if data.label_tokens is not None else 'no'}, "
            f"{len(data.test_filter):,} filtered test pairs"]
   for name in sorted(os.listdir(cache_dir)):
-    if name.endswith(".meta.json"):
-      with open(os.path.join(cache_dir, name)) as f:
-        meta = json.load(f)
-      lines.append(f"  {name[:-len('.meta.json')]}: {meta['rows']:,} rows x {meta['max_len']} "
-                   f"tokens, {meta['truncated_rows']:,} truncated, built in {meta['seconds']}s")
+    if not name.endswith(".meta.json"):
+      continue
+    stem = name[:-len(".meta.json")]
+    if stem.endswith(".labels"):
+      meta = label_cache.verify(os.path.join(cache_dir, stem))
+      lines.append(f"  {stem}: {meta['rows']:,} rows, {meta['nnz']:,} positives over "
+                   f"{meta['cols']:,} labels, {meta['bytes'] / 1e6:,.1f} MB, parsed in "
+                   f"{meta['seconds']}s")
+      continue
+    with open(os.path.join(cache_dir, name)) as f:
+      meta = json.load(f)
+    size = os.path.getsize(os.path.join(cache_dir, stem + ".tokens.npy"))
+    lines.append(f"  {stem}: {meta['rows']:,} rows x {meta['max_len']} tokens, "
+                 f"{meta['truncated_rows']:,} truncated, {size / 1e6:,.1f} MB, built in "
+                 f"{meta['seconds']}s")
   return "\n".join(lines)
 
 
@@ -178,9 +193,9 @@ def main(argv):
     sys.exit("error: --out=DIR is required without a --config that sets data.dir")
   try:
     data = prepare(F.src, out, dc)
+    print(summary(data, os.path.join(out, "astra_cache")))
   except (InputError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")
-  print(summary(data, os.path.join(out, "astra_cache")))
 
 
 if __name__ == "__main__":

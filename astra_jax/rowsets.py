@@ -113,13 +113,9 @@ def shared_member(shared: np.ndarray, num_rows: int, set_rows: np.ndarray,
 
 
 def rows_of(labels: SparseRows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """The (position in `rows`, label) pairs of the given rows of a sparse matrix."""
-  starts, ends = labels.indptr[rows], labels.indptr[rows + 1]
-  lengths = ends - starts
-  which = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
-  # entry j of row i sits at starts[i] + j: arange over all entries, shifted per row
-  flat = np.arange(len(which)) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-  return which, labels.indices[flat].astype(np.int64)
+  """The (position in `rows`, label) pairs of the given rows of a sparse matrix (SparseRows
+  or WithLabelRows), grouped by position."""
+  return labels.entries(rows)
 
 
 def drop_and_compact(ranked: np.ndarray, drop: np.ndarray, k: int) -> np.ndarray:

@@ -507,7 +507,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   sampler = NegativeSampler(
       data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
       per_query_random=nc.random_draws == "per_query",
-      all_positives=(max(1, int(np.diff(data.train_labels.indptr).max()))
+      all_positives=(max(1, data.train_labels.max_row_length())
                      if nc.strategy in ("uptodate", "full") else 0))
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, d, workdir)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,

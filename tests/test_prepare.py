@@ -31,7 +31,10 @@ def test_zip_download_to_a_data_directory_and_resume(tmp_path):
   assert data.num_labels == 4 and data.num_train_original == 3 and len(data.test_filter) == 1
   cache = out / "astra_cache"
   built = {p: os.path.getmtime(cache / p) for p in os.listdir(cache) if p.endswith(".npy")}
-  assert sorted(built) == ["lbl.L6.tokens.npy", "trn.L6.tokens.npy", "tst.L6.tokens.npy"]
+  labels = [f"{split}.labels.{part}.npy" for split in ("trn", "tst")
+            for part in ("counts", "indices", "indptr")]
+  assert sorted(built) == sorted(labels + ["lbl.L6.tokens.npy", "trn.L6.tokens.npy",
+                                           "tst.L6.tokens.npy"])
   # Again: nothing extracted or tokenized anew.
   before = os.path.getmtime(out / "trn.json.gz")
   prepare.prepare(str(zpath), str(out), _data_cfg(tok))
@@ -62,3 +65,4 @@ def test_directory_download_is_linked_and_cli_summarises(tmp_path):
   assert os.path.islink(out / "trn.json.gz")
   assert "L = 4 labels, 3 training rows, 2 test rows, label texts: yes" in r.stdout
   assert "trn.L6: 3 rows x 6 tokens" in r.stdout
+  assert "trn.labels: 3 rows, 4 positives over 4 labels" in r.stdout

@@ -171,8 +171,9 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path):
   for x in neg["refreshes"]:
     assert {"build_s", "search_s", "recall", "wait_s"} <= set(x)
   # Only the negatives in use remain on disk; the refresh inputs are gone.
+  # The positives are the label cache's memmaps, named in train_labels.json, not copied.
   assert sorted(os.listdir(tmp_path / "wd" / "negatives")) == ["hard_epoch3.npy",
-                                                              "train_labels.npz"]
+                                                              "train_labels.json"]
   hard = np.load(tmp_path / "wd" / "negatives" / "hard_epoch3.npy")
   labels = xc_format.read_sparse(tmp_path.parent / "small_synthetic" / "trn_X_Y.txt")
   assert hard.shape == (3300, 16)  # label-text rows included

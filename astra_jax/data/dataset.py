@@ -9,8 +9,8 @@ import numpy as np
 from absl import logging
 
 from astra_jax import tmpnames
-from astra_jax.data import tokenize, xc_format
-from astra_jax.data.xc_format import SparseRows, XCFormatError
+from astra_jax.data import label_cache, tokenize, xc_format
+from astra_jax.data.xc_format import SparseRows, WithLabelRows, XCFormatError
 from astra_jax.errors import InputError
 
 # Text files per layout: (train, test, labels). Label matrices are trn_X_Y.txt / tst_X_Y.txt
@@ -50,7 +50,7 @@ class XCData:
   data_dir: str
   num_labels: int
   train_tokens: np.ndarray | RowConcat  # (N, T) int32
-  train_labels: SparseRows
+  train_labels: SparseRows | WithLabelRows  # memmaps; with label-text rows appended
   test_tokens: np.ndarray
   test_labels: SparseRows
   label_tokens: np.ndarray | None       # (L, T) int32, when label texts exist
@@ -116,16 +116,18 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   except OSError:
     raise InputError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
 
+  # Labels: binary caches built once (label_cache), then memory-mapped.
   if layout == "json":
     lbl_texts_path = need(lbl_x)
     num_labels = sum(1 for _ in xc_format._lines(lbl_texts_path))
-    train_labels = xc_format.read_json_labels(trn_x, num_labels)
-    test_labels = xc_format.read_json_labels(tst_x, num_labels)
+    train_labels = label_cache.cached_labels(trn_x, cache_dir, json_num_labels=num_labels)
+    test_labels = label_cache.cached_labels(tst_x, cache_dir, json_num_labels=num_labels)
   else:
     trn_y = need(os.path.join(d, "trn_X_Y.txt"))
-    train_labels = xc_format.read_sparse(trn_y)
+    train_labels = label_cache.cached_labels(trn_y, cache_dir)
     num_labels = train_labels.num_cols
-    test_labels = xc_format.read_sparse(need(os.path.join(d, "tst_X_Y.txt")), num_labels)
+    test_labels = label_cache.cached_labels(need(os.path.join(d, "tst_X_Y.txt")), cache_dir,
+                                            num_labels)
 
   tok = lambda p: tokenize.cached_tokens(p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len,
                                          use_content=data_cfg.use_content)
@@ -146,19 +148,16 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   else:
     test_filter = np.zeros((0, 2), np.int64)
 
-  tokenizer = tokenize.load_tokenizer(data_cfg.tokenizer_dir)
+  pad_id, vocab_size = tokenize.tokenizer_ids(trn_x, cache_dir, data_cfg.tokenizer_dir,
+                                              data_cfg.max_len)
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
       raise MissingDataError(f"config.data.augment_label_text needs label texts at {lbl_x}")
-    identity = SparseRows(np.arange(num_labels + 1, dtype=np.int64),
-                          np.arange(num_labels, dtype=np.int32),
-                          np.ones(num_labels, np.float32), num_labels)
     train_tokens = RowConcat(train_tokens, label_tokens)
-    train_labels = train_labels.vstack(identity)
+    train_labels = WithLabelRows(train_labels)  # label l's text: one row, positive l
   logging.info("dataset %s (%s layout): L=%d, %d train rows (%d with label texts), %d test rows, "
                "%d filter pairs", d, layout, num_labels, n_orig, train_labels.num_rows,
                test_labels.num_rows, len(test_filter))
   return XCData(d, num_labels, train_tokens, train_labels, test_tokens, test_labels,
-                label_tokens, test_filter, int(tokenizer.pad_token_id or 0), len(tokenizer),
-                n_orig)
+                label_tokens, test_filter, pad_id, vocab_size, n_orig)

@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from astra_jax import tmpnames
+from astra_jax.data import cache_files
 from astra_jax.errors import InputError
 
 # ASCII digits only: str.isdigit also takes '²', which int() then rejects.
@@ -33,39 +33,86 @@ class XCFormatError(InputError):
     self.path, self.line = os.fspath(path), line
 
 
+_COUNT_BLOCK = 1 << 24  # entries per bincount: int64 temporaries bounded, not nnz-sized
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseRows:
-  """A CSR matrix without scipy: row i holds indices[indptr[i]:indptr[i+1]]."""
-  indptr: np.ndarray   # (rows + 1,) int64
-  indices: np.ndarray  # (nnz,) int32
-  values: np.ndarray   # (nnz,) float32
+  """A CSR matrix without scipy: row i holds indices[indptr[i]:indptr[i+1]]. The arrays
+  may be read-only memmaps of a label cache (`label_cache`); nothing here copies them."""
+  indptr: np.ndarray          # (rows + 1,) int64
+  indices: np.ndarray         # (nnz,) int32
+  values: np.ndarray | None   # (nnz,) float32; None: every value is one (a label file's
+                              # usual case, so an nnz-sized array of ones is never held)
   num_cols: int
+  counts: np.ndarray | None = None  # (num_cols,) positives per label, when precomputed
+  max_length: int | None = None     # the longest row's length, when precomputed
+  cache: str = ""                   # the label cache these arrays map (label_cache), if any
 
   @property
   def num_rows(self) -> int:
     return len(self.indptr) - 1
 
+  @property
+  def nnz(self) -> int:
+    return int(self.indptr[-1])
+
   def row(self, i: int) -> np.ndarray:
     return self.indices[self.indptr[i]:self.indptr[i + 1]]
 
   def row_values(self, i: int) -> np.ndarray:
+    if self.values is None:
+      return np.ones(int(self.indptr[i + 1] - self.indptr[i]), np.float32)
     return self.values[self.indptr[i]:self.indptr[i + 1]]
 
-  def row_lengths(self) -> np.ndarray:
-    return np.diff(self.indptr)
+  def row_lengths(self, rows: np.ndarray | None = None) -> np.ndarray:
+    """Labels per row: of every row, or of the given row ids."""
+    if rows is None:
+      return np.diff(self.indptr)
+    rows = np.asarray(rows, np.int64)
+    return self.indptr[rows + 1] - self.indptr[rows]
+
+  def max_row_length(self) -> int:
+    if self.max_length is not None:
+      return self.max_length
+    longest = 0
+    for s in range(0, self.num_rows, _COUNT_BLOCK):
+      block = np.diff(self.indptr[s:s + _COUNT_BLOCK + 1])
+      longest = max(longest, int(block.max(initial=0)))
+    return longest
 
   def column_counts(self) -> np.ndarray:
-    return np.bincount(self.indices, minlength=self.num_cols)
+    """(num_cols,) int64 positives per label, counted in blocks (np.bincount would cast
+    all of `indices` to int64 at once)."""
+    if self.counts is not None:
+      return np.asarray(self.counts, np.int64)
+    counts = np.zeros(self.num_cols, np.int64)
+    for s in range(0, self.nnz, _COUNT_BLOCK):
+      counts += np.bincount(self.indices[s:s + _COUNT_BLOCK], minlength=self.num_cols)
+    return counts
+
+  def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (position in `rows`, label) pairs of the given rows, grouped by position."""
+    rows = np.asarray(rows, np.int64)
+    starts, ends = self.indptr[rows], self.indptr[rows + 1]
+    lengths = ends - starts
+    which = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+    # entry j of row i sits at starts[i] + j: arange over all entries, shifted per row
+    flat = np.arange(len(which)) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return which, np.asarray(self.indices[flat], np.int64)
 
   def head(self, n: int) -> "SparseRows":
     """The first n rows."""
+    if n == self.num_rows:
+      return self
     end = self.indptr[n]
-    return SparseRows(self.indptr[:n + 1], self.indices[:end], self.values[:end], self.num_cols)
+    vals = None if self.values is None else self.values[:end]
+    return SparseRows(self.indptr[:n + 1], self.indices[:end], vals, self.num_cols)
 
   def to_dense(self) -> np.ndarray:
     dense = np.zeros((self.num_rows, self.num_cols), np.float32)
     rows = np.repeat(np.arange(self.num_rows), self.row_lengths())
-    dense[rows, self.indices] = self.values
+    dense[rows, self.indices] = 1.0 if self.values is None else self.values
     return dense
 
   @staticmethod
@@ -84,10 +131,83 @@ class SparseRows:
   def vstack(self, other: "SparseRows") -> "SparseRows":
     if other.num_cols != self.num_cols:
       raise ValueError(f"column counts differ: {self.num_cols} vs {other.num_cols}")
+    if self.values is None and other.values is None:
+      vals = None
+    else:
+      ones = lambda m: np.ones(m.nnz, np.float32) if m.values is None else m.values
+      vals = np.concatenate([ones(self), ones(other)])
     return SparseRows(
         np.concatenate([self.indptr, other.indptr[1:] + self.indptr[-1]]),
-        np.concatenate([self.indices, other.indices]),
-        np.concatenate([self.values, other.values]), self.num_cols)
+        np.concatenate([self.indices, other.indices]), vals, self.num_cols)
+
+
+class WithLabelRows:
+  """Training rows followed by one row per label whose only positive is that label (the
+  label-text augmentation), without copying: the identity block is computed, not stored.
+  Offers the part of SparseRows' interface that training and mining read."""
+
+  def __init__(self, base: SparseRows):
+    self.base, self.num_cols = base, base.num_cols
+
+  @property
+  def num_rows(self) -> int:
+    return self.base.num_rows + self.num_cols
+
+  @property
+  def nnz(self) -> int:
+    return self.base.nnz + self.num_cols
+
+  def _split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.asarray(rows, np.int64)
+    return rows, rows < self.base.num_rows
+
+  def row(self, i: int) -> np.ndarray:
+    if i < self.base.num_rows:
+      return self.base.row(i)
+    return np.array([i - self.base.num_rows], self.base.indices.dtype)
+
+  def row_values(self, i: int) -> np.ndarray:
+    return self.base.row_values(i) if i < self.base.num_rows else np.ones(1, np.float32)
+
+  def row_lengths(self, rows: np.ndarray | None = None) -> np.ndarray:
+    if rows is None:
+      return np.concatenate([self.base.row_lengths(), np.ones(self.num_cols, np.int64)])
+    rows, in_base = self._split(rows)
+    out = np.ones(len(rows), np.int64)
+    out[in_base] = self.base.row_lengths(rows[in_base])
+    return out
+
+  def max_row_length(self) -> int:
+    return max(self.base.max_row_length(), 1 if self.num_cols else 0)
+
+  def column_counts(self) -> np.ndarray:
+    return self.base.column_counts() + 1
+
+  def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    rows, in_base = self._split(rows)
+    lengths = self.row_lengths(rows)
+    which = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+    labels = np.empty(len(which), np.int64)
+    from_base = in_base[which]
+    labels[from_base] = self.base.entries(rows[in_base])[1]
+    labels[~from_base] = rows[~in_base] - self.base.num_rows
+    return which, labels
+
+  def head(self, n: int) -> "SparseRows | WithLabelRows":
+    if n <= self.base.num_rows:
+      return self.base.head(n)
+    if n == self.num_rows:
+      return self
+    raise ValueError(f"head({n}) would cut the label-text rows short")
+
+  def to_dense(self) -> np.ndarray:
+    return np.concatenate([self.base.to_dense(), np.eye(self.num_cols, dtype=np.float32)])
+
+  def stacked(self) -> SparseRows:
+    """The rows as one SparseRows in RAM (a copy: for small matrices held in RAM anyway)."""
+    L = self.num_cols
+    return self.base.vstack(SparseRows(np.arange(L + 1, dtype=np.int64),
+                                       np.arange(L, dtype=np.int32), None, L))
 
 
 def _open_binary(path: str | os.PathLike):
@@ -121,62 +241,48 @@ def _lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
 
 
 def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseRows:
-  """Reads a sparse matrix in the repository's text format.
+  """Reads a sparse matrix in the repository's text format (into RAM; `label_cache` keeps
+  a large one on disk instead).
 
   Args:
     path: the file (`.gz` allowed).
     num_cols: when given, the header's column count must equal it.
+  Returns:
+    The rows, each sorted with every label once; `values` None when they are all one.
   """
-  lines = _lines(path)
-  try:
-    lineno, header = next(lines)
-  except StopIteration:
-    raise XCFormatError(path, 1, "empty file: expected a header 'rows cols'") from None
+  from astra_jax.data import sparse_reader  # it builds on this module's line parser
+  return sparse_reader.read_sparse(path, num_cols)
+
+
+def parse_header(path: str | os.PathLike, lineno: int, header: str,
+                 num_cols: int | None) -> tuple[int, int]:
+  """(rows, cols) of a sparse file's header line, or an XCFormatError naming it."""
   parts = header.split()
   if len(parts) != 2 or not all(_INT.fullmatch(p) for p in parts):
     raise XCFormatError(path, lineno, f"bad header {header!r}: expected 'rows cols'")
   rows, cols = int(parts[0]), int(parts[1])
   if num_cols is not None and cols != num_cols:
     raise XCFormatError(path, lineno, f"header says {cols} columns, expected {num_cols}")
-  lengths: list[int] = []  # not indptr from the header: a bad header must not allocate
-  sorted_unique = _SortedUnique(path)
-  indices: list[np.ndarray] = []
-  values: list[np.ndarray] = []
-  count = 0
-  for lineno, line in lines:
-    if count == rows:
-      if line.strip():
-        raise XCFormatError(path, lineno, f"more rows than the header's {rows}")
-      continue
-    line = line.strip()
-    if line:
-      try:
-        pairs = [p.split(":") for p in line.split()]
-        ids = [int(p[0]) for p in pairs]
-        val = np.array([float(p[1]) if len(p) > 1 else 1.0 for p in pairs], np.float32)
-        if any(len(p) > 2 for p in pairs):
-          raise ValueError
-      except (ValueError, IndexError):
-        bad = next((t for t in line.split() if not _is_pair(t)), line)
-        raise XCFormatError(path, lineno, f"malformed pair {bad!r}: expected 'label:value'") from None
-      if min(ids) < 0 or max(ids) >= cols:  # before int64: an id past 2^63 must not overflow
-        bad = max(ids) if max(ids) >= cols else min(ids)
-        raise XCFormatError(path, lineno, f"label id {bad} out of range [0, {cols})")
-      idx, val = sorted_unique(lineno, np.array(ids, np.int64), val)
-      indices.append(idx.astype(np.int32))
-      values.append(val)
-      lengths.append(idx.size)
-    else:
-      lengths.append(0)
-    count += 1
-  if count != rows:
-    raise XCFormatError(path, None, f"header says {rows} rows, file has {count}")
-  sorted_unique.report()
-  indptr = np.zeros(count + 1, np.int64)
-  np.cumsum(lengths, out=indptr[1:])
-  ind = np.concatenate(indices) if indices else np.zeros(0, np.int32)
-  val = np.concatenate(values) if values else np.zeros(0, np.float32)
-  return SparseRows(indptr, ind, val, cols)
+  return rows, cols
+
+
+def parse_row(path: str | os.PathLike, lineno: int, line: str, cols: int,
+              sorted_unique: "_SortedUnique") -> tuple[np.ndarray, np.ndarray]:
+  """One non-empty row's (sorted unique int64 ids, float32 values), or an XCFormatError
+  naming the line: the reference parser, and the one that words every error."""
+  try:
+    pairs = [p.split(":") for p in line.split()]
+    ids = [int(p[0]) for p in pairs]
+    val = np.array([float(p[1]) if len(p) > 1 else 1.0 for p in pairs], np.float32)
+    if any(len(p) > 2 for p in pairs):
+      raise ValueError
+  except (ValueError, IndexError):
+    bad = next((t for t in line.split() if not _is_pair(t)), line)
+    raise XCFormatError(path, lineno, f"malformed pair {bad!r}: expected 'label:value'") from None
+  if min(ids) < 0 or max(ids) >= cols:  # before int64: an id past 2^63 must not overflow
+    bad = max(ids) if max(ids) >= cols else min(ids)
+    raise XCFormatError(path, lineno, f"label id {bad} out of range [0, {cols})")
+  return sorted_unique(lineno, np.array(ids, np.int64), val)
 
 
 class _SortedUnique:
@@ -226,11 +332,12 @@ def write_sparse(path: str | os.PathLike, matrix: SparseRows, value_format: str 
 
 
 class atomic_text_writer:
-  """Context manager: write to `path.tmp-HOST-PID-RANDOM`, rename onto `path` only on success."""
+  """Context manager: write to a temporary name unique across hosts (host, pid, random),
+  rename onto `path` only on success."""
 
   def __init__(self, path: str | os.PathLike, mode: str = "w"):
     self.path = os.fspath(path)
-    self.tmp = f"{self.path}.tmp-{tmpnames.unique_suffix()}"
+    self.tmp = cache_files.temporary_name(self.path)
     self.mode = mode
 
   def __enter__(self):
@@ -260,7 +367,7 @@ class atomic_text_writer:
 
 
 def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool = False) -> list[str]:
-  """Reads one text per row.
+  """Reads one text per row (all in RAM; `iter_texts` streams them).
 
   Args:
     path: the file.
@@ -269,6 +376,12 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
     use_content: json layout only: title + " " + content (full-text datasets) instead of
       the title alone (titles datasets).
   """
+  return list(iter_texts(path, layout, use_content))
+
+
+def iter_texts(path: str | os.PathLike, layout: str = "auto",
+               use_content: bool = False) -> Iterator[str]:
+  """One text per row, one line at a time (arguments as `read_texts`'s)."""
   p = os.fspath(path)
   if layout == "auto":
     if p.endswith((".json", ".json.gz")):
@@ -277,33 +390,48 @@ def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool 
       layout = "uid"
     else:
       layout = "lines"
-  if layout == "lines":
-    return [line for _, line in _lines(p)]
-  if layout == "uid":
-    texts = []
-    for lineno, line in _lines(p):
+  if layout not in ("lines", "uid", "json"):
+    raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
+  for lineno, line in _lines(p):
+    if layout == "lines":
+      yield line
+    elif layout == "uid":
       uid, sep, text = line.partition("->")
       if not sep:
         raise XCFormatError(p, lineno, "expected 'uid->text'")
-      texts.append(text)
-    return texts
-  if layout == "json":
-    texts = []
-    for lineno, line in _lines(p):
-      if not line.strip():
-        raise XCFormatError(p, lineno, "empty line in a JSON-lines file")
+      yield text
+    else:
+      yield _json_text(p, lineno, line, use_content)
+
+
+def _json_text(path: str, lineno: int, line: str, use_content: bool) -> str:
+  if not line.strip():
+    raise XCFormatError(path, lineno, "empty line in a JSON-lines file")
+  try:
+    obj = json.loads(line)
+  except json.JSONDecodeError as e:
+    raise XCFormatError(path, lineno, f"invalid JSON: {e.msg}") from None
+  if not isinstance(obj, dict) or "title" not in obj:
+    raise XCFormatError(path, lineno, "missing field 'title'")
+  text = str(obj["title"] or "")  # JSON null: no text, not the word "None"
+  if use_content:
+    text = f"{text} {obj.get('content') or ''}".strip()
+  return text
+
+
+def count_lines(path: str | os.PathLike, block_bytes: int = 16 << 20) -> int:
+  """Lines in a file (a last line without a newline counts), read in blocks."""
+  count, last = 0, b"\n"
+  with _open_binary(path) as f:
+    while True:
       try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise XCFormatError(p, lineno, f"invalid JSON: {e.msg}") from None
-      if not isinstance(obj, dict) or "title" not in obj:
-        raise XCFormatError(p, lineno, "missing field 'title'")
-      text = str(obj["title"] or "")  # JSON null: no text, not the word "None"
-      if use_content:
-        text = f"{text} {obj.get('content') or ''}".strip()
-      texts.append(text)
-    return texts
-  raise InputError(f"unknown text layout {layout!r}; use lines, uid, json or auto")
+        block = f.read(block_bytes)
+      except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise XCFormatError(path, count + 1, f"unreadable: {e}") from e
+      if not block:
+        return count + (last != b"\n")
+      count += block.count(b"\n")
+      last = block[-1:]
 
 
 def read_json_labels(path: str | os.PathLike, num_labels: int) -> SparseRows:

@@ -205,7 +205,6 @@ def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: 
   (e.g. a column block of a memmap, so N x k never has to fit in RAM)."""
   n = len(queries)
   out = np.full((n, k), -1, np.int32) if out is None else out
-  lengths = positives.row_lengths()
 
   def search(r, n):
     ids = index.search(queries[r], n)
@@ -213,7 +212,7 @@ def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: 
 
   for s in range(0, n, batch):
     rows = np.arange(s, min(s + batch, n))
-    extra = int(min(lengths[rows].max(initial=0), 4 * k))
+    extra = int(min(positives.row_lengths(rows).max(initial=0), 4 * k))
     want = min(k + extra, num_labels)
     neg, short = remove_positives(search(rows, want), rows, positives, k)
     while short.any() and want < num_labels:

@@ -18,8 +18,8 @@ from absl import logging
 from astra_jax import distributed
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job,
-                                         save_labels)
+from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker,
+                                         positives_source, run_job)
 from astra_jax.negatives.schedule import NegativeSchedule
 
 VectorsFn = Callable[[], np.ndarray]            # (L, d) label vectors to index, now
@@ -60,8 +60,7 @@ class HardNegatives:
     self.collect_for: int | None = None
     if schedule.uses_index:
       os.makedirs(self.dir, exist_ok=True)
-      self.labels_path = os.path.join(self.dir, "train_labels.npz")
-      save_labels(self.labels_path, train_labels)
+      self.labels_path = positives_source(train_labels, self.dir)
 
   def _paths(self, epoch: int) -> dict[str, str]:
     p = lambda name: os.path.join(self.dir, f"{name}_epoch{epoch}")

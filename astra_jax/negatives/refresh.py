@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from astra_jax import cpu_budget, tmpnames
-from astra_jax.data.xc_format import SparseRows, atomic_text_writer
+from astra_jax.data import label_cache
+from astra_jax.data.xc_format import SparseRows, WithLabelRows, atomic_text_writer
 from astra_jax.negatives import index as index_lib
 
 
@@ -35,7 +36,7 @@ class RefreshJob:
   epoch: int              # the epoch whose training uses the result
   vectors_path: str       # (L, d) float32 .npy: label vectors to index
   queries_path: str       # (N, d) float32 .npy: training-query embeddings
-  labels_path: str        # .npz: CSR positives of the N queries
+  labels_path: str        # CSR positives of the N queries (see positives_source)
   out_path: str           # (N, k) int32 .npy written here
   stats_path: str         # JSON: build_s, search_s, recall
   k: int
@@ -55,13 +56,34 @@ class RefreshJob:
       json.dump(dataclasses.asdict(self), f)
 
 
+def positives_source(labels: SparseRows | WithLabelRows, directory: str) -> str:
+  """Where a worker reads the training positives: for rows memory-mapped from a label cache,
+  a small JSON naming the cache (the worker maps the same files: no copy, one page-cache
+  copy per node); for rows held only in RAM, an .npz of them. Returns its path."""
+  base = labels.base if isinstance(labels, WithLabelRows) else labels
+  if base.cache:
+    path = os.path.join(directory, "train_labels.json")
+    with atomic_text_writer(path) as f:
+      json.dump({"cache": base.cache, "label_rows": isinstance(labels, WithLabelRows)}, f)
+  else:
+    path = os.path.join(directory, "train_labels.npz")
+    save_labels(path, labels.stacked() if isinstance(labels, WithLabelRows) else labels)
+  return path
+
+
 def save_labels(path: str, labels: SparseRows) -> None:
   tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npz"
   np.savez(tmp, indptr=labels.indptr, indices=labels.indices, num_cols=labels.num_cols)
   os.replace(tmp, path)
 
 
-def load_labels(path: str) -> SparseRows:
+def load_labels(path: str) -> SparseRows | WithLabelRows:
+  """The positives `positives_source` wrote: a label cache (memory-mapped) or an .npz."""
+  if path.endswith(".json"):
+    with open(path) as f:
+      view = json.load(f)
+    rows = label_cache.open_cache(view["cache"])
+    return WithLabelRows(rows) if view["label_rows"] else rows
   z = np.load(path)
   return SparseRows(z["indptr"], z["indices"], np.ones(len(z["indices"]), np.float32),
                     int(z["num_cols"]))
