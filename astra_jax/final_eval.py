@@ -52,12 +52,6 @@ class EvalInterrupted(Exception):
   """A stop was requested during the final evaluation; its progress is recorded."""
 
 
-def _rows(sparse: xc_format.SparseRows, lo: int, hi: int) -> xc_format.SparseRows:
-  start, end = sparse.indptr[lo], sparse.indptr[hi]
-  return xc_format.SparseRows(sparse.indptr[lo:hi + 1] - start, sparse.indices[start:end],
-                              sparse.values[start:end], sparse.num_cols)
-
-
 def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
                inv_prop: np.ndarray, lo: int, hi: int) -> dict[str, float]:
   """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly, filtered."""
@@ -68,7 +62,7 @@ def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data,
   k = max(ks) + metrics.max_filtered_per_row(filt)
   _, ids = predict.topk(emb, classifier, k, config.eval.batch_size, config.eval.label_block)
   ranked = metrics.remove_filtered(ids, filt, max(ks))
-  return metrics.row_sums(ranked, _rows(data.test_labels, lo, hi), inv_prop, ks)
+  return metrics.row_sums(ranked, data.test_labels.row_range(lo, hi), inv_prop, ks)
 
 
 def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,

@@ -57,6 +57,12 @@ class SparseRows:
   def nnz(self) -> int:
     return int(self.indptr[-1])
 
+  def row_range(self, lo: int, hi: int) -> "SparseRows":
+    """Rows [lo, hi) as their own matrix (views of the arrays, row pointers rebased)."""
+    start, end = self.indptr[lo], self.indptr[hi]
+    return SparseRows(np.asarray(self.indptr[lo:hi + 1]) - start, self.indices[start:end],
+                      None if self.values is None else self.values[start:end], self.num_cols)
+
   def row(self, i: int) -> np.ndarray:
     return self.indices[self.indptr[i]:self.indptr[i + 1]]
 
