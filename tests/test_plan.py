@@ -177,10 +177,11 @@ def test_paper_table_translation():
   assert (c.optim.encoder_adam_eps, c.optim.encoder_weight_decay) == (1e-6, 1e-2)
   assert load_config("experiments/amazon_3m.py").optim.encoder_weight_decay == 1e-3
   assert c.optim.classifier_lr == pytest.approx(0.05 * 512)
-  # torch SGD on a batch-summed loss shrinks W by lr x wd per step (0.05 x 1e-4 here); our
-  # decoupled decay with lr x B must shrink it by the same
+  # torch SGD on a batch-summed loss adds wd W to the gradient (0.05 x 1e-4 here): ours on
+  # the batch mean with lr x B and wd / B is the same step, momentum included
   lr_wd = lambda c: c.optim.classifier_lr * c.optim.classifier_weight_decay
   assert lr_wd(c) == pytest.approx(0.05 * 1e-4)
+  assert c.optim.classifier_momentum == 0.9  # Renée's SGD momentum
   assert (c.data.max_len, c.data.propensity_A, c.data.propensity_B) == (32, 0.6, 2.6)
   c.mesh.model = 4                     # per-shard negatives keep the per-query totals
   assert (c.negatives.k_h, c.negatives.k_r) == (200, 1600)
@@ -202,6 +203,7 @@ def test_paper_table_translation():
                          ("amazon_670k.py", 1e-3, (7, 57))):  # 800 + 6,400: 7.2 -> 64
     sc = load_config(f"experiments/{path}", f"synthetic,{scale}")
     assert (sc.negatives.k_h, sc.negatives.k_r) == k, path
+    assert sc.optim.classifier_momentum == 0.0 and sc.paper.classifier_momentum == 0.9
   with pytest.raises(ValueError, match="use a scale of at least"):
     load_config("experiments/ss20m.py", "synthetic,1e-6")
   with pytest.raises(ValueError, match="ss20m.py:synthetic,abc: the scale must be a number"):
