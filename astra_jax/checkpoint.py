@@ -44,7 +44,9 @@ FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
 _SYNTHETIC_ON = "data.synthetic.enabled"
 # Keys added after runs were recorded, each with the value that computes what those runs
 # computed: a saved config without the key reads as that value (not as a changed run).
-ADDED_KEYS = {"data.synthetic.hidden_own_words": 0}
+ADDED_KEYS = {"data.synthetic.hidden_own_words": 0, "data.validation_fraction": 0.0,
+              "data.validation_seed": 0, "classifier.init": "normal",
+              "classifier.init_scale": 1.0}
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -11,6 +11,7 @@ import os
 
 import ml_collections
 
+from astra_jax import classifier_init
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
@@ -39,6 +40,10 @@ def base_config() -> ml_collections.ConfigDict:
                                             # finds Renée's tst_filter_labels.txt); ignored
                                             # if absent
   c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
+  # A share of the training rows held out as the validation split (deterministic by
+  # validation_seed): periodic evaluations report it, the test split only the final one.
+  c.data.validation_fraction = 0.0
+  c.data.validation_seed = 0
   c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
   c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
   # Synthetic data: when enabled, generated once into data.dir (or a cache dir) first.
@@ -106,6 +111,13 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0 = that static scale.
   c.optim.loss_scale = 0.0
 
+  # W's starting point (astra_jax/classifier_init.py): normal (std
+  # train.classifier_init_std) or label_text (init_scale * E(z_l) / |E(z_l)|, computed with
+  # the encoder as training starts).
+  c.classifier = ml_collections.ConfigDict()
+  c.classifier.init = "normal"
+  c.classifier.init_scale = 1.0
+
   c.train = ml_collections.ConfigDict()
   c.train.epochs = 10
   c.train.batch_size = 256        # global batch (all devices, all accumulation steps)
@@ -142,6 +154,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval.batch_size = 1024
   c.eval.label_block = 32768
   c.eval.max_test_rows = 0         # 0: all; >0 evaluates the first rows only (periodic evals)
+  # Beside each evaluation, P@k of a k-NN vote over the encoder's own embeddings of the
+  # training rows (astra_jax/knn.py): what the encoder knows, next to what W makes of it.
+  # 0: off; > 0: that many neighbours.
+  c.eval.knn_diagnostic = 0
+  # results.json: the TF-IDF kNN baseline beside popularity (needs scikit-learn; skipped
+  # without it) (astra_jax/baselines.py).
+  c.eval.tfidf_baseline = False
   return c
 
 
@@ -208,6 +227,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        "by 1 - lr wd <= 0")
   need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
        f"unknown dtype {c.encoder.dtype!r}")
+  need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
+       f"must be in [0, 1), got {c.data.validation_fraction}")
+  need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
+  classifier_init.validate(c)
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   if c.encoder.hf_dir:
     hf_dir = pretrained.resolve(c.encoder.hf_dir)
