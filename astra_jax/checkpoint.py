@@ -64,6 +64,10 @@ ADDED_KEYS = {
     "encoder.matmul_precision": "default",
     "optim.encoder_adam_eps": 1e-8,
     "optim.classifier_momentum": 0.0,
+    "data.validation_fraction": 0.0,
+    "data.validation_seed": 0,
+    "classifier.init": "normal",
+    "classifier.init_scale": 1.0,
 }
 
 

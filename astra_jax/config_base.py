@@ -10,6 +10,7 @@ import importlib.util
 
 import ml_collections
 
+from astra_jax import classifier_init
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import encoder_source
@@ -41,6 +42,10 @@ def base_config() -> ml_collections.ConfigDict:
                                             # finds Renée's tst_filter_labels.txt); ignored
                                             # if absent
   c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
+  # A share of the training rows held out as the validation split (deterministic by
+  # validation_seed): periodic evaluations report it, the test split only the final one.
+  c.data.validation_fraction = 0.0
+  c.data.validation_seed = 0
   c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
   c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
   # Synthetic data: when enabled, generated once into data.dir (or a cache dir) first.
@@ -122,6 +127,13 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0 = that static scale.
   c.optim.loss_scale = 0.0
 
+  # W's starting point (astra_jax/classifier_init.py): normal (std
+  # train.classifier_init_std) or label_text (init_scale * E(z_l) / |E(z_l)|, computed with
+  # the encoder as training starts).
+  c.classifier = ml_collections.ConfigDict()
+  c.classifier.init = "normal"
+  c.classifier.init_scale = 1.0
+
   c.train = ml_collections.ConfigDict()
   c.train.epochs = 10
   c.train.batch_size = 256        # global batch (all devices, all accumulation steps)
@@ -165,6 +177,13 @@ def base_config() -> ml_collections.ConfigDict:
   # The final evaluation records its progress every this many test rows (rows done and the
   # metrics' partial sums), so that a preempted run resumes it instead of starting over.
   c.eval.progress_rows = 65536
+  # Beside each evaluation, P@k of a k-NN vote over the encoder's own embeddings of the
+  # training rows (astra_jax/knn.py): what the encoder knows, next to what W makes of it.
+  # 0: off; > 0: that many neighbours.
+  c.eval.knn_diagnostic = 0
+  # results.json: the TF-IDF kNN baseline beside popularity (needs scikit-learn; skipped
+  # without it) (astra_jax/baselines.py).
+  c.eval.tfidf_baseline = False
   return c
 
 
@@ -238,6 +257,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}")
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
+  need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
+       f"must be in [0, 1), got {c.data.validation_fraction}")
+  need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
+  classifier_init.validate(c)
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   encoder_source.check(c.encoder)
 

@@ -61,8 +61,13 @@ def main(argv):
   print(f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "
         f"test rows, {results['epochs']} epochs in {results['train_time_s']:.0f}s "
         f"(strategy {results['strategy']})")
-  print(evaluate.format_table({"astra_jax": results["metrics"],
-                               "label popularity": results["popularity_baseline"]}))
+  rows = {"astra_jax": results["metrics"], "label popularity": results["popularity_baseline"]}
+  if "tfidf_knn_baseline" in results:
+    rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
+  knn_e = {k[len("kNN-E "):]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}
+  if knn_e:  # eval.knn_diagnostic: the same encoder, ranked by a kNN vote instead of W
+    rows["kNN over own E(x)"] = knn_e
+  print(evaluate.format_table(rows))
   print(f"\nresults: {flags.FLAGS.workdir}/results.json")
 
 

@@ -22,10 +22,11 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (checkpoint, config_base, cpu_budget, device_check, distributed,
-                       faults, final_eval, host_memory, loss, loss_scale, metrics, optim,
-                       predict, sharding, sparse_momentum, sparse_sgd)
-from astra_jax.data import dataset, synthetic, xc_format
+from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_budget,
+                       device_check, distributed, faults, final_eval, host_memory, knn, loss,
+                       loss_scale, metrics, optim, predict, sharding, sparse_momentum,
+                       sparse_sgd)
+from astra_jax.data import dataset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
@@ -307,6 +308,40 @@ def popularity_baseline(data: dataset.XCData, config, inv_prop) -> dict[str, flo
   return metrics.as_percent(metrics.compute(ranked, data.test_labels, inv_prop, ks))
 
 
+def knn_diagnostic(embed_fn, params, train_data: dataset.XCData, eval_data: dataset.XCData,
+                   config) -> dict[str, float]:
+  """`eval.knn_diagnostic` > 0: {"kNN-E P@k": ...}, the vote of that many nearest original
+  training rows under the encoder's own embeddings (knn.py); {} when off."""
+  k = config.eval.knn_diagnostic
+  if not k:
+    return {}
+  enc = host_params(params)["encoder"]
+  bs = config.eval.batch_size
+  n_train = train_data.num_train_original
+  keys = embed(embed_fn, enc, train_data.train_tokens[np.arange(n_train)], bs)
+  queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))],
+                  bs)
+  neighbors, sims = knn.embedding_neighbors(queries, keys, k)
+  ks = tuple(config.eval.ks)
+  k_out = max(ks) + metrics.max_filtered_per_row(eval_data.test_filter)
+  ranked = knn.vote(neighbors, sims, train_data.train_labels.head(n_train), k_out)
+  ranked = metrics.remove_filtered(ranked, eval_data.test_filter, max(ks))
+  m = metrics.as_percent(metrics.compute(ranked, eval_data.test_labels, None, ks))
+  return {f"kNN-E {name}": v for name, v in m.items() if name.startswith("P@")}
+
+
+def tfidf_baselines(config) -> dict:
+  """`eval.tfidf_baseline`: {"tfidf_knn_baseline": metrics} on the test split, when
+  scikit-learn is installed ({} otherwise or when off)."""
+  if not config.eval.tfidf_baseline:
+    return {}
+  if not baselines.sklearn_available():
+    logging.warning("eval.tfidf_baseline: scikit-learn is not installed; skipped")
+    return {}
+  texts = baselines.load_texts(config.data.dir, config.data.layout, config.data.use_content)
+  return {"tfidf_knn_baseline": baselines.tfidf_knn(texts, tuple(config.eval.ks))}
+
+
 # ------------------------------------------------------------------------------- loop
 class TrainLog:
   """Progress output: a line every `train.log_every_steps` steps and at each epoch's end
@@ -475,6 +510,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   claim_workdir(config, workdir)
   t_start = time.time()
   data = prepare_data(config)
+  # Periodic evaluations read eval_data: the validation split when there is one.
+  eval_data = data
+  if config.data.validation_fraction:
+    split = validation.carve(data, config.data.validation_fraction, config.data.validation_seed)
+    data, eval_data = split.train, split.validation
   seed = config.train.seed
   encoder = build_encoder(config, data.vocab_size, data.pad_id, seed)
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
@@ -496,8 +536,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
-  w = config.train.classifier_init_std * jax.random.normal(
-      jax.random.key(seed + 1), (rows, d), jnp.float32)
+  embed_fn = make_embed_fn(graphdef)
+  w = classifier_init.initial_classifier(
+      config, rows, d, seed, data.label_tokens,
+      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size))
   params = {"encoder": enc_params, "classifier": w}
   schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
                               config.train.epochs, nc.curriculum_final_hard_fraction)
@@ -529,7 +571,6 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       params["classifier"], opt_state["scale"] = sparse_sgd.fold(params["classifier"],
                                                                  opt_state["scale"])
 
-  embed_fn = make_embed_fn(graphdef)
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
@@ -707,12 +748,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         step_times.append(epoch_s / steps_per_epoch)
       every = config.train.eval_every_epochs
       if every and (epoch + 1) % every == 0 and epoch + 1 < config.train.epochs:
-        if 0 < config.eval.max_test_rows < data.test_labels.num_rows:
+        if 0 < config.eval.max_test_rows < eval_data.test_labels.num_rows:
           degraded.note("evals_on_subset", "eval after epoch %d on the first %d of %d test "
                         "rows (eval.max_test_rows)", epoch + 1, config.eval.max_test_rows,
-                        data.test_labels.num_rows)
-        m = evaluate_model(embed_fn, params, data, config, inv_prop, config.eval.max_test_rows)
-        evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2), **m})
+                        eval_data.test_labels.num_rows)
+        m = evaluate_model(embed_fn, params, eval_data, config, inv_prop,
+                           config.eval.max_test_rows)
+        m.update(knn_diagnostic(embed_fn, params, data, eval_data, config))
+        evals.append({"epoch": epoch + 1, "train_time_s": round(train_seconds, 2),
+                      "split": "validation" if eval_data is not data else "test", **m})
         log.write(kind="eval", **evals[-1])
         logging.info("eval after epoch %d: %s", epoch + 1,
                      ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
@@ -733,12 +777,21 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   hang_watchdog.disarm()
   final = final_evaluation(embed_fn, params, data, config, inv_prop, workdir, global_step,
                            ckpt is not None)
+  final.update(knn_diagnostic(embed_fn, params, data, data, config))
   with faults.writing(os.path.join(workdir, "model"),
                       sum(x.nbytes for x in jax.tree.leaves(params))):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
-  evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2), **final})
+  if eval_data is not data:
+    val = evaluate_model(embed_fn, params, eval_data, config, inv_prop)
+    val.update(knn_diagnostic(embed_fn, params, data, eval_data, config))
+    evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2),
+                  "split": "validation", **val})
+    log.write(kind="eval", **evals[-1])
+  evals.append({"epoch": config.train.epochs, "train_time_s": round(train_seconds, 2),
+                "split": "test", **final})
   log.write(kind="eval", **evals[-1])
   baseline = popularity_baseline(data, config, inv_prop)
+  text_baselines = tfidf_baselines(config) if leader else {}
 
   breakup = profiler.breakup(step_times, config.train.batch_size)
   if leader:
@@ -753,7 +806,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "skipped_steps": skipped_total(), "first_step_s": first_step_s,
       "matmul_precision": config.encoder.matmul_precision,
       "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
-      "popularity_baseline": baseline, "evaluations": evals, "time_breakup": breakup,
+      "popularity_baseline": baseline, **text_baselines, "evaluations": evals,
+      "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": negatives_per_epoch},
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(),

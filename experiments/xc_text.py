@@ -9,6 +9,11 @@ filter_labels_test.txt. The default encoder is the pretrained all-MiniLM-L6-v2 w
 tokenizer; `:tiny` keeps its tokenizer but trains a small randomly initialised BERT over
 the same vocabulary (fast on a CPU). Set propensity constants for your data family:
 --config.data.propensity_A/B (Amazon 0.6/2.6, Wikipedia 0.5/0.4, otherwise 0.55/1.5).
+
+Choose settings on --config.data.validation_fraction=0.1 (never on the test split), and
+compare with what classic methods get for free: `python -m astra_jax.baselines --data=PATH`,
+--config.eval.tfidf_baseline=True, --config.eval.knn_diagnostic=20 (docs/real_data.md). On
+the real debian-recommends-20k, `:tiny` reaches test P@1 22.5, below TF-IDF kNN's 34.4.
 """
 from astra_jax.config_base import base_config
 

@@ -1,0 +1,195 @@
+"""What a classic method gets for free on a dataset in the XC layout: label popularity and
+character n-gram TF-IDF k-nearest-neighbour votes. A trained model that does not beat these
+is not worth its training time.
+
+  python -m astra_jax.baselines --data=DIR [--split=test|validation]
+
+- popularity: every query gets the most frequent training labels;
+- TF-IDF kNN: char 2-4-gram TF-IDF (scikit-learn's TfidfVectorizer: within-word n-grams,
+  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training points vote for their labels with
+  their similarity (`astra_jax.knn.vote`);
+- label-text TF-IDF (when label texts exist): labels ranked by the cosine of the query's
+  TF-IDF vector with their text's.
+
+scikit-learn is an optional extra (`pip install astra_jax[baselines]`); without it only
+popularity is computed. The training run (`astra_jax.train`) puts the kNN numbers in
+results.json beside the popularity baseline when scikit-learn is installed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+
+from astra_jax import knn, metrics
+from astra_jax.data import dataset, validation, xc_format
+from astra_jax.data.xc_format import SparseRows
+from astra_jax.errors import InputError
+
+KNN_K = 20
+NGRAMS = (2, 4)
+
+
+def sklearn_available() -> bool:
+  try:
+    import sklearn  # noqa: F401
+    return True
+  except ImportError:
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class TextData:
+  """A dataset's raw texts and label rows (no tokenizer needed)."""
+  train_texts: list[str]
+  train_labels: SparseRows
+  test_texts: list[str]
+  test_labels: SparseRows
+  label_texts: list[str] | None
+  test_filter: np.ndarray
+  num_labels: int
+
+
+def load_texts(data_dir: str, layout: str = "auto", use_content: bool = False,
+               validation_fraction: float = 0.0, validation_seed: int = 0) -> TextData:
+  """Reads texts and labels; with validation_fraction > 0 the test set is the validation
+  split that `data.validation_fraction` carves (the same rows)."""
+  layout = layout if layout != "auto" else dataset.detect_layout(data_dir)
+  trn_x, tst_x, lbl_x = (os.path.join(data_dir, f) for f in dataset.LAYOUTS[layout])
+  read = lambda p: xc_format.read_texts(p, use_content=use_content)
+  if layout == "json":
+    num_labels = len(read(lbl_x))
+    train_labels = xc_format.read_json_labels(trn_x, num_labels)
+    test_labels = xc_format.read_json_labels(tst_x, num_labels)
+  else:
+    train_labels = xc_format.read_sparse(os.path.join(data_dir, "trn_X_Y.txt"))
+    num_labels = train_labels.num_cols
+    test_labels = xc_format.read_sparse(os.path.join(data_dir, "tst_X_Y.txt"), num_labels)
+  train_texts, test_texts = read(trn_x), read(tst_x)
+  label_texts = read(lbl_x) if os.path.exists(lbl_x) else None
+  path = dataset.filter_file_path(data_dir, dataset.FILTER_FILE)
+  test_filter = (xc_format.read_filter(path, test_labels.num_rows, num_labels) if path
+                 else np.zeros((0, 2), np.int64))
+  if validation_fraction:
+    keep, val = validation.split_rows(len(train_texts), validation_fraction, validation_seed)
+    test_texts = [train_texts[i] for i in val]
+    test_labels = validation.take_rows(train_labels, val)
+    train_texts = [train_texts[i] for i in keep]
+    train_labels = validation.take_rows(train_labels, keep)
+    test_filter = np.zeros((0, 2), np.int64)
+  return TextData(train_texts, train_labels, test_texts, test_labels, label_texts,
+                  test_filter, num_labels)
+
+
+def _score(ranked: np.ndarray, data: TextData, ks: tuple[int, ...]) -> dict[str, float]:
+  ranked = metrics.remove_filtered(ranked, data.test_filter, max(ks))
+  return metrics.as_percent(metrics.compute(ranked, data.test_labels, None, ks))
+
+
+def popularity(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+  k = max(ks) + metrics.max_filtered_per_row(data.test_filter)
+  top = np.argsort(-data.train_labels.column_counts(), kind="stable")[:k]
+  return _score(np.broadcast_to(top, (data.test_labels.num_rows, len(top))), data, ks)
+
+
+def _vectorizer():
+  from sklearn.feature_extraction.text import TfidfVectorizer
+  # Word-boundary character n-grams with sublinear term frequencies: the usual choice for
+  # short texts (package names and titles), within 0.3 P@1 of the README's floor.
+  return TfidfVectorizer(analyzer="char_wb", ngram_range=NGRAMS, sublinear_tf=True,
+                         dtype=np.float32)
+
+
+def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
+  """Exact top-k of the sparse cosine similarities (rows are l2-normalised)."""
+  ids, sims = [], []
+  k = min(k, keys.shape[0])
+  for start in range(0, queries.shape[0], block):
+    s = (queries[start:start + block] @ keys.T).toarray()
+    top = np.argpartition(-s, k - 1, axis=1)[:, :k]
+    top_s = np.take_along_axis(s, top, 1)
+    order = np.argsort(-top_s, axis=1, kind="stable")
+    ids.append(np.take_along_axis(top, order, 1)), sims.append(np.take_along_axis(top_s, order, 1))
+  return np.concatenate(ids), np.concatenate(sims)
+
+
+def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K
+              ) -> dict[str, float]:
+  """P@k etc. of the similarity-weighted vote of the k nearest training points."""
+  vec = _vectorizer()
+  train = vec.fit_transform(data.train_texts)
+  test = vec.transform(data.test_texts)
+  neighbors, sims = _sparse_topk(test, train, k)
+  k_out = max(ks) + metrics.max_filtered_per_row(data.test_filter)
+  return _score(knn.vote(neighbors, sims, data.train_labels, k_out), data, ks)
+
+
+def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+  """Labels ranked by their text's TF-IDF cosine with the query's."""
+  vec = _vectorizer()
+  vec.fit(data.train_texts + data.label_texts)
+  labels = vec.transform(data.label_texts)
+  ids, _ = _sparse_topk(vec.transform(data.test_texts), labels,
+                        max(ks) + metrics.max_filtered_per_row(data.test_filter))
+  return _score(ids, data, ks)
+
+
+def run_all(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, dict[str, float]]:
+  """{method: metrics}; the TF-IDF methods only when scikit-learn is installed."""
+  out = {"label popularity": popularity(data, ks)}
+  if sklearn_available():
+    out["TF-IDF kNN (char 2-4, k=20)"] = tfidf_knn(data, ks)
+    if data.label_texts is not None:
+      out["TF-IDF query-label text (char 2-4)"] = tfidf_label_text(data, ks)
+  return out
+
+
+def table(results: dict[str, dict[str, float]], ks: tuple[int, ...] = (1, 3, 5)) -> str:
+  """A markdown table of P@k."""
+  head = "| method | " + " | ".join(f"P@{k}" for k in ks) + " |"
+  rule = "|---|" + "---|" * len(ks)
+  rows = [f"| {name} | " + " | ".join(f"{m[f'P@{k}']:.2f}" for k in ks) + " |"
+          for name, m in results.items()]
+  return "\n".join([head, rule, *rows])
+
+
+def main(argv: list[str]) -> None:
+  from absl import flags
+  del argv
+  f = flags.FLAGS
+  data = load_texts(f.data, f.layout, f.use_content,
+                    f.validation_fraction if f.split == "validation" else 0.0,
+                    f.validation_seed)
+  results = run_all(data)
+  print(table(results))
+  if not sklearn_available():
+    print("(TF-IDF baselines skipped: scikit-learn is not installed; "
+          "pip install 'astra_jax[baselines]')")
+  if f.output:
+    with xc_format.atomic_text_writer(f.output) as out:
+      json.dump(results, out, indent=1)
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+
+  from astra_jax import cli
+  flags.DEFINE_string("data", None, "dataset directory (XC layout)", required=True)
+  flags.DEFINE_string("layout", "auto", "auto | renee | ngame | json")
+  flags.DEFINE_bool("use_content", False, "json layout: title + content")
+  flags.DEFINE_enum("split", "test", ["test", "validation"], "what the baselines rank")
+  flags.DEFINE_float("validation_fraction", 0.1, "--split=validation: the held-out share "
+                     "(as data.validation_fraction)")
+  flags.DEFINE_integer("validation_seed", 0, "--split=validation: as data.validation_seed")
+  flags.DEFINE_string("output", "", "also write the numbers as JSON here")
+
+  def _main(argv):
+    try:
+      main(argv)
+    except (InputError, OSError) as e:
+      sys.exit(f"error: {e}")
+
+  app.run(_main, flags_parser=cli.parse_flags)

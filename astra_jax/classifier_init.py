@@ -1,0 +1,74 @@
+"""W's starting point: small Gaussian rows, or each label's text embedding E(z_l).
+
+With `classifier.init=label_text` row l starts as `init_scale * E(z_l) / |E(z_l)|`, the
+encoder's (evaluation-mode) embedding of the label's text, as NGAME's and DEXA's classifier
+stage does. A label with one or no training point then scores queries by their similarity
+to its text from the first step, instead of by a random vector that the few gradient steps
+it ever receives cannot move far (on tail-heavy data most rows of W are such labels).
+Rows past the L real labels (padding to the mesh's model axis) stay zero: they are never
+sampled or predicted.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from astra_jax.errors import InputError
+
+INITS = ("normal", "label_text")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises InputError for an unknown init or a non-positive scale."""
+  cc = config.classifier
+  if cc.init not in INITS:
+    raise InputError(f"config.classifier.init: unknown {cc.init!r}; use {' or '.join(INITS)}")
+  if cc.init == "label_text" and not cc.init_scale > 0:
+    raise InputError(f"config.classifier.init_scale: must be > 0, got {cc.init_scale}")
+
+
+def label_text_rows(embed_rows: Callable[[np.ndarray], np.ndarray], label_tokens: np.ndarray,
+                    scale: float) -> np.ndarray:
+  """(L, d) rows `scale * E(z_l) / |E(z_l)|`.
+
+  Args:
+    embed_rows: token matrix (n, T) -> its evaluation-mode embeddings (n, d).
+    label_tokens: (L, T) the label texts' tokens.
+    scale: the rows' norm.
+  Returns:
+    float32 (L, d).
+  """
+  emb = np.asarray(embed_rows(np.asarray(label_tokens)), np.float32)
+  norms = np.linalg.norm(emb, axis=1, keepdims=True)
+  return (scale * emb / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, seed: int,
+                       label_tokens: np.ndarray | None,
+                       embed_rows: Callable[[np.ndarray], np.ndarray]) -> jax.Array:
+  """W (rows, d) at step 0, as `config.classifier.init` says.
+
+  Args:
+    config: the run's config (classifier.init / init_scale, train.classifier_init_std).
+    rows: W's rows (L padded to the model axis).
+    dim: the embedding size d.
+    seed: the run's seed (the Gaussian init draws from seed + 1, as it always has).
+    label_tokens: (L, T) label-text tokens, or None when the dataset has none.
+    embed_rows: the current encoder as a function of a token matrix (label_text only).
+  Returns:
+    float32 (rows, d).
+  """
+  cc = config.classifier
+  if cc.init == "normal":
+    return config.train.classifier_init_std * jax.random.normal(
+        jax.random.key(seed + 1), (rows, dim), jnp.float32)
+  if label_tokens is None:
+    raise InputError(f"config.classifier.init=label_text needs label texts, but "
+                     f"{config.data.dir} has none; use classifier.init=normal")
+  w = np.zeros((rows, dim), np.float32)
+  w[:len(label_tokens)] = label_text_rows(embed_rows, label_tokens, cc.init_scale)
+  return jnp.asarray(w)

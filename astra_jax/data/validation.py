@@ -1,0 +1,105 @@
+"""A validation split carved from the training rows (`data.validation_fraction`).
+
+Settings are chosen on it, never on the test split: the periodic evaluations report it and
+the test split is read once, at the end. The split is a function of (number of original
+training rows, fraction, `data.validation_seed`) only, so runs with other training seeds
+or other model settings hold out the same rows. Label-text rows (augmentation) always stay
+in training: they are not queries.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from astra_jax.data.dataset import RowConcat, XCData
+from astra_jax.data.xc_format import SparseRows, WithLabelRows
+from astra_jax.errors import InputError
+
+
+class RowSubset:
+  """Rows `index` of a (n, T) token array, indexable like one (no copy of a memmap)."""
+
+  def __init__(self, base, index: np.ndarray):
+    self.base, self.index = base, np.asarray(index, np.int64)
+    self.shape, self.dtype = (len(self.index), base.shape[1]), base.dtype
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __getitem__(self, rows) -> np.ndarray:
+    """rows: an index array or a slice."""
+    idx = self.index[rows]
+    # Sorted reads from a memmap, then back in the asked order.
+    order = np.argsort(idx, kind="stable")
+    out = np.empty((len(idx),) + self.shape[1:], self.dtype)
+    out[order] = np.asarray(self.base[idx[order]])
+    return out
+
+  def __array__(self, dtype=None, copy=None):
+    out = self[np.arange(len(self))]
+    return out if dtype is None else out.astype(dtype)
+
+
+def take_rows(labels: SparseRows | WithLabelRows, rows: np.ndarray) -> SparseRows:
+  """The given rows, in that order, as a SparseRows in RAM (a copy of those rows only).
+  `labels` may map a label cache (values None: all one) or carry the label-text rows."""
+  rows = np.asarray(rows, np.int64)
+  indptr = np.concatenate([[0], np.cumsum(labels.row_lengths(rows))]).astype(np.int64)
+  _, ids = labels.entries(rows)
+  base = labels.base if isinstance(labels, WithLabelRows) else labels
+  values = None
+  if base.values is not None:
+    values = (np.concatenate([labels.row_values(int(r)) for r in rows]) if len(rows)
+              else np.zeros(0, np.float32)).astype(np.float32)
+  return SparseRows(indptr, ids.astype(np.int32), values, labels.num_cols)
+
+
+def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(training rows, validation rows), each sorted: round(fraction * num_rows) rows drawn
+  without replacement by `seed`."""
+  num_val = int(round(fraction * num_rows))
+  perm = np.random.default_rng(seed).permutation(num_rows)
+  return np.sort(perm[num_val:]), np.sort(perm[:num_val])
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSplit:
+  """The training data without the held-out rows, and the held-out rows as an evaluation
+  set (in XCData's test_* fields, no filter pairs: they are training rows)."""
+  train: XCData
+  validation: XCData
+
+
+def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
+  """Holds out `fraction` of the original training rows.
+
+  Args:
+    data: the loaded dataset (label-text rows, if any, follow the original rows).
+    fraction: in (0, 1).
+    seed: `data.validation_seed`.
+  Returns:
+    ValidationSplit.
+  """
+  if not 0 < fraction < 1:
+    raise InputError(f"config.data.validation_fraction: must be in [0, 1), got {fraction}")
+  n = data.num_train_original
+  keep, val = split_rows(n, fraction, seed)
+  if len(val) == 0 or len(keep) == 0:
+    raise InputError(f"config.data.validation_fraction={fraction} of {n} training rows "
+                     "leaves no validation or no training row")
+  tokens = data.train_tokens
+  originals = tokens.parts[0] if isinstance(tokens, RowConcat) else tokens
+  kept_tokens = RowSubset(originals, keep)
+  if isinstance(tokens, RowConcat):  # the label-text rows stay after the original ones
+    kept_tokens = RowConcat(kept_tokens, *tokens.parts[1:])
+  extra = np.arange(n, data.train_labels.num_rows)
+  train = dataclasses.replace(
+      data, train_tokens=kept_tokens,
+      train_labels=take_rows(data.train_labels, np.concatenate([keep, extra])),
+      num_train_original=len(keep))
+  validation = dataclasses.replace(
+      data, test_tokens=RowSubset(originals, val),
+      test_labels=take_rows(data.train_labels, val),
+      test_filter=np.zeros((0, 2), np.int64))
+  return ValidationSplit(train, validation)

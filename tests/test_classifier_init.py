@@ -1,0 +1,44 @@
+"""classifier.init: the Gaussian rows as before, or each label's normalised text embedding."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from astra_jax import classifier_init, config_base
+from astra_jax.errors import InputError
+
+
+def _config(init, scale=1.0):
+  c = config_base.base_config()
+  c.data.dir, c.data.tokenizer_dir = "d", "t"
+  c.classifier.init, c.classifier.init_scale = init, scale
+  return c
+
+
+def test_normal_is_the_seeded_gaussian():
+  c = _config("normal")
+  w = classifier_init.initial_classifier(c, 10, 4, 7, None, None)
+  ref = 0.02 * jax.random.normal(jax.random.key(8), (10, 4), jnp.float32)
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(ref))
+
+
+def test_label_text_rows_are_scaled_unit_embeddings_and_padding_is_zero():
+  label_tokens = np.array([[1, 2], [3, 0], [5, 5]])
+  # A stand-in encoder: E(z) = (sum of ids, count of nonzero ids, 0).
+  embed_rows = lambda t: np.stack([t.sum(1), (t > 0).sum(1), 0 * t[:, 0]], 1).astype(float)
+  w = np.asarray(classifier_init.initial_classifier(_config("label_text", 2.0), 4, 3, 0,
+                                                    label_tokens, embed_rows))
+  expect = 2.0 * np.array([[3, 2, 0] / np.sqrt(13), [3, 1, 0] / np.sqrt(10),
+                           [10, 2, 0] / np.sqrt(104)])
+  np.testing.assert_allclose(w[:3], expect, rtol=1e-6)
+  np.testing.assert_array_equal(w[3], 0)
+
+
+def test_label_text_needs_label_texts_and_known_inits():
+  with pytest.raises(InputError, match="needs label texts"):
+    classifier_init.initial_classifier(_config("label_text"), 4, 3, 0, None, None)
+  with pytest.raises(InputError, match="classifier.init"):
+    config_base.validate(_config("zeros"))
+  with pytest.raises(InputError, match="init_scale"):
+    config_base.validate(_config("label_text", 0.0))

@@ -1,0 +1,42 @@
+"""The real-data options end to end on a small dataset in the NGAME raw layout: a validation
+split for the periodic evaluations, W from label texts, the kNN diagnostic and the TF-IDF
+baseline in results.json."""
+import json
+import os
+
+import pytest
+
+from astra_jax import baselines, config_base, train
+from test_train import write_ngame_dataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_validation_split_label_text_init_and_diagnostics(tmp_path):
+  d = tmp_path / "ds"
+  write_ngame_dataset(d, n_train=400, n_test=80)
+  c = config_base.load_config(os.path.join(REPO, "experiments/xc_text.py"), "tiny")
+  c.data.dir, c.data.max_len = str(d), 12
+  c.data.validation_fraction = 0.25
+  c.classifier.init = "label_text"
+  c.eval.knn_diagnostic = 5
+  c.eval.tfidf_baseline = True
+  c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 2, 32, 1
+  c.train.profile_steps = 0
+  c.negatives.k_r, c.negatives.k_h = 16, 4
+  c.optim.warmup_steps = 5
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert r["num_train"] == 300  # 100 of the 400 rows held out
+  splits = [(e["epoch"], e["split"]) for e in r["evaluations"]]
+  assert splits == [(1, "validation"), (2, "validation"), (2, "test")]
+  for e in r["evaluations"]:
+    assert 0 <= e["kNN-E P@1"] <= 100 and 0 <= e["P@1"] <= 100
+  assert "kNN-E P@5" in r["metrics"]
+  if baselines.sklearn_available():
+    assert r["tfidf_knn_baseline"]["P@1"] > r["popularity_baseline"]["P@1"]
+  else:
+    assert "tfidf_knn_baseline" not in r
+  # A rerun in the same workdir with another split is another run: refused.
+  c.data.validation_fraction = 0.5
+  with pytest.raises(Exception, match="validation_fraction"):
+    train.train_and_evaluate(c, str(tmp_path / "wd"))
