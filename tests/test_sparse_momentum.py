@@ -183,3 +183,20 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   np.testing.assert_array_equal(got.velocity[rows:], 0.0)
   np.testing.assert_array_equal(got.touched_at[rows:], 0)
   assert int(got.period_step) == 5
+
+
+def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(tmp_path):
+  """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it
+  ends where an uninterrupted run ends; the epoch-end folds catch every row up."""
+  from test_train import _small_synthetic
+  c = _small_synthetic(tmp_path, strategy="random")
+  c.train.epochs, c.optim.classifier_momentum = 2, BETA
+  whole = train.train_and_evaluate(c, str(tmp_path / "whole"))
+  c.train.stop_after_steps = 30
+  with pytest.raises(checkpoint.Preempted):
+    train.train_and_evaluate(c, str(tmp_path / "cut"))
+  c.train.stop_after_steps = 0
+  resumed = train.train_and_evaluate(c, str(tmp_path / "cut"))
+  assert resumed["steps"] == whole["steps"] > 30
+  assert resumed["metrics"] == whole["metrics"]
+  assert whole["P@1"] > whole["popularity_baseline"]["P@1"]
