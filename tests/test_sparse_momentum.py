@@ -79,6 +79,22 @@ def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
   assert int(state.period_step) == 0 and not np.asarray(state.touched_at).any()
 
 
+def test_a_skipped_step_changes_no_row():
+  """A dynamic loss-scale overflow: the step pushes the identity with zero gradients."""
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(5, 2)), jnp.float32)
+  state = sparse_momentum.init(5, 2, 4)
+  ids = jnp.array([0, 3])
+  state = sparse_momentum.begin_step(state, 0.5, WD, BETA)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.ones((2, 2)), 0.5)
+  before = sparse_momentum.catch_up_all(w, state)
+  state = sparse_momentum.begin_step(state, 0.5, WD, BETA, apply=False)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.zeros((2, 2)), 0.5)
+  after = sparse_momentum.catch_up_all(w, state)
+  np.testing.assert_array_equal(after[0], before[0])
+  np.testing.assert_array_equal(after[1].velocity, before[1].velocity)
+
+
 STEPS, RESUME_AT = 54, 27
 
 
