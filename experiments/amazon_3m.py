@@ -22,9 +22,10 @@ files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pas
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 16 = 256, 16 x 50 = 800 hard and 16 x 400 = 6,400 random negatives per query,
-classifier lr 0.01 x 256. Gradient accumulation 4: the smallest that leaves a quarter of a
-V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
-single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
+classifier lr 0.01 x 256. Gradient accumulation 16: the smallest that leaves a quarter of a
+V100-32GB free in fp32 with DistilBERT and the classifier's momentum (a velocity as large
+as W; python -m astra_jax.plan). One device (the paper's single-V100 timings);
+--config.mesh.data=-1 spreads the same batch over all GPUs.
 """
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
@@ -37,6 +38,6 @@ def get_config(variant: str = ""):
                               dropout=0.75, warmup=10000, weight_decay=1e-3, k_r=400, k_h=50,
                               k_p=50)
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
-  c.train.grad_accum_steps = 4
+  c.train.grad_accum_steps = 16
   c.mesh.data, c.mesh.model = 1, 1
   return paper_configs.apply_variant(c, variant, "experiments/amazon_3m.py")

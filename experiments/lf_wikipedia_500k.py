@@ -24,8 +24,9 @@ $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
 
 Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
 batch 16 x 128 = 2,048, 16 x 30 = 480 hard and 16 x 200 = 3,200 random negatives per query,
-classifier lr 0.002 x 2,048. Gradient accumulation 32: the smallest that leaves a quarter of
-a V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
+classifier lr 0.002 x 2,048. Gradient accumulation 64: the smallest that leaves a quarter of
+a V100-32GB free in fp32 with DistilBERT and the classifier's momentum (a velocity as large
+as W; python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
 from astra_jax import paper_configs
@@ -39,6 +40,6 @@ def get_config(variant: str = ""):
                               dropout=0.7, warmup=2500, weight_decay=1e-3, k_r=200, k_h=30,
                               k_p=13)
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
-  c.train.grad_accum_steps = 32
+  c.train.grad_accum_steps = 64
   c.mesh.data, c.mesh.model = 1, 1
   return paper_configs.apply_variant(c, variant, "experiments/lf_wikipedia_500k.py")

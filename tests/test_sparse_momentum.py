@@ -79,6 +79,22 @@ def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
   assert int(state.period_step) == 0 and not np.asarray(state.touched_at).any()
 
 
+def test_a_skipped_step_changes_no_row():
+  """A dynamic loss-scale overflow: the step pushes the identity with zero gradients."""
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(5, 2)), jnp.float32)
+  state = sparse_momentum.init(5, 2, 4)
+  ids = jnp.array([0, 3])
+  state = sparse_momentum.begin_step(state, 0.5, WD, BETA)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.ones((2, 2)), 0.5)
+  before = sparse_momentum.catch_up_all(w, state)
+  state = sparse_momentum.begin_step(state, 0.5, WD, BETA, apply=False)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.zeros((2, 2)), 0.5)
+  after = sparse_momentum.catch_up_all(w, state)
+  np.testing.assert_array_equal(after[0], before[0])
+  np.testing.assert_array_equal(after[1].velocity, before[1].velocity)
+
+
 STEPS, RESUME_AT = 54, 27
 
 
@@ -183,3 +199,20 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   np.testing.assert_array_equal(got.velocity[rows:], 0.0)
   np.testing.assert_array_equal(got.touched_at[rows:], 0)
   assert int(got.period_step) == 5
+
+
+def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(tmp_path):
+  """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it
+  ends where an uninterrupted run ends; the epoch-end folds catch every row up."""
+  from test_train import _small_synthetic
+  c = _small_synthetic(tmp_path, strategy="random")
+  c.train.epochs, c.optim.classifier_momentum = 2, BETA
+  whole = train.train_and_evaluate(c, str(tmp_path / "whole"))
+  c.train.stop_after_steps = 30
+  with pytest.raises(checkpoint.Preempted):
+    train.train_and_evaluate(c, str(tmp_path / "cut"))
+  c.train.stop_after_steps = 0
+  resumed = train.train_and_evaluate(c, str(tmp_path / "cut"))
+  assert resumed["steps"] == whole["steps"] > 30
+  assert resumed["metrics"] == whole["metrics"]
+  assert whole["P@1"] > whole["popularity_baseline"]["P@1"]
