@@ -68,8 +68,7 @@ TOKENIZE_ROWS_PER_CPU_S = 20_000
 # (12.4 bytes with SS-20M's 8-digit ids, measured).
 LABEL_TEXT_SEPARATOR_BYTES = 4
 # Negatives files a process has on disk at most: the one in use and the one being mined
-# (negatives/manager.py deletes the one replaced once the checkpoint naming the new one is
-# on disk).
+# (negatives/manager.py runs one worker at a time and deletes the file replaced at the swap).
 NEGATIVES_GENERATIONS = 2
 
 
