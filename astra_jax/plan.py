@@ -1,15 +1,20 @@
 """Memory plan of a training run, printed before anything is allocated.
 
   python -m astra_jax.plan --config=experiments/ss20m.py [--mesh=DATAxMODEL]
-      [--gpu=v100-32gb|a100-80gb|h100-80gb] [--num_gpus=N] [--json] [--config.a.b=v ...]
+      [--gpu=v100-32gb|a100-80gb|h100-80gb] [--num_gpus=N] [--gpus_per_node=G]
+      [--processes_per_node=P] [--json] [--config.a.b=v ...]
 
 Per device: W's shard, the classifier's optimizer state, the encoder's parameters, Adam
 moments and gradients, the encoder's activations for one micro-batch, the classifier step's
 temporaries; compared with what XLA can use (90% of the GPU's memory; set
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9, JAX's default is 0.75), with fixes when it does not fit.
-Host RAM of a refresh worker (ANN index ~2x its W rows, W snapshot, mined negatives,
-positives) and of a training process (label matrix, hard-negative and query-embedding
-memmaps); disk (token memmaps, refresh files).
+Per node (--gpus_per_node, --processes_per_node: one process per GPU as launch/slurm.sbatch
+runs, or 1 as launch/single_node.sh): the peak of preparation (label parse, tokenization:
+one builder per node, from the per-row costs benchmarks/data_scale.py measured); every
+training process's and every refresh worker's resident memory, with the files a node maps
+(label cache, token memmaps) counted once and each process's own memmaps (negatives in use,
+embedding collection, negatives being mined) once per process; and disk for every file the
+run writes (caches, refresh inputs, negatives generations, checkpoints x keep, export).
 
 Nothing here imports jax or the model code: sizes come from the config, the encoder's
 config.json (or the tiny-BERT fields), the tokenizer's vocabulary, the header of
@@ -49,6 +54,23 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
 XLA_OVERHEAD = 1.25  # see activation_bytes
 
+# Preparation, measured by benchmarks/data_scale.py (SS-20M's label statistics, README
+# "Data at SS-20M / SS-120M size"): the label parse's anonymous memory is bounded by its
+# 16 MB blocks (0.63 GB at 10^6 rows, 0.72 GB at 10^7) and tokenization's by its batches of
+# 8192 texts (0.14-0.15 GB); per CPU second the parse reads 64 MB of label text and the
+# tokenizer turns 20,000 32-token texts into ids (a word-level tokenizer: WordPiece is
+# slower).
+PARSE_PEAK_BYTES = 720 * 10 ** 6
+TOKENIZE_PEAK_BYTES = 150 * 10 ** 6
+PARSE_BYTES_PER_CPU_S = 64 * 10 ** 6
+TOKENIZE_ROWS_PER_CPU_S = 20_000
+# "id:1 " per positive: the id's digits + 4 bytes of separators and value on average
+# (12.4 bytes with SS-20M's 8-digit ids, measured).
+LABEL_TEXT_SEPARATOR_BYTES = 4
+# Negatives files a process has on disk at most: the one in use and the one being mined
+# (negatives/manager.py runs one worker at a time and deletes the file replaced at the swap).
+NEGATIVES_GENERATIONS = 2
+
 
 @dataclasses.dataclass
 class Item:
@@ -66,6 +88,22 @@ class DataSize:
   source: str
 
 
+@dataclasses.dataclass(frozen=True)
+class NodeLayout:
+  """How the devices are spread over nodes and processes."""
+  num_gpus: int
+  gpus_per_node: int
+  processes_per_node: int
+
+  @property
+  def nodes(self) -> int:
+    return self.num_gpus // self.gpus_per_node
+
+  @property
+  def gpus_per_process(self) -> int:
+    return self.gpus_per_node // self.processes_per_node
+
+
 @dataclasses.dataclass
 class Plan:
   config_name: str
@@ -78,9 +116,26 @@ class Plan:
   device_items: list[Item]
   worker_items: list[Item]    # host RAM of a refresh worker process
   trainer_items: list[Item]   # host RAM of a training process
-  disk_items: list[Item]
+  disk_items: list[Item]      # every file the run writes (one node's share of its processes')
   notes: list[str]
+  node: dict = dataclasses.field(default_factory=dict)       # NodeLayout + shards per process
+  prep_items: list[Item] = dataclasses.field(default_factory=list)  # a node's preparation
+  node_items: list[Item] = dataclasses.field(default_factory=list)  # a node's RAM in training
+  prep_seconds: dict = dataclasses.field(default_factory=dict)
   suggestions: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def node_total(self) -> int:
+    return sum(i.bytes for i in self.node_items)
+
+  @property
+  def prep_peak(self) -> int:
+    """A node's preparation: one builder, its phases one after the other."""
+    return max((i.bytes for i in self.prep_items), default=0)
+
+  @property
+  def disk_total(self) -> int:
+    return sum(i.bytes for i in self.disk_items)
 
   @property
   def device_total(self) -> int:
@@ -99,7 +154,9 @@ class Plan:
     out.update(device_total=self.device_total, usable=self.usable, fits=self.fits,
                headroom=self.usable - self.device_total,
                worker_resident=_resident(self.worker_items),
-               trainer_resident=_resident(self.trainer_items))
+               trainer_resident=_resident(self.trainer_items),
+               node_total=self.node_total, node_resident=_resident(self.node_items),
+               prep_peak=self.prep_peak, disk_total=self.disk_total)
     return out
 
 
@@ -220,8 +277,18 @@ def activation_bytes(e: EncoderConfig, b: int, T: int) -> tuple[int, str]:
 
 
 # -------------------------------------------------------------------------------- plan
-def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str = "") -> Plan:
-  """The plan for `config` as it stands (mesh included)."""
+def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str = "",
+              layout: NodeLayout | None = None) -> Plan:
+  """The plan for `config` as it stands (mesh included).
+
+  Args:
+    config: the experiment config, its mesh set.
+    gpu: a key of GPUS.
+    data: the dataset's size (default: data_size(config)).
+    config_name: the name printed.
+    layout: nodes and processes (default: one node, one process per device).
+  Returns:
+    The Plan."""
   data = data or data_size(config)
   enc, enc_source = encoder_shape(config)
   P = encoder_param_count(enc)
@@ -303,53 +370,127 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
     dev.append(Item("classifier update: one micro-batch's row gradients", formed,
                     f"2 x (B/A ({k_txt}){once}) x d x 4"))
 
-  # Host. A refresh mines every training row against an index over one shard's rows; the
-  # worker holds the index, the W snapshot, the mined (N, k) array and the positives.
+  # Host, per process: one process per `layout.gpus_per_process` devices holds the W shards
+  # of its devices (sharding.local_model_shards; 'model' is the mesh's minor axis, inside a
+  # node) and mines for them in its own refresh worker, one shard's index at a time.
+  layout = layout or NodeLayout(G, G, G)
+  S = min(M, layout.gpus_per_process)   # W shards per process
+  Pn = layout.processes_per_node
   index_kind = nc.index if nc.index != "auto" else ("exact" if R <= 50_000 else "scann")
   ds = catalog.DATASETS.get(config.data.get("name", ""))
   lpp = (config.data.synthetic.mean_labels if config.data.synthetic.enabled
          else ds.labels_per_point if ds else None)
+  num_test = (config.data.synthetic.num_test if config.data.synthetic.enabled
+              else ds.num_test if ds else 0)
   nnz = int(data.num_train * lpp) + (rows - data.num_train) if lpp else None
   if index_kind == "scann":
-    worker = [Item(f"ANN index (ScaNN: its own fp32 copy + codes, ~2x {R:,} rows)",
+    worker = [Item(f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {R:,} rows)",
                    2 * R * d * 4, "2 x W shard")]
   else:
     worker = [Item(f"exact index ({R:,} rows + one 4096-query score block)",
                    R * d * 4 + 4096 * R * 4 * 2, "W shard + 2 x 4096 x rows x 4")]
+  negatives_own = rows * S * mined * 4
+  collection = rows * d * 4
   worker += [
-      Item("W snapshot (loaded)", R * d * 4, "W shard"),
-      Item(f"mined hard negatives ({rows:,} x {mined} int32)", rows * mined * 4,
-           "N x k_mined x 4", paged=True),
+      Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
+      Item(f"mined hard negatives being written ({rows:,} x {S} x {mined} int32)",
+           negatives_own, "N x shards per process x k_mined x 4", paged=True),
+      Item(f"query embeddings (its process's, {rows:,} x {d} fp32)", collection,
+           "N x d x 4", paged=True),
   ]
-  trainer = [Item(f"hard negatives in use ({rows:,} x {M * mined} int32)",
-                  rows * M * mined * 4, "N x (model x k_mined) x 4", paged=True),
+  trainer = [Item(f"W rows of its {S} shard(s) copied for a refresh's snapshot",
+                  S * R * d * 4, "shards per process x W shard"),
+             Item(f"hard negatives in use ({rows:,} x {S} x {mined} int32)",
+                  negatives_own, "N x shards per process x k_mined x 4", paged=True),
              Item(f"query embeddings being collected ({rows:,} x {d} fp32)",
-                  rows * d * 4, "N x d x 4", paged=True)]
+                  collection, "N x d x 4", paged=True)]
+  tokens = Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
+                "N x T x 4", paged=True)
+  trainer.insert(0, tokens)
   # The label matrix is the label cache's memmaps (label_cache): the training processes
   # and workers of a node share one page-cache copy; the label-text rows are not stored.
   n_file, nnz_file = data.num_train + 1, (int(data.num_train * lpp) if lpp else 0)
   label_cache_bytes = n_file * 8 + nnz_file * 4 + L * 4
+  label_cache = Item(f"training label matrix (label cache, ~{nnz_file:,} pairs)",
+                     label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True)
   if nnz:
-    worker.append(Item(f"training positives (label cache, ~{nnz_file:,} pairs)",
-                       label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True))
-    trainer.insert(0, Item(f"training label matrix (label cache, ~{nnz_file:,} pairs)",
-                           label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True))
+    worker.append(dataclasses.replace(label_cache, name=f"training positives "
+                                      f"(label cache, ~{nnz_file:,} pairs)"))
+    trainer.insert(0, label_cache)
   else:
     notes.append("the label matrix is not counted (labels per point unknown): its cache, "
                  "(N + 1) x 8 + nnz x 4 + L x 4 bytes, is mapped once per node")
-  disk = [Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
-               "N x T x 4 (+ test rows)"),
 
-          Item("hard negatives, in use + next", 2 * rows * M * mined * 4,
-               "2 x N x (model x k_mined) x 4"),
-          Item("query embeddings + W snapshot of a refresh", rows * d * 4 + L * d * 4,
-               "N x d x 4 + L x d x 4")]
+  # A node in training: each process's and worker's own memory, each process's own files,
+  # and the files every process maps (label cache, token memmaps) once.
+  per = f"x {Pn} process{'es' if Pn > 1 else ''}"
+  node_items = [
+      Item(f"training processes' resident memory ({per})", Pn * _resident(trainer),
+           "processes per node x the process's resident"),
+      Item(f"refresh workers' resident memory ({per})", Pn * _resident(worker),
+           "processes per node x the worker's resident"),
+      Item("token memmaps (once per node)", tokens.bytes, tokens.formula, paged=True),
+  ]
   if nnz:
-    disk.insert(1, Item("label cache (training labels)", label_cache_bytes,
-                        "(N + 1) x 8 + nnz x 4 + L x 4"))
-  if M > 1:
-    notes.append(f"a refresh worker is for one W shard ({R:,} rows); a host that mines for "
-                 f"several shards needs that much for each")
+    node_items.append(Item("label cache (once per node)", label_cache_bytes,
+                           label_cache.formula, paged=True))
+  node_items += [
+      Item(f"hard negatives in use ({per})", Pn * negatives_own,
+           "processes x N x shards per process x k_mined x 4", paged=True),
+      Item(f"hard negatives being mined ({per})", Pn * negatives_own,
+           "processes x N x shards per process x k_mined x 4", paged=True),
+      Item(f"query-embedding collections ({per})", Pn * collection, "processes x N x d x 4",
+           paged=True)]
+
+  # Preparation (prepare, or the first process of a node under the caches' lock): one
+  # builder per node, the label files parsed, then the texts tokenized.
+  test_nnz = int(num_test * lpp) if lpp else 0
+  text_bytes = (nnz_file + test_nnz) * (len(str(max(L - 1, 1))) + LABEL_TEXT_SEPARATOR_BYTES)
+  token_rows = rows + num_test
+  # The phases run one after the other: the peak is the larger (Plan.prep_peak).
+  prep_items = [
+      Item("label parse (16 MB blocks), measured", PARSE_PEAK_BYTES, "bounded by the block"),
+      Item("tokenization (batches of 8192 texts), measured", TOKENIZE_PEAK_BYTES,
+           "bounded by the batch")]
+  prep_seconds = {
+      "label_text_bytes": text_bytes,
+      "parse_cpu_s": round(text_bytes / PARSE_BYTES_PER_CPU_S),
+      "tokenize_rows": token_rows,
+      "tokenize_cpu_s": round(token_rows / TOKENIZE_ROWS_PER_CPU_S)}
+
+  # Disk: the caches (beside the data, once), the refresh files of each process (the
+  # inputs of the refresh last consumed stay beside those being collected: a resume reruns
+  # it), the negatives generations, the checkpoints and the export.
+  test_cache = (num_test + 1) * 8 + test_nnz * 4
+  state = (4 * P + 8 * P + padded_rows(L, M) * d * 4
+           + (padded_rows(L, M) * (d + 1) * 4 if config.optim.classifier_momentum else 0))
+  keep = config.checkpoint.keep
+  disk = [Item(f"token memmaps ({token_rows:,} rows x {T} int32: train, label texts, test)",
+               token_rows * T * 4, "(N + test) x T x 4")]
+  if nnz:
+    disk.append(Item("label caches (training + test labels)", label_cache_bytes + test_cache,
+                     "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'"))
+  disk += [
+      Item(f"refresh inputs (embeddings + W snapshot), 2 refreshes' ({per})",
+           Pn * 2 * (collection + S * R * d * 4),
+           "processes x 2 x (N x d x 4 + shards per process x W shard)"),
+      Item(f"hard negatives, {NEGATIVES_GENERATIONS} generations: in use + being mined ({per})",
+           Pn * NEGATIVES_GENERATIONS * negatives_own,
+           f"processes x {NEGATIVES_GENERATIONS} x N x shards per process x k_mined x 4"),
+      Item(f"checkpoints: the last {keep}, the best by P@5, one being written",
+           (keep + 2) * state, "(keep + 2) x (P x 12 + L x d x 4 [+ momentum L x (d + 1) x 4])"),
+      Item("export (encoder + W; + tokenizer and label texts)", 4 * P + L * d * 4,
+           "P x 4 + L x d x 4")]
+  if layout.nodes > 1:
+    notes.append(f"{layout.nodes} nodes: the caches, checkpoints and export are written once "
+                 f"(shared storage); each node's processes write the per-process files above")
+  if layout.nodes * Pn > M // S:
+    notes.append(f"{layout.nodes * Pn} processes for {M // S} distinct group(s) of W shards: "
+                 f"processes holding the same shards (data replicas) each mine and write the "
+                 f"same negatives")
+  if S > 1:
+    notes.append(f"a refresh worker mines for its process's {S} W shards ({R:,} rows each), "
+                 f"one index at a time")
   if ds and not ds.public and not config.data.synthetic.enabled:
     notes.append(f"{ds.name} is proprietary: this plans the real dataset's size; its "
                  f"synthetic stand-in is {ds.config}:synthetic")
@@ -370,7 +511,14 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                  "random_draws": nc.random_draws,
                  "index": index_kind, "dense_update": dense},
       gpu=gpu, device_items=dev, worker_items=worker, trainer_items=trainer,
-      disk_items=disk, notes=notes)
+      disk_items=disk, notes=notes,
+      node={**dataclasses.asdict(layout), "nodes": layout.nodes, "shards_per_process": S},
+      prep_items=prep_items, node_items=node_items, prep_seconds=prep_seconds)
+
+
+def padded_rows(L: int, model: int) -> int:
+  """W's rows padded to a multiple of the 'model' axis (sharding.padded_rows)."""
+  return -(-L // model) * model
 
 
 def _encoder_note(config, source: str) -> str:
@@ -463,12 +611,29 @@ def format_plan(p: Plan) -> str:
   verdict = (f"FITS, {(p.usable - p.device_total) / GiB:.2f} GiB headroom" if p.fits else
              f"DOES NOT FIT: {(p.device_total - p.usable) / GiB:.2f} GiB over")
   lines.append(f"    {'total':<72}{_gib(p.device_total)}   {verdict}")
-  for title, items in (("host RAM, a refresh worker", p.worker_items),
-                       ("host RAM, each training process", p.trainer_items),
-                       ("disk", p.disk_items)):
+  nd = p.node
+  where = (f"{nd['nodes']} node{'s' if nd['nodes'] > 1 else ''} x {nd['gpus_per_node']} GPUs, "
+           f"{nd['processes_per_node']} process{'es' if nd['processes_per_node'] > 1 else ''} "
+           f"per node, {nd['shards_per_process']} W shard(s) per process")
+  lines += ["", f"  host, per node: {where}"]
+  ps = p.prep_seconds
+  for title, items, total in (
+      ("preparation, one builder per node (phases in turn: the peak)", p.prep_items,
+       ("peak", p.prep_peak)),
+      ("host RAM, each refresh worker", p.worker_items, None),
+      ("host RAM, each training process", p.trainer_items, None),
+      ("host RAM, the node in training", p.node_items,
+       ("total, every memmap hot", p.node_total)),
+      ("disk, every file the run writes", p.disk_items, ("total", p.disk_total))):
     lines += ["", f"  {title:<74}{'GiB':>8}"]
     lines += [f"    {i.name + (' (memmap)' if i.paged else ''):<72}{_gib(i.bytes)}" for i in items]
-    if title != "disk":
+    if total:
+      lines.append(f"    {total[0]:<72}{_gib(total[1])}")
+    if items is p.prep_items and ps:
+      lines.append(f"    {ps['label_text_bytes'] / 1e9:.1f} GB of label text: "
+                   f"~{ps['parse_cpu_s'] / 60:.0f} CPU min to parse; {ps['tokenize_rows']:,} "
+                   f"texts: ~{ps['tokenize_cpu_s'] / 60:.0f} CPU min to tokenize")
+    if items is not p.prep_items and "disk" not in title:
       paged = sum(i.bytes for i in items if i.paged)
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
       lines.append(f"    {label:<72}{_gib(_resident(items))}")
@@ -502,16 +667,39 @@ def resolve_mesh(config, mesh: str, num_gpus: int) -> tuple[int, int]:
   return data, model
 
 
-def plan_config(config, gpu: str, mesh: str = "", num_gpus: int = 0, name: str = "") -> Plan:
-  """Applies the mesh to (a copy of) the config, plans, and adds suggestions if needed."""
+def resolve_layout(devices: int, gpus_per_node: int, processes_per_node: int) -> NodeLayout:
+  """--gpus_per_node (default: every device on one node) and --processes_per_node (default:
+  one per GPU, as launch/slurm.sbatch starts them)."""
+  g = gpus_per_node or devices
+  if devices % g:
+    raise InputError(f"--gpus_per_node={g} does not divide the {devices} devices")
+  p = processes_per_node or g
+  if g % p:
+    raise InputError(f"--processes_per_node={p} does not divide --gpus_per_node={g}")
+  return NodeLayout(devices, g, p)
+
+
+def plan_config(config, gpu: str, mesh: str = "", num_gpus: int = 0, name: str = "",
+                gpus_per_node: int = 0, processes_per_node: int = 0) -> Plan:
+  """Applies the mesh to (a copy of) the config, plans, and adds suggestions if needed.
+
+  Args:
+    config: the experiment config.
+    gpu: a key of GPUS.
+    mesh, num_gpus: see resolve_mesh.
+    name: the name printed.
+    gpus_per_node, processes_per_node: see resolve_layout (0: the defaults).
+  Returns:
+    The Plan."""
   if gpu not in GPUS:
     raise InputError(f"--gpu={gpu!r}: choose from {', '.join(GPUS)}")
   config = copy.deepcopy(config)
   data, model = resolve_mesh(config, mesh, num_gpus)
   with config.unlocked():
     config.mesh.data, config.mesh.model = data, model  # per-shard k_h/k_r follow (refs)
+  layout = resolve_layout(data * model, gpus_per_node, processes_per_node)
   size = data_size(config)
-  p = make_plan(config, gpu, size, name)
+  p = make_plan(config, gpu, size, name, layout)
   if not p.fits:
     p.suggestions = suggest(config, gpu, size)
   return p
@@ -525,6 +713,9 @@ def define_flags() -> None:
   flags.DEFINE_enum("gpu", "v100-32gb", list(GPUS), "GPU memory to plan against")
   flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
                        "= num_gpus / mesh.model unless --mesh says otherwise")
+  flags.DEFINE_integer("gpus_per_node", 0, "GPUs per node (default: all on one node)")
+  flags.DEFINE_integer("processes_per_node", 0, "training processes per node (default: one per "
+                       "GPU, as launch/slurm.sbatch; 1 for launch/single_node.sh)")
   flags.DEFINE_bool("json", False, "print the plan as JSON")
   flags.DEFINE_bool("check", False, f"exit with status {DOES_NOT_FIT_EXIT} when the run does "
                     "not fit (the launchers stop there)")
@@ -538,7 +729,8 @@ def main(argv):
   config = cli.config_flag()
   label = f"{config.data.get('name', '') or '?'} ({path})"
   try:
-    p = plan_config(config, F.gpu, F.mesh, F.num_gpus, label)
+    p = plan_config(config, F.gpu, F.mesh, F.num_gpus, label, F.gpus_per_node,
+                    F.processes_per_node)
   except InputError as e:
     sys.exit(f"error: {e}")
   print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))

@@ -596,7 +596,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   restored = None
   if ckpt is not None:
     restored = ckpt.restore(params, opt_state, accept=lambda progress: (
-        hard_negatives.load_state(progress["hard_negatives"])))
+        hard_negatives.load_state(progress["hard_negatives"],
+                                  resumes_at=(progress["epoch"], progress["step"]))))
   if restored is not None:
     params, opt_state, progress = restored
     degraded = Degraded.from_json(progress.get("degraded"))

@@ -93,6 +93,8 @@ config_overrides() {
 }
 
 # run_plan CONFIG NUM_GPUS [main's arguments...]: the memory check, before anything runs.
+# PLAN_GPUS_PER_NODE / PLAN_PROCESSES_PER_NODE (set by the launcher): the node layout its
+# host-memory and disk lines are for (0: the planner's defaults).
 run_plan() {
   local config=$1 num_gpus=$2
   shift 2
@@ -102,7 +104,8 @@ run_plan() {
   done < <(config_overrides "$@")
   local rc=0
   "$PYTHON" -m astra_jax.plan --config="$config" --gpu="$GPU" --num_gpus="$num_gpus" \
-    --check "${overrides[@]}" || rc=$?
+    --gpus_per_node="${PLAN_GPUS_PER_NODE:-0}" \
+    --processes_per_node="${PLAN_PROCESSES_PER_NODE:-0}" --check "${overrides[@]}" || rc=$?
   if [[ $rc -eq 3 ]]; then
     if [[ "${PLAN_CHECK:-1}" == "0" ]]; then
       echo "PLAN_CHECK=0: launching although the planner says it does not fit" >&2

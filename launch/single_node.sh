@@ -62,7 +62,7 @@ cmd=("$PYTHON" -m astra_jax.main --config="$CONFIG" --workdir="$WORKDIR"
      --config.encoder.dtype="$DTYPE" "$@")
 
 echo "astra_jax on $NUM_GPUS x $GPU (one process), $DTYPE compute"
-run_plan "$CONFIG" "$NUM_GPUS" --config.encoder.dtype="$DTYPE" "$@"
+PLAN_PROCESSES_PER_NODE=1 run_plan "$CONFIG" "$NUM_GPUS" --config.encoder.dtype="$DTYPE" "$@"
 echo
 if [[ "${DRY_RUN:-0}" == "1" ]]; then
   echo "environment: ASTRA_EXPECT_GPUS=${ASTRA_EXPECT_GPUS:-unset}" \

@@ -221,6 +221,53 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh
 
 
+def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_path):
+  """Refreshes at epochs 2, 3 and 4 (each collected in the epoch before): after every swap
+  only the file in use is left; while a worker mines, that file and its output. A
+  checkpoint taken before a swap names the replaced file: it resumes by mining again."""
+  from astra_jax.negatives.manager import HardNegatives
+  from astra_jax.negatives.refresh import RefreshFailed
+  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
+                      np.ones(20, np.float32), 12)
+  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=1, epochs=5)
+  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  rng = np.random.default_rng(0)
+  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
+  vectors, embed = (lambda: w), (lambda rows: q[rows])
+  hard_files = lambda: sorted(f for f in os.listdir(m.dir) if f.startswith("hard_"))
+
+  def check(epoch):  # the file in use, and the output of a running (or finished) worker
+    assert len(m.pending) <= 1
+    allowed = [f"hard_epoch{r}.npy" for r in m.pending]
+    if m.current_path is not None:
+      allowed.append(os.path.basename(m.current_path))
+    assert set(hard_files()) <= set(allowed) and len(hard_files()) <= 2, (epoch, hard_files())
+
+  saved = {}
+  for epoch in range(5):
+    saved[epoch] = m.state_dict()  # the checkpoint at (epoch, 0), taken before the swap
+    m.start_epoch(epoch, vectors, embed)
+    check(epoch)
+    m.end_epoch(epoch, vectors, embed)
+    for worker in m.pending.values():
+      worker.proc.wait()
+    check(epoch)
+  assert [x["epoch"] for x in m.refreshes] == [2, 3, 4] and all(x["ok"] for x in m.refreshes)
+  mined_4 = np.array(m.current)
+  # The checkpoint at (4, 0) names hard_epoch3.npy, deleted at the swap: the refresh for
+  # epoch 4 runs again from its inputs and gives the same negatives.
+  assert saved[4]["current_path"] == "hard_epoch3.npy" and saved[4]["pending"] == [4]
+  b = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  b.load_state(saved[4], resumes_at=(4, 0))
+  assert b.current is None
+  b.start_epoch(4, vectors, embed)
+  np.testing.assert_array_equal(b.current, mined_4)
+  # Inside an epoch the negatives are needed as they are: their loss is an error.
+  with pytest.raises(RefreshFailed, match="hard_epoch3.npy: the checkpoint's hard negatives"):
+    b.load_state(saved[4], resumes_at=(3, 5))
+  b.close()
+
+
 def test_a_killed_workers_temporary_output_is_removed(tmp_path):
   """A worker killed mid-mining (SIGKILL, out of memory) cannot remove its N x k temporary
   file; the manager does once that refresh is over."""

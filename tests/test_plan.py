@@ -58,6 +58,72 @@ def test_byte_counts_equal_hand_counts():
   assert p.negatives["k_h_per_shard"] == 50 and p.batch["encoder_queries_per_device"] == 11
 
 
+def by_name(items, prefix):
+  (found,) = [i.bytes for i in items if i.name.startswith(prefix)]
+  return found
+
+
+def test_node_plan_equals_hand_counts():
+  """Two nodes of two GPUs, a process per GPU, a 2 x 2 mesh: each process holds one W shard
+  (500 rows of d = 64) and mines 50 negatives per row for it; 6,000 rows (5,000 + 1,000
+  label texts) of 32 tokens, 12,500 positives, 4,000 test rows with 10,000 positives."""
+  c = small_config(labels=1000, model=2)
+  p = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
+  assert p.node == {"num_gpus": 4, "gpus_per_node": 2, "processes_per_node": 2, "nodes": 2,
+                    "shards_per_process": 1}
+  assert p.negatives["k_h_per_shard"] == 50 and p.negatives["index"] == "exact"
+  index = 500 * 64 * 4 + 4096 * 500 * 4 * 2          # the shard + a score block, twice
+  worker = index + 500 * 64 * 4                       # + its W snapshot
+  trainer = 500 * 64 * 4                              # its shard's rows, copied for a refresh
+  label_cache = 5001 * 8 + 12_500 * 4 + 1000 * 4      # indptr, indices, counts
+  negatives, collection = 6000 * 50 * 4, 6000 * 64 * 4
+  assert plan._resident(p.worker_items) == worker
+  assert plan._resident(p.trainer_items) == trainer
+  # The node: its two processes and two workers, the shared files once, each process's own.
+  assert by_name(p.node_items, "token memmaps") == 6000 * 32 * 4
+  assert by_name(p.node_items, "label cache") == label_cache
+  assert p.node_total == (2 * trainer + 2 * worker + 6000 * 32 * 4 + label_cache
+                          + 2 * negatives + 2 * negatives + 2 * collection) == 42_270_008
+  assert plan._resident(p.node_items) == 2 * (trainer + worker)
+  # Disk: caches (train + test), 2 refreshes' inputs per process, 2 negatives generations
+  # per process, (3 kept + best + one being written) checkpoints, the export.
+  params = 612_288
+  checkpoint = 12 * params + 1000 * 64 * 4            # parameters, Adam m and v, W
+  assert [i.bytes for i in p.disk_items] == [
+      10_000 * 32 * 4, label_cache + 4001 * 8 + 10_000 * 4,
+      2 * 2 * (collection + 500 * 64 * 4), 2 * 2 * negatives, 5 * checkpoint,
+      4 * params + 1000 * 64 * 4]
+  assert p.disk_total == 53_624_448
+  # Preparation: the measured bounded peak; 22,500 "ddd:1 " pairs of 7 bytes to parse.
+  assert p.prep_peak == plan.PARSE_PEAK_BYTES
+  assert p.prep_seconds["label_text_bytes"] == 22_500 * 7
+  assert p.prep_seconds["tokenize_rows"] == 10_000
+
+
+def test_one_process_for_the_node_mines_for_every_shard():
+  c = small_config(labels=1000, model=2)
+  p = plan.plan_config(c, "v100-32gb", mesh="2x2", processes_per_node=1)
+  assert p.node["shards_per_process"] == 2 and p.node["nodes"] == 1
+  assert by_name(p.node_items, "hard negatives in use") == 6000 * 2 * 50 * 4
+  with pytest.raises(InputError, match="--processes_per_node=3 does not divide"):
+    plan.plan_config(c, "v100-32gb", mesh="2x2", processes_per_node=3)
+  with pytest.raises(InputError, match="--gpus_per_node=3 does not divide the 4 devices"):
+    plan.plan_config(c, "v100-32gb", mesh="2x2", gpus_per_node=3)
+
+
+@pytest.mark.parametrize("path,gpus", [("experiments/ss20m.py", 2), ("experiments/ss120m.py", 8)])
+def test_paper_scale_node_reports_name_every_structure(path, gpus):
+  text = plan.format_plan(plan.plan_config(load_config(path), "v100-32gb", num_gpus=gpus,
+                                           gpus_per_node=gpus))
+  for name in ("preparation, one builder per node", "label parse", "tokenization",
+               "CPU min to parse", "each refresh worker", "each training process",
+               "the node in training", f"x {gpus} processes", "label cache (once per node)",
+               "token memmaps (once per node)", "query-embedding collections",
+               "hard negatives being mined", "refresh inputs", "2 generations",
+               "checkpoints: the last 3", "export"):
+    assert name in text, name
+
+
 def test_curricula_plan_their_widest_columns():
   c = small_config(labels=1000, model=1)
   c.negatives.strategy = "curriculum"  # base: k_h 50, k_r 400; half of 450 hard at the end

@@ -2,8 +2,17 @@
 vectors, launches refreshes in the worker, swaps new negatives in, survives failures.
 
 Files live in `<workdir>/negatives/`: `hard_epoch{e}.npy` (N x k int32, the negatives in
-use; older ones are deleted once replaced), and per refresh the inputs `vectors_epoch{e}.npy`,
-`queries_epoch{e}.npy` and `job_epoch{e}.json` (deleted after the refresh).
+use), and per refresh the inputs `vectors_epoch{e}.npy`, `queries_epoch{e}.npy` and
+`job_epoch{e}.json` (deleted once the next refresh is consumed).
+
+At most two negatives files exist: the one in use and the one a worker is writing. One
+worker runs at a time: with tau_r = 1 a refresh's inputs are ready (end of epoch r - 2)
+before the previous refresh is swapped in (start of r - 1), and its worker starts at that
+swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before a refresh epoch
+to be on disk (train.py), so the newest checkpoint names it only as the negatives of a state
+that resumes at the start of that refresh epoch, where the refresh runs again from its inputs
+(kept) before any batch needs negatives (`load_state`). Older checkpoints that name it are
+unusable; resume sets them aside and takes the newest one.
 """
 from __future__ import annotations
 
@@ -49,9 +58,12 @@ class HardNegatives:
     self.num_shards = max(num_shards, len(self.shards))
     self.dir = os.path.join(workdir, "negatives")
     self.pending: dict[int, RefreshWorker] = {}  # refresh epoch -> its running worker
+    self.deferred: list[int] = []  # refreshes whose inputs wait for the running one to end
     self.current: np.ndarray | None = None
     self.current_path: str | None = None
     self.current_epoch: int | None = None  # the refresh that produced `current`
+    # A file the newest checkpoint names but that is not in use (mined for another number
+    # of W shards, or an older checkpoint's second generation): deleted at the next swap.
     self.previous_path: str | None = None
     self.consumed: list[int] = []  # refreshes whose inputs are still on disk
     self.refreshes: list[dict] = []
@@ -88,6 +100,9 @@ class HardNegatives:
 
     Raises RefreshInterrupted when a stop is requested while it waits for the refresh
     (nothing changed: the refresh stays pending, its worker running until `close`)."""
+    if epoch in self.deferred:  # (not reached by the schedule: its swap launches it)
+      self.deferred.remove(epoch)
+      self._launch(epoch)
     if epoch in self.schedule.refresh_epochs and resumed_rows is None:
       t0 = time.time()
       new, error = None, None
@@ -126,6 +141,7 @@ class HardNegatives:
                         "previous hard negatives" if self.current is not None else
                         "random negatives")
       self.refreshes.append(stats)
+    self._launch_deferred()
     have = self.current is not None
     h, r = self.schedule.split(epoch, have)
     hard_columns, random_columns = self.schedule.columns(epoch, have)
@@ -172,11 +188,22 @@ class HardNegatives:
     self.queries = None
     os.replace(paths["queries"] + ".partial", paths["queries"])
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
-    # With tau_r = 1 the refresh for r - 1 may still be running: each has its own worker.
+    # With tau_r = 1 the refresh for r - 1 is still pending: r's worker starts at its swap.
+    self.deferred.append(r)
+    self._launch_deferred()
+    logging.info("negatives: refresh for epoch %d %s (%d queries, W snapshot of epoch %d)",
+                 r, "launched" if r in self.pending else "waits for the running one",
+                 self.num_rows, epoch)
+
+  def _launch(self, r: int) -> None:
     self.pending[r] = RefreshWorker()
-    self.pending[r].start(self._job(r), paths["job"])
-    logging.info("negatives: refresh for epoch %d launched (%d queries, W snapshot of epoch %d)",
-                 r, self.num_rows, epoch)
+    self.pending[r].start(self._job(r), self._paths(r)["job"])
+
+  def _launch_deferred(self) -> None:
+    """Starts the oldest deferred refresh when no worker runs (one negatives file being
+    written at a time)."""
+    if self.deferred and not self.pending:
+      self._launch(self.deferred.pop(0))
 
   # ----------------------------------------------------------------------- helpers
   def _write_inputs(self, epoch: int, vectors: np.ndarray, queries: np.ndarray) -> None:
@@ -193,13 +220,14 @@ class HardNegatives:
     return new
 
   def _commit(self, epoch: int, new: np.ndarray) -> None:
-    # The file replaced stays one more period: the last checkpoint may still refer to it.
+    # The file replaced goes now (module docstring: no checkpoint resume needs it).
     path = self._paths(epoch)["out"]
-    older = self.previous_path
-    self.previous_path, self.current, self.current_path = self.current_path, new, path
-    self.current_epoch = epoch
-    if older and older not in (path, self.previous_path) and os.path.exists(older):
-      os.remove(older)
+    replaced = [self.current_path, self.previous_path]
+    self.current, self.current_path, self.current_epoch = new, path, epoch
+    self.previous_path = None
+    for old in replaced:
+      if old and old != path and os.path.exists(old):
+        os.remove(old)
 
   # ------------------------------------------------------------------- checkpoints
   def flush(self) -> None:
@@ -211,18 +239,33 @@ class HardNegatives:
     name = lambda p: os.path.basename(p) if p else None
     return {"current_path": name(self.current_path), "current_epoch": self.current_epoch,
             "previous_path": name(self.previous_path), "refreshes": self.refreshes,
-            "pending": sorted(self.pending), "consumed": self.consumed,
+            "pending": sorted([*self.pending, *self.deferred]), "consumed": self.consumed,
             "num_shards": self.num_shards}
 
-  def load_state(self, state: dict) -> None:
+  def load_state(self, state: dict, resumes_at: tuple[int, int] | None = None) -> None:
     """Back to a checkpoint's state; refreshes that were running are started again from
-    their inputs (deterministic: the same negatives)."""
+    their inputs (deterministic: the same negatives).
+
+    Args:
+      state: what state_dict returned.
+      resumes_at: the checkpoint's (epoch, step within it). At step 0 of a refresh epoch
+        the negatives it names may be gone (replaced by that refresh, see the module
+        docstring): the refresh runs again before they would be used.
+    Raises:
+      RefreshFailed: the negatives the checkpoint trains with are missing."""
     self.close()
     # (older checkpoints stored the paths as given: their file name is in self.dir too)
     here = lambda p: os.path.join(self.dir, os.path.basename(p)) if p else None
     path, previous = here(state["current_path"]), here(state["previous_path"])
+    if previous and not os.path.exists(previous):
+      previous = None
     if path and not os.path.exists(path):
-      raise RefreshFailed(f"{path}: the checkpoint's hard negatives are missing")
+      epoch, step = resumes_at or (None, None)
+      if step != 0 or epoch not in self.schedule.refresh_epochs:
+        raise RefreshFailed(f"{path}: the checkpoint's hard negatives are missing")
+      logging.info("negatives: %s was replaced by the refresh for epoch %d, which runs "
+                   "again now", path, epoch)
+      path = None
     saved_shards = state.get("num_shards", self.num_shards)
     if path and saved_shards != self.num_shards:
       # Mined per shard of the old mesh.model: no block is a top-k over a new shard's rows.
@@ -237,9 +280,8 @@ class HardNegatives:
     self.current_epoch = state["current_epoch"] if path else None
     self.refreshes = state["refreshes"]
     self.consumed = state["consumed"]
-    for r in state["pending"]:
-      self.pending[r] = RefreshWorker()
-      self.pending[r].start(self._job(r), self._paths(r)["job"])
+    self.deferred = sorted(state["pending"])
+    self._launch_deferred()
 
   def _cleanup_inputs(self, epoch: int) -> None:
     paths = self._paths(epoch)
@@ -262,6 +304,7 @@ class HardNegatives:
     for worker in self.pending.values():
       worker.stop()
     self.pending.clear()
+    self.deferred.clear()
 
   def summary(self) -> dict:
     return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
