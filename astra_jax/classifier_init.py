@@ -10,14 +10,15 @@ sampled or predicted.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from astra_jax.errors import InputError
+
+if TYPE_CHECKING:  # config validation imports this module, and the planner runs without jax
+  import jax
 
 INITS = ("normal", "label_text")
 
@@ -62,6 +63,9 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
   Returns:
     float32 (rows, d).
   """
+  import jax  # noqa: PLC0415  (see the TYPE_CHECKING import above)
+  import jax.numpy as jnp  # noqa: PLC0415
+
   cc = config.classifier
   if cc.init == "normal":
     return config.train.classifier_init_std * jax.random.normal(

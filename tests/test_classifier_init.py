@@ -1,7 +1,6 @@
 """classifier.init: the Gaussian rows as before, or each label's normalised text embedding."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 

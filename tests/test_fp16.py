@@ -2,7 +2,6 @@
 gradients) is counted and logged, and stops the run only when a whole log window is
 skipped; encoder.matmul_precision is applied and recorded."""
 import json
-import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,15 +9,8 @@ import pytest
 
 from astra_jax import config_base, sharding, train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _fp16_config(tmp_path):
-  c = config_base.load_config(os.path.join(REPO, "experiments/demo.py"))
-  c.data.dir = str(tmp_path.parent / "small_synthetic")  # shared with test_train.py's
-  c.data.synthetic.num_labels = 300
-  c.data.synthetic.num_train = 3000
-  c.data.synthetic.num_test = 500
+def _fp16_config(small_synthetic):
+  c = small_synthetic()
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 64, 0
   c.train.log_every_steps = 5
   c.optim.warmup_steps = 20
@@ -42,8 +34,8 @@ def _overflow_at(monkeypatch, steps):
   monkeypatch.setattr(sharding, "shard_batch", shard_batch)
 
 
-def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch):
-  c = _fp16_config(tmp_path)
+def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch, small_synthetic):
+  c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {9})  # step 10 is a log step (every 5)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   assert r["steps"] == 3300 // 64
@@ -59,8 +51,8 @@ def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch)
   assert r["P@1"] > r["popularity_baseline"]["P@1"]
 
 
-def test_a_log_window_of_skipped_steps_stops_the_run(tmp_path, monkeypatch):
-  c = _fp16_config(tmp_path)
+def test_a_log_window_of_skipped_steps_stops_the_run(tmp_path, monkeypatch, small_synthetic):
+  c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {5, 6, 7, 8, 9})  # the whole second window (steps 6-10)
   with pytest.raises(FloatingPointError, match="all 5 steps up to epoch 0 step 10 were skipped"):
     train.train_and_evaluate(c, str(tmp_path / "wd"))

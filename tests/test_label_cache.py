@@ -1,6 +1,5 @@
 """The chunked label reader against an independent parser, the binary label cache, the
 virtual label-text rows, and resumable streaming tokenization."""
-import json
 import os
 import subprocess
 import sys

@@ -2,17 +2,13 @@
 and trains (on CPU, with the 8 fake devices split into two stand-in nodes)."""
 import dataclasses
 import json
-import os
 
 import jax
 import numpy as np
 import pytest
 
-from astra_jax import checkpoint, config_base, mesh_topology, sharding, train
+from astra_jax import checkpoint, mesh_topology, sharding, train
 from astra_jax.errors import InputError
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @dataclasses.dataclass(frozen=True)
 class FakeGpu:
@@ -58,13 +54,9 @@ def test_hybrid_grid_errors_and_the_single_node_case():
   assert mesh_topology.hybrid_grid(jax.devices(), 4, 2) is None  # CPU: no slice_index
 
 
-def _first_losses(tmp_path, name):
+def _first_losses(tmp_path, small_synthetic, name):
   """Two steps of the trainer on a (4, 2) mesh; the losses it logged and the mesh."""
-  c = config_base.load_config(os.path.join(REPO, "experiments/demo.py"))
-  c.data.dir = str(tmp_path.parent / "small_synthetic")  # shared with test_train.py's
-  c.data.synthetic.num_labels = 300
-  c.data.synthetic.num_train = 3000
-  c.data.synthetic.num_test = 500
+  c = small_synthetic()
   c.train.batch_size, c.train.profile_steps, c.train.log_every_steps = 64, 0, 1
   c.negatives.strategy, c.negatives.k_r = "random", 32
   c.mesh.data, c.mesh.model = -1, 2
@@ -86,12 +78,12 @@ def _first_losses(tmp_path, name):
   return [json.loads(x)["loss"] for x in lines], meshes[0]
 
 
-def test_a_training_step_on_a_two_node_mesh(tmp_path, monkeypatch):
-  reference, mesh = _first_losses(tmp_path, "one_node")
+def test_a_training_step_on_a_two_node_mesh(tmp_path, monkeypatch, small_synthetic):
+  reference, mesh = _first_losses(tmp_path, small_synthetic, "one_node")
   assert [[d.id for d in row] for row in mesh.devices] == [[0, 1], [2, 3], [4, 5], [6, 7]]
   # Two stand-in nodes interleaved over the 8 CPU devices: even ids and odd ids.
   monkeypatch.setattr(mesh_topology, "node_index", lambda d: d.id % 2)
-  losses, mesh = _first_losses(tmp_path, "two_nodes")
+  losses, mesh = _first_losses(tmp_path, small_synthetic, "two_nodes")
   assert mesh.shape == {"data": 4, "model": 2}
   assert [[d.id for d in row] for row in mesh.devices] == [[0, 2], [4, 6], [1, 3], [5, 7]]
   # The same computation laid out on other devices: the same losses.

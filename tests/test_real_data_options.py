@@ -1,7 +1,6 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
 split for the periodic evaluations, W from label texts, the kNN diagnostic and the TF-IDF
 baseline in results.json."""
-import json
 import os
 
 import pytest

@@ -146,12 +146,8 @@ def test_validation_names_the_field():
     config_base.validate(c)
 
 
-def _small_synthetic(tmp_path, **negatives):
-  c = _load_config("experiments/demo.py")
-  c.data.dir = str(tmp_path.parent / "small_synthetic")  # shared between tests, generated once
-  c.data.synthetic.num_labels = 300
-  c.data.synthetic.num_train = 3000
-  c.data.synthetic.num_test = 500
+def _small_synthetic(make, **negatives):
+  c = make()
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 4, 64, 0
   c.train.eval_every_epochs = 0
   c.optim.warmup_steps = 20
@@ -159,8 +155,8 @@ def _small_synthetic(tmp_path, **negatives):
   return c
 
 
-def test_hard_negatives_follow_the_schedule_in_training(tmp_path):
-  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1)
+def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_synthetic):
+  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   neg = r["negatives"]
   assert neg["strategy"] == "random+w_hard"
@@ -182,8 +178,8 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path):
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
-def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path):
-  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1, inject_fault="kill")
+def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_synthetic):
+  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1, inject_fault="kill")
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   refreshes = r["negatives"]["refreshes"]
   assert not refreshes[0]["ok"] and "killed by signal 9" in refreshes[0]["error"]
@@ -192,9 +188,9 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path):
   assert r["steps"] == 4 * (3300 // 64)
 
 
-def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path):
+def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthetic):
   # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
-  c = _small_synthetic(tmp_path, tau_s=1, tau_r=1)
+  c = _small_synthetic(small_synthetic, tau_s=1, tau_r=1)
   c.train.epochs = 4
   from astra_jax.negatives import manager
   original = manager.HardNegatives._job
@@ -217,10 +213,10 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path):
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]
 
 
-def test_training_on_a_mesh_with_per_shard_negatives(tmp_path):
+def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
   # (1, 8): 300 labels padded to 304 rows, 8 shards of 38, one index per shard; gradient
   # accumulation over 2 micro-batches of 32 queries (4 per device).
-  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1, k_h=4, k_r=32)
+  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1, k_h=4, k_r=32)
   c.train.epochs = 3
   c.mesh.data, c.mesh.model = 1, 8
   c.train.grad_accum_steps = 2
