@@ -68,6 +68,9 @@ ADDED_KEYS = {
     "data.validation_seed": 0,
     "classifier.init": "normal",
     "classifier.init_scale": 1.0,
+    "data.label_subset": 0,
+    "data.label_subset_seed": 0,
+    "encoder.init_from_workdir": "",
 }
 
 
