@@ -68,6 +68,9 @@ ADDED_KEYS = {
     "data.validation_seed": 0,
     "classifier.init": "normal",
     "classifier.init_scale": 1.0,
+    "data.label_subset": 0,
+    "data.label_subset_seed": 0,
+    "encoder.init_from_workdir": "",
 }
 
 
@@ -373,7 +376,9 @@ class Checkpoints:
     w_target = abstract(w) if tuple(saved) == w.shape else jax.ShapeDtypeStruct(
         tuple(saved), w.dtype, sharding=NamedSharding(w.sharding.mesh, P()))
     opt_target = abstract(opt_state)
-    per_row = opt_state.get("momentum")  # the classifier's momentum: padded like W
+    # The sparse step's state is a dict whose momentum is padded like W; the dense step's
+    # is optax's own state.
+    per_row = opt_state.get("momentum") if isinstance(opt_state, dict) else None
     if per_row is not None and tuple(saved) != w.shape:
       opt_target["momentum"] = opt_target["momentum"]._replace(**{
           k: jax.ShapeDtypeStruct((saved[0],) + x.shape[1:], x.dtype, sharding=w_target.sharding)

@@ -14,7 +14,7 @@ from astra_jax import classifier_init
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import encoder_source
-from astra_jax.negatives.schedule import STRATEGIES
+from astra_jax.negatives.schedule import HARD_ONLY_STRATEGIES, STRATEGIES
 
 # encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
 MATMUL_PRECISIONS = ("default", "high", "highest")
@@ -46,6 +46,10 @@ def base_config() -> ml_collections.ConfigDict:
   # validation_seed): periodic evaluations report it, the test split only the final one.
   c.data.validation_fraction = 0.0
   c.data.validation_seed = 0
+  # > 0: train and test on that many labels sampled by label_subset_seed and the queries
+  # with a positive among them (astra_jax/data/label_subset.py; the paper's Figure 1).
+  c.data.label_subset = 0
+  c.data.label_subset_seed = 0
   c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
   c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
   # Synthetic data: when enabled, generated once into data.dir (or a cache dir) first.
@@ -71,6 +75,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder = ml_collections.ConfigDict()
   c.encoder.hf_dir = ""            # dir with config.json (+ model.safetensors); "" = tiny BERT
   c.encoder.load_weights = True    # load model.safetensors from hf_dir when present
+  # A workdir whose exported model (WORKDIR/model, export.py) gives the encoder's starting
+  # weights; its encoder must have this config's shape. "": none.
+  c.encoder.init_from_workdir = ""
   c.encoder.hidden_size = 64       # used when hf_dir is empty (random init)
   c.encoder.num_layers = 2
   c.encoder.num_heads = 2
@@ -212,9 +219,19 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"unknown layout {c.data.layout!r}")
   need(c.negatives.strategy in STRATEGIES, "negatives.strategy",
        f"unknown strategy {c.negatives.strategy!r}; choose from {', '.join(STRATEGIES)}")
-  for k in ("k_p", "k_r"):
-    need(c.negatives[k] >= 1, f"negatives.{k}", f"must be >= 1, got {c.negatives[k]}")
+  need(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  if c.negatives.strategy in HARD_ONLY_STRATEGIES:
+    # k_r = 0: hard negatives only, the paper's Figure 1 oracle and stale strategy (the
+    # estimator then has no random term: the biased hard-only objective).
+    need(c.negatives.k_r >= 0, "negatives.k_r", f"must be >= 0, got {c.negatives.k_r}")
+    need(c.negatives.k_h + c.negatives.k_r >= 1, "negatives.k_h",
+         f"k_h + k_r must be >= 1 (negatives per query), got {c.negatives.k_h} + "
+         f"{c.negatives.k_r}")
+  else:
+    need(c.negatives.k_r >= 1, "negatives.k_r",
+         f"must be >= 1, got {c.negatives.k_r} (0 only with strategy "
+         f"{', '.join(HARD_ONLY_STRATEGIES)}: hard negatives alone)")
   if c.negatives.strategy.startswith("curriculum"):
     # The hard share rises from k_h / (k_h + k_r) at tau_s: the batches keep k_r random
     # columns, and the total per query stays k_h + k_r.
@@ -259,6 +276,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
        f"must be in [0, 1), got {c.data.validation_fraction}")
+  need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")
   need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
   classifier_init.validate(c)
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")

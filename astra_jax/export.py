@@ -166,6 +166,10 @@ def save_trained_model(workdir: str, config, encoder_cfg: EncoderConfig, params:
   if jax.process_index() != 0:
     return None
   texts = label_texts_of(config.data, data.data_dir) if data.label_tokens is not None else None
+  if texts is not None and config.data.get("label_subset", 0):  # the subset's, in its order
+    from astra_jax.data.label_subset import sample_labels
+    kept = sample_labels(len(texts), config.data.label_subset, config.data.label_subset_seed)
+    texts = [texts[i] for i in kept]
   return save_model(workdir, encoder_cfg=encoder_cfg, encoder_params=params["encoder"],
                     classifier=np.asarray(w)[:data.num_labels],
                     tokenizer_dir=config.data.tokenizer_dir, max_len=config.data.max_len,

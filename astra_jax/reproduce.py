@@ -5,7 +5,8 @@ r"""Regenerates the paper's tables (and fig:ttvsperf) with our numbers beside th
 
 NAME: rq3 (negative-sampling ablation), rq3_paper_refreshes (the same with the paper's
 number of hard-negative refreshes), timebreakup, memory, tau_s_ablation,
-tau_r_ablation, ratio_ablation, ttvsperf (PNG), or all_cpu (the tables docs/results.md
+tau_r_ablation, ratio_ablation, ttvsperf (PNG), motivation (fig:motivation: table + PNG),
+or all_cpu (the tables docs/results.md
 holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
 results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
 and OUT/<table>.csv.
@@ -96,6 +97,12 @@ class Run:
     """The run's name in a table's results: NAME for seed 0, NAME#seedN otherwise."""
     return self.name if self.seed == 0 else f"{self.name}#seed{self.seed}"
 
+  def at(self, root: str) -> "Run":
+    """The run with WORKDIR_PLACEHOLDER in its override values replaced by the table's
+    workdir root (runs that read another run's output name it through the placeholder)."""
+    sub = lambda v: v.replace(WORKDIR_PLACEHOLDER, root) if isinstance(v, str) else v
+    return dataclasses.replace(self, overrides=tuple((k, sub(v)) for k, v in self.overrides))
+
   def execute(self, workdir: str) -> dict:
     if self.bench is not None:
       from astra_jax import classifier_bench
@@ -113,6 +120,9 @@ class Run:
         node = node[p]
       node[leaf] = value
     return c
+
+
+WORKDIR_PLACEHOLDER = "{workdir}"
 
 
 def run_dir(root: str, run: Run) -> str:
@@ -239,6 +249,48 @@ def ratio_runs(scale: float, epochs: int) -> list[Run]:
 
 def ratio_run_name(kh: int, kr: int) -> str:
   return "random+w_hard" if (kh, kr) == (50, 400) else f"ratio_{kh}_{kr}"
+
+
+# fig:motivation: the paper samples 1K labels of LF-AmazonTitles-131K and retrieves the 200
+# hardest negatives per query. Our stand-in is MOTIVATION_SCALE_FACTOR x --scale (at 0.01:
+# 5,243 labels, so that 1K is a sample, not nearly all of them).
+MOTIVATION_LABELS = 1000
+MOTIVATION_HARD = 200
+MOTIVATION_SCALE_FACTOR = 4
+MOTIVATION_TAU_R = 5  # the paper's ASTRA refresh interval
+MOTIVATION_DATA_DIR = "data/motivation-stand-in"  # its own: other scales keep theirs
+# run name -> (legend, strategy, k_h, k_r)
+MOTIVATION_STRATEGIES = {
+    "uptodate": ("up-to-date (oracle: 200 hardest, current W)", "uptodate", MOTIVATION_HARD, 0),
+    "stale": ("stale (200 hardest, W of the last refresh)", "w_hard", MOTIVATION_HARD, 0),
+    "astra": ("ASTRA (stale 200 hardest + 200 random)", "random+w_hard", MOTIVATION_HARD,
+              MOTIVATION_HARD),
+    # full-L ignores the sampled negatives (the sampler still draws them)
+    "full": ("full-L (Renee)", "full", MOTIVATION_HARD, MOTIVATION_HARD),
+}
+
+
+def motivation_runs(scale: float, epochs: int) -> list[Run]:
+  """fig:motivation: a pretraining run on the whole stand-in (its exported encoder starts
+  the others), then the up-to-date oracle, the stale strategy, ASTRA and full-L on
+  MOTIVATION_LABELS sampled labels and every query with a positive among them. Hard
+  negatives from epoch 0 (τ_s = 0: the encoder is already trained), stale ones refreshed
+  every MOTIVATION_TAU_R epochs."""
+  s = MOTIVATION_SCALE_FACTOR * scale
+  group = os.path.join("motivation", stand_in_group(s, epochs))
+  v = f"synthetic,{s:g}"
+  pretrain = Run("pretrain_all_labels", STAND_IN, v,
+                 _train_overrides(epochs, **{"data.dir": MOTIVATION_DATA_DIR,
+                                             "train.eval_every_epochs": 0}), group=group)
+  subset = {"data.dir": MOTIVATION_DATA_DIR, "data.label_subset": MOTIVATION_LABELS,
+            "data.label_subset_seed": 0, "negatives.tau_s": 0,
+            "negatives.tau_r": MOTIVATION_TAU_R,
+            "encoder.init_from_workdir": run_dir(WORKDIR_PLACEHOLDER, pretrain)}
+  return [pretrain] + [
+      Run(name, STAND_IN, v, _train_overrides(epochs, **subset, **{
+          "negatives.strategy": strategy, "negatives.k_h": k_h, "negatives.k_r": k_r}),
+          group=group)
+      for name, (_, strategy, k_h, k_r) in MOTIVATION_STRATEGIES.items()]
 
 
 def bench_runs() -> list[Run]:
@@ -389,6 +441,33 @@ def plot_ttvsperf(results: dict[str, dict], path: str) -> list[list[str]]:
   return rows
 
 
+def plot_motivation(results: dict[str, dict], path: str) -> list[list[str]]:
+  """P@1 against epochs, one line per strategy of fig:motivation; returns the table: one
+  row per epoch, one P@1 column per strategy."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  names = list(MOTIVATION_STRATEGIES)
+  curves = {n: {e["epoch"]: e["P@1"] for e in results[n]["evaluations"]} for n in names}
+  epochs = sorted(set().union(*curves.values()))
+  rows = [["epoch"] + [f"{n} P@1" for n in names]]
+  rows += [[str(e)] + [_f(curves[n].get(e)) for n in names] for e in epochs]
+  rows.append(["final (test)"] + [_f(results[n]["P@1"]) for n in names])
+  rows.append(["train s"] + [_f(results[n]["train_time_s"], 0) for n in names])
+  fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+  for n in names:
+    xs = sorted(curves[n])
+    ax.plot(xs, [curves[n][e] for e in xs], marker=".", label=MOTIVATION_STRATEGIES[n][0])
+  ax.set_xlabel("epoch")
+  ax.set_ylabel("P@1")
+  ax.set_title(f"{MOTIVATION_LABELS} labels of the LF-AmazonTitles-131K stand-in")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path)
+  plt.close(fig)
+  return rows
+
+
 # --- the registry ---------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -396,8 +475,9 @@ class Table:
   paper_label: str
   caption: str
   runs: Callable[[float, int, int], list[Run]]  # (scale, epochs, seeds)
-  tabulate: Callable[[dict[str, dict]], list[list[str]]]
-  plot: bool = False
+  tabulate: Callable[[dict[str, dict]], list[list[str]]] | None
+  # (results, PNG path) -> rows: tables drawn as a figure (the PNG beside the md)
+  plot: Callable[[dict[str, dict], str], list[list[str]]] | None = None
 
 
 _STAND_IN_NOTE = ("Paper column: the real {ds} (V100 GPUs). Ours: its reduced-scale synthetic "
@@ -442,10 +522,25 @@ TABLES: dict[str, Table] = {
         ds="LF-AmazonTitles-131K", cfg=STAND_IN), lambda s, e, n: ratio_runs(s, e), tab_ratio),
     "ttvsperf": Table("fig:ttvsperf", "P@1 against training time (per-epoch evaluations). "
                       + _STAND_IN_NOTE.format(ds="LF-AmazonTitles-131K", cfg=STAND_IN),
-                      lambda s, e, n: plot_runs(s, e), None, plot=True),
+                      lambda s, e, n: plot_runs(s, e), None, plot=plot_ttvsperf),
+    "motivation": Table(
+        "fig:motivation", f"P@1 against epochs on {MOTIVATION_LABELS} labels sampled from "
+        f"the stand-in (`{STAND_IN}:synthetic,{MOTIVATION_SCALE_FACTOR} x SCALE`) and every "
+        "query with a positive among them (the paper: 1K labels of LF-AmazonTitles-131K, "
+        "100 epochs, batch 512). Every run starts from the encoder of a run trained on the "
+        "whole stand-in (`pretrain_all_labels`, its exported model; W starts afresh). "
+        f"up-to-date: the {MOTIVATION_HARD} hardest negatives under the current W and E(x), "
+        f"mined in every step, no random ones (k_r = 0); stale: the {MOTIVATION_HARD} hardest "
+        f"under the W of the last refresh (every {MOTIVATION_TAU_R} epochs from epoch 0, "
+        f"k_r = 0); ASTRA: those stale {MOTIVATION_HARD} + {MOTIVATION_HARD} uniform random "
+        "(the unbiased estimator); full-L: the BCE over every label. The two k_r = 0 runs "
+        "optimise the biased hard-only loss, as in the paper's figure. Rows: the per-epoch "
+        "evaluations (test queries of the subset), the final one, and training seconds "
+        "(2 shared CPU cores).", lambda s, e, n: motivation_runs(s, e), None,
+        plot=plot_motivation),
 }
 ALL_CPU = ("rq3", "rq3_paper_refreshes", "ttvsperf", "timebreakup", "memory",
-           "tau_s_ablation", "tau_r_ablation", "ratio_ablation")
+           "tau_s_ablation", "tau_r_ablation", "ratio_ablation", "motivation")
 
 
 # --- writers --------------------------------------------------------------------------------
@@ -475,7 +570,7 @@ def rq3_rank(results: dict[str, dict], value: Callable[[dict], float | None] = l
 INDEX_HEADER = """# Reproducing the paper's tables
 
 Generated by `python -m astra_jax.reproduce` (`astra_jax/reproduce.py`); regenerate this file,
-`{out}/*.md|csv` and `{out}/ttvsperf.png` with
+`{out}/*.md|csv`, `{out}/ttvsperf.png` and `{out}/motivation.png` with
 
 ```bash
 python -m astra_jax.reproduce --table=all_cpu --workdir={workdir} --scale={scale} \\
@@ -485,7 +580,7 @@ python -m astra_jax.reproduce --table=all_cpu --workdir={workdir} --scale={scale
 (runs whose `WORKDIR/[scaleS_epochsE/][seedN/]<run>/results.json` exists are reused when
 made with the same config — benchmarks: by the same classifier-step code — else run again;
 after other code changes, delete a run to re-measure it).
-One table: `--table=rq3|rq3_paper_refreshes|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation`.
+One table: `--table=rq3|rq3_paper_refreshes|ttvsperf|timebreakup|memory|tau_s_ablation|tau_r_ablation|ratio_ablation|motivation`.
 Tables that need the real datasets and GPUs (`tab:rq1`, `tab:rq2_table_1`) are not run:
 `--table=rq1` prints the command.
 
@@ -528,11 +623,11 @@ def reproduce(name: str, root: str, out: str, scale: float, epochs: int,
   """Runs (or reuses) a table's runs, writes OUT/NAME.md/.csv (and .png); returns the md.
   seeds: training seeds of the ablations (rq3, rq3_paper_refreshes); the others run seed 0."""
   table = TABLES[name]
-  runs = table.runs(scale, epochs, seeds)
+  runs = [r.at(root) for r in table.runs(scale, epochs, seeds)]
   results = {r.key: load_or_run(r, root, log) for r in runs}
   os.makedirs(out, exist_ok=True)
   if table.plot:
-    rows = plot_ttvsperf(results, os.path.join(out, f"{name}.png"))
+    rows = table.plot(results, os.path.join(out, f"{name}.png"))
   else:
     rows = table.tabulate(results)
   md = f"### {name} (paper: `{table.paper_label}`)\n\n{table.caption}\n\n{to_markdown(rows)}"

@@ -26,11 +26,11 @@ from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_
                        device_check, distributed, faults, final_eval, host_memory, knn, loss,
                        loss_scale, metrics, optim, predict, sharding, sparse_momentum,
                        sparse_sgd)
-from astra_jax.data import dataset, synthetic, validation, xc_format
+from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
-from astra_jax.export import save_trained_model
+from astra_jax.export import load_model, save_trained_model
 from astra_jax.model import encoder_source, pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
@@ -68,6 +68,11 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
   data = dataset.load(dc)
   if distributed.is_leader():
     distributed.barrier("tokenized data")
+  if dc.get("label_subset", 0):
+    data = label_subset.restrict(data, dc.label_subset, dc.label_subset_seed)
+    logging.info("label subset: %d labels (seed %d), %d training and %d test queries",
+                 data.num_labels, dc.label_subset_seed, data.num_train_original,
+                 data.test_labels.num_rows)
   return data
 
 
@@ -100,7 +105,33 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
     logging.info("loaded encoder weights from %s", weights)
   elif hf_dir:
     logging.info("encoder.load_weights=False: %s randomly initialised", hf_dir)
+  if ec.get("init_from_workdir", ""):
+    init_from_exported(model, ec.init_from_workdir)
   return model
+
+
+def init_from_exported(model: Encoder, workdir: str) -> None:
+  """Copies the encoder weights of WORKDIR/model (export.py) into `model`.
+
+  Args:
+    model: the encoder the config built.
+    workdir: a finished run's workdir (`encoder.init_from_workdir`).
+  Raises:
+    InputError: no exported model there, or its encoder has another shape.
+  """
+  exported = load_model(workdir)
+  ours = nnx.state(model, nnx.Param)
+  theirs = dict(nnx.to_flat_state(exported.encoder_params))
+  for path, var in nnx.to_flat_state(ours):
+    got = theirs.get(path)
+    if got is None or tuple(got.shape) != tuple(var.shape):
+      raise InputError(f"config.encoder.init_from_workdir={workdir}: its encoder's "
+                       f"{'/'.join(map(str, path))} is "
+                       f"{'missing' if got is None else tuple(got.shape)}, this config's is "
+                       f"{tuple(var.shape)}; give the encoder that run's shape")
+    var.set_value(jnp.asarray(got.get_value(), var.dtype))
+  nnx.update(model, ours)
+  logging.info("encoder initialised from %s", os.path.join(workdir, "model"))
 
 
 # ------------------------------------------------------------------------------- steps

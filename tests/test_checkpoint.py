@@ -272,3 +272,14 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
     assert calls == [[False, False]] * 2
   finally:
     stop.restore()
+
+
+def test_a_dense_step_run_resumes(tmp_path):
+  """uptodate and full train with optax's own state (not the sparse step's dict)."""
+  c = _small_synthetic(tmp_path, strategy="full")
+  c.train.epochs, c.train.stop_after_steps = 1, 10
+  with pytest.raises(checkpoint.Preempted):
+    train.train_and_evaluate(c, str(tmp_path / "wd"))
+  c.train.stop_after_steps = 0
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  assert r["steps"] == (3000 + 300) // 64  # the queries and the label-text rows, one epoch

@@ -13,7 +13,13 @@ Every strategy uses the same number of negatives per query, T = k_h + k_r:
                   small L only) + k_r random
   full            no sampling: the full-L BCE over every label (the Renee-style baseline,
                   O(L) per step; the sampled negatives are ignored)
-Before tau_s every strategy trains with T random negatives. Index strategies refresh where
+Before tau_s every strategy trains with T random negatives.
+k_r = 0 is allowed for the strategies whose hard negatives stand alone (HARD_ONLY_STRATEGIES):
+`uptodate` with k_r = 0 is the paper's Figure 1 oracle (the k_h hardest up-to-date negatives
+only), `w_hard` with k_r = 0 its stale strategy (T = k_h hardest stale ones). With no random
+draws the estimator's random term is absent: the loss is the positives' terms plus the hard
+negatives' at weight 1, the biased hard-only objective the figure compares, not an
+unbiased estimate of the full-L BCE. Index strategies refresh where
 Algorithm 1 writes it, at every epoch t >= tau_s with t mod tau_r = 0, and also at tau_s
 itself: from tau_s on the algorithm trains with "the most recent sample" of hard negatives,
 which a tau_s that is not a multiple of tau_r would otherwise not have. (tau_s = 5: tau_r =
@@ -27,6 +33,8 @@ import dataclasses
 
 STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
               "curriculum+e_hard", "uptodate", "full")
+# Strategies that may run with k_r = 0 (hard negatives only, see above).
+HARD_ONLY_STRATEGIES = ("uptodate", "w_hard", "e_hard")
 
 
 @dataclasses.dataclass(frozen=True)
