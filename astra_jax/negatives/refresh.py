@@ -203,13 +203,18 @@ class RefreshWorker:
     """Blocks until the job's process ends, or raises RefreshInterrupted as soon as
     `stop_requested()` is true (the worker keeps running: `stop` ends it)."""
     while self.proc is not None:
+      # A stop already requested wins over a refresh still running: a preempted job must
+      # not spend its grace period waiting for a refresh that the requeued job reruns.
+      if self.proc.poll() is not None:
+        return
+      if stop_requested():
+        raise RefreshInterrupted(f"stopped while waiting for the refresh for epoch "
+                                 f"{self.job.epoch}")
       try:
         self.proc.wait(timeout=0.5)
         return
       except subprocess.TimeoutExpired:
-        if stop_requested():
-          raise RefreshInterrupted(f"stopped while waiting for the refresh for epoch "
-                                   f"{self.job.epoch}") from None
+        pass
 
   def wait(self) -> dict:
     """Blocks until the job ends; returns its stats or raises RefreshFailed."""
