@@ -25,17 +25,22 @@ def minilm_dir() -> str:
 
 @pytest.fixture
 def small_synthetic(tmp_path):
-  """A factory of the demo config on a 300-label synthetic dataset (3,000 training and 500
-  test rows) generated once per test session, beside the tests' tmp_paths."""
+  """A factory of configs: the demo on a 300-label synthetic dataset (3,000 training and
+  500 test rows, generated once per session beside the tests' tmp_paths), 4 epochs of
+  batches of 64, no periodic evaluation; keyword arguments override config.negatives."""
   from astra_jax import config_base  # after XLA_FLAGS is set above
 
-  def make():
+  def make(**negatives):
     c = config_base.load_config(os.path.join(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__))), "experiments/demo.py"))
     c.data.dir = str(tmp_path.parent / "small_synthetic")
     c.data.synthetic.num_labels = 300
     c.data.synthetic.num_train = 3000
     c.data.synthetic.num_test = 500
+    c.train.epochs, c.train.batch_size, c.train.profile_steps = 4, 64, 0
+    c.train.eval_every_epochs = 0
+    c.optim.warmup_steps = 20
+    c.negatives.update(negatives)
     return c
 
   return make

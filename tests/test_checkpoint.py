@@ -18,7 +18,6 @@ from flax import nnx
 
 from astra_jax import checkpoint, optim, sharding, train
 from astra_jax.errors import InputError
-from test_train import _small_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -85,8 +84,8 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   assert b["negatives"]["per_epoch"] == a["negatives"]["per_epoch"]
 
 
-def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(tmp_path,
-                                                                          monkeypatch):
+def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
+    tmp_path, monkeypatch, small_synthetic):
   """The epoch-end save is asynchronous; the next refresh deletes the hard negatives and
   refresh inputs the previous checkpoint names. A crash before the save finishes must still
   leave a checkpoint whose files exist (tau_r = 1: a refresh at every epoch from 2)."""
@@ -122,7 +121,7 @@ def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(tmp
 
   monkeypatch.setattr(checkpoint, "Checkpoints", Saves)
   monkeypatch.setattr(manager.HardNegatives, "start_epoch", crashing_start_epoch)
-  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1)
+  c = small_synthetic(tau_s=2, tau_r=1)
   c.train.profile_steps = 2  # in epoch 1: the time break-up must survive the resume too
   wd = tmp_path / "wd"
   with pytest.raises(Crash):
@@ -137,8 +136,8 @@ def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(tmp
   assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
 
 
-def test_checkpoint_moves_between_meshes(tmp_path):
-  c = _small_synthetic(tmp_path, strategy="random")
+def test_checkpoint_moves_between_meshes(tmp_path, small_synthetic):
+  c = small_synthetic(strategy="random")
   c.train.epochs = 1
   c.mesh.data, c.mesh.model = 2, 4
   c.train.stop_after_steps = 30
@@ -182,8 +181,8 @@ def _templates(c, mesh, rows):
   return sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
 
 
-def test_a_workdir_with_another_config_is_refused(tmp_path):
-  c = _small_synthetic(tmp_path)
+def test_a_workdir_with_another_config_is_refused(tmp_path, small_synthetic):
+  c = small_synthetic()
   checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
   c.data.dir = "elsewhere"  # the first run stopped before training (e.g. no data): accepted
   checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
@@ -195,8 +194,8 @@ def test_a_workdir_with_another_config_is_refused(tmp_path):
     checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
 
 
-def test_synthetic_data_of_another_generator_is_another_run(tmp_path):
-  c = _small_synthetic(tmp_path)
+def test_synthetic_data_of_another_generator_is_another_run(tmp_path, small_synthetic):
+  c = small_synthetic()
   saved = json.loads(c.to_json())
   del saved["data"]["synthetic"]["generator"]  # a run on the first generator's data
   diff = checkpoint.config_diff(saved, json.loads(c.to_json()))
@@ -208,8 +207,9 @@ def test_synthetic_data_of_another_generator_is_another_run(tmp_path):
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
 
 
-def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(tmp_path):
-  c = _small_synthetic(tmp_path)
+def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(
+    tmp_path, small_synthetic):
+  c = small_synthetic()
   saved = json.loads(c.to_json())
   del saved["data"]["synthetic"]["hidden_own_words"]  # recorded before the key existed
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
@@ -274,9 +274,9 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
     stop.restore()
 
 
-def test_a_dense_step_run_resumes(tmp_path):
+def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
   """uptodate and full train with optax's own state (not the sparse step's dict)."""
-  c = _small_synthetic(tmp_path, strategy="full")
+  c = small_synthetic(strategy="full")
   c.train.epochs, c.train.stop_after_steps = 1, 10
   with pytest.raises(checkpoint.Preempted):
     train.train_and_evaluate(c, str(tmp_path / "wd"))

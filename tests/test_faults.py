@@ -19,7 +19,6 @@ from astra_jax.data import xc_format
 from astra_jax.degraded import Degraded
 from astra_jax.errors import InputError
 from test_checkpoint import ROOT, _cmd, _env
-from test_train import _small_synthetic
 
 
 def _run(workdir, data_dir, *extra):
@@ -211,8 +210,8 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(t
 
 # ------------------------------------------------------------------- no silent fallback
 def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_written(
-    tmp_path, monkeypatch):
-  c = _small_synthetic(tmp_path, tau_s=2, tau_r=1, inject_fault="raise")  # epoch 2's fails
+    tmp_path, monkeypatch, small_synthetic):
+  c = small_synthetic(tau_s=2, tau_r=1, inject_fault="raise")  # epoch 2's fails
   c.train.epochs, c.train.eval_every_epochs, c.eval.max_test_rows = 3, 1, 100
   wd = tmp_path / "wd"
   real = xc_format.atomic_text_writer

@@ -201,11 +201,11 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   assert int(got.period_step) == 5
 
 
-def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(tmp_path):
+def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(
+    tmp_path, small_synthetic):
   """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it
   ends where an uninterrupted run ends; the epoch-end folds catch every row up."""
-  from test_train import _small_synthetic
-  c = _small_synthetic(tmp_path, strategy="random")
+  c = small_synthetic(strategy="random")
   c.train.epochs, c.optim.classifier_momentum = 2, BETA
   whole = train.train_and_evaluate(c, str(tmp_path / "whole"))
   c.train.stop_after_steps = 30

@@ -146,17 +146,8 @@ def test_validation_names_the_field():
     config_base.validate(c)
 
 
-def _small_synthetic(make, **negatives):
-  c = make()
-  c.train.epochs, c.train.batch_size, c.train.profile_steps = 4, 64, 0
-  c.train.eval_every_epochs = 0
-  c.optim.warmup_steps = 20
-  c.negatives.update(negatives)
-  return c
-
-
 def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_synthetic):
-  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1)
+  c = small_synthetic(tau_s=2, tau_r=1)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   neg = r["negatives"]
   assert neg["strategy"] == "random+w_hard"
@@ -179,7 +170,7 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
 
 
 def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_synthetic):
-  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1, inject_fault="kill")
+  c = small_synthetic(tau_s=2, tau_r=1, inject_fault="kill")
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   refreshes = r["negatives"]["refreshes"]
   assert not refreshes[0]["ok"] and "killed by signal 9" in refreshes[0]["error"]
@@ -190,7 +181,7 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_syn
 
 def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthetic):
   # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
-  c = _small_synthetic(small_synthetic, tau_s=1, tau_r=1)
+  c = small_synthetic(tau_s=1, tau_r=1)
   c.train.epochs = 4
   from astra_jax.negatives import manager
   original = manager.HardNegatives._job
@@ -216,7 +207,7 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthe
 def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
   # (1, 8): 300 labels padded to 304 rows, 8 shards of 38, one index per shard; gradient
   # accumulation over 2 micro-batches of 32 queries (4 per device).
-  c = _small_synthetic(small_synthetic, tau_s=2, tau_r=1, k_h=4, k_r=32)
+  c = small_synthetic(tau_s=2, tau_r=1, k_h=4, k_r=32)
   c.train.epochs = 3
   c.mesh.data, c.mesh.model = 1, 8
   c.train.grad_accum_steps = 2
