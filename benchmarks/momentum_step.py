@@ -1,39 +1,76 @@
-"""Sparse classifier step, plain vs momentum (1 x 1 mesh), classifier_bench's shapes:
-`python benchmarks/momentum_step.py L` prints the median ms of each (interleaved)."""
-import functools, statistics, sys, time
-import jax, jax.numpy as jnp, numpy as np
+r"""The sparse classifier step with and without momentum, on a 1 x 1 mesh.
+
+  python benchmarks/momentum_step.py --num_labels=1e4,1e6 --out=momentum_step.jsonl
+
+classifier_bench's shapes (d=64, B=256, k_p=7, k_h=50, k_r=400, per-query draws); the
+momentum state's tree holds 2,000 steps (an epoch). Both steps run interleaved, so the
+machine's load reaches them alike. One JSON line per L: num_labels, plain_ms and
+momentum_ms (medians after 20 warm-up steps), and each compiled step's temporary bytes.
+"""
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
 from astra_jax import sharding, sparse_momentum
 from astra_jax.classifier_bench import B, D, LR, WD, make_batch
 
-L, STEPS_PER_EPOCH = int(float(sys.argv[1])), 2000
-mesh = sharding.make_mesh(1, 1)
-grads = sharding.classifier_grads(mesh, B)
-plain_update = sharding.classifier_update(mesh, WD)
-mom_update = sharding.classifier_momentum_update(mesh, WD, 0.9)
+import jsonl  # benchmarks/jsonl.py
 
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def plain(v, scale, emb, batch):
-  _, d_emb, rg = grads(emb, v, scale, batch)
-  v, scale = plain_update(v, scale, jax.tree.map(lambda x: x[None], rg), jnp.float32(LR))
-  return v, scale, d_emb
+flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6"], "label counts")
+flags.DEFINE_integer("steps", 100, "timed steps of each, after 20 warm-up steps")
+flags.DEFINE_float("beta", 0.9, "momentum")
+flags.DEFINE_string("out", None, "append JSON lines here")
+FLAGS = flags.FLAGS
+STEPS_PER_EPOCH = 2000
 
-@functools.partial(jax.jit, donate_argnums=(0, 1))
-def momentum(v, state, emb, batch):
-  _, d_emb, rg = grads(emb, v, jnp.float32(1.0), batch, state)
-  v, state = mom_update(v, state, jax.tree.map(lambda x: x[None], rg), jnp.float32(LR), True)
-  return v, state, d_emb
 
-rng = np.random.default_rng(0)
-emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
-batch = make_batch(L, rng)
-sp = [0.02 * jax.random.normal(jax.random.key(0), (L, D)), jnp.float32(1.0)]
-sm = [0.02 * jax.random.normal(jax.random.key(0), (L, D)), sparse_momentum.init(L, D, STEPS_PER_EPOCH)]
-times = {"plain": [], "momentum": []}
-for it in range(120):
-  for name, fn, st in (("plain", plain, sp), ("momentum", momentum, sm)):
-    t = time.perf_counter()
-    st[0], st[1], d = fn(st[0], st[1], emb, batch)
-    jax.block_until_ready((st[0], d))
-    if it >= 20:
-      times[name].append(1e3 * (time.perf_counter() - t))
-print(L, {k: round(statistics.median(v), 2) for k, v in times.items()})
+def main(argv):
+  del argv
+  mesh = sharding.make_mesh(1, 1)
+  grads = sharding.classifier_grads(mesh, B)
+  plain_update = sharding.classifier_update(mesh, WD)
+  momentum_update = sharding.classifier_momentum_update(mesh, WD, FLAGS.beta)
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def plain(v, scale, emb, batch):
+    _, d_emb, rg = grads(emb, v, scale, batch)
+    v, scale = plain_update(v, scale, jax.tree.map(lambda x: x[None], rg), jnp.float32(LR))
+    return v, scale, d_emb
+
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def momentum(v, state, emb, batch):
+    _, d_emb, rg = grads(emb, v, jnp.float32(1.0), batch, state)
+    v, state = momentum_update(v, state, jax.tree.map(lambda x: x[None], rg),
+                               jnp.float32(LR), True)
+    return v, state, d_emb
+
+  for L in (int(float(x)) for x in FLAGS.num_labels):
+    rng = np.random.default_rng(0)
+    emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
+    batch = make_batch(L, rng)
+    w = lambda: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
+    cases = {"plain": (plain, [w(), jnp.float32(1.0)]),
+             "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)])}
+    row = {"num_labels": L, "beta": FLAGS.beta}
+    for name, (fn, state) in cases.items():
+      row[f"{name}_temp_bytes"] = int(fn.lower(*state, emb, batch).compile()
+                                      .memory_analysis().temp_size_in_bytes)
+    times = {name: [] for name in cases}
+    for i in range(FLAGS.steps + 20):
+      for name, (fn, state) in cases.items():
+        t0 = time.perf_counter()
+        state[0], state[1], d_emb = fn(state[0], state[1], emb, batch)
+        jax.block_until_ready((state[0], d_emb))
+        if i >= 20:
+          times[name].append(1000 * (time.perf_counter() - t0))
+    row.update({f"{name}_ms": round(statistics.median(t), 2) for name, t in times.items()})
+    jsonl.emit(row, FLAGS.out)
+
+
+if __name__ == "__main__":
+  app.run(main)
