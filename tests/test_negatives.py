@@ -221,19 +221,27 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   assert c.schedule.split(2, c.current is not None) == (0, 6)  # random until a refresh
 
 
+def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
+  """A refresh manager over 10 queries (2 positives each) and 12 label rows, exact search:
+  (a factory of managers on one workdir, W's rows, the queries' embeddings)."""
+  from astra_jax.negatives.manager import HardNegatives
+  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
+                      np.ones(20, np.float32), 12)
+  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
+                              epochs=epochs)
+  rng = np.random.default_rng(0)
+  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
+  make = lambda: HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  return make, (lambda: w), (lambda rows: q[rows])
+
+
 def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_path):
   """Refreshes at epochs 2, 3 and 4 (each collected in the epoch before): after every swap
   only the file in use is left; while a worker mines, that file and its output. A
   checkpoint taken before a swap names the replaced file: it resumes by mining again."""
-  from astra_jax.negatives.manager import HardNegatives
   from astra_jax.negatives.refresh import RefreshFailed
-  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
-                      np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=1, epochs=5)
-  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
-  rng = np.random.default_rng(0)
-  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
-  vectors, embed = (lambda: w), (lambda rows: q[rows])
+  make, vectors, embed = _tiny_refresh(tmp_path, tau_r=1, epochs=5)
+  m = make()
   hard_files = lambda: sorted(f for f in os.listdir(m.dir) if f.startswith("hard_"))
 
   def check(epoch):  # the file in use, and the output of a running (or finished) worker
@@ -257,7 +265,7 @@ def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_p
   # The checkpoint at (4, 0) names hard_epoch3.npy, deleted at the swap: the refresh for
   # epoch 4 runs again from its inputs and gives the same negatives.
   assert saved[4]["current_path"] == "hard_epoch3.npy" and saved[4]["pending"] == [4]
-  b = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  b = make()
   b.load_state(saved[4], resumes_at=(4, 0))
   assert b.current is None
   b.start_epoch(4, vectors, embed)
@@ -271,14 +279,8 @@ def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_p
 def test_a_killed_workers_temporary_output_is_removed(tmp_path):
   """A worker killed mid-mining (SIGKILL, out of memory) cannot remove its N x k temporary
   file; the manager does once that refresh is over."""
-  from astra_jax.negatives.manager import HardNegatives
-  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
-                      np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=2, epochs=3)
-  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
-  rng = np.random.default_rng(0)
-  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
-  vectors, embed = (lambda: w), (lambda rows: q[rows])
+  make, vectors, embed = _tiny_refresh(tmp_path, tau_r=2, epochs=3)
+  m = make()
   m.start_epoch(0, vectors, embed)
   m.end_epoch(0, vectors, embed)  # collected in epoch 0: the refresh for epoch 2 starts
   leftover = os.path.join(m.dir, "hard_epoch2.npy.tmp-12345.npy")  # a killed worker's
