@@ -73,15 +73,19 @@ def code_fingerprint() -> str:
   return h.hexdigest()[:16]
 
 
-def make_batch(L: int, rng: np.random.Generator, per_query: bool = True) -> dict:
-  """Label arrays of one batch; random draws per query (the trainer's default) or shared."""
-  return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, KP)), jnp.int32),
-          "pos_mask": jnp.ones((B, KP), bool),
-          "hard_ids": jnp.asarray(rng.integers(0, L, (B, KH)), jnp.int32),
-          "hard_mask": jnp.ones((B, KH), bool),
-          "rand_ids": jnp.asarray(rng.integers(0, L, (B, KR) if per_query else KR), jnp.int32),
-          "rand_mask": jnp.ones((B, KR), bool),
-          "rand_weight": jnp.full((KR,), L / KR, jnp.float32)}
+def make_batch(L: int, rng: np.random.Generator, per_query: bool = True, batch_size: int = B,
+               k_p: int = KP, k_h: int = KH, k_r: int = KR) -> dict:
+  """Label arrays of one batch (uniform ids: the step's cost does not depend on which);
+  random draws per query (the trainer's default) or shared. Shapes default to this
+  module's (B, KP, KH, KR)."""
+  return {"pos_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_p)), jnp.int32),
+          "pos_mask": jnp.ones((batch_size, k_p), bool),
+          "hard_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_h)), jnp.int32),
+          "hard_mask": jnp.ones((batch_size, k_h), bool),
+          "rand_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_r) if per_query else k_r),
+                                  jnp.int32),
+          "rand_mask": jnp.ones((batch_size, k_r), bool),
+          "rand_weight": jnp.full((k_r,), L / k_r, jnp.float32)}
 
 
 def _median_ms(fn, steps: int) -> float:

@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from astra_jax import loss, sharding  # noqa: E402
+from astra_jax import classifier_bench, loss, sharding  # noqa: E402
 
 import jsonl  # noqa: E402  (benchmarks/jsonl.py)
 
@@ -44,18 +44,6 @@ flags.DEFINE_string("out", None, "append JSON lines here")
 FLAGS = flags.FLAGS
 
 LR, WD = 0.1, 1e-4
-
-
-def make_batch(L: int, rng: np.random.Generator, per_query: bool) -> dict:
-  """One batch's label arrays: uniform ids (the step's cost does not depend on which)."""
-  B, kp, kh, kr = FLAGS.batch_size, FLAGS.k_p, FLAGS.k_h, FLAGS.k_r
-  return {"pos_ids": jnp.asarray(rng.integers(0, L, (B, kp)), jnp.int32),
-          "pos_mask": jnp.ones((B, kp), bool),
-          "hard_ids": jnp.asarray(rng.integers(0, L, (B, kh)), jnp.int32),
-          "hard_mask": jnp.ones((B, kh), bool),
-          "rand_ids": jnp.asarray(rng.integers(0, L, (B, kr) if per_query else kr), jnp.int32),
-          "rand_mask": jnp.ones((B, kr), bool),
-          "rand_weight": jnp.full((kr,), L / kr, jnp.float32)}
 
 
 def median_ms(fn, steps: int) -> float:
@@ -83,7 +71,7 @@ def measure(L: int, per_query: bool) -> dict:
   w = jax.jit(lambda k: 0.02 * jax.random.normal(k, (L, FLAGS.d), jnp.float32))(
       jax.random.key(0))
   emb = jnp.asarray(rng.normal(size=(B, FLAGS.d)), jnp.float32)
-  batch = make_batch(L, rng, per_query)
+  batch = classifier_bench.make_batch(L, rng, per_query, B, FLAGS.k_p, FLAGS.k_h, FLAGS.k_r)
   one = jnp.float32(1.0)
   fwd, loss_fn = jax.jit(loss.classifier_scores), jax.jit(loss.batch_loss)
   row = {"num_labels": L, "batch_size": B, "d": FLAGS.d, "k_p": FLAGS.k_p, "k_h": FLAGS.k_h,
