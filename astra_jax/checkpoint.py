@@ -2,7 +2,7 @@
 
 A checkpoint is the train state (params: encoder + V; optimizer state: Adam, the
 classifier's scale and step, the loss scale, with classifier momentum its velocity, the
-step each row is current at and the steps' transitions, sparse_momentum.py) saved with orbax's StandardSave (sharded,
+step each row is current at and the catch-up table, sparse_momentum.py) saved with orbax's StandardSave (sharded,
 asynchronous, written to a temporary directory and renamed when complete), plus a JSON
 `progress` record: epoch, step within the epoch, global step, training seconds, the
 evaluations so far and the hard-negative state (file in use, pending refresh, collection).

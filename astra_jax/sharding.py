@@ -233,7 +233,7 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
                        out_specs=(P("model"), MOMENTUM_SPEC), check_vma=False)
 
 
-# The momentum state's layout: per-row arrays split like W, the step tree replicated.
+# The momentum state's layout: per-row arrays split like W, the catch-up table replicated.
 MOMENTUM_SPEC = sparse_momentum.MomentumState(P("model"), P("model"), P(), P())
 
 

@@ -18,24 +18,25 @@ row with the same s. A step touches its rows once: it sets them to Phi(t, s) x_s
 (-lr_t G, G) with the scatter-summed gradient G (duplicates add up as in the dense gradient)
 and sets touched_at = t. Nothing else is written: an untouched row's state is implied.
 
-Phi(t, s) for any s < t in O(log T) without dividing: A_t's determinant is beta, so a prefix
-product P_t = A_t ... A_1 has a mode that decays like beta^t, and P_t P_s^{-1} would divide
-by numbers that underflow (0.9^1000 = 1.7e-46) and cancel catastrophically long before. We
-keep instead a segment tree over the steps since the last fold (`transitions`): leaf j holds
-the A of step j + 1 and each inner node the ordered product of its two children; a range
-is the product of at most 2 log2(C) nodes, each a product of consecutive A's. Only
-multiplications of matrices whose entries stay O(1) (a row's state is bounded by the
-dense dynamics), so a gap of any length is as accurate as a short one; the beta mode of
-a long gap underflows to 0 exactly as it does in the dense recurrence. Each step writes its
-leaf and the log2(C) nodes above it (a few hundred flops, replicated on every shard).
+Every row last touched at step s needs Phi(t, s) for the same t, so the state keeps one
+table, `to_now`: entry s holds Phi(period_step, s) for every s in [0, C] (the identity for
+s >= period_step). A step multiplies the entries before it on the left by its A_t (four
+(C + 1,) multiply-adds per entry of the 2 x 2, O(C) scalar work replicated on every shard)
+and a row's catch-up is a gather, to_now[touched_at[row]]. Nothing divides: a prefix
+product P_t = A_t ... A_1 has a mode that decays like beta^t (A_t's determinant is beta),
+and P_t P_s^{-1} would divide by numbers that underflow (0.9^1000 = 1.7e-46) and cancel
+catastrophically long before. Each entry is instead the product of the steps since its s,
+formed by the same left multiplications as the dense recurrence, so its entries stay O(1)
+and a gap of any length is as accurate as a short one; the beta mode of a long gap
+underflows to 0 exactly as it does in the dense recurrence.
 
 A fold (epoch ends, before anything outside the step reads W) catches every row up, resets
-touched_at to 0 and the tree to identities: O(L), like the scale fold of sparse_sgd.py. The
-tree's capacity C (a power of two) is at least the steps of an epoch, so it never fills
-between the trainer's folds. A step that must change nothing (a dynamic loss-scale overflow)
-pushes the identity: every row's state stays what it was.
+touched_at to 0 and the table to identities: O(L), like the scale fold of sparse_sgd.py.
+The table's capacity C is at least the steps of an epoch, so it never fills between the
+trainer's folds. A step that must change nothing (a dynamic loss-scale overflow) applies
+the identity: every row's state stays what it was.
 
-Memory: the velocity (L, d) sharded like W, an int32 per row, and C x 8 floats.
+Memory: the velocity (L, d) sharded like W, an int32 per row, and (C + 1) x 4 floats.
 """
 from __future__ import annotations
 
@@ -51,19 +52,14 @@ class MomentumState(NamedTuple):
 
   velocity: (L, d) m of each row as of its touched_at step.
   touched_at: (L,) int32, the step (since the last fold) the row's W and velocity hold.
-  transitions: (2 C, 2, 2) float32 segment tree of the steps' A matrices (node 1 the root,
-    leaves C..2C-1; node 0 unused).
-  period_step: () int32, steps since the last fold (the next leaf to write).
+  to_now: (C + 1, 2, 2) float32, entry s = Phi(period_step, s) (the identity for
+    s >= period_step).
+  period_step: () int32, steps since the last fold.
   """
   velocity: jax.Array
   touched_at: jax.Array
-  transitions: jax.Array
+  to_now: jax.Array
   period_step: jax.Array
-
-
-def capacity(steps_between_folds: int) -> int:
-  """The tree's leaves: the smallest power of two >= steps_between_folds (at least 1)."""
-  return 1 << max(0, int(steps_between_folds) - 1).bit_length()
 
 
 def _identities(n: int) -> jax.Array:
@@ -72,10 +68,10 @@ def _identities(n: int) -> jax.Array:
 
 def init(rows: int, dim: int, steps_between_folds: int,
          dtype=jnp.float32) -> MomentumState:
-  """Zero velocity, every row current at step 0, an identity tree."""
-  c = capacity(steps_between_folds)
+  """Zero velocity, every row current at step 0, an identity table for
+  `steps_between_folds` steps (at least 1)."""
   return MomentumState(jnp.zeros((rows, dim), dtype), jnp.zeros((rows,), jnp.int32),
-                       _identities(2 * c), jnp.int32(0))
+                       _identities(max(1, int(steps_between_folds)) + 1), jnp.int32(0))
 
 
 def step_matrix(lr: jax.Array, weight_decay: float, beta: float,
@@ -87,48 +83,29 @@ def step_matrix(lr: jax.Array, weight_decay: float, beta: float,
   return jnp.where(apply, a, jnp.eye(2, dtype=jnp.float32))
 
 
-def push(transitions: jax.Array, leaf: jax.Array, a: jax.Array) -> jax.Array:
-  """The tree with leaf `leaf` set to `a` and its ancestors recomputed (later @ earlier)."""
-  c = transitions.shape[0] // 2
-
-  def up(level, carry):
-    transitions, node = carry
-    node = node // 2
-    return transitions.at[node].set(transitions[2 * node + 1] @ transitions[2 * node]), node
-
-  transitions = transitions.at[c + leaf].set(a)
-  return jax.lax.fori_loop(0, c.bit_length() - 1, up, (transitions, c + leaf))[0]
+def advance(to_now: jax.Array, period_step: jax.Array, a: jax.Array) -> jax.Array:
+  """The table one step later: entries s <= period_step become a @ entry (entry
+  period_step, the identity, becomes a); later ones stay the identity. Written out
+  element-wise: (C + 1) x 8 multiply-adds, no batched dot."""
+  product = (a[None, :, 0, None] * to_now[:, None, 0, :]
+             + a[None, :, 1, None] * to_now[:, None, 1, :])
+  earlier = jnp.arange(to_now.shape[0]) <= period_step
+  return jnp.where(earlier[:, None, None], product, to_now)
 
 
-def span(transitions: jax.Array, start: jax.Array, stop: jax.Array) -> jax.Array:
-  """Phi(stop, start) = A_stop ... A_{start+1} for each start (n,) (stop scalar or (n,)),
-  as (n, 2, 2); the identity where start >= stop. The bottom-up segment-tree range query,
-  vectorised over rows: the left end's nodes multiply on the left of what precedes them,
-  the right end's on the right of what follows."""
-  c = transitions.shape[0] // 2
-
-  def level(_, carry):
-    lo, hi, left, right = carry
-    active = lo < hi
-    take_lo = active & (lo % 2 == 1)
-    left = jnp.where(take_lo[:, None, None], transitions[lo] @ left, left)
-    lo = jnp.where(take_lo, lo + 1, lo)
-    take_hi = active & (hi % 2 == 1)
-    hi = jnp.where(take_hi, hi - 1, hi)
-    right = jnp.where(take_hi[:, None, None], right @ transitions[hi], right)
-    return lo // 2, hi // 2, left, right
-
-  lo = c + start.astype(jnp.int32)
-  hi = c + jnp.broadcast_to(stop, start.shape).astype(jnp.int32)
-  eye = _identities(start.shape[0])
-  _, _, left, right = jax.lax.fori_loop(0, c.bit_length(), level, (lo, hi, eye, eye))
-  return right @ left
+def _catch_up(state: MomentumState, w_old: jax.Array, m_old: jax.Array,
+              ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(w, m) of rows `ids` (n,) at period_step from their values (n, d) as of touched_at."""
+  phi = state.to_now[state.touched_at[ids]]
+  w_now = phi[:, 0, 0, None] * w_old + phi[:, 0, 1, None] * m_old
+  m_now = phi[:, 1, 0, None] * w_old + phi[:, 1, 1, None] * m_old
+  return w_now, m_now
 
 
 def current_rows(w: jax.Array, state: MomentumState, ids: jax.Array) -> jax.Array:
   """W's rows `ids` (any shape, in range) at period_step, caught up from touched_at."""
   flat = ids.reshape(-1)
-  phi = span(state.transitions, state.touched_at[flat], state.period_step)
+  phi = state.to_now[state.touched_at[flat]]
   rows = (phi[:, 0, 0, None] * w[flat].astype(jnp.float32)
           + phi[:, 0, 1, None] * state.velocity[flat].astype(jnp.float32))
   return rows.reshape(*ids.shape, w.shape[-1])
@@ -136,10 +113,10 @@ def current_rows(w: jax.Array, state: MomentumState, ids: jax.Array) -> jax.Arra
 
 def begin_step(state: MomentumState, lr: jax.Array, weight_decay: float, beta: float,
                apply: jax.Array | bool = True) -> MomentumState:
-  """Pushes this step's A_t (identity if not `apply`) and advances period_step: rows are
-  then caught up to the step's end, before its gradient."""
+  """Applies this step's A_t (identity if not `apply`) to the table and advances
+  period_step: rows are then caught up to the step's end, before its gradient."""
   a = step_matrix(lr, weight_decay, beta, apply)
-  return state._replace(transitions=push(state.transitions, state.period_step, a),
+  return state._replace(to_now=advance(state.to_now, state.period_step, a),
                         period_step=state.period_step + 1)
 
 
@@ -151,11 +128,9 @@ def add_gradients(w: jax.Array, state: MomentumState, ids: jax.Array, grads: jax
   step) get Phi = I: calling this once per micro-batch accumulates exactly."""
   rows = w.shape[0]
   safe = jnp.clip(ids, 0, rows - 1)
-  phi = span(state.transitions, state.touched_at[safe], state.period_step)
   w_old = w[safe].astype(jnp.float32)
   m_old = state.velocity[safe].astype(jnp.float32)
-  w_now = phi[:, 0, 0, None] * w_old + phi[:, 0, 1, None] * m_old
-  m_now = phi[:, 1, 0, None] * w_old + phi[:, 1, 1, None] * m_old
+  w_now, m_now = _catch_up(state, w_old, m_old, safe)
   # One scatter-add per array, as the plain update does: a `set` of the caught-up rows
   # followed by an `add` of the gradients made XLA copy W and the velocity (O(L) per
   # step). The catch-up enters as a delta from one occurrence of each row only (every
@@ -179,15 +154,13 @@ def _first_occurrence(ids: jax.Array) -> jax.Array:
 
 
 def catch_up_all(w: jax.Array, state: MomentumState) -> tuple[jax.Array, MomentumState]:
-  """Every row at period_step, touched_at = 0 and an identity tree: the true W and velocity
-  (O(L)). Shard-local: works on one shard's rows as on all of them."""
-  phi = span(state.transitions, state.touched_at, state.period_step)
-  w32, m32 = w.astype(jnp.float32), state.velocity.astype(jnp.float32)
-  w_now = phi[:, 0, 0, None] * w32 + phi[:, 0, 1, None] * m32
-  m_now = phi[:, 1, 0, None] * w32 + phi[:, 1, 1, None] * m32
+  """Every row at period_step, touched_at = 0 and an identity table: the true W and
+  velocity (O(L)). Shard-local: works on one shard's rows as on all of them."""
+  w_now, m_now = _catch_up(state, w.astype(jnp.float32), state.velocity.astype(jnp.float32),
+                           jnp.arange(w.shape[0]))
   return w_now.astype(w.dtype), MomentumState(
       m_now.astype(state.velocity.dtype), jnp.zeros_like(state.touched_at),
-      _identities(state.transitions.shape[0]), jnp.zeros_like(state.period_step))
+      _identities(state.to_now.shape[0]), jnp.zeros_like(state.period_step))
 
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))

@@ -3,7 +3,7 @@ r"""The sparse classifier step with and without momentum, on a 1 x 1 mesh.
   python benchmarks/momentum_step.py --num_labels=1e4,1e6 --out=momentum_step.jsonl
 
 classifier_bench's shapes (d=64, B=256, k_p=7, k_h=50, k_r=400, per-query draws); the
-momentum state's tree holds 2,000 steps (an epoch). Both steps run interleaved, so the
+momentum state's table holds 2,000 steps (an epoch). Both steps run interleaved, so the
 machine's load reaches them alike. One JSON line per L: num_labels, plain_ms and
 momentum_ms (medians after 20 warm-up steps), and each compiled step's temporary bytes.
 """

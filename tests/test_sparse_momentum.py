@@ -17,26 +17,31 @@ def _dense_transitions(lrs, wd, beta):
   return [np.array([[1 - lr * wd, -lr * beta], [wd, beta]]) for lr in lrs]
 
 
-def test_span_is_the_ordered_product_over_any_gap():
+def test_table_is_the_ordered_product_over_any_gap():
+  """After `stop` steps, table entry s is A_stop ... A_{s+1} (float64 product of the A's
+  the steps applied) for gaps of 0 to 3,000 steps, and the identity for s >= stop."""
   steps, wd = 3000, 1e-4  # W's own mode decays to 0.2 over all steps, beta's to 1e-137
   lrs = 0.5 * np.abs(np.sin(np.arange(steps) / 300.0)) + 0.01
-  tree = sparse_momentum.init(1, 1, steps).transitions
-  push = jax.jit(sparse_momentum.push)
-  a = []  # A_t as the tree holds it (float32): the truth is their exact ordered product
-  for t, lr in enumerate(lrs):
-    a.append(sparse_momentum.step_matrix(jnp.float32(lr), wd, BETA))
-    tree = push(tree, jnp.int32(t), a[-1])
-  np.testing.assert_allclose(a[7], _dense_transitions(lrs[7:8], wd, BETA)[0], rtol=1e-6)
-  a = [np.asarray(m, np.float64) for m in a]
+  state = sparse_momentum.init(1, 1, steps)
+  begin = jax.jit(sparse_momentum.begin_step, static_argnums=(2, 3))
   pairs = [(0, 3000), (0, 1), (5, 5), (17, 2999), (1000, 1003), (2047, 2049), (1, 2500),
            (2999, 3000), (300, 2300)]
-  got = np.asarray(sparse_momentum.span(tree, jnp.array([p[0] for p in pairs]),
-                                        jnp.array([p[1] for p in pairs])))
-  for (start, stop), phi in zip(pairs, got):
+  stops = {stop for _, stop in pairs}
+  a, tables = [], {}  # A_t as applied (float32): the truth is their exact ordered product
+  for t, lr in enumerate(lrs):
+    a.append(sparse_momentum.step_matrix(jnp.float32(lr), wd, BETA))
+    state = begin(state, jnp.float32(lr), wd, BETA)
+    if t + 1 in stops:
+      tables[t + 1] = np.asarray(state.to_now)
+  np.testing.assert_allclose(a[7], _dense_transitions(lrs[7:8], wd, BETA)[0], rtol=1e-6)
+  a = [np.asarray(m, np.float64) for m in a]
+  for start, stop in pairs:
     want = np.eye(2)
-    for m in a[start:stop]:  # A_stop ... A_{start+1}, leaf j = step j + 1
+    for m in a[start:stop]:  # A_stop ... A_{start+1}: step t + 1 applies a[t]
       want = m @ want
-    np.testing.assert_allclose(phi, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tables[stop][start], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(tables[stop][stop:], np.broadcast_to(np.eye(2), (
+        steps + 1 - stop, 2, 2)))
 
 
 def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
