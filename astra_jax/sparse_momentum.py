@@ -135,22 +135,28 @@ def add_gradients(w: jax.Array, state: MomentumState, ids: jax.Array, grads: jax
   # followed by an `add` of the gradients made XLA copy W and the velocity (O(L) per
   # step). The catch-up enters as a delta from one occurrence of each row only (every
   # duplicate computes the same caught-up value).
-  first = _first_occurrence(ids)[:, None]
+  first, marked = _first_occurrence(state.touched_at, ids, safe)
   grads = grads.astype(jnp.float32)
-  w_delta = jnp.where(first, w_now - w_old, 0.0) - lr * grads
-  m_delta = jnp.where(first, m_now - m_old, 0.0) + grads
+  w_delta = jnp.where(first[:, None], w_now - w_old, 0.0) - lr * grads
+  m_delta = jnp.where(first[:, None], m_now - m_old, 0.0) + grads
   w = w.at[ids].add(w_delta.astype(w.dtype), mode="drop")
   m = state.velocity.at[ids].add(m_delta.astype(state.velocity.dtype), mode="drop")
-  touched = state.touched_at.at[ids].max(state.period_step, mode="drop")
+  touched = marked.at[ids].set(state.period_step, mode="drop")
   return w, state._replace(velocity=m, touched_at=touched)
 
 
-def _first_occurrence(ids: jax.Array) -> jax.Array:
-  """(n,) bool: ids[i] is the first of its value (in a stable sort of the ids)."""
-  order = jnp.argsort(ids, stable=True)
-  sorted_ids = ids[order]
-  first_sorted = jnp.concatenate([jnp.ones((1,), bool), sorted_ids[1:] != sorted_ids[:-1]])
-  return jnp.zeros(ids.shape, bool).at[order].set(first_sorted)
+def _first_occurrence(touched_at: jax.Array, ids: jax.Array,
+                      safe: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(n,) bool, ids[i] is the first occurrence of its row, and touched_at with rows `ids`
+  overwritten by markers (every touched row must be set afterwards).
+
+  The marker of occurrence i is i - n < 0 <= any step, so a scatter-min into touched_at
+  leaves each row holding its first occurrence's marker: O(n) and in place, where an
+  argsort of the ids cost more than the rest of the update."""
+  n = ids.shape[0]
+  marker = jnp.arange(n, dtype=jnp.int32) - n
+  marked = touched_at.at[ids].min(marker, mode="drop")
+  return marked[safe] == marker, marked
 
 
 def catch_up_all(w: jax.Array, state: MomentumState) -> tuple[jax.Array, MomentumState]:
