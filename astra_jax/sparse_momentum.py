@@ -20,9 +20,9 @@ and sets touched_at = t. Nothing else is written: an untouched row's state is im
 
 Every row last touched at step s needs Phi(t, s) for the same t, so the state keeps one
 table, `to_now`: entry s holds Phi(period_step, s) for every s in [0, C] (the identity for
-s >= period_step). A step multiplies the entries before it on the left by its A_t (four
-(C + 1,) multiply-adds per entry of the 2 x 2, O(C) scalar work replicated on every shard)
-and a row's catch-up is a gather, to_now[touched_at[row]]. Nothing divides: a prefix
+s >= period_step). A step multiplies entries 0..period_step on the left by its A_t (two
+multiply-adds over (C + 1,) arrays per entry of the 2 x 2: O(C) scalar work, replicated
+on every shard, no batched dot) and a row's catch-up is a gather, to_now[touched_at[row]]. Nothing divides: a prefix
 product P_t = A_t ... A_1 has a mode that decays like beta^t (A_t's determinant is beta),
 and P_t P_s^{-1} would divide by numbers that underflow (0.9^1000 = 1.7e-46) and cancel
 catastrophically long before. Each entry is instead the product of the steps since its s,
@@ -32,8 +32,8 @@ underflows to 0 exactly as it does in the dense recurrence.
 
 A fold (epoch ends, before anything outside the step reads W) catches every row up, resets
 touched_at to 0 and the table to identities: O(L), like the scale fold of sparse_sgd.py.
-The table's capacity C is at least the steps of an epoch, so it never fills between the
-trainer's folds. A step that must change nothing (a dynamic loss-scale overflow) applies
+The table's capacity C (the steps between folds `init` is given) is at least the steps of
+an epoch, so it never fills between the trainer's folds. A step that must change nothing (a dynamic loss-scale overflow) applies
 the identity: every row's state stays what it was.
 
 Memory: the velocity (L, d) sharded like W, an int32 per row, and (C + 1) x 4 floats.
