@@ -71,6 +71,15 @@ ADDED_KEYS = {
     "data.label_subset": 0,
     "data.label_subset_seed": 0,
     "encoder.init_from_workdir": "",
+    "encoder.arch": "bert",
+    "encoder.ngram.orders": 3,
+    "encoder.ngram.hash_buckets": 1 << 18,
+    "encoder.ngram.normalize_scale": 10.0,
+    "warmstart.epochs": 0,
+    "warmstart.batch_size": 256,
+    "warmstart.lr": 1e-3,
+    "warmstart.warmup_steps": 100,
+    "warmstart.inverse_temperature": 20.0,
 }
 
 

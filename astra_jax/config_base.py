@@ -13,7 +13,7 @@ import ml_collections
 from astra_jax import classifier_init
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
-from astra_jax.model import encoder_source
+from astra_jax.model import architectures, encoder_source
 from astra_jax.negatives.schedule import HARD_ONLY_STRATEGIES, STRATEGIES
 
 # encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
@@ -73,12 +73,15 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.generator = synthetic.GENERATOR_VERSION
 
   c.encoder = ml_collections.ConfigDict()
+  # The architecture (astra_jax/model/architectures.py): bert (BERT / DistilBERT, pretrained
+  # from hf_dir or the tiny random one below) | ngram_bag (hashed token n-grams, encoder.ngram).
+  c.encoder.arch = "bert"
   c.encoder.hf_dir = ""            # dir with config.json (+ model.safetensors); "" = tiny BERT
   c.encoder.load_weights = True    # load model.safetensors from hf_dir when present
   # A workdir whose exported model (WORKDIR/model, export.py) gives the encoder's starting
   # weights; its encoder must have this config's shape. "": none.
   c.encoder.init_from_workdir = ""
-  c.encoder.hidden_size = 64       # used when hf_dir is empty (random init)
+  c.encoder.hidden_size = 64       # used when hf_dir is empty (random init); ngram_bag's width
   c.encoder.num_layers = 2
   c.encoder.num_heads = 2
   c.encoder.intermediate_size = 128
@@ -90,6 +93,11 @@ def base_config() -> ml_collections.ConfigDict:
   # on A100/H100 is TF32 (10-bit mantissa inputs); highest = full float32 passes; high
   # = bf16x3 / TF32-like where the backend has it.
   c.encoder.matmul_precision = "default"
+  # The ngram_bag encoder: every 1..orders-gram of token ids hashed into hash_buckets vectors.
+  c.encoder.ngram = ml_collections.ConfigDict()
+  c.encoder.ngram.orders = 3
+  c.encoder.ngram.hash_buckets = 1 << 18
+  c.encoder.ngram.normalize_scale = 10.0  # E(x) scaled to this L2 norm; 0: not normalised
 
   c.negatives = ml_collections.ConfigDict()
   c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/schedule.py
@@ -137,6 +145,15 @@ def base_config() -> ml_collections.ConfigDict:
   # W's starting point (astra_jax/classifier_init.py): normal (std
   # train.classifier_init_std) or label_text (init_scale * E(z_l) / |E(z_l)|, computed with
   # the encoder as training starts).
+  # An optional first stage (astra_jax/warmstart.py, NGAME's stage 1): the encoder alone,
+  # trained on (query, positive label text) pairs with in-batch negatives, before W exists.
+  c.warmstart = ml_collections.ConfigDict()
+  c.warmstart.epochs = 0           # 0: no warm start
+  c.warmstart.batch_size = 256     # pairs per step (the in-batch negatives)
+  c.warmstart.lr = 1e-3            # Adam, linear warmup then cosine decay to 0
+  c.warmstart.warmup_steps = 100
+  c.warmstart.inverse_temperature = 20.0  # logits = this x cosine similarity
+
   c.classifier = ml_collections.ConfigDict()
   c.classifier.init = "normal"
   c.classifier.init_scale = 1.0
@@ -279,7 +296,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")
   need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
   classifier_init.validate(c)
+  need(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
+  need(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")
+  need(c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0, "warmstart",
+       "lr and inverse_temperature must be > 0")
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
+  need(c.encoder.arch in architectures.names(), "encoder.arch",
+       f"unknown {c.encoder.arch!r}; use one of {', '.join(architectures.names())}")
+  need(c.encoder.ngram.orders >= 1 and c.encoder.ngram.hash_buckets >= 1, "encoder.ngram",
+       "orders and hash_buckets must be >= 1")
+  need(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")
   encoder_source.check(c.encoder)
 
 

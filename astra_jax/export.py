@@ -1,6 +1,7 @@
 """The trained model as a self-contained directory, `WORKDIR/model/`, for prediction.
 
-  model.json            format version, model id, EncoderConfig, max_len, pad id, L, d
+  model.json            format version, model id, encoder architecture and shape, max_len,
+                        pad id, L, d
                         (written last: a directory without it is not a model)
   encoder.safetensors   encoder parameters, one tensor per NNX parameter path ("layers/0/...")
   classifier.npy        W[:L] float32 (opens with np.load(mmap_mode="r"))
@@ -33,7 +34,9 @@ from flax import nnx
 from astra_jax import tmpnames
 from astra_jax.data import dataset, xc_format
 from astra_jax.errors import InputError
-from astra_jax.model.encoder import Encoder, EncoderConfig
+from astra_jax.model import architectures
+from astra_jax.model.factory import encoder_for_shape
+from astra_jax.model.interface import EncoderShape
 
 FORMAT_VERSION = 1
 MODEL_DIR = "model"
@@ -47,7 +50,7 @@ class ModelNotFoundError(InputError, FileNotFoundError):
 class Model:
   path: str                      # WORKDIR/model
   model_id: str                  # changes on every export (keys cached indexes)
-  encoder_cfg: EncoderConfig
+  encoder_cfg: EncoderShape
   graphdef: nnx.GraphDef
   encoder_params: nnx.State
   classifier: np.ndarray         # (L, d) float32, memory-mapped
@@ -105,7 +108,7 @@ def _flat_params(params: nnx.State) -> dict[str, np.ndarray]:
           for path, var in nnx.to_flat_state(params)}
 
 
-def save_model(workdir: str, *, encoder_cfg: EncoderConfig, encoder_params: nnx.State,
+def save_model(workdir: str, *, encoder_cfg: EncoderShape, encoder_params: nnx.State,
                classifier: np.ndarray, tokenizer_dir: str, max_len: int, pad_id: int,
                label_texts: list[str] | None = None, train_config: dict | None = None,
                extra: dict | None = None) -> str:
@@ -133,6 +136,7 @@ def save_model(workdir: str, *, encoder_cfg: EncoderConfig, encoder_params: nnx.
       json.dump(train_config or {}, f, indent=1)
     meta = {"format_version": FORMAT_VERSION, "model_id": uuid.uuid4().hex,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "encoder_arch": architectures.of_shape(encoder_cfg).name,
             "encoder": dataclasses.asdict(encoder_cfg), "max_len": int(max_len),
             "pad_id": int(pad_id), "num_labels": int(classifier.shape[0]),
             "embed_dim": int(classifier.shape[1]), "label_texts": label_texts is not None,
@@ -155,7 +159,7 @@ def label_texts_of(data_cfg, data_dir: str) -> list[str] | None:
   return xc_format.read_texts(path, "auto", data_cfg.use_content)
 
 
-def save_trained_model(workdir: str, config, encoder_cfg: EncoderConfig, params: dict,
+def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: dict,
                        data: dataset.XCData, metrics: dict | None = None) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
   tokenizer and label texts of its dataset. Only process 0 writes."""
@@ -200,8 +204,11 @@ def load_model(workdir: str) -> Model:
   if meta.get("format_version") != FORMAT_VERSION:
     raise InputError(f"{meta_path}: format_version {meta.get('format_version')!r}, this code "
                      f"reads {FORMAT_VERSION}")
-  cfg = EncoderConfig(**meta["encoder"])
-  graphdef, params = nnx.split(nnx.eval_shape(lambda: Encoder(cfg, nnx.Rngs(0))), nnx.Param)
+  try:
+    cfg = architectures.shape_from_json(meta)
+  except (TypeError, InputError) as e:
+    raise InputError(f"{meta_path}: its encoder record is not one this code builds: {e}") from None
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: encoder_for_shape(cfg)), nnx.Param)
   weights_path = os.path.join(path, "encoder.safetensors")
   try:
     tensors = load_file(weights_path)

@@ -39,7 +39,7 @@ from ml_collections import config_flags
 from astra_jax import cli, paper_configs
 from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
-from astra_jax.model import pretrained
+from astra_jax.model import architectures, pretrained
 from astra_jax.model.encoder_config import EncoderConfig
 from astra_jax.negatives.schedule import NegativeSchedule
 
@@ -50,9 +50,9 @@ GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
         "tpu-v4-32gb": 32 * GiB, "tpu-v5e-16gb": 16 * GiB, "tpu-v5p-95gb": 95 * GiB}
 USABLE_FRACTION = 0.9
 DOES_NOT_FIT_EXIT = 3  # --check
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_BYTES = architectures.DTYPE_BYTES
 SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
-XLA_OVERHEAD = 1.25  # see activation_bytes
+XLA_OVERHEAD = architectures.XLA_OVERHEAD  # see architectures.bert_activation_bytes
 
 # Preparation, measured by benchmarks/data_scale.py (SS-20M's label statistics, README
 # "Data at SS-20M / SS-120M size"): the label parse's anonymous memory is bounded by its
@@ -213,18 +213,20 @@ def tokenizer_vocab(tokenizer_dir: str) -> int | None:
   return None
 
 
-def encoder_shape(config) -> tuple[EncoderConfig, str]:
-  """The EncoderConfig train.build_encoder would build, and where it came from."""
+def encoder_shape(config):
+  """The encoder shape factory.build_encoder would build, and where it came from."""
   ec = config.encoder
-  common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
-                dtype=ec.dtype)
+  arch = architectures.get(ec.get("arch", "bert"))
   hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
   published = paper_configs.PAPER_ENCODER_SHAPES.get(ec.get("paper_encoder", ""))
-  if hf_dir and published and not os.path.exists(os.path.join(hf_dir, "config.json")):
+  if arch is architectures.BERT and hf_dir and published and not os.path.exists(
+      os.path.join(hf_dir, "config.json")):
     # Training would stop (encoder_source.check); the plan uses the published shape.
+    common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
+                  dtype=ec.dtype)
     return EncoderConfig.from_hf(published, **common), f"{ec.paper_encoder} (published shape)"
-  if hf_dir:
-    return EncoderConfig.from_hf(hf_dir, **common), hf_dir
+  if arch is architectures.BERT and hf_dir:
+    return arch.shape_from_config(config, 0, 0), hf_dir
   if config.data.synthetic.enabled:
     vocab, source = config.data.synthetic.vocab_size + len(synthetic.SPECIAL_TOKENS), "synthetic"
   else:
@@ -233,47 +235,20 @@ def encoder_shape(config) -> tuple[EncoderConfig, str]:
     source = tok_dir
     if vocab is None:
       vocab, source = 30522, "assumed (no tokenizer found)"
-  cfg = EncoderConfig(vocab_size=vocab, hidden_size=ec.hidden_size, num_layers=ec.num_layers,
-                      num_heads=ec.num_heads, intermediate_size=ec.intermediate_size,
-                      max_position=max(512, config.data.max_len), **common)
-  return cfg, f"tiny random BERT (config.encoder fields; vocabulary: {source})"
+  shape = arch.shape_from_config(config, vocab, 0)
+  what = "tiny random BERT" if arch is architectures.BERT else f"{arch.name} encoder"
+  return shape, f"{what} (config.encoder fields; vocabulary: {source})"
 
 
-def encoder_param_count(e: EncoderConfig) -> int:
-  """Parameters of astra_jax.model.encoder.Encoder(e), exactly."""
-  H, I = e.hidden_size, e.intermediate_size
-  embeddings = (e.vocab_size + e.max_position + e.type_vocab_size) * H + 2 * H  # + LayerNorm
-  layer = (4 * (H * H + H)      # query, key, value, out (with biases)
-           + 2 * H              # attention LayerNorm
-           + H * I + I          # ffn_in
-           + I * H + H          # ffn_out
-           + 2 * H)             # output LayerNorm
-  return embeddings + e.num_layers * layer + H * e.bottleneck_dim  # bias-free bottleneck
+def encoder_param_count(e) -> int:
+  """Parameters of the encoder of shape `e`, exactly (its architecture's count)."""
+  return architectures.of_shape(e).param_count(e)
 
 
-def activation_bytes(e: EncoderConfig, b: int, T: int) -> tuple[int, str]:
-  """Bytes the encoder keeps for its backward pass on b queries of T tokens.
-
-  s = bytes per element of the compute dtype; masks are 1 byte; LayerNorm statistics and
-  the exact GELU's erf term are fp32. Per layer, what autodiff keeps:
-    b T H (8 s + 10): layer input, q, k, v, attention context, two dropout masks, two
-                      LayerNorm inputs and normalised values (fp32), the attention
-                      LayerNorm's output (the FFN's input)
-    b T I (2 s + 4):  FFN pre-GELU, erf term, post-GELU
-    b nh T^2 (9 + s): attention logits and softmax output (fp32), dropout mask, dropped
-                      probabilities in the compute dtype
-  Plus the embeddings (b T H (s + 1)) and the pooling (b T H 4), one more layer's worth for
-  the backward pass's own temporaries, all times XLA_OVERHEAD: XLA keeps more than this
-  minimal set (on CPU its temporaries for this encoder's fp32 forward + backward came to
-  0.95-1.2x the count, more with more layers; tests/test_plan.py checks the plan stays
-  above them). Not measured on a GPU, where fusion usually keeps less."""
-  s = DTYPE_BYTES[e.dtype]
-  H, I, nh = e.hidden_size, e.intermediate_size, e.num_heads
-  per_layer = b * T * H * (8 * s + 10) + b * T * I * (2 * s + 4) + b * nh * T * T * (9 + s)
-  total = (e.num_layers + 1) * per_layer + b * T * H * (s + 1) + b * T * H * 4
-  return int(XLA_OVERHEAD * total), (
-      f"{XLA_OVERHEAD} x [(layers + 1) x (b T H (8s+10) + b T I (2s+4) + b nh T^2 (9+s)) "
-      f"+ b T H (s+5)]; b={b}, T={T}, s={s}")
+def activation_bytes(e, b: int, T: int) -> tuple[int, str]:
+  """Bytes the encoder of shape `e` keeps for its backward pass on b queries of T tokens
+  (its architecture's estimate; BERT's is `architectures.bert_activation_bytes`)."""
+  return architectures.of_shape(e).activation_bytes(e, b, T)
 
 
 # -------------------------------------------------------------------------------- plan

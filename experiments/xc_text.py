@@ -19,8 +19,9 @@ from astra_jax.config_base import base_config
 
 
 def get_config(variant: str = "minilm"):
-  if variant not in ("minilm", "tiny"):
-    raise ValueError(f"experiments/xc_text.py:{variant}: variants are 'minilm' and 'tiny'")
+  if variant not in ("minilm", "tiny", "ngram"):
+    raise ValueError(f"experiments/xc_text.py:{variant}: variants are 'minilm', 'tiny' and "
+                     f"'ngram'")
   c = base_config()
   c.data.tokenizer_dir = "all-MiniLM-L6-v2"   # resolved to the installed package's files
   c.data.max_len = 32                         # titles; use 128 for full text
@@ -36,6 +37,12 @@ def get_config(variant: str = "minilm"):
     c.encoder.hf_dir = "all-MiniLM-L6-v2"
     c.encoder.embedding_dropout = 0.7
     c.optim.encoder_lr = 1e-4
+    c.optim.classifier_lr = 1.0
+  elif variant == "ngram":
+    c.encoder.arch = "ngram_bag"
+    c.encoder.hidden_size = 256
+    c.encoder.embedding_dropout = 0.0
+    c.optim.encoder_lr = 3e-3
     c.optim.classifier_lr = 1.0
   else:
     # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).

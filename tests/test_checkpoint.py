@@ -16,6 +16,7 @@ import pytest
 
 from flax import nnx
 
+from astra_jax.model import factory
 from astra_jax import checkpoint, optim, sharding, train
 from astra_jax.errors import InputError
 
@@ -174,7 +175,7 @@ def test_checkpoint_moves_between_meshes(tmp_path, small_synthetic):
 def _templates(c, mesh, rows):
   """Fresh params / optimizer state of the run's shapes on `mesh` (as the trainer builds)."""
   data = train.prepare_data(copy.deepcopy(c))
-  enc = train.build_encoder(c, data.vocab_size, data.pad_id, 0)
+  enc = factory.build_encoder(c, data.vocab_size, data.pad_id, 0)
   _, enc_params = nnx.split(enc, nnx.Param)
   params = {"encoder": enc_params, "classifier": jax.numpy.zeros((rows, enc.cfg.embed_dim))}
   tx = optim.encoder_optimizer(c.optim, 100)

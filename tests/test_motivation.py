@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from astra_jax.model import factory
 from astra_jax import config_base, export, loss, reproduce, train
 from astra_jax.data import label_subset
 from astra_jax.data.dataset import RowConcat, XCData
@@ -116,7 +117,7 @@ def test_uptodate_with_no_random_negatives_is_the_hard_only_loss():
 def test_encoder_starts_from_an_exported_model(tmp_path):
   c = config_base.base_config()
   c.encoder.hidden_size, c.encoder.intermediate_size = 16, 32
-  trained = train.build_encoder(c, vocab_size=50, pad_id=0, seed=1)
+  trained = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=1)
   params = nnx.state(trained, nnx.Param)
   tok = tmp_path / "tok"
   tok.mkdir()
@@ -125,7 +126,7 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
                     classifier=np.zeros((3, 16), np.float32), tokenizer_dir=str(tok),
                     max_len=8, pad_id=0)
   c.encoder.init_from_workdir = str(tmp_path / "run")
-  started = train.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
+  started = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
   want = dict(nnx.to_flat_state(params))
   got = dict(nnx.to_flat_state(nnx.state(started, nnx.Param)))
   assert got.keys() == want.keys()
@@ -133,13 +134,13 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
     np.testing.assert_array_equal(np.asarray(got[k].get_value()), np.asarray(want[k].get_value()))
   # ... which a fresh encoder of that seed is not
   c.encoder.init_from_workdir = ""
-  fresh = train.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
+  fresh = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
   assert any(not np.array_equal(np.asarray(v.get_value()), np.asarray(want[k].get_value()))
              for k, v in nnx.to_flat_state(nnx.state(fresh, nnx.Param)))
   c.encoder.init_from_workdir = str(tmp_path / "run")
   c.encoder.hidden_size, c.encoder.intermediate_size = 32, 64
   with pytest.raises(InputError, match="init_from_workdir"):
-    train.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
+    factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
 
 
 def test_motivation_table_runs(tmp_path):

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 
+from astra_jax.model import factory
 from astra_jax import config_base, plan
 from astra_jax.data import catalog
 from astra_jax.errors import InputError
@@ -154,10 +155,10 @@ def test_byte_counts_equal_what_jax_allocates():
   import jax
   from flax import nnx
 
-  from astra_jax import optim, sharding, train
+  from astra_jax import optim, sharding
   c = small_config(labels=1001, model=4)
   p = plan.plan_config(c, "h100-80gb")
-  encoder = train.build_encoder(c, vocab_size=8005, pad_id=0, seed=0)
+  encoder = factory.build_encoder(c, vocab_size=8005, pad_id=0, seed=0)
   _, params = nnx.split(encoder, nnx.Param)
   nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
   assert nbytes(params) == item(p, "encoder parameters")
@@ -179,7 +180,7 @@ def test_activation_plan_covers_what_xla_keeps():
   from astra_jax import train
   c = config_base.base_config()  # the tiny BERT: hidden 64, 2 layers x 2 heads, ffn 128
   c.data.max_len = 48
-  encoder = train.build_encoder(c, vocab_size=1000, pad_id=0, seed=0)
+  encoder = factory.build_encoder(c, vocab_size=1000, pad_id=0, seed=0)
   graphdef, params = nnx.split(encoder, nnx.Param)
 
   def loss(p, ids, key):

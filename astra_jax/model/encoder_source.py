@@ -88,7 +88,7 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 
 
 def identity(encoder_cfg, parameters: int) -> EncoderIdentity:
-  """The record of the encoder `check` accepted and train.build_encoder built."""
+  """The record of the encoder `check` accepted and factory.build_encoder built."""
   if not encoder_cfg.hf_dir:
     return EncoderIdentity("tiny random BERT", "", parameters, None)
   hf_dir = pretrained.resolve(encoder_cfg.hf_dir)
