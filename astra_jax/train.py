@@ -25,15 +25,14 @@ from flax import nnx
 from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_budget,
                        device_check, distributed, faults, final_eval, host_memory, knn, loss,
                        loss_scale, metrics, optim, predict, sharding, sparse_momentum,
-                       sparse_sgd)
+                       sparse_sgd, warmstart)
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
 from astra_jax.errors import InputError
-from astra_jax.export import load_model, save_trained_model
+from astra_jax.export import save_trained_model
 from astra_jax.model import encoder_source, pretrained
-from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.model.weights import load_hf_weights
+from astra_jax.model.factory import build_encoder
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
@@ -77,63 +76,6 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
 
 
 # ------------------------------------------------------------------------------ model
-def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> Encoder:
-  ec = config.encoder
-  common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
-                dtype=ec.dtype)
-  hf_dir = pretrained.resolve(ec.hf_dir)
-  if hf_dir:
-    cfg = EncoderConfig.from_hf(hf_dir, **common)
-    if cfg.vocab_size < vocab_size:
-      raise InputError(f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
-                       f"the tokenizer's {vocab_size}")
-  else:
-    cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=ec.hidden_size,
-                        num_layers=ec.num_layers, num_heads=ec.num_heads,
-                        intermediate_size=ec.intermediate_size,
-                        max_position=max(512, config.data.max_len), pad_token_id=pad_id,
-                        hidden_dropout=ec.hidden_dropout, attention_dropout=ec.hidden_dropout,
-                        **common)
-  if config.data.max_len > cfg.max_position:
-    raise InputError(f"config.data.max_len={config.data.max_len} exceeds the encoder's "
-                     f"max_position_embeddings={cfg.max_position}")
-  model = Encoder(cfg, nnx.Rngs(params=seed))
-  encoder_source.check(ec)  # weights missing: an error unless load_weights=False
-  if hf_dir and ec.load_weights:
-    weights = os.path.join(hf_dir, encoder_source.WEIGHTS_FILE)
-    load_hf_weights(model, weights)
-    logging.info("loaded encoder weights from %s", weights)
-  elif hf_dir:
-    logging.info("encoder.load_weights=False: %s randomly initialised", hf_dir)
-  if ec.get("init_from_workdir", ""):
-    init_from_exported(model, ec.init_from_workdir)
-  return model
-
-
-def init_from_exported(model: Encoder, workdir: str) -> None:
-  """Copies the encoder weights of WORKDIR/model (export.py) into `model`.
-
-  Args:
-    model: the encoder the config built.
-    workdir: a finished run's workdir (`encoder.init_from_workdir`).
-  Raises:
-    InputError: no exported model there, or its encoder has another shape.
-  """
-  exported = load_model(workdir)
-  ours = nnx.state(model, nnx.Param)
-  theirs = dict(nnx.to_flat_state(exported.encoder_params))
-  for path, var in nnx.to_flat_state(ours):
-    got = theirs.get(path)
-    if got is None or tuple(got.shape) != tuple(var.shape):
-      raise InputError(f"config.encoder.init_from_workdir={workdir}: its encoder's "
-                       f"{'/'.join(map(str, path))} is "
-                       f"{'missing' if got is None else tuple(got.shape)}, this config's is "
-                       f"{tuple(var.shape)}; give the encoder that run's shape")
-    var.set_value(jnp.asarray(got.get_value(), var.dtype))
-  nnx.update(model, ours)
-  logging.info("encoder initialised from %s", os.path.join(workdir, "model"))
-
-
 # ------------------------------------------------------------------------------- steps
 def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
   """The `uptodate` oracle: each query's k top-scoring non-positive labels under the current
@@ -567,6 +509,10 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
+  if config.warmstart.epochs:
+    enc_params = warmstart.run(
+        config, graphdef, enc_params, data.train_tokens, data.label_tokens,
+        warmstart.training_pairs(data.train_labels, data.num_train_original), workdir)
   embed_fn = make_embed_fn(graphdef)
   w = classifier_init.initial_classifier(
       config, rows, d, seed, data.label_tokens,

@@ -1,0 +1,115 @@
+"""The siamese warm-start stage: its loss by hand, its pairs, that it learns, and resume."""
+import numpy as np
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+from flax import nnx
+
+from astra_jax import warmstart
+from astra_jax.data.xc_format import SparseRows, WithLabelRows
+from astra_jax.model.ngram_bag import NgramBagEncoder
+from astra_jax.model.ngram_bag_config import NgramBagConfig
+
+
+def test_loss_by_hand_with_a_shared_label_masked():
+  q = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+  z = np.array([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
+  labels = np.array([7, 9, 7])  # pairs 0 and 2 share label 7: neither is the other's negative
+  got = float(warmstart.in_batch_softmax_loss(jnp.asarray(q), jnp.asarray(z),
+                                              jnp.asarray(labels), 5.0))
+  qn = q / np.linalg.norm(q, axis=1, keepdims=True)
+  zn = z / np.linalg.norm(z, axis=1, keepdims=True)
+  logits = 5.0 * qn @ zn.T
+  want = []
+  for i, negatives in [(0, [1]), (1, [0, 2]), (2, [1])]:
+    cols = [i] + negatives
+    want.append(-(logits[i, i] - np.log(np.exp(logits[i, cols]).sum())))
+  np.testing.assert_allclose(got, np.mean(want), rtol=1e-5)
+
+
+def test_pairs_are_the_original_rows_positives():
+  base = SparseRows(np.array([0, 2, 2, 3]), np.array([4, 1, 0]), None, 5)
+  pairs = warmstart.training_pairs(WithLabelRows(base), 3)
+  np.testing.assert_array_equal(pairs.rows, [0, 0, 2])
+  np.testing.assert_array_equal(pairs.labels, [4, 1, 0])
+
+
+def _problem(n_labels=40, per_label=6, seed=0):
+  """Each label has a text of 6 tokens and 4 query words of its own, disjoint from every
+  text: a query (3 of its label's query words) shares no token with its label's text, so at
+  random init it is nearest its own text by chance only (1 in 40); a stage that learns
+  places it nearest."""
+  rng = np.random.default_rng(seed)
+  texts = rng.integers(1, 500, size=(n_labels, 6)).astype(np.int32)
+  words = 1000 + np.arange(n_labels * 4).reshape(n_labels, 4)
+  labels = np.repeat(np.arange(n_labels), per_label)
+  queries = np.stack([rng.choice(words[l], 3, replace=False) for l in labels]).astype(np.int32)
+  rows = SparseRows(np.arange(len(labels) + 1), labels, None, n_labels)
+  return queries, texts, rows
+
+
+def _config(epochs):
+  c = ml_collections.ConfigDict()
+  c.data = ml_collections.ConfigDict({"dir": "synthetic"})
+  c.train = ml_collections.ConfigDict({"seed": 0})
+  c.warmstart = ml_collections.ConfigDict(dict(epochs=epochs, batch_size=32, lr=3e-2,
+                                                warmup_steps=2, inverse_temperature=20.0))
+  return c
+
+
+def _encoder():
+  enc = NgramBagEncoder(NgramBagConfig(hidden_size=16, hash_buckets=4096, ngram_orders=1),
+                        nnx.Rngs(params=0))
+  return nnx.split(enc, nnx.Param)
+
+
+def _positive_rank_accuracy(graphdef, params, queries, texts, rows):
+  model = nnx.merge(graphdef, params)
+  q, z = np.array(model.pooled(queries)), np.array(model.pooled(texts))
+  q /= np.linalg.norm(q, axis=1, keepdims=True)
+  z /= np.linalg.norm(z, axis=1, keepdims=True)
+  return float(np.mean(np.argmax(q @ z.T, 1) == rows.indices))
+
+
+def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
+  queries, texts, rows = _problem()
+  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  graphdef, start = _encoder()
+  before = _positive_rank_accuracy(graphdef, start, queries, texts, rows)
+  straight = warmstart.run(_config(4), graphdef, start, queries, texts, pairs,
+                           str(tmp_path / "straight"))
+  after = _positive_rank_accuracy(graphdef, straight, queries, texts, rows)
+  assert before < 0.2 and after > 0.9, (before, after)
+  # Killed in its third epoch, rerun: resumes after epoch 2 and ends where the straight run did.
+  make_step, calls = warmstart._make_step, []
+
+  def dying_step(*args):
+    step = make_step(*args)
+
+    def run_step(*a):
+      calls.append(1)
+      if len(calls) > 2 * (len(pairs.rows) // 32):
+        raise KeyboardInterrupt("killed")
+      return step(*a)
+    return run_step
+
+  monkeypatch.setattr(warmstart, "_make_step", dying_step)
+  graphdef, start = _encoder()
+  with pytest.raises(KeyboardInterrupt):
+    warmstart.run(_config(4), graphdef, start, queries, texts, pairs, str(tmp_path / "resumed"))
+  monkeypatch.setattr(warmstart, "_make_step", make_step)
+  graphdef, start = _encoder()
+  resumed = warmstart.run(_config(4), graphdef, start, queries, texts, pairs,
+                          str(tmp_path / "resumed"))
+  for (path, a), (_, b) in zip(nnx.to_flat_state(straight), nnx.to_flat_state(resumed)):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
+
+
+def test_no_label_texts_is_a_config_error(tmp_path):
+  from astra_jax.errors import InputError
+  queries, texts, rows = _problem()
+  graphdef, start = _encoder()
+  with pytest.raises(InputError, match="warmstart.epochs=2"):
+    warmstart.run(_config(2), graphdef, start, queries, None,
+                  warmstart.training_pairs(rows, rows.num_rows), str(tmp_path))
