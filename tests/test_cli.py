@@ -139,3 +139,14 @@ def test_console_keeps_our_info_lines_and_every_warning():
   assert keep(_record(logging.WARNING, orbax)) and keep(_record(logging.ERROR, orbax))
   # A file named like one of ours elsewhere is not ours (orbax has a checkpoint.py too).
   assert not keep(_record(logging.INFO, "/site-packages/orbax/checkpoint/checkpoint.py"))
+
+
+def test_third_party_info_lines_come_back_with_the_flag(tmp_path):
+  # jax logs its TPU probe at INFO when the devices are first asked for, before the missing
+  # data stops the run: hidden by default, printed with --third_party_logs.
+  args = ["-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
+          f"--config.data.dir={tmp_path / 'none'}", f"--workdir={tmp_path / 'wd'}"]
+  quiet, verbose = _run(args), _run(args + ["--third_party_logs"])
+  for r in (quiet, verbose):
+    assert r.returncode == 1 and "error: no dataset found" in r.stderr, r.stderr[-2000:]
+  assert "xla_bridge.py" not in quiet.stdout and "xla_bridge.py" in verbose.stdout  # the log
