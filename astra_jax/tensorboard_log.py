@@ -28,9 +28,11 @@ def metric_tag(name: str) -> str:
 class EventLog:
   """Writes metrics.jsonl records as TensorBoard scalars into one directory.
 
-  The event file is opened at the first record, with TensorBoard's purge step at that
-  record's step: a resumed run's curves then replace what the interrupted run had logged from
-  there on (both log at the same steps of an epoch) instead of doubling back over them.
+  The event file is opened at the first record. When that is a progress line, TensorBoard's
+  purge step is its step: a resumed run's curves then replace what the interrupted run had
+  logged from there on (both log at the same steps of an epoch) instead of doubling back over
+  them. A rerun of a finished run only evaluates again: it adds its evaluations and purges
+  nothing (the last progress line shares the final evaluation's step).
   """
 
   def __init__(self, logdir: str, steps_per_epoch: int):
@@ -53,7 +55,8 @@ class EventLog:
     else:
       return
     if self._writer is None:
-      self._writer = SummaryWriter(self.logdir, purge_step=step)
+      self._writer = SummaryWriter(
+          self.logdir, purge_step=step if record["kind"] == "train" else None)
     for tag, value in scalars.items():
       if isinstance(value, (int, float)):  # a non-finite loss is None: no point
         self._writer.add_scalar(tag, value, step)

@@ -8,6 +8,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 
 import pytest
 from tensorboardX.proto import event_pb2
@@ -68,17 +69,35 @@ def test_records_become_scalars_at_their_steps(tmp_path):
       "test/P_at_1": [(30, 48.0)], "test/kNN-E_P_at_1": [(30, 51.0)]}
 
 
+def _purge_steps(logdir) -> list[int]:
+  # TensorBoard drops the points at steps >= a START's step that were written before it.
+  return [e.step for e in read_events(logdir)
+          if e.HasField("session_log") and e.session_log.status == e.session_log.START]
+
+
 def test_a_resumed_run_purges_the_curves_it_replaces(tmp_path):
   first = EventLog(str(tmp_path), steps_per_epoch=10)
   first.write({"kind": "train", "epoch": 0, "step": 5, "loss": 2.0})
   first.close()
+  time.sleep(1.1)  # an event file is named by the second it is opened in
   resumed = EventLog(str(tmp_path), steps_per_epoch=10)
   resumed.write({"kind": "train", "epoch": 0, "step": 5, "loss": 1.0})
   resumed.close()
-  starts = [e.step for e in read_events(tmp_path)
-            if e.HasField("session_log") and e.session_log.status == e.session_log.START]
-  # TensorBoard drops the points at steps >= a START's step written before it.
-  assert starts[-1] == 5 and read_scalars(tmp_path)["train/loss"][-1] == (5, 1.0)
+  assert _purge_steps(tmp_path) == [5, 5]
+  assert read_scalars(tmp_path)["train/loss"][-1] == (5, 1.0)
+
+
+def test_a_rerun_that_only_evaluates_keeps_the_last_progress_line(tmp_path):
+  finished = EventLog(str(tmp_path), steps_per_epoch=10)
+  finished.write({"kind": "train", "epoch": 0, "step": 10, "loss": 2.0})
+  finished.write({"kind": "eval", "epoch": 1, "train_time_s": 1.0, "split": "test", "P@1": 9.0})
+  finished.close()
+  time.sleep(1.1)  # an event file is named by the second it is opened in
+  rerun = EventLog(str(tmp_path), steps_per_epoch=10)
+  rerun.write({"kind": "eval", "epoch": 1, "train_time_s": 1.0, "split": "test", "P@1": 9.0})
+  rerun.close()
+  assert _purge_steps(tmp_path) == [10]  # the first run's only
+  assert read_scalars(tmp_path)["train/loss"] == [(10, 2.0)]
 
 
 def test_training_prints_our_lines_and_writes_curves(tmp_path):
