@@ -23,11 +23,11 @@ import os
 import sys
 
 import numpy as np
+from absl import flags
 
-from astra_jax import knn, metrics
+from astra_jax import cli, knn, metrics
 from astra_jax.data import dataset, validation, xc_format
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.errors import InputError
 
 KNN_K = 20
 NGRAMS = (2, 4)
@@ -156,27 +156,8 @@ def table(results: dict[str, dict[str, float]], ks: tuple[int, ...] = (1, 3, 5))
   return "\n".join([head, rule, *rows])
 
 
-def main(argv: list[str]) -> None:
-  from absl import flags
-  del argv
-  f = flags.FLAGS
-  data = load_texts(f.data, f.layout, f.use_content,
-                    f.validation_fraction if f.split == "validation" else 0.0,
-                    f.validation_seed)
-  results = run_all(data)
-  print(table(results))
-  if not sklearn_available():
-    print("(TF-IDF baselines skipped: scikit-learn is not installed; "
-          "pip install 'astra_jax[baselines]')")
-  if f.output:
-    with xc_format.atomic_text_writer(f.output) as out:
-      json.dump(results, out, indent=1)
-
-
-if __name__ == "__main__":
-  from absl import app, flags
-
-  from astra_jax import cli
+def define_flags() -> None:
+  """The command line (see the module docstring)."""
   flags.DEFINE_string("data", None, "dataset directory (XC layout)", required=True)
   flags.DEFINE_string("layout", "auto", "auto | renee | ngame | json")
   flags.DEFINE_bool("use_content", False, "json layout: title + content")
@@ -186,10 +167,30 @@ if __name__ == "__main__":
   flags.DEFINE_integer("validation_seed", 0, "--split=validation: as data.validation_seed")
   flags.DEFINE_string("output", "", "also write the numbers as JSON here")
 
-  def _main(argv):
-    try:
-      main(argv)
-    except (InputError, OSError) as e:
-      sys.exit(f"error: {e}")
 
-  app.run(_main, flags_parser=cli.parse_flags)
+def main(argv: list[str]) -> None:
+  del argv  # cli.run allows none
+  f = flags.FLAGS
+  try:
+    data = load_texts(f.data, f.layout, f.use_content,
+                      f.validation_fraction if f.split == "validation" else 0.0,
+                      f.validation_seed)
+    results = run_all(data)
+  except OSError as e:  # an InputError ends the run in cli.run
+    sys.exit(f"error: {e}")
+  print(table(results))
+  if not sklearn_available():
+    print("(TF-IDF baselines skipped: scikit-learn is not installed; "
+          "pip install 'astra_jax[baselines]')")
+  if f.output:
+    with xc_format.atomic_text_writer(f.output) as out:
+      json.dump(results, out, indent=1)
+
+
+def cli_main() -> None:
+  """The console entry point `astra-baselines` (and `python -m astra_jax.baselines`)."""
+  cli.run(main, define_flags, __doc__)
+
+
+if __name__ == "__main__":
+  cli_main()

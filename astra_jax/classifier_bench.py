@@ -65,7 +65,7 @@ _full_fwd = jax.jit(lambda emb, w, b: loss.full_bce_chunked(emb, w, b["pos_ids"]
 
 def code_fingerprint() -> str:
   """A hash of the code a measurement runs (this file and the step's modules): a cached
-  measurement by other code is stale (reproduce.py reruns it)."""
+  measurement by other code is stale (astra_jax/reproduce reruns it)."""
   h = hashlib.sha256()
   for module in (sys.modules[__name__], loss, sharding, sharding.sparse_sgd):
     with open(module.__file__, "rb") as f:

@@ -30,7 +30,7 @@ def base_config() -> ml_collections.ConfigDict:
   # that trains on a synthetic stand-in instead.
   c.data.missing_hint = ""
   # The dataset's size when known without reading it (the paper's statistics table); only
-  # the memory planner (astra_jax/plan.py) reads them, when the data is not on disk. 0: unknown.
+  # the memory planner (astra_jax/plan/) reads them, when the data is not on disk. 0: unknown.
   c.data.num_labels = 0
   c.data.num_train = 0
   c.data.layout = "auto"           # auto | renee | ngame | json

@@ -13,19 +13,10 @@ import json
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from astra_jax import metrics
+from astra_jax import cli, metrics, metrics_table
 from astra_jax.data import xc_format
-
-flags.DEFINE_string("pred", None, "sparse score matrix (label:score rows)")
-flags.DEFINE_string("truth", None, "test label matrix, e.g. tst_X_Y.txt")
-flags.DEFINE_string("train", None, "train label matrix, for propensities")
-flags.DEFINE_string("filter", None, "optional filter file of 'row label' pairs")
-flags.DEFINE_float("A", 0.55, "propensity A (0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise)")
-flags.DEFINE_float("B", 1.5, "propensity B (2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise)")
-flags.DEFINE_string("out", None, "write the metrics as JSON here")
-flags.DEFINE_multi_integer("k", [1, 3, 5], "cut-offs")
 
 
 def ranked_from_scores(scores: xc_format.SparseRows, k: int) -> np.ndarray:
@@ -55,31 +46,36 @@ def evaluate_files(pred: str, truth: str, train: str, filter_path: str | None, A
   return metrics.as_percent(metrics.compute(ranked, truth_m, inv, tuple(ks)))
 
 
-def format_table(rows: dict[str, dict[str, float]], ks=(1, 3, 5)) -> str:
-  cols = [f"{m}@{k}" for m in ("P", "nDCG", "PSP", "PSnDCG") for k in ks]
-  cols = [c for c in cols if any(c in r for r in rows.values())]
-  width = max(len(n) for n in rows) + 2
-  lines = ["".ljust(width) + "".join(c.rjust(10) for c in cols)]
-  for name, r in rows.items():
-    lines.append(name.ljust(width) + "".join(f"{r.get(c, float('nan')):10.2f}" for c in cols))
-  return "\n".join(lines)
+def define_flags() -> None:
+  """The command line (see the module docstring)."""
+  flags.DEFINE_string("pred", None, "sparse score matrix (label:score rows)")
+  flags.DEFINE_string("truth", None, "test label matrix, e.g. tst_X_Y.txt")
+  flags.DEFINE_string("train", None, "train label matrix, for propensities")
+  flags.DEFINE_string("filter", None, "optional filter file of 'row label' pairs")
+  flags.DEFINE_float("A", 0.55, "propensity A (0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise)")
+  flags.DEFINE_float("B", 1.5, "propensity B (2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise)")
+  flags.DEFINE_string("out", None, "write the metrics as JSON here")
+  flags.DEFINE_multi_integer("k", [1, 3, 5], "cut-offs")
+  flags.mark_flags_as_required(["pred", "truth", "train"])
 
 
 def main(argv):
   del argv
   F = flags.FLAGS
-  for name in ("pred", "truth", "train"):
-    if not F[name].value:
-      sys.exit(f"--{name} is required")
   try:
     result = evaluate_files(F.pred, F.truth, F.train, F.filter, F.A, F.B, tuple(F.k))
   except (xc_format.XCFormatError, OSError) as e:
     sys.exit(f"error: {e}")
-  print(format_table({"predictions": result}, tuple(F.k)))
+  print(metrics_table.format_table({"predictions": result}, tuple(F.k)))
   if F.out:
     with xc_format.atomic_text_writer(F.out) as f:
       json.dump(result, f, indent=1)
 
 
+def cli_main() -> None:
+  """The console entry point `astra-evaluate` (and `python -m astra_jax.evaluate`)."""
+  cli.run(main, define_flags, __doc__)
+
+
 if __name__ == "__main__":
-  app.run(main)
+  cli_main()

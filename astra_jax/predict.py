@@ -21,10 +21,10 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
+from absl import flags, logging
 from flax import nnx
 
-from astra_jax import export, serve_index
+from astra_jax import cli, export, serve_index
 from astra_jax.data import tokenize
 from astra_jax.errors import InputError
 
@@ -305,11 +305,21 @@ def run(predictor: Predictor, infile, outfile, k: int, batch_size: int = 256) ->
   return counts
 
 
+def define_flags() -> None:
+  """The command line (see the module docstring)."""
+  flags.DEFINE_string("workdir", None, "a training workdir holding model/")
+  flags.DEFINE_string("input", None, "queries, one per line (default: stdin)")
+  flags.DEFINE_string("output", None, "where the JSON lines go (default: stdout)")
+  flags.DEFINE_integer("k", 10, "labels per query")
+  flags.DEFINE_bool("exact", False, "exact search over all of W instead of ScaNN")
+  flags.DEFINE_integer("batch_size", 256, "lines per prediction call")
+  flags.DEFINE_bool("rebuild_index", False, "rebuild the cached ScaNN index")
+  flags.mark_flags_as_required(["workdir"])
+
+
 def main(argv) -> None:
-  from absl import flags
+  del argv  # cli.run allows none
   F = flags.FLAGS
-  if len(argv) > 1:
-    sys.exit(f"unexpected arguments: {argv[1:]}")
   if F.k < 1 or F.batch_size < 1:
     sys.exit("error: --k and --batch_size must be >= 1")
   try:
@@ -325,20 +335,10 @@ def main(argv) -> None:
                counts["warnings"], predictor.index_kind)
 
 
-def _define_flags() -> None:
-  # Defined only when run as a program: train.py imports this module next to main.py's flags.
-  from absl import flags
-  flags.DEFINE_string("workdir", None, "a training workdir holding model/")
-  flags.DEFINE_string("input", None, "queries, one per line (default: stdin)")
-  flags.DEFINE_string("output", None, "where the JSON lines go (default: stdout)")
-  flags.DEFINE_integer("k", 10, "labels per query")
-  flags.DEFINE_bool("exact", False, "exact search over all of W instead of ScaNN")
-  flags.DEFINE_integer("batch_size", 256, "lines per prediction call")
-  flags.DEFINE_bool("rebuild_index", False, "rebuild the cached ScaNN index")
-  flags.mark_flags_as_required(["workdir"])
+def cli_main() -> None:
+  """The console entry point `astra-predict` (and `python -m astra_jax.predict`)."""
+  cli.run(main, define_flags, __doc__)
 
 
 if __name__ == "__main__":
-  from absl import app
-  _define_flags()
-  app.run(main)
+  cli_main()

@@ -28,7 +28,7 @@ import sys
 import time
 import zipfile
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
 from astra_jax import cli, config_base, tmpnames
@@ -170,11 +170,11 @@ def define_flags() -> None:
                       "else all-MiniLM-L6-v2)")
   flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
   flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
+  flags.mark_flags_as_required(["src"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    sys.exit(f"unexpected arguments: {argv[1:]}")
+  del argv  # cli.run allows none
   F = flags.FLAGS
   logging.get_absl_handler().python_handler.stream = sys.stdout
   c = cli.config_flag()
@@ -198,7 +198,10 @@ def main(argv):
     sys.exit(f"error: {e}")
 
 
+def cli_main() -> None:
+  """The console entry point `astra-prepare` (and `python -m astra_jax.prepare`)."""
+  cli.run(main, define_flags, __doc__)
+
+
 if __name__ == "__main__":
-  define_flags()
-  flags.mark_flags_as_required(["src"])
-  app.run(main, flags_parser=cli.parse_flags)
+  cli_main()

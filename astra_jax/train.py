@@ -37,6 +37,7 @@ from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.sampler import NegativeSampler
+from astra_jax.tensorboard_log import EventLog
 from astra_jax.step_profile import StepProfiler
 from astra_jax.watchdog import HangWatchdog
 
@@ -327,8 +328,10 @@ class TrainLog:
   step of a line's window was skipped: then the scale is not recovering."""
 
   def __init__(self, path: str, config: ml_collections.ConfigDict, batches: TrainBatches,
-               total_steps: int):
+               total_steps: int, tensorboard_dir: str | None = None):
     self.f = open(path, "a")
+    # The same records as TensorBoard curves (tensorboard_log.py), where given.
+    self.events = EventLog(tensorboard_dir, batches.steps_per_epoch) if tensorboard_dir else None
     self.config, self.batches, self.total_steps = config, batches, total_steps
     self.every = config.train.log_every_steps  # read every step: not through ConfigDict
 
@@ -369,7 +372,7 @@ class TrainLog:
       raise FloatingPointError(f"loss is {loss_value} at epoch {epoch} step {step + 1}")
     record = dict(kind="train", epoch=epoch, step=global_step,
                   loss=loss_value if np.isfinite(loss_value) else None, queries_per_s=qps,
-                  input_wait=round(input_wait, 4))
+                  input_wait=round(input_wait, 4), lr_encoder=lr_e, lr_classifier=lr_c)
     if skipped:
       record["skipped_steps"] = skipped
     self.write(**record)
@@ -378,6 +381,8 @@ class TrainLog:
   def write(self, **record) -> None:
     self.f.write(json.dumps(record) + "\n")
     self.f.flush()
+    if self.events is not None:
+      self.events.write(record)
 
 
 def final_evaluation(embed_fn, params, data: dataset.XCData, config, inv_prop, workdir: str,
@@ -553,7 +558,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                         config.data.propensity_A, config.data.propensity_B)
   leader = distributed.is_leader()  # writes the run's files; every process logs
   log = TrainLog(os.path.join(workdir, "metrics.jsonl") if leader else os.devnull, config,
-                 batches, total_steps)
+                 batches, total_steps, tensorboard_dir=workdir if leader else None)
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
                encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,

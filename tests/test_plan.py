@@ -78,14 +78,14 @@ def test_node_plan_equals_hand_counts():
   trainer = 500 * 64 * 4                              # its shard's rows, copied for a refresh
   label_cache = 5001 * 8 + 12_500 * 4 + 1000 * 4      # indptr, indices, counts
   negatives, collection = 6000 * 50 * 4, 6000 * 64 * 4
-  assert plan._resident(p.worker_items) == worker
-  assert plan._resident(p.trainer_items) == trainer
+  assert plan.resident(p.worker_items) == worker
+  assert plan.resident(p.trainer_items) == trainer
   # The node: its two processes and two workers, the shared files once, each process's own.
   assert by_name(p.node_items, "token memmaps") == 6000 * 32 * 4
   assert by_name(p.node_items, "label cache") == label_cache
   assert p.node_total == (2 * trainer + 2 * worker + 6000 * 32 * 4 + label_cache
                           + 2 * negatives + 2 * negatives + 2 * collection) == 42_270_008
-  assert plan._resident(p.node_items) == 2 * (trainer + worker)
+  assert plan.resident(p.node_items) == 2 * (trainer + worker)
   # Disk: caches (train + test), 2 refreshes' inputs per process, 2 negatives generations
   # per process, (3 kept + best + one being written) checkpoints, the export.
   params = 612_288
@@ -203,9 +203,10 @@ def test_suggestions_when_it_does_not_fit():
 
 
 def test_cli_json_without_jax(tmp_path):
-  code = ("import sys; import astra_jax.plan as p; p.define_flags(); sys.argv = ['plan', "
-          "'--config=experiments/ss20m.py', '--gpu=v100-32gb', '--num_gpus=2', '--json']\n"
-          "from absl import app\ntry:\n  app.run(p.main)\nexcept SystemExit:\n  pass\n"
+  code = ("import sys; sys.argv = ['astra-plan', '--config=experiments/ss20m.py', "
+          "'--gpu=v100-32gb', '--num_gpus=2', '--json']\n"
+          "from astra_jax.plan import __main__ as p\ntry:\n  p.cli_main()\n"
+          "except SystemExit:\n  pass\n"
           "assert 'jax' not in sys.modules, 'the planner imported jax'\n")
   r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                      timeout=120, env={**os.environ, "ASTRA_MODELS_DIR": str(tmp_path)})

@@ -1,10 +1,15 @@
 """The reproduction tool: registry, tabulation from hand-made results, reuse, CLI errors."""
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from astra_jax import reproduce
+from astra_jax.reproduce import runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(autouse=True)
@@ -12,7 +17,7 @@ def _hand_made_results_are_current(request, monkeypatch):
   """The tabulation tests' results are written by hand, without the config or code
   fingerprint a real run records; the staleness tests check that part."""
   if "stale" not in request.node.name:
-    monkeypatch.setattr(reproduce, "stale", lambda run, cached: "")
+    monkeypatch.setattr(runs, "stale", lambda run, cached: "")
 
 
 def _write(root, name, result, group=""):
@@ -192,15 +197,20 @@ def test_unfinished_bench_run_executes_and_writes_results(tmp_path, monkeypatch)
   assert len(calls) == 1
 
 
-def test_cli_rejects_unknown_table(capsys):
-  assert reproduce.main(["--table=nope"]) == 2
-  err = capsys.readouterr().err
-  assert err.count("\n") == 1 and "unknown table 'nope'" in err
+def _reproduce_cli(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, "-m", "astra_jax.reproduce", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=120)
 
 
-def test_cli_names_gpu_only_tables(capsys):
-  assert reproduce.main(["--table=rq1"]) == 2
-  assert "needs the real datasets + GPUs" in capsys.readouterr().err
+def test_cli_rejects_unknown_table():
+  r = _reproduce_cli("--table=nope")
+  assert r.returncode == 2
+  assert r.stderr.count("\n") == 1 and "unknown table 'nope'" in r.stderr, r.stderr
+
+
+def test_cli_names_gpu_only_tables():
+  r = _reproduce_cli("--table=rq1")
+  assert r.returncode == 2 and "needs the real datasets + GPUs" in r.stderr, r.stderr
 
 
 def _fake_plot_results(root):

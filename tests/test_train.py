@@ -1,6 +1,7 @@
 """End to end: the main job on a small synthetic set, and xc_text.py on a dataset in the
 NGAME raw layout written here with English words (tokenised by all-MiniLM's tokenizer)."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -241,6 +242,10 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   negatives = {"num_hard": 8, "num_random": 64}
   log.report(epoch=0, step=3, global_step=4, loss_value=0.25, negatives=negatives)
   line = json.loads((tmp_path / "metrics.jsonl").read_text())
+  # No warmup, cosine decay over 20 steps: at step 4, 0.5 (1 + cos(pi 4 / 20)) of the peak.
+  decayed = 0.5 * (1 + math.cos(math.pi * 4 / 20))
+  assert line.pop("lr_encoder") == pytest.approx(c.optim.encoder_lr * decayed, rel=1e-6)
+  assert line.pop("lr_classifier") == pytest.approx(c.optim.classifier_lr * decayed, rel=1e-6)
   # 4 steps x 32 queries in 2 s; 0.5 s of them waiting for input
   assert line == {"kind": "train", "epoch": 0, "step": 4, "loss": 0.25, "queries_per_s": 64.0,
                   "input_wait": 0.25}

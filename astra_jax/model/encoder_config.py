@@ -1,6 +1,6 @@
 """The encoder's shape (BERT / DistilBERT), read from a HuggingFace `config.json`.
 
-Kept apart from `encoder.py` and free of jax, so the memory planner (`astra_jax/plan.py`) can
+Kept apart from `encoder.py` and free of jax, so the memory planner (`astra_jax/plan/`) can
 size an encoder without starting a jax backend.
 """
 from __future__ import annotations

@@ -1,20 +1,16 @@
-"""Memory plan of a training run, printed before anything is allocated.
-
-  python -m astra_jax.plan --config=experiments/ss20m.py [--mesh=DATAxMODEL]
-      [--gpu=v100-32gb|a100-80gb|h100-80gb] [--num_gpus=N] [--gpus_per_node=G]
-      [--processes_per_node=P] [--json] [--config.a.b=v ...]
+"""Memory plan of a training run: what each device, process, node and disk must hold.
 
 Per device: W's shard, the classifier's optimizer state, the encoder's parameters, Adam
 moments and gradients, the encoder's activations for one micro-batch, the classifier step's
 temporaries; compared with what XLA can use (90% of the GPU's memory; set
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.9, JAX's default is 0.75), with fixes when it does not fit.
-Per node (--gpus_per_node, --processes_per_node: one process per GPU as launch/slurm.sbatch
-runs, or 1 as launch/single_node.sh): the peak of preparation (label parse, tokenization:
-one builder per node, from the per-row costs benchmarks/data_scale.py measured); every
-training process's and every refresh worker's resident memory, with the files a node maps
-(label cache, token memmaps) counted once and each process's own memmaps (negatives in use,
-embedding collection, negatives being mined) once per process; and disk for every file the
-run writes (caches, refresh inputs, negatives generations, checkpoints x keep, export).
+Per node (one process per GPU as launch/slurm.sbatch runs, or 1 as launch/single_node.sh):
+the peak of preparation (label parse, tokenization: one builder per node, from the per-row
+costs benchmarks/data_scale.py measured); every training process's and every refresh
+worker's resident memory, with the files a node maps (label cache, token memmaps) counted
+once and each process's own memmaps (negatives in use, embedding collection, negatives being
+mined) once per process; and disk for every file the run writes (caches, refresh inputs,
+negatives generations, checkpoints x keep, export).
 
 Nothing here imports jax or the model code: sizes come from the config, the encoder's
 config.json (or the tiny-BERT fields), the tokenizer's vocabulary, the header of
@@ -31,12 +27,8 @@ import gzip
 import json
 import math
 import os
-import sys
 
-from absl import app, flags
-from ml_collections import config_flags
-
-from astra_jax import cli, paper_configs
+from astra_jax import paper_configs
 from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import architectures, pretrained
@@ -49,7 +41,6 @@ GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
         "a100-80gb": 80 * GiB, "h100-80gb": 80 * GiB, "h200-141gb": 141 * GiB,
         "tpu-v4-32gb": 32 * GiB, "tpu-v5e-16gb": 16 * GiB, "tpu-v5p-95gb": 95 * GiB}
 USABLE_FRACTION = 0.9
-DOES_NOT_FIT_EXIT = 3  # --check
 DTYPE_BYTES = architectures.DTYPE_BYTES
 SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
 XLA_OVERHEAD = architectures.XLA_OVERHEAD  # see architectures.bert_activation_bytes
@@ -153,14 +144,14 @@ class Plan:
     out = dataclasses.asdict(self)
     out.update(device_total=self.device_total, usable=self.usable, fits=self.fits,
                headroom=self.usable - self.device_total,
-               worker_resident=_resident(self.worker_items),
-               trainer_resident=_resident(self.trainer_items),
-               node_total=self.node_total, node_resident=_resident(self.node_items),
+               worker_resident=resident(self.worker_items),
+               trainer_resident=resident(self.trainer_items),
+               node_total=self.node_total, node_resident=resident(self.node_items),
                prep_peak=self.prep_peak, disk_total=self.disk_total)
     return out
 
 
-def _resident(items: list[Item]) -> int:
+def resident(items: list[Item]) -> int:
   return sum(i.bytes for i in items if not i.paged)
 
 
@@ -400,9 +391,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   # and the files every process maps (label cache, token memmaps) once.
   per = f"x {Pn} process{'es' if Pn > 1 else ''}"
   node_items = [
-      Item(f"training processes' resident memory ({per})", Pn * _resident(trainer),
+      Item(f"training processes' resident memory ({per})", Pn * resident(trainer),
            "processes per node x the process's resident"),
-      Item(f"refresh workers' resident memory ({per})", Pn * _resident(worker),
+      Item(f"refresh workers' resident memory ({per})", Pn * resident(worker),
            "processes per node x the worker's resident"),
       Item("token memmaps (once per node)", tokens.bytes, tokens.formula, paged=True),
   ]
@@ -551,75 +542,7 @@ def suggest(config, gpu: str, data: DataSize) -> list[str]:
   return out or ["nothing single fits: combine the above, or add GPUs"]
 
 
-# ---------------------------------------------------------------------------- printing
-def _gib(n: int) -> str:
-  return f"{n / GiB:8.2f}"
-
-
-def format_plan(p: Plan) -> str:
-  e, m, b, n = p.encoder, p.mesh, p.batch, p.negatives
-  lines = [
-      f"memory plan: {p.config_name}",
-      f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows "
-      f"({p.data.num_train:,} + label texts)" if p.data.rows != p.data.num_train else
-      f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows",
-      f"        from {p.data.source}",
-      f"  encoder: {e['model_type']}, {e['params'] / 1e6:.1f}M parameters (hidden {e['hidden']}, "
-      f"{e['layers']} layers x {e['heads']} heads, ffn {e['ffn']}), d = {e['d']}, "
-      f"compute {e['dtype']}",
-      f"        from {e['source']}",
-      f"  mesh: {m['data']} data x {m['model']} model = {m['devices']} "
-      f"device{'s' if m['devices'] > 1 else ''}, {p.gpu} "
-      f"({GPUS[p.gpu] / GiB:.0f} GiB, {p.usable / GiB:.1f} GiB usable at "
-      f"{USABLE_FRACTION:.0%})",
-      f"  batch: {b['global']}" + (f" = {b['grad_accum_steps']} micro-batches of {b['micro_batch']}"
-                                  if b['grad_accum_steps'] > 1 else " (no accumulation)") + "; "
-      f"encoder {b['encoder_queries_per_device']} queries per device, classifier "
-      f"{b['classifier_queries_per_device']}; {b['max_len']} tokens",
-      f"  negatives per query: {n['k_p']} positives (padded), {n['shards']} x {n['k_h_per_shard']} "
-      f"hard, {n['shards']} x {n['k_r_per_shard']} random columns (per W shard x shards; "
-      f"{n['random_draws'].replace('_', ' ')} draws); index {n['index']}",
-      "",
-      f"  {'GPU memory per device':<74}{'GiB':>8}",
-  ]
-  lines += [f"    {i.name:<72}{_gib(i.bytes)}" for i in p.device_items]
-  verdict = (f"FITS, {(p.usable - p.device_total) / GiB:.2f} GiB headroom" if p.fits else
-             f"DOES NOT FIT: {(p.device_total - p.usable) / GiB:.2f} GiB over")
-  lines.append(f"    {'total':<72}{_gib(p.device_total)}   {verdict}")
-  nd = p.node
-  where = (f"{nd['nodes']} node{'s' if nd['nodes'] > 1 else ''} x {nd['gpus_per_node']} GPUs, "
-           f"{nd['processes_per_node']} process{'es' if nd['processes_per_node'] > 1 else ''} "
-           f"per node, {nd['shards_per_process']} W shard(s) per process")
-  lines += ["", f"  host, per node: {where}"]
-  ps = p.prep_seconds
-  for title, items, total in (
-      ("preparation, one builder per node (phases in turn: the peak)", p.prep_items,
-       ("peak", p.prep_peak)),
-      ("host RAM, each refresh worker", p.worker_items, None),
-      ("host RAM, each training process", p.trainer_items, None),
-      ("host RAM, the node in training", p.node_items,
-       ("total, every memmap hot", p.node_total)),
-      ("disk, every file the run writes", p.disk_items, ("total", p.disk_total))):
-    lines += ["", f"  {title:<74}{'GiB':>8}"]
-    lines += [f"    {i.name + (' (memmap)' if i.paged else ''):<72}{_gib(i.bytes)}" for i in items]
-    if total:
-      lines.append(f"    {total[0]:<72}{_gib(total[1])}")
-    if items is p.prep_items and ps:
-      lines.append(f"    {ps['label_text_bytes'] / 1e9:.1f} GB of label text: "
-                   f"~{ps['parse_cpu_s'] / 60:.0f} CPU min to parse; {ps['tokenize_rows']:,} "
-                   f"texts: ~{ps['tokenize_cpu_s'] / 60:.0f} CPU min to tokenize")
-    if items is not p.prep_items and "disk" not in title:
-      paged = sum(i.bytes for i in items if i.paged)
-      label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
-      lines.append(f"    {label:<72}{_gib(_resident(items))}")
-  if p.notes:
-    lines += [""] + [f"  note: {x}" for x in p.notes]
-  if p.suggestions:
-    lines += ["", "  to make it fit:"] + [f"    - {x}" for x in p.suggestions]
-  return "\n".join(lines)
-
-
-# -------------------------------------------------------------------------------- main
+# ------------------------------------------------------------------------- the mesh
 def resolve_mesh(config, mesh: str, num_gpus: int) -> tuple[int, int]:
   """--mesh DATAxMODEL and --num_gpus against config.mesh (data=-1: every device)."""
   data, model = config.mesh.data, config.mesh.model
@@ -678,42 +601,3 @@ def plan_config(config, gpu: str, mesh: str = "", num_gpus: int = 0, name: str =
   if not p.fits:
     p.suggestions = suggest(config, gpu, size)
   return p
-
-
-def define_flags() -> None:
-  """The command line (defined on demand: importing this module defines no flags, so it
-  can share a process with other CLIs, e.g. in tests)."""
-  config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
-  flags.DEFINE_string("mesh", "", "DATAxMODEL devices (default: the config's mesh)")
-  flags.DEFINE_enum("gpu", "v100-32gb", list(GPUS), "GPU memory to plan against")
-  flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
-                       "= num_gpus / mesh.model unless --mesh says otherwise")
-  flags.DEFINE_integer("gpus_per_node", 0, "GPUs per node (default: all on one node)")
-  flags.DEFINE_integer("processes_per_node", 0, "training processes per node (default: one per "
-                       "GPU, as launch/slurm.sbatch; 1 for launch/single_node.sh)")
-  flags.DEFINE_bool("json", False, "print the plan as JSON")
-  flags.DEFINE_bool("check", False, f"exit with status {DOES_NOT_FIT_EXIT} when the run does "
-                    "not fit (the launchers stop there)")
-
-
-def main(argv):
-  if len(argv) > 1:
-    sys.exit(f"unexpected arguments: {argv[1:]}")
-  F = flags.FLAGS
-  path = config_flags.get_config_filename(F["config"])
-  config = cli.config_flag()
-  label = f"{config.data.get('name', '') or '?'} ({path})"
-  try:
-    p = plan_config(config, F.gpu, F.mesh, F.num_gpus, label, F.gpus_per_node,
-                    F.processes_per_node)
-  except InputError as e:
-    sys.exit(f"error: {e}")
-  print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))
-  if F.check and not p.fits:
-    sys.exit(DOES_NOT_FIT_EXIT)
-
-
-if __name__ == "__main__":
-  define_flags()
-  flags.mark_flags_as_required(["config"])
-  app.run(main, flags_parser=cli.parse_flags)

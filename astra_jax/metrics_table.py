@@ -1,0 +1,49 @@
+"""Metric tables as the command-line tools print them (training's results, the evaluator)."""
+from __future__ import annotations
+
+from typing import Mapping
+
+METRICS = ("P", "nDCG", "PSP", "PSnDCG")
+
+
+def format_table(rows: Mapping[str, Mapping[str, float]], ks: tuple[int, ...] = (1, 3, 5)) -> str:
+  """A fixed-width table: one row per method, one column per metric@k any row has.
+
+  Args:
+    rows: method name -> {"P@1": value, ...} (x100).
+    ks: the cut-offs, in column order within each metric.
+  Returns:
+    The table's lines joined by newlines (a missing value prints as nan).
+  """
+  cols = [f"{m}@{k}" for m in METRICS for k in ks]
+  cols = [c for c in cols if any(c in r for r in rows.values())]
+  width = max(len(n) for n in rows) + 2
+  lines = ["".ljust(width) + "".join(c.rjust(10) for c in cols)]
+  for name, r in rows.items():
+    lines.append(name.ljust(width) + "".join(f"{r.get(c, float('nan')):10.2f}" for c in cols))
+  return "\n".join(lines)
+
+
+def format_results(results: Mapping, results_path: str) -> str:
+  """What `python -m astra_jax.main` prints after training: the run in one line, the
+  metrics beside the baselines results.json holds, and where results.json is.
+
+  Args:
+    results: train.train_and_evaluate's results.
+    results_path: where they were written.
+  Returns:
+    The text, starting with an empty line.
+  """
+  rows = {"astra_jax": results["metrics"], "label popularity": results["popularity_baseline"]}
+  if "tfidf_knn_baseline" in results:
+    rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
+  knn_e = {k[len("kNN-E "):]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}
+  if knn_e:  # eval.knn_diagnostic: the same encoder, ranked by a kNN vote instead of W
+    rows["kNN over own E(x)"] = knn_e
+  return "\n".join([
+      "",
+      f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "
+      f"test rows, {results['epochs']} epochs in {results['train_time_s']:.0f}s "
+      f"(strategy {results['strategy']})",
+      format_table(rows),
+      f"\nresults: {results_path}"])
