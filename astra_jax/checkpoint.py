@@ -80,6 +80,8 @@ ADDED_KEYS = {
     "warmstart.lr": 1e-3,
     "warmstart.warmup_steps": 100,
     "warmstart.inverse_temperature": 20.0,
+    "scoring.label_text_weight": 0.0,
+    "scoring.label_text_scale": 5.0,
 }
 
 

@@ -154,6 +154,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.warmstart.warmup_steps = 100
   c.warmstart.inverse_temperature = 20.0  # logits = this x cosine similarity
 
+  # How the model ranks labels (astra_jax/score_fusion.py): with label_text_weight = beta > 0,
+  # (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(label_text_scale cos(E(x), E(z_l))), the
+  # label's text similarity mixed in (NGAME's inference); 0: the classifiers alone.
+  c.scoring = ml_collections.ConfigDict()
+  c.scoring.label_text_weight = 0.0
+  c.scoring.label_text_scale = 5.0
+
   c.classifier = ml_collections.ConfigDict()
   c.classifier.init = "normal"
   c.classifier.init_scale = 1.0
@@ -296,6 +303,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")
   need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
   classifier_init.validate(c)
+  need(0 <= c.scoring.label_text_weight <= 1, "scoring.label_text_weight", "must be in [0, 1]")
+  need(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
   need(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
   need(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")
   need(c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0, "warmstart",

@@ -180,7 +180,8 @@ def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: 
                     pad_id=data.pad_id, label_texts=texts,
                     train_config=json.loads(config.to_json()),
                     extra={"data_dir": os.path.abspath(data.data_dir),
-                           "test_metrics": metrics or {}})
+                           "test_metrics": metrics or {},
+                           "scoring": dict(config.get("scoring", {}))})
 
 
 def load_model(workdir: str) -> Model:

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
-from astra_jax import distributed, metrics, predict
+from astra_jax import distributed, metrics, score_fusion
 from astra_jax.data import xc_format
 
 PROGRESS_FILE = "final_eval_progress.json"
@@ -53,21 +53,26 @@ class EvalInterrupted(Exception):
 
 
 def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
-               inv_prop: np.ndarray, lo: int, hi: int) -> dict[str, float]:
-  """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly, filtered."""
+               inv_prop: np.ndarray, lo: int, hi: int,
+               label_texts: np.ndarray | None = None) -> dict[str, float]:
+  """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly (or by the
+  label-text fusion of `scoring.*`, with `label_texts` = E(z_l)), filtered."""
   ks = tuple(config.eval.ks)
   emb = embed_rows(np.arange(lo, hi))
   rows = data.test_filter[:, 0]
   filt = data.test_filter[(rows >= lo) & (rows < hi)] - np.array([lo, 0])
   k = max(ks) + metrics.max_filtered_per_row(filt)
-  _, ids = predict.topk(emb, classifier, k, config.eval.batch_size, config.eval.label_block)
+  fusion = score_fusion.from_config(config, emb.shape[1])
+  _, ids = score_fusion.topk(emb, classifier, k, config.eval.batch_size, config.eval.label_block,
+                             fusion, label_texts)
   ranked = metrics.remove_filtered(ids, filt, max(ks))
   return metrics.row_sums(ranked, data.test_labels.row_range(lo, hi), inv_prop, ks)
 
 
 def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
              inv_prop: np.ndarray, workdir: str, global_step: int,
-             stop_requested: Callable[[], bool]) -> dict[str, float]:
+             stop_requested: Callable[[], bool],
+             label_texts: np.ndarray | None = None) -> dict[str, float]:
   """The test set's metrics (x100), resumed from `workdir`'s progress record.
 
   Args:
@@ -77,6 +82,7 @@ def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, c
     workdir: where the progress record lives (written by the leader).
     global_step: the trained state's step, which the record must match.
     stop_requested: polled after each block (compared across processes: all stop alike).
+    label_texts: (L, d) E(z_l) when `scoring.label_text_weight` > 0 (score_fusion.py).
   Returns:
     metrics.as_percent of the whole test set.
   Raises:
@@ -90,7 +96,8 @@ def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, c
     logging.info("final evaluation: resuming after %d of %d test rows", progress.rows_done, n)
   while progress.rows_done < n:
     hi = min(progress.rows_done + step, n)
-    sums = block_sums(embed_rows, classifier, data, config, inv_prop, progress.rows_done, hi)
+    sums = block_sums(embed_rows, classifier, data, config, inv_prop, progress.rows_done, hi,
+                      label_texts)
     progress = EvalProgress(global_step, hi, metrics.add_sums(progress.sums, sums))
     if distributed.is_leader():
       progress.save(path)

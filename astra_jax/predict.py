@@ -24,7 +24,7 @@ import numpy as np
 from absl import flags, logging
 from flax import nnx
 
-from astra_jax import cli, export, serve_index
+from astra_jax import cli, export, score_fusion, serve_index
 from astra_jax.data import tokenize
 from astra_jax.errors import InputError
 
@@ -40,17 +40,24 @@ _BUCKETS = (1, 4, 16, 64, 256)
 MAX_CHARS = 100_000
 
 
-@functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels"))
+def dot_scores(queries: jax.Array, rows: jax.Array) -> jax.Array:
+  """<w_l, e>: the classifiers' scores of a query block against a label block."""
+  return queries @ rows.T.astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels", "score"))
 def _topk_block(queries: jax.Array, w_blocks: jax.Array, k: int, label_block: int,
-                num_labels: int):
-  """queries (qb, d); w_blocks (nb, lb, d) -> (scores (qb, k), ids (qb, k))."""
+                num_labels: int, score=dot_scores):
+  """queries (qb, d); w_blocks (nb, lb, d) -> (scores (qb, k), ids (qb, k)); `score`
+  (hashable: it is part of the compiled function) scores a query block against a label
+  block."""
   qb = queries.shape[0]
   init = (jnp.full((qb, k), -jnp.inf, jnp.float32), jnp.full((qb, k), -1, jnp.int32))
 
   def body(carry, xs):
     best_s, best_i = carry
     w, b = xs
-    s = queries @ w.T.astype(jnp.float32)
+    s = score(queries, w)
     ids = b * label_block + jnp.arange(label_block, dtype=jnp.int32)
     s = jnp.where(ids[None, :] < num_labels, s, -jnp.inf)
     cand_s = jnp.concatenate([best_s, s], axis=1)
@@ -71,8 +78,20 @@ def _label_blocks(classifier, label_block: int) -> jax.Array:
 
 
 def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int = 1024,
-         label_block: int = 32768) -> tuple[np.ndarray, np.ndarray]:
-  """Top-k labels by <w_l, e> for every row of `embeddings`: (scores, ids), best first."""
+         label_block: int = 32768, score=dot_scores) -> tuple[np.ndarray, np.ndarray]:
+  """Top-k labels for every row of `embeddings`: (scores, ids), best first.
+
+  Args:
+    embeddings: (n, d') query rows.
+    classifier: (L, d') label rows.
+    k: labels per query (at most L).
+    query_block: queries per compiled call (the last block is padded to it).
+    label_block: label rows scored at a time (bounds the (query_block, label_block) scores).
+    score: (query block, label block) -> scores; <w_l, e> by default, the fused score of
+      `score_fusion.LabelTextFusion` with its query and label rows.
+  Returns:
+    (scores (n, k) float32, ids (n, k) int32).
+  """
   L, d = classifier.shape
   k = min(k, L)
   label_block = min(label_block, L)
@@ -85,7 +104,7 @@ def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int
     m = len(q)
     if m < query_block and n > query_block:  # keep one compiled shape
       q = np.pad(q, ((0, query_block - m), (0, 0)))
-    s, i = _topk_block(jnp.asarray(q), w_blocks, k, label_block, L)
+    s, i = _topk_block(jnp.asarray(q), w_blocks, k, label_block, L, score)
     scores[start:start + m], ids[start:start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids
 
@@ -117,12 +136,14 @@ class ExactLabels:
     self.label_block = min(label_block, self.num_labels)
     self.w_blocks = _label_blocks(classifier, self.label_block)
 
-  def search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  def search(self, emb: np.ndarray, k: int,
+             score=dot_scores) -> tuple[np.ndarray, np.ndarray]:
     k = min(k, self.num_labels)
     scores, ids = np.empty((len(emb), k), np.float32), np.empty((len(emb), k), np.int32)
     for start, end in _chunks(len(emb)):
       q = _pad_rows(np.asarray(emb[start:end], np.float32), _bucket(end - start))
-      s, i = _topk_block(jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels)
+      s, i = _topk_block(jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels,
+                         score)
       scores[start:end], ids[start:end] = np.asarray(s)[:end - start], np.asarray(i)[:end - start]
     return scores, ids
 
@@ -131,7 +152,7 @@ class ExactLabels:
 class Predictions:
   """Row i answers texts[i]. A row with errors[i] set has ids -1 and scores nan."""
   ids: np.ndarray                    # (n, k) int32, best first
-  scores: np.ndarray                 # (n, k) float32, <w_l, E(x)>
+  scores: np.ndarray                 # (n, k) float32, <w_l, E(x)> (or the fused score)
   labels: list[list[str]] | None     # label texts of ids (None: the model has none)
   errors: list[str | None]           # why row i has no prediction
   warnings: list[str | None]         # e.g. the text was truncated
@@ -164,6 +185,18 @@ def check_text(text) -> tuple[str | None, str | None, str | None]:
   return text, None, None
 
 
+class FusedExactLabels:
+  """Exact search by the label-text fused score (score_fusion.py) over all L."""
+
+  def __init__(self, fusion: score_fusion.LabelTextFusion, classifier: np.ndarray,
+               label_text_embeddings: np.ndarray, label_block: int = 32768):
+    self.inner = ExactLabels(fusion.label_rows(classifier, label_text_embeddings), label_block)
+    self.fusion = fusion
+
+  def search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    return self.inner.search(self.fusion.query_rows(emb), k, score=self.fusion)
+
+
 class Predictor:
   """Top-k labels for new texts from a trained model.
 
@@ -191,7 +224,22 @@ class Predictor:
       logging.info("%d labels: exact search (ScaNN needs at least %d rows, and exact costs "
                    "nothing here)", self.num_labels, serve_index.MIN_ROWS)
       index = "exact"
-    if index == "exact":
+    scoring = model.meta.get("scoring") or {}
+    self.fusion = None
+    if scoring.get("label_text_weight") and model.label_texts is not None:
+      # The model ranks by the fused score (score_fusion.py), which needs every E(z_l) and
+      # an exact pass over all L: the ScaNN index holds W alone.
+      self.fusion = score_fusion.LabelTextFusion(float(scoring["label_text_weight"]),
+                                                 float(scoring["label_text_scale"]),
+                                                 model.encoder_cfg.embed_dim)
+      if index == "scann":
+        logging.info("the model mixes label-text similarity into its scores "
+                     "(scoring.label_text_weight=%s): exact search", scoring["label_text_weight"])
+        index = "exact"
+    if index == "exact" and self.fusion is not None:
+      texts = self.encode(self.to_tokens(model.label_texts)[0])
+      self.index = FusedExactLabels(self.fusion, model.classifier, texts)
+    elif index == "exact":
       self.index = ExactLabels(model.classifier)
     elif index == "scann":
       params = serve_index.serving_params(self.num_labels, **(scann_knobs or {}))

@@ -24,8 +24,8 @@ from flax import nnx
 
 from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_budget,
                        device_check, distributed, faults, final_eval, host_memory, knn, loss,
-                       loss_scale, metrics, optim, predict, sharding, sparse_momentum,
-                       sparse_sgd, warmstart)
+                       loss_scale, metrics, optim, sharding, sparse_momentum,
+                       score_fusion, sparse_sgd, warmstart)
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
@@ -265,8 +265,11 @@ def evaluate_model(embed_fn, params, data: dataset.XCData, config, inv_prop,
   emb = embed(embed_fn, params["encoder"], data.test_tokens[:n], config.eval.batch_size)
   filt = data.test_filter[data.test_filter[:, 0] < n]
   k = max(ks) + metrics.max_filtered_per_row(filt)
-  _, ids = predict.topk(emb, params["classifier"][:data.num_labels], k, config.eval.batch_size,
-                        config.eval.label_block)
+  fusion = score_fusion.from_config(config, emb.shape[1])
+  texts = None if fusion is None else embed(embed_fn, params["encoder"], data.label_tokens,
+                                            config.eval.batch_size)
+  _, ids = score_fusion.topk(emb, params["classifier"][:data.num_labels], k,
+                             config.eval.batch_size, config.eval.label_block, fusion, texts)
   ranked = metrics.remove_filtered(ids, filt, max(ks))
   return metrics.as_percent(metrics.compute(ranked, data.test_labels.head(n), inv_prop, ks))
 
@@ -391,12 +394,15 @@ def final_evaluation(embed_fn, params, data: dataset.XCData, config, inv_prop, w
   stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
   host = host_params(params)
   stop = checkpoint.StopSignal()
+  texts = None
+  if score_fusion.from_config(config, 1) is not None:
+    texts = embed(embed_fn, host["encoder"], data.label_tokens, config.eval.batch_size)
   try:
     return final_eval.evaluate(
         lambda rows: embed(embed_fn, host["encoder"], data.test_tokens[rows],
                            config.eval.batch_size),
         host["classifier"][:data.num_labels], data, config, inv_prop, workdir, global_step,
-        lambda: bool(stop.received))
+        lambda: bool(stop.received), texts)
   except final_eval.EvalInterrupted as e:
     raise _preempted(stop, f"({e})", checkpointed) from None
   finally:
@@ -514,6 +520,9 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
+  if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
+    raise InputError(f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
+                     f"the fused score needs label texts, and {data.data_dir} has none")
   if config.warmstart.epochs:
     enc_params = warmstart.run(
         config, graphdef, enc_params, data.train_tokens, data.label_tokens,

@@ -1,5 +1,6 @@
 """The encoder registry and the hashed n-gram bag encoder."""
 import dataclasses
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +13,8 @@ from astra_jax.model import architectures, factory
 from astra_jax.model.interface import QueryEncoder, QueryHead
 from astra_jax.model.ngram_bag import NgramBagEncoder, hashed_ngrams
 from astra_jax.model.ngram_bag_config import NgramBagConfig
-from test_train import _load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_hashed_ngrams_by_hand():
@@ -106,7 +108,7 @@ def token_mean_arch():
 
 
 def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_mean_arch):
-  c = _load_config("experiments/demo.py")
+  c = config_base.load_config(os.path.join(REPO, "experiments/demo.py"))
   c.data.dir = str(tmp_path / "data")
   c.data.synthetic.num_labels, c.data.synthetic.num_train = 60, 400
   c.data.synthetic.num_test = 50

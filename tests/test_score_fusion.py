@@ -1,0 +1,77 @@
+"""The label-text fused score: the blocked top-k against a dense reference."""
+import os
+
+import numpy as np
+import pytest
+
+from astra_jax import config_base, predict, score_fusion, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def test_fused_topk_equals_the_dense_formula():
+  rng = np.random.default_rng(0)
+  emb = rng.normal(size=(37, 6)).astype(np.float32)
+  w = rng.normal(size=(203, 6)).astype(np.float32)
+  z = rng.normal(size=(203, 6)).astype(np.float32)
+  fusion = score_fusion.LabelTextFusion(text_weight=0.4, text_scale=5.0, dim=6)
+  scores, ids = score_fusion.topk(emb, w, 7, query_block=16, label_block=64, fusion=fusion,
+                                  label_text_embeddings=z)
+  cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
+      z / np.linalg.norm(z, axis=1, keepdims=True)).T
+  dense = 0.6 * _sigmoid(emb @ w.T) + 0.4 * _sigmoid(5.0 * cos)
+  want = np.argsort(-dense, axis=1, kind="stable")[:, :7]
+  np.testing.assert_array_equal(ids, want)
+  np.testing.assert_allclose(scores, np.take_along_axis(dense, want, 1), rtol=1e-5)
+
+
+def test_zero_text_weight_ranks_as_the_classifiers():
+  rng = np.random.default_rng(1)
+  emb = rng.normal(size=(20, 4)).astype(np.float32)
+  w = rng.normal(size=(50, 4)).astype(np.float32)
+  off = score_fusion.LabelTextFusion(text_weight=0.0, text_scale=5.0, dim=4)
+  _, fused = score_fusion.topk(emb, w, 5, 8, 16, off, rng.normal(size=(50, 4)))
+  _, plain = predict.topk(emb, w, 5, 8, 16)
+  np.testing.assert_array_equal(fused, plain)
+
+
+def test_from_config():
+  import ml_collections
+  c = ml_collections.ConfigDict({"scoring": {"label_text_weight": 0.0, "label_text_scale": 5.0}})
+  assert score_fusion.from_config(c, 8) is None
+  c.scoring.label_text_weight = 0.5
+  assert score_fusion.from_config(c, 8) == score_fusion.LabelTextFusion(0.5, 5.0, 8)
+
+
+@pytest.mark.slow
+def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
+  """End to end: the warm-start stage, the fused evaluation and a Predictor that ranks by
+  the same formula as a dense recomputation from its own embeddings."""
+  c = config_base.load_config(os.path.join(REPO, "experiments/demo.py"))
+  c.data.dir = str(tmp_path / "data")
+  c.data.synthetic.num_labels, c.data.synthetic.num_train = 80, 600
+  c.data.synthetic.num_test = 60
+  c.encoder.arch, c.encoder.hidden_size = "ngram_bag", 16
+  c.encoder.ngram.hash_buckets = 4096
+  c.warmstart.epochs, c.warmstart.batch_size = 1, 64
+  c.classifier.init = "label_text"
+  c.scoring.label_text_weight, c.scoring.label_text_scale = 0.5, 5.0
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 32, 0
+  c.negatives.k_r, c.negatives.tau_s = 16, 10
+  wd = str(tmp_path / "wd")
+  train.train_and_evaluate(c, wd)
+  assert os.path.isdir(os.path.join(wd, "warmstart"))
+  p = predict.Predictor.from_workdir(wd, index="scann")  # fused: exact search
+  assert p.fusion == score_fusion.LabelTextFusion(0.5, 5.0, 16)
+  texts = p.model.label_texts[:5]
+  out = p.predict(texts, k=4)
+  emb = p.encode(p.to_tokens(texts)[0])
+  z = p.encode(p.to_tokens(p.model.label_texts)[0])
+  cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
+      z / np.linalg.norm(z, axis=1, keepdims=True)).T
+  dense = 0.5 * _sigmoid(emb @ np.asarray(p.model.classifier).T) + 0.5 * _sigmoid(5.0 * cos)
+  np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :4], rtol=1e-4, atol=1e-6)
