@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import config_base, train
+from astra_jax import config_base, train, train_log
 from astra_jax.data import xc_format
 from astra_jax.data.xc_format import SparseRows
 
@@ -233,7 +233,7 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   batches = SimpleNamespace(steps_per_epoch=10, wait_seconds=0.0)
   now = [100.0]
   monkeypatch.setattr(train.time, "time", lambda: now[0])
-  log = train.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
+  log = train_log.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
   log.start(0)
   assert [s for s in range(10) if log.due(s)] == [3, 7, 9]  # every 4 steps and the last
   now[0] += 2.0

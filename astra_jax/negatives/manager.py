@@ -21,6 +21,7 @@ import os
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -70,6 +71,7 @@ class HardNegatives:
     self.queries: np.ndarray | None = None
     self.filled: np.ndarray | None = None
     self.collect_for: int | None = None
+    self._in_flight: tuple[np.ndarray, jax.Array] | None = None  # collect_step's last step
     if schedule.uses_index:
       os.makedirs(self.dir, exist_ok=True)
       self.labels_path = positives_source(train_labels, self.dir)
@@ -171,11 +173,41 @@ class HardNegatives:
     return self.collect_for is not None
 
   def collect(self, rows: np.ndarray, embeddings: np.ndarray) -> None:
+    """Stores host embeddings of training rows for the refresh being collected."""
     self.queries[rows] = embeddings
     self.filled[rows] = True
 
+  def collect_step(self, rows: np.ndarray, pooled: jax.Array) -> None:
+    """A train step's query embeddings (before embedding dropout, on the devices), when
+    this epoch collects them.
+
+    In one process they are stored one step late: the copy to the host starts now and
+    overlaps the next step, and the previous step's arrive here. In several, every process
+    mines for all queries, so they are gathered from all processes now.
+
+    Args:
+      rows: the step's training row ids (B,).
+      pooled: (B, d) E(x) of those rows, as the step returned it.
+    """
+    if not self.collecting:
+      return
+    if jax.process_count() > 1:
+      self.collect(rows, distributed.gather_rows(pooled))
+      return
+    self.collect_pending()
+    pooled.copy_to_host_async()
+    self._in_flight = (rows, pooled)
+
+  def collect_pending(self) -> None:
+    """Stores the step whose embeddings `collect_step` left in flight, if any."""
+    if self._in_flight is not None:
+      rows, pooled = self._in_flight
+      self._in_flight = None
+      self.collect(rows, np.asarray(pooled))
+
   def end_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn) -> None:
     """After the collection epoch: fill rows the epoch skipped, snapshot, launch."""
+    self.collect_pending()
     if self.collect_for is None:
       return
     r, self.collect_for = self.collect_for, None
@@ -231,6 +263,8 @@ class HardNegatives:
 
   # ------------------------------------------------------------------- checkpoints
   def flush(self) -> None:
+    """Everything collected up to the last step on disk (before a checkpoint names it)."""
+    self.collect_pending()
     if self.queries is not None:
       self.queries.flush()
 
