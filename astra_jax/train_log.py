@@ -10,6 +10,7 @@ from absl import logging
 
 from astra_jax import optim
 from astra_jax.data.pipeline import TrainBatches
+from astra_jax.negatives.schedule import NegativeSplit
 
 
 class TrainLog:
@@ -39,7 +40,7 @@ class TrainLog:
             or step + 1 == self.batches.steps_per_epoch)
 
   def report(self, epoch: int, step: int, global_step: int, loss_value: float,
-             negatives: dict, skipped_total: int = 0) -> None:
+             negatives: NegativeSplit, skipped_total: int = 0) -> None:
     """The line for the window that ends after `step`; `skipped_total`: the run's steps
     skipped by dynamic loss scaling so far. Raises FloatingPointError as the class says."""
     dt = max(time.time() - self.t, 1e-9)
@@ -52,7 +53,7 @@ class TrainLog:
     logging.info("epoch %d step %d/%d loss %.4f | %.0f queries/s | input wait %.1f%% | "
                  "lr %.2e/%.2e | negatives %d hard + %d random | ETA %s%s", epoch, step + 1,
                  self.batches.steps_per_epoch, loss_value, qps, 100 * input_wait, lr_e, lr_c,
-                 negatives["num_hard"], negatives["num_random"],
+                 negatives.num_hard, negatives.num_random,
                  time.strftime("%H:%M:%S", time.gmtime(eta)),
                  f" | {skipped} of {n} steps skipped (non-finite float16 gradients; loss "
                  "scale lowered)" if skipped else "")

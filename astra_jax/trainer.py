@@ -23,6 +23,7 @@ from astra_jax.degraded import note_epoch_start
 from astra_jax.embedding import EmbedFn, embed, embed_rows, host_local, host_params
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
+from astra_jax.negatives.schedule import NegativeSplit
 from astra_jax.progress import Progress
 from astra_jax.step_profile import StepProfiler
 from astra_jax.train_log import TrainLog
@@ -122,13 +123,13 @@ class Trainer:
     self._epoch_t0 = time.time()
     first_step, self._resume_step = self._resume_step, 0
     hard, split = self._start_negatives(epoch, first_step)
-    step_fn = p.steps.for_epoch(split["num_hard"])
+    step_fn = p.steps.for_epoch(split.num_hard)
     p.log.start(first_step, self.skipped_steps)
     # At most 2 steps in flight: dispatch stays ahead of the device without the host
     # queueing unboundedly many steps (and their batches) when the input is faster.
     inflight = collections.deque()
     for step, (host_batch, prep_s) in enumerate(
-        p.batches.epoch(epoch, hard, first_step, **split), start=first_step):
+        p.batches.epoch(epoch, hard, first_step, split), start=first_step):
       p.hang_watchdog.kick(f"in epoch {epoch} step {step + 1}")
       key = jax.random.fold_in(self.base_key, prog.global_step)
       profiling = p.profiler.wants(prog.global_step)
@@ -168,7 +169,8 @@ class Trainer:
       self._periodic_evaluation(epoch)
     self._checkpoint_after_epoch(epoch)
 
-  def _start_negatives(self, epoch: int, first_step: int) -> tuple[np.ndarray | None, dict]:
+  def _start_negatives(self, epoch: int, first_step: int
+                       ) -> tuple[np.ndarray | None, NegativeSplit]:
     """Swaps in the epoch's hard negatives (HardNegatives.start_epoch) and records them:
     (hard (N, c) or None, the sampler's split)."""
     p, prog = self.parts, self.progress
@@ -192,7 +194,7 @@ class Trainer:
     if not resumed:
       note_epoch_start(prog.degraded, hard_negatives, refreshes, epoch, pipelined, split)
       prog.negatives_per_epoch.append({
-          "epoch": epoch, "hard": split["num_hard"], "random": split["num_random"],
+          "epoch": epoch, "hard": split.num_hard, "random": split.num_random,
           "source": hard_negatives.current_epoch if hard is not None else None})
     return hard, split
 

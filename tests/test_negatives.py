@@ -8,7 +8,7 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
                                          save_labels)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
 
 def clustered(n_rows, d=32, n_clusters=200, seed=0):
@@ -306,7 +306,7 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   m._commit(1, mined)
   for epoch, h, r in ((2, 2, 4), (3, 3, 3)):
     hard, split = m.start_epoch(epoch, None, None)
-    assert split == {"num_hard": h, "num_random": r, "random_columns": 4}
+    assert split == NegativeSplit(num_hard=h, num_random=r, random_columns=4)
     np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])
 
 

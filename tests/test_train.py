@@ -11,6 +11,7 @@ import pytest
 from astra_jax import config_base, train, train_log
 from astra_jax.data import xc_format
 from astra_jax.data.xc_format import SparseRows
+from astra_jax.negatives.schedule import NegativeSplit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -238,7 +239,7 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   assert [s for s in range(10) if log.due(s)] == [3, 7, 9]  # every 4 steps and the last
   now[0] += 2.0
   batches.wait_seconds = 0.5
-  negatives = {"num_hard": 8, "num_random": 64}
+  negatives = NegativeSplit(num_hard=8, num_random=64, random_columns=64)
   log.report(epoch=0, step=3, global_step=4, loss_value=0.25, negatives=negatives)
   line = json.loads((tmp_path / "metrics.jsonl").read_text())
   # 4 steps x 32 queries in 2 s; 0.5 s of them waiting for input

@@ -30,7 +30,7 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker,
                                          positives_source, run_job)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
 VectorsFn = Callable[[], np.ndarray]            # (L, d) label vectors to index, now
 EmbedFn = Callable[[np.ndarray], np.ndarray]    # training row ids -> (n, d) embeddings, now
@@ -92,10 +92,9 @@ class HardNegatives:
   # ------------------------------------------------------------------------ epochs
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
                   resumed_rows: np.ndarray | None = None
-                  ) -> tuple[np.ndarray | None, dict[str, int]]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, split), split the
-    sampler's num_hard (h), num_random and random_columns (schedule.columns: c >= h hard
-    and random_columns >= num_random columns, the extra ones masked by the sampler).
+                  ) -> tuple[np.ndarray | None, NegativeSplit]:
+    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, the split), c >= h
+    hard columns (schedule.columns; the extra ones masked by the sampler).
 
     resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
     embeddings were collected before the interruption.
@@ -166,7 +165,7 @@ class HardNegatives:
       else:
         self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
                                                  (self.num_rows, self.dim))
-    return hard, {"num_hard": h, "num_random": r, "random_columns": random_columns}
+    return hard, NegativeSplit(h, r, random_columns)
 
   @property
   def collecting(self) -> bool:
