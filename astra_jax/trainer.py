@@ -32,8 +32,8 @@ from astra_jax.watchdog import HangWatchdog
 DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "pos_weight", "hard_ids", "hard_mask",
                 "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
 
-# W = scale * V is folded back into V when the scale falls below this (float32 keeps V's
-# rows accurate while the scale is far from 0).
+# W = scale * V: V's rows grow as 1 / scale while the decay shrinks the scale, so V is
+# folded back into W (scale 1) at a log line once the scale is below this.
 _FOLD_BELOW_SCALE = 1e-2
 
 

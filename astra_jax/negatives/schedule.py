@@ -38,7 +38,6 @@ STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "c
 HARD_ONLY_STRATEGIES = ("uptodate", "w_hard", "e_hard")
 
 
-@dataclasses.dataclass(frozen=True)
 class NegativeSplit(NamedTuple):
   """An epoch's negatives per W shard, as the sampler draws them.
 
@@ -52,6 +51,7 @@ class NegativeSplit(NamedTuple):
   random_columns: int
 
 
+@dataclasses.dataclass(frozen=True)
 class NegativeSchedule:
   strategy: str
   k_h: int
