@@ -326,7 +326,8 @@ def main(argv) -> None:
 
 
 def _define_flags() -> None:
-  # Defined only when run as a program: train.py imports this module next to main.py's flags.
+  # Defined only when run as a program: training imports this module (evaluation.py)
+  # next to main.py's flags.
   from absl import flags
   flags.DEFINE_string("workdir", None, "a training workdir holding model/")
   flags.DEFINE_string("input", None, "queries, one per line (default: stdin)")
