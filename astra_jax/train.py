@@ -231,6 +231,31 @@ def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSch
       threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads))
 
 
+def make_negatives_and_batches(config: ml_collections.ConfigDict, data: dataset.XCData, mesh,
+                               micro_batch: int, dim: int, workdir: str
+                               ) -> tuple[HardNegatives, TrainBatches]:
+  """The refresh manager (the schedule's hard negatives) and the training batches (the
+  sampler's positives, hard and random negatives, this process's token rows)."""
+  nc = config.negatives
+  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
+                              config.train.epochs, nc.curriculum_final_hard_fraction)
+  if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
+    raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
+                     f"but {data.data_dir} has no label texts")
+  sampler = NegativeSampler(
+      data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
+      per_query_random=nc.random_draws == "per_query",
+      all_positives=(max(1, data.train_labels.max_row_length())
+                     if nc.strategy in ("uptodate", "full") else 0))
+  hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
+  accum = config.train.grad_accum_steps
+  batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, config.train.seed,
+                         config.train.prefetch, accum,
+                         sharding.process_token_rows(mesh, accum, micro_batch),
+                         config.train.input_threads)
+  return hard_negatives, batches
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains, evaluates and writes the workdir's files (module docstring); returns the
   results.json record. float32 matmuls run at `encoder.matmul_precision` throughout (a
@@ -248,7 +273,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
-  nc, seed = config.negatives, config.train.seed
+  seed = config.train.seed
 
   # ---- data and model
   data, eval_data = load_splits(config)
@@ -267,22 +292,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size))
 
   # ---- negatives and batches
-  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-                              config.train.epochs, nc.curriculum_final_hard_fraction)
-  if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
-    raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
-                     f"but {data.data_dir} has no label texts")
-  sampler = NegativeSampler(
-      data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
-      per_query_random=nc.random_draws == "per_query",
-      all_positives=(max(1, data.train_labels.max_row_length())
-                     if nc.strategy in ("uptodate", "full") else 0))
-  hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, d, workdir)
-  accum = config.train.grad_accum_steps
-  batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
-                         config.train.prefetch, accum,
-                         sharding.process_token_rows(mesh, accum, micro_batch),
-                         config.train.input_threads)
+  hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d,
+                                                       workdir)
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
 
@@ -332,7 +343,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   trainer.record_eval(config.train.epochs, "test", final)
   breakup = profiler.breakup(progress.step_times, config.train.batch_size)
   results = {
-      "data_dir": os.path.abspath(data.data_dir), "strategy": nc.strategy,
+      "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
       "num_labels": data.num_labels, "num_train": data.num_train_original,
       "num_train_with_label_texts": data.train_labels.num_rows,
       "num_test": data.test_labels.num_rows, "epochs": config.train.epochs,
@@ -345,7 +356,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "evaluations": progress.evals, "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
-      "num_processes": jax.process_count(), "mesh": dict(mesh.shape), "grad_accum_steps": accum,
+      "num_processes": jax.process_count(), "mesh": dict(mesh.shape),
+      "grad_accum_steps": config.train.grad_accum_steps,
       "degraded": progress.degraded.to_json(),
       "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
       "config": json.loads(config.to_json()),
