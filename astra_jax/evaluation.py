@@ -95,7 +95,10 @@ def knn_diagnostic(embed_fn: EmbedFn, params: dict, train_data: dataset.XCData,
   queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))],
                   bs)
   neighbors, sims = knn.embedding_neighbors(queries, keys, k)
-  rank = lambda k_out: knn.vote(neighbors, sims, train_data.train_labels.head(n_train), k_out)
+  train_labels = train_data.train_labels.head(n_train)
+
+  def rank(k_out: int) -> np.ndarray:
+    return knn.vote(neighbors, sims, train_labels, k_out)
   m = rank_filter_score(rank, eval_data.test_labels, eval_data.test_filter, None,
                         tuple(config.eval.ks))
   return {f"kNN-E {name}": v for name, v in m.items() if name.startswith("P@")}
