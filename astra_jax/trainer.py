@@ -29,8 +29,9 @@ from astra_jax.step_profile import StepProfiler
 from astra_jax.train_log import TrainLog
 from astra_jax.watchdog import HangWatchdog
 
+# The host batch's arrays the step reads (it also carries the rows, for the collection).
 DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "pos_weight", "hard_ids", "hard_mask",
-                "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
+               "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
 
 # W = scale * V: V's rows grow as 1 / scale while the decay shrinks the scale, so V is
 # folded back into W (scale 1) at a log line once the scale is below this.
