@@ -63,6 +63,6 @@ def note_epoch_start(degraded: Degraded, hard_negatives, refreshes_before: int, 
       degraded.note("refreshes_late", "negatives: the refresh for epoch %d was late: "
                     "training waited %.1fs for it", epoch, stats["wait_s"])
   wanted, _ = hard_negatives.schedule.split(epoch, True)
-  if wanted and not split["num_hard"]:
+  if wanted and not split.num_hard:
     degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
                   "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)

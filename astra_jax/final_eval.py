@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 from absl import logging
 
-from astra_jax import distributed, metrics, predict
+from astra_jax import distributed, evaluation, metrics
 from astra_jax.data import xc_format
 
 PROGRESS_FILE = "final_eval_progress.json"
@@ -55,15 +55,13 @@ class EvalInterrupted(Exception):
 def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
                inv_prop: np.ndarray, lo: int, hi: int) -> dict[str, float]:
   """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly, filtered."""
-  ks = tuple(config.eval.ks)
   emb = embed_rows(np.arange(lo, hi))
   rows = data.test_filter[:, 0]
   filt = data.test_filter[(rows >= lo) & (rows < hi)] - np.array([lo, 0])
-  k = max(ks) + metrics.max_filtered_per_row(filt)
-  _, ids = predict.topk(emb, classifier, k, config.eval.batch_size, config.eval.label_block)
-  ranked = metrics.remove_filtered(ids, filt, max(ks))
-  return metrics.row_sums(ranked, data.test_labels.row_range(lo, hi), inv_prop, ks)
-
+  rank = evaluation.classifier_ranker(emb, classifier, config.eval.batch_size,
+                                      config.eval.label_block)
+  return evaluation.rank_filter_sums(rank, data.test_labels.row_range(lo, hi), filt, inv_prop,
+                                     tuple(config.eval.ks))
 
 def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
              inv_prop: np.ndarray, workdir: str, global_step: int,

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from astra_jax.model import factory
-from astra_jax import checkpoint, optim, sharding, train
+from astra_jax import checkpoint, optim, sharding, steps, train
 from astra_jax.errors import InputError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +179,7 @@ def _templates(c, mesh, rows):
   _, enc_params = nnx.split(enc, nnx.Param)
   params = {"encoder": enc_params, "classifier": jax.numpy.zeros((rows, enc.cfg.embed_dim))}
   tx = optim.encoder_optimizer(c.optim, 100)
-  return sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
+  return steps.saved_layout(steps.shard_state(steps.init_sparse_state(tx, params), mesh))
 
 
 def test_a_workdir_with_another_config_is_refused(tmp_path, small_synthetic):

@@ -178,7 +178,7 @@ def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
   """Every positive is excluded, also those beyond the k_p the sampler kept."""
   from astra_jax.data.xc_format import SparseRows
   from astra_jax.sampler import NegativeSampler
-  from astra_jax.train import mine_in_step
+  from astra_jax.steps import mine_in_step
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(20, 4)).astype(np.float32)

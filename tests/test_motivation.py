@@ -6,7 +6,7 @@ import pytest
 from flax import nnx
 
 from astra_jax.model import factory
-from astra_jax import config_base, export, loss, reproduce, train
+from astra_jax import config_base, export, loss, reproduce, steps
 from astra_jax.data import label_subset
 from astra_jax.data.dataset import RowConcat, XCData
 from astra_jax.data.xc_format import SparseRows, WithLabelRows
@@ -104,7 +104,7 @@ def test_uptodate_with_no_random_negatives_is_the_hard_only_loss():
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(L, 4)).astype(np.float32)
   device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  mined = train.mine_in_step(jnp.asarray(emb), jnp.asarray(w), device_batch, 2)
+  mined = steps.mine_in_step(jnp.asarray(emb), jnp.asarray(w), device_batch, 2)
   got = float(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), mined))
   scores = emb @ w.T
   want = []

@@ -8,7 +8,7 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
                                          save_labels)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
 
 def clustered(n_rows, d=32, n_clusters=200, seed=0):
@@ -306,7 +306,7 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   m._commit(1, mined)
   for epoch, h, r in ((2, 2, 4), (3, 3, 3)):
     hard, split = m.start_epoch(epoch, None, None)
-    assert split == {"num_hard": h, "num_random": r, "random_columns": 4}
+    assert split == NegativeSplit(num_hard=h, num_random=r, random_columns=4)
     np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])
 
 
@@ -332,3 +332,26 @@ def test_fixed_cost_knobs_keep_rows_per_query_flat():
     assert p.training_sample_size <= 1_000_000
   old = index_lib.scann_defaults(10**7, 50)
   assert index_lib.rows_scored_per_query(10**7, old) >= 10**7 // 3 - 10**7 // old.num_leaves
+
+
+def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(tmp_path):
+  """collect_step takes each step's device embeddings; on one process a step's arrive with
+  the next one (the copy overlaps it), flush() stores the one in flight (a checkpoint's
+  memmap holds every step so far), and rows no step saw are embedded at the epoch's end."""
+  import jax.numpy as jnp
+  make, vectors, embed = _tiny_refresh(tmp_path, tau_r=2, epochs=3)
+  m = make()
+  m.start_epoch(0, vectors, embed)  # epoch 0 collects for the refresh of epoch 2
+  assert m.collecting
+  pooled = np.arange(40, dtype=np.float32).reshape(10, 4) + 100.0  # not what embed gives
+  m.collect_step(np.arange(0, 4), jnp.asarray(pooled[0:4]))
+  assert not m.filled.any()
+  m.collect_step(np.arange(4, 8), jnp.asarray(pooled[4:8]))
+  assert m.filled[:4].all() and not m.filled[4:].any()
+  m.flush()
+  assert m.filled[:8].all() and not m.filled[8:].any()
+  m.end_epoch(0, vectors, embed)
+  queries = np.load(os.path.join(m.dir, "queries_epoch2.npy"))
+  np.testing.assert_array_equal(queries[:8], pooled[:8])
+  np.testing.assert_array_equal(queries[8:], embed(np.arange(8, 10)).astype(np.float32))
+  m.close()

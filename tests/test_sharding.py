@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from astra_jax import loss, loss_scale, optim, sharding, sparse_sgd, train
+from astra_jax import loss, loss_scale, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.sampler import NegativeSampler
@@ -48,23 +48,21 @@ def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=
   return graphdef, enc, oc, batches, w0
 
 
-def _run(step_fn, params, opt_state, batches, put_batch):
+def _run(step_fn, state, batches, put_batch):
   losses = []
   for i, b in enumerate(batches):
-    params, opt_state, value, _ = step_fn(params, opt_state, put_batch(b), jax.random.key(i))
+    state, value, _ = step_fn(state, put_batch(b), jax.random.key(i))
     losses.append(float(value))
-  w = params["classifier"]
-  if "scale" in opt_state:
-    w, _ = sparse_sgd.fold(w, opt_state["scale"])
-  return losses, jax.device_get(params["encoder"]), np.asarray(w)
+  state = steps.fold_classifier(state)
+  return losses, jax.device_get(state.encoder), np.asarray(state.classifier)
 
 
 def _dense_reference(graphdef, enc, oc, batches, w0):
   """The dense optax step (autodiff w.r.t. all of W) on one device."""
   tx = optim.make_optimizer(oc, 10)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  step = train.make_train_step(graphdef, tx)
-  return _run(step, params, tx.init(params), batches,
+  step = steps.make_train_step(graphdef, tx)
+  return _run(step, steps.init_dense_state(tx, params), batches,
               lambda b: {k: jnp.asarray(v) for k, v in b.items()})
 
 
@@ -74,13 +72,12 @@ def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0
   rows = sharding.padded_rows(len(w0), mesh)  # padded rows start at 0, as in the trainer
   w_padded = np.concatenate([w0, np.zeros((rows - len(w0), w0.shape[1]), w0.dtype)])
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w_padded)}
-  params, opt_state = sharding.shard_params(
-      params, train.init_sparse_opt_state(tx, params, init_scale), mesh)
+  state = steps.shard_state(steps.init_sparse_state(tx, params, init_scale), mesh)
   if shape[1] > 1:
-    assert params["classifier"].sharding.spec == jax.sharding.PartitionSpec("model")
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+    assert state.classifier.sharding.spec == jax.sharding.PartitionSpec("model")
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B, scaling)
-  return _run(step, params, opt_state, batches, lambda b: sharding.shard_batch(b, mesh))
+  return _run(step, state, batches, lambda b: sharding.shard_batch(b, mesh))
 
 
 def _assert_same(got, ref, w0):
@@ -152,15 +149,14 @@ def test_step_and_fold_write_w_into_its_own_buffer():
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  params, opt_state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+  state = steps.shard_state(steps.init_sparse_state(tx, params), mesh)
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B)
-  buffer = params["classifier"].unsafe_buffer_pointer()
+  buffer = state.classifier.unsafe_buffer_pointer()
   for i, b in enumerate(batches):
-    params, opt_state, _, _ = step(params, opt_state, sharding.shard_batch(b, mesh),
-                                   jax.random.key(i))
-    assert params["classifier"].unsafe_buffer_pointer() == buffer
-  w, _ = sparse_sgd.fold(params["classifier"], opt_state["scale"])
+    state, _, _ = step(state, sharding.shard_batch(b, mesh), jax.random.key(i))
+    assert state.classifier.unsafe_buffer_pointer() == buffer
+  w = steps.fold_classifier(state).classifier
   assert w.unsafe_buffer_pointer() == buffer
   assert not np.allclose(np.asarray(w), w0)
 
@@ -200,15 +196,13 @@ def test_dynamic_loss_scaling_in_float16():
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  params, state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params, 2.0 ** 40),
-                                        mesh)
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+  state = steps.shard_state(steps.init_sparse_state(tx, params, 2.0 ** 40), mesh)
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B, "dynamic")
-  before = jax.device_get((params, state["encoder"], state["scale"]))
-  params, state, _, _ = step(params, state, sharding.shard_batch(batches[0], mesh),
-                             jax.random.key(0))
-  assert float(state["loss_scale"]["scale"]) == 2.0 ** 39 and int(state["step"]) == 0
-  after = jax.device_get((params, state["encoder"], state["scale"]))
+  before = jax.device_get((state.params, state.opt, state.scale))
+  state, _, _ = step(state, sharding.shard_batch(batches[0], mesh), jax.random.key(0))
+  assert float(state.loss_scale["scale"]) == 2.0 ** 39 and int(state.step) == 0
+  after = jax.device_get((state.params, state.opt, state.scale))
   for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):  # W, encoder, Adam, scale
     np.testing.assert_array_equal(a, b)
   # With a workable scale the float16 step tracks the float32 one.
@@ -252,15 +246,15 @@ def test_full_baseline_step_counts_every_positive_not_only_k_p():
   batch["input_ids"] = rng.integers(1, 40, (1, B, 10)).astype(np.int32)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   tx = optim.make_optimizer(oc, 10)
-  emb, _ = train.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
+  emb, _ = steps.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
                         jax.random.key(0))
   targets = np.zeros((B, L))
   for i, r in enumerate(rows):
     targets[i, r] = 1
   want = float(loss.full_bce(emb, jnp.asarray(w0), jnp.asarray(targets)))
-  step = train.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
-  _, _, value, _ = step(params, tx.init(params), {k: jnp.asarray(v) for k, v in batch.items()},
-                        jax.random.key(0))
+  step = steps.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
+  _, value, _ = step(steps.init_dense_state(tx, params),
+                     {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0))
   np.testing.assert_allclose(float(value), want, rtol=1e-5)
 
 

@@ -5,7 +5,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax import optim, sharding, sparse_sgd, train
+from astra_jax import optim, sharding, sparse_sgd, steps
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.sampler import NegativeSampler
@@ -33,16 +33,16 @@ def test_sparse_step_equals_dense_optax_step():
                                       classifier_momentum=0.0, grad_clip_norm=0.0))
   total = 20
   dense_tx = optim.make_optimizer(oc, total)
-  dense_step = train.make_train_step(graphdef, dense_tx)
+  dense_step = steps.make_train_step(graphdef, dense_tx)
   enc_tx = optim.encoder_optimizer(oc, total)
-  sparse_step = train.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
+  sparse_step = steps.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
                                              oc.classifier_weight_decay,
                                              sharding.make_mesh(1, 1), B)
   copy = lambda t: jax.tree.map(jnp.array, t)
   dense_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
   sparse_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
-  dense_s = dense_tx.init(dense_p)
-  sparse_s = train.init_sparse_opt_state(enc_tx, sparse_p)
+  dense_s = steps.init_dense_state(dense_tx, dense_p)
+  sparse_s = steps.init_sparse_state(enc_tx, sparse_p)
   rng = np.random.default_rng(0)
   labels = SparseRows.from_lists([list(rng.choice(L, 3, replace=False)) for _ in range(64)], L)
   sampler = NegativeSampler(labels, k_p=4, k_h=5, k_r=30)
@@ -53,11 +53,12 @@ def test_sparse_step_equals_dense_optax_step():
     b["input_ids"] = rng.integers(1, 50, (B, 10)).astype(np.int32)
     batch = {k: jnp.asarray(v)[None] for k, v in b.items()}  # one micro-batch
     key = jax.random.key(step)
-    dense_p, dense_s, dl, _ = dense_step(dense_p, dense_s, batch, key)
-    sparse_p, sparse_s, sl, _ = sparse_step(sparse_p, sparse_s, batch, key)
+    dense_s, dl, _ = dense_step(dense_s, batch, key)
+    sparse_s, sl, _ = sparse_step(sparse_s, batch, key)
     np.testing.assert_allclose(sl, dl, rtol=1e-5)
-  assert float(sparse_s["scale"]) < 1.0  # the decay went into the scale
-  w_sparse, _ = sparse_sgd.fold(sparse_p["classifier"], sparse_s["scale"])
+  assert float(sparse_s.scale) < 1.0  # the decay went into the scale
+  w_sparse, _ = sparse_sgd.fold(sparse_s.classifier, sparse_s.scale)
+  dense_p, sparse_p = dense_s.params, sparse_s.params
   np.testing.assert_allclose(w_sparse, dense_p["classifier"], rtol=1e-5, atol=1e-6)
   # Adam divides by sqrt(v): for parameters whose gradient is ~0 (float noise) it turns
   # rounding differences into updates of up to lr, so compare to 2% of one step (lr=1e-2).

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import config_base, train
+from astra_jax import config_base, train, train_log
 from astra_jax.data import xc_format
 from astra_jax.data.xc_format import SparseRows
+from astra_jax.negatives.schedule import NegativeSplit
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -233,13 +234,13 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   c.optim.warmup_steps = 0
   batches = SimpleNamespace(steps_per_epoch=10, wait_seconds=0.0)
   now = [100.0]
-  monkeypatch.setattr(train.time, "time", lambda: now[0])
-  log = train.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
+  monkeypatch.setattr(train_log.time, "time", lambda: now[0])
+  log = train_log.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
   log.start(0)
   assert [s for s in range(10) if log.due(s)] == [3, 7, 9]  # every 4 steps and the last
   now[0] += 2.0
   batches.wait_seconds = 0.5
-  negatives = {"num_hard": 8, "num_random": 64}
+  negatives = NegativeSplit(num_hard=8, num_random=64, random_columns=64)
   log.report(epoch=0, step=3, global_step=4, loss_value=0.25, negatives=negatives)
   line = json.loads((tmp_path / "metrics.jsonl").read_text())
   # No warmup, cosine decay over 20 steps: at step 4, 0.5 (1 + cos(pi 4 / 20)) of the peak.

@@ -9,7 +9,7 @@ At most two negatives files exist: the one in use and the one a worker is writin
 worker runs at a time: with tau_r = 1 a refresh's inputs are ready (end of epoch r - 2)
 before the previous refresh is swapped in (start of r - 1), and its worker starts at that
 swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before a refresh epoch
-to be on disk (train.py), so the newest checkpoint names it only as the negatives of a state
+to be on disk (trainer.py), so the newest checkpoint names it only as the negatives of a state
 that resumes at the start of that refresh epoch, where the refresh runs again from its inputs
 (kept) before any batch needs negatives (`load_state`). Older checkpoints that name it are
 unusable; resume sets them aside and takes the newest one.
@@ -21,6 +21,7 @@ import os
 import time
 from typing import Callable
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -29,7 +30,7 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker,
                                          positives_source, run_job)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
 VectorsFn = Callable[[], np.ndarray]            # (L, d) label vectors to index, now
 EmbedFn = Callable[[np.ndarray], np.ndarray]    # training row ids -> (n, d) embeddings, now
@@ -70,6 +71,7 @@ class HardNegatives:
     self.queries: np.ndarray | None = None
     self.filled: np.ndarray | None = None
     self.collect_for: int | None = None
+    self._in_flight: tuple[np.ndarray, jax.Array] | None = None  # collect_step's last step
     if schedule.uses_index:
       os.makedirs(self.dir, exist_ok=True)
       self.labels_path = positives_source(train_labels, self.dir)
@@ -90,10 +92,9 @@ class HardNegatives:
   # ------------------------------------------------------------------------ epochs
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
                   resumed_rows: np.ndarray | None = None
-                  ) -> tuple[np.ndarray | None, dict[str, int]]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, split), split the
-    sampler's num_hard (h), num_random and random_columns (schedule.columns: c >= h hard
-    and random_columns >= num_random columns, the extra ones masked by the sampler).
+                  ) -> tuple[np.ndarray | None, NegativeSplit]:
+    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, the split), c >= h
+    hard columns (schedule.columns; the extra ones masked by the sampler).
 
     resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
     embeddings were collected before the interruption.
@@ -164,18 +165,48 @@ class HardNegatives:
       else:
         self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
                                                  (self.num_rows, self.dim))
-    return hard, {"num_hard": h, "num_random": r, "random_columns": random_columns}
+    return hard, NegativeSplit(h, r, random_columns)
 
   @property
   def collecting(self) -> bool:
     return self.collect_for is not None
 
   def collect(self, rows: np.ndarray, embeddings: np.ndarray) -> None:
+    """Stores host embeddings of training rows for the refresh being collected."""
     self.queries[rows] = embeddings
     self.filled[rows] = True
 
+  def collect_step(self, rows: np.ndarray, pooled: jax.Array) -> None:
+    """A train step's query embeddings (before embedding dropout, on the devices), when
+    this epoch collects them.
+
+    In one process they are stored one step late: the copy to the host starts now and
+    overlaps the next step, and the previous step's arrive here. In several, every process
+    mines for all queries, so they are gathered from all processes now.
+
+    Args:
+      rows: the step's training row ids (B,).
+      pooled: (B, d) E(x) of those rows, as the step returned it.
+    """
+    if not self.collecting:
+      return
+    if jax.process_count() > 1:
+      self.collect(rows, distributed.gather_rows(pooled))
+      return
+    self.collect_pending()
+    pooled.copy_to_host_async()
+    self._in_flight = (rows, pooled)
+
+  def collect_pending(self) -> None:
+    """Stores the step whose embeddings `collect_step` left in flight, if any."""
+    if self._in_flight is not None:
+      rows, pooled = self._in_flight
+      self._in_flight = None
+      self.collect(rows, np.asarray(pooled))
+
   def end_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn) -> None:
     """After the collection epoch: fill rows the epoch skipped, snapshot, launch."""
+    self.collect_pending()
     if self.collect_for is None:
       return
     r, self.collect_for = self.collect_for, None
@@ -231,6 +262,8 @@ class HardNegatives:
 
   # ------------------------------------------------------------------- checkpoints
   def flush(self) -> None:
+    """Everything collected up to the last step on disk (before a checkpoint names it)."""
+    self.collect_pending()
     if self.queries is not None:
       self.queries.flush()
 

@@ -30,11 +30,25 @@ W at its end, and mines during epoch e-1.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
               "curriculum+e_hard", "uptodate", "full")
 # Strategies that may run with k_r = 0 (hard negatives only, see above).
 HARD_ONLY_STRATEGIES = ("uptodate", "w_hard", "e_hard")
+
+
+class NegativeSplit(NamedTuple):
+  """An epoch's negatives per W shard, as the sampler draws them.
+
+  num_hard: hard negatives that train (h); the batch's hard columns past h are masked.
+  num_random: uniform random draws (r).
+  random_columns: random columns in the batch (>= r; the extra ones masked), so that the
+    batches of every epoch of a curriculum share one shape.
+  """
+  num_hard: int
+  num_random: int
+  random_columns: int
 
 
 @dataclasses.dataclass(frozen=True)
