@@ -51,7 +51,6 @@ GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
 USABLE_FRACTION = 0.9
 DOES_NOT_FIT_EXIT = 3  # --check
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
 XLA_OVERHEAD = 1.25  # see activation_bytes
 
 # Preparation, measured by benchmarks/data_scale.py (SS-20M's label statistics, README
@@ -302,16 +301,14 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   b_enc = math.ceil(micro / G)      # encoder: the micro-batch split over every device
   b_clf = math.ceil(micro / D)      # classifier kernel: the queries of one 'data' group
   nc = config.negatives
-  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-                              config.train.epochs, nc.curriculum_final_hard_fraction)
+  schedule = NegativeSchedule.from_config(config)
   # Per W shard: the step's hard and random columns once hard negatives exist (the
   # curricula's widest split, w_hard / e_hard all hard) and the columns a refresh mines.
   k_p, (k_h, k_r) = nc.k_p, schedule.columns(nc.tau_s, have_hard=True)
   mined = schedule.mined_k() if schedule.uses_index else 0
   T = config.data.max_len
   s = DTYPE_BYTES[enc.dtype]
-  dense = (config.optim.classifier_update == "dense"
-           or nc.strategy in SPARSE_STRATEGIES_EXCLUDED)
+  dense = config.optim.classifier_update == "dense" or schedule.strategy.dense_update_only
   R = -(-L // M)                    # W rows per shard (padded to a multiple of M)
   notes = []
 
@@ -340,9 +337,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                   act, act_formula))
   if dense:
     dev.append(Item("dense W gradient + update", 2 * L * d * 4, "2 x L x d x 4"))
-    if nc.strategy == "uptodate":
+    if schedule.strategy.mined_in_step:
       dev.append(Item("scores over all labels (uptodate)", micro * L * 4, "B x L x 4"))
-    elif nc.strategy == "full":
+    elif schedule.strategy.full_loss:
       blk = config.train.full_label_block
       dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4,
                       "3 x B x block x 4"))

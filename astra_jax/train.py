@@ -34,9 +34,11 @@ from astra_jax.export import load_model, save_trained_model
 from astra_jax.model import encoder_source, pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
+from astra_jax.negatives import strategies
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.strategies import IndexOver
 from astra_jax.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
 from astra_jax.watchdog import HangWatchdog
@@ -484,7 +486,7 @@ def make_steps(config: ml_collections.ConfigDict, graphdef, params: dict, mesh,
                total_steps: int, sparse: bool, steps_per_epoch: int):
   """(params, opt_state, train_step, mining_step): params and optimizer state laid out on
   the mesh, the jitted step, and for `uptodate` the step that mines k_h in the step."""
-  nc = config.negatives
+  nc, strategy = config.negatives, strategies.get(config.negatives.strategy)
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
     beta = config.optim.classifier_momentum
@@ -499,9 +501,9 @@ def make_steps(config: ml_collections.ConfigDict, graphdef, params: dict, mesh,
     tx = optim.make_optimizer(config.optim, total_steps)
     opt_state = tx.init(params)
     train_step = make_train_step(graphdef, tx, 0,
-                                 config.train.full_label_block if nc.strategy == "full" else 0)
+                                 config.train.full_label_block if strategy.full_loss else 0)
   # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
-  mining_step = make_train_step(graphdef, tx, nc.k_h) if nc.strategy == "uptodate" else None
+  mining_step = make_train_step(graphdef, tx, nc.k_h) if strategy.mined_in_step else None
   return params, opt_state, train_step, mining_step
 
 
@@ -551,13 +553,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
   d = encoder.cfg.embed_dim
   nc = config.negatives
-  sparse = config.optim.classifier_update == "sparse" and nc.strategy not in ("uptodate", "full")
+  strategy = strategies.get(nc.strategy)
+  sparse = config.optim.classifier_update == "sparse" and not strategy.dense_update_only
   mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
   num_devices = mesh.devices.size
   device_check.check_mesh(num_devices)
   if num_devices > 1 and not sparse:
     raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
-                     "and a strategy other than uptodate or full")
+                     f"and a strategy that is not dense-only ({nc.strategy} is)")
   accum = config.train.grad_accum_steps
   micro_batch = config.train.batch_size // accum
   if config.train.batch_size % accum or micro_batch % num_devices:
@@ -572,16 +575,15 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       config, rows, d, seed, data.label_tokens,
       lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size))
   params = {"encoder": enc_params, "classifier": w}
-  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-                              config.train.epochs, nc.curriculum_final_hard_fraction)
-  if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
+  schedule = NegativeSchedule.from_config(config)
+  if schedule.index_over is IndexOver.LABEL_TEXT and data.label_tokens is None:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
   sampler = NegativeSampler(
       data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
       per_query_random=nc.random_draws == "per_query",
       all_positives=(max(1, data.train_labels.max_row_length())
-                     if nc.strategy in ("uptodate", "full") else 0))
+                     if strategy.needs_all_positives else 0))
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, d, workdir)
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, seed,
                          config.train.prefetch, accum,
@@ -656,7 +658,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   def vectors_fn():
     """Rows of the shards this process mines for, concatenated (W, or E(z_l) for e_hard)."""
     bounds = hard_negatives.shards
-    if schedule.index_over == "E":
+    if schedule.index_over is IndexOver.LABEL_TEXT:
       rows = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
       return embed(embed_fn, host_local(params["encoder"]), data.label_tokens[rows],
                    config.eval.batch_size)
