@@ -353,7 +353,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   scores = b_clf * kk * (4 + 4 + 1)
   # Row gradients are all-gathered over 'data' (every replica of a shard applies the same
   # update) and kept for all A micro-batches in factored form: per (query, row) an id and
-  # dloss/dscore, per query its embedding (sharding.classifier_grads). The update forms one
+  # dloss/dscore, per query its embedding (classifier.classifier_grads). The update forms one
   # micro-batch's (rows, d) gradients at a time, scaled for the scatter: x 2.
   kept = B * k_row * 8 + B * d * 4 + A * k_once * (d * 4 + 4)
   formed = 2 * (micro * k_row + k_once) * d * 4

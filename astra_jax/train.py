@@ -22,10 +22,10 @@ import optax
 from absl import logging
 from flax import nnx
 
-from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_budget,
-                       device_check, distributed, faults, final_eval, host_memory, knn, loss,
-                       loss_scale, metrics, optim, predict, sharding, sparse_momentum,
-                       sparse_sgd)
+from astra_jax import (baselines, checkpoint, classifier, classifier_init, config_base,
+                       cpu_budget, device_check, distributed, faults, final_eval, host_memory,
+                       knn, loss, loss_scale, metrics, optim, predict, sharding,
+                       sparse_momentum)
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import Degraded, note_epoch_start
@@ -39,7 +39,7 @@ from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.negatives.strategies import IndexOver
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
 from astra_jax.watchdog import HangWatchdog
 
@@ -209,21 +209,21 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
   The encoder runs data-parallel under jit's partitioning; the classifier through
-  `sharding.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
+  `classifier.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
   the (L, d) matrix); the encoder's gradient is the VJP of its forward pass with the
   kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
   sums the encoder gradients and collects the row gradients (factored: dloss/dscore and the
   embeddings, not rows x d), then one Adam step and one
-  `sparse_sgd` step into the donated V. W is the same for all micro-batches, as in the
+  `classifier.classifier_update` step into the donated V. W is the same for all micro-batches, as in the
   dense step. loss_scaling: off | static | dynamic (see loss_scale.py); with dynamic, a step
   with non-finite gradients changes nothing but the scale.
   momentum > 0: SGD with that momentum (decay inside it, as the dense chain), through
-  `sharding.classifier_momentum_update`; W is then V caught up (sparse_momentum.py), not
+  `classifier.classifier_momentum_update`; W is then V caught up (sparse_momentum.py), not
   scale * V.
   opt_state: {"encoder", "scale", "step", "loss_scale"[, "momentum"]}."""
-  grads_kernel = sharding.classifier_grads(mesh, global_batch)
-  update_kernel = (sharding.classifier_momentum_update(mesh, weight_decay, momentum)
-                   if momentum else sharding.classifier_update(mesh, weight_decay))
+  grads_kernel = classifier.classifier_grads(mesh, global_batch)
+  update_kernel = (classifier.classifier_momentum_update(mesh, weight_decay, momentum)
+                   if momentum else classifier.classifier_update(mesh, weight_decay))
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def train_step(params, opt_state, batch, key):
@@ -601,7 +601,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       params["classifier"], opt_state["momentum"] = sparse_momentum.fold(
           params["classifier"], opt_state["momentum"])
     elif sparse:
-      params["classifier"], opt_state["scale"] = sparse_sgd.fold(params["classifier"],
+      params["classifier"], opt_state["scale"] = classifier.fold(params["classifier"],
                                                                  opt_state["scale"])
 
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).

@@ -9,10 +9,10 @@ import optax
 import pytest
 from flax import nnx
 
-from astra_jax import loss, loss_scale, optim, sharding, sparse_sgd, train
+from astra_jax import classifier, loss, loss_scale, optim, sharding, train
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 L, B, D, KH = 64, 16, 8, 3
 
@@ -55,7 +55,7 @@ def _run(step_fn, params, opt_state, batches, put_batch):
     losses.append(float(value))
   w = params["classifier"]
   if "scale" in opt_state:
-    w, _ = sparse_sgd.fold(w, opt_state["scale"])
+    w, _ = classifier.fold(w, opt_state["scale"])
   return losses, jax.device_get(params["encoder"]), np.asarray(w)
 
 
@@ -160,7 +160,7 @@ def test_step_and_fold_write_w_into_its_own_buffer():
     params, opt_state, _, _ = step(params, opt_state, sharding.shard_batch(b, mesh),
                                    jax.random.key(i))
     assert params["classifier"].unsafe_buffer_pointer() == buffer
-  w, _ = sparse_sgd.fold(params["classifier"], opt_state["scale"])
+  w, _ = classifier.fold(params["classifier"], opt_state["scale"])
   assert w.unsafe_buffer_pointer() == buffer
   assert not np.allclose(np.asarray(w), w0)
 

@@ -25,7 +25,7 @@ from typing import Iterator
 import numpy as np
 
 from astra_jax.errors import InputError
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 class TrainBatches:
