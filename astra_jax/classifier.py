@@ -134,6 +134,15 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   return kernel
 
 
+def _rows_and_grads(g: dict) -> tuple[jax.Array, jax.Array]:
+  """One micro-batch's factored row gradients (`classifier_grads`) as (ids (n K + m,),
+  gradients (n K + m, d)): row ids[i, k] gets coef[i, k] * queries[i], then the shared rows."""
+  n, k = g["ids"].shape
+  grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
+  return (jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]]),
+          jnp.concatenate([grads, g["shared_grads"]]))
+
+
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
   """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
   decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
@@ -144,10 +153,7 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
     step = -lr / new_scale
 
     def add_micro_batch(v, g):
-      n, k = g["ids"].shape
-      grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
-      ids = jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]])
-      return add_rows(v, ids, jnp.concatenate([grads, g["shared_grads"]]), step), None
+      return add_rows(v, *_rows_and_grads(g), step), None
 
     v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
     return v, new_scale
@@ -168,11 +174,7 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
 
     def add_micro_batch(carry, g):
       w, state = carry
-      n, k = g["ids"].shape
-      grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
-      ids = jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]])
-      grads = jnp.concatenate([grads, g["shared_grads"]])
-      return sparse_momentum.add_gradients(w, state, ids, grads, lr), None
+      return sparse_momentum.add_gradients(w, state, *_rows_and_grads(g), lr), None
 
     (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
     return w, state

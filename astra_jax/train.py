@@ -37,9 +37,9 @@ from astra_jax.model.weights import load_hf_weights
 from astra_jax.negatives import strategies
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
+from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.negatives.strategies import IndexOver
-from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.step_profile import StepProfiler
 from astra_jax.watchdog import HangWatchdog
 
@@ -214,9 +214,10 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
   sums the encoder gradients and collects the row gradients (factored: dloss/dscore and the
   embeddings, not rows x d), then one Adam step and one
-  `classifier.classifier_update` step into the donated V. W is the same for all micro-batches, as in the
-  dense step. loss_scaling: off | static | dynamic (see loss_scale.py); with dynamic, a step
-  with non-finite gradients changes nothing but the scale.
+  `classifier.classifier_update` step into the donated V. W is the same for all
+  micro-batches, as in the dense step. loss_scaling: off | static | dynamic (see
+  loss_scale.py); with dynamic, a step with non-finite gradients changes nothing but the
+  scale.
   momentum > 0: SGD with that momentum (decay inside it, as the dense chain), through
   `classifier.classifier_momentum_update`; W is then V caught up (sparse_momentum.py), not
   scale * V.

@@ -23,8 +23,8 @@ def test_a_name_is_registered_once():
 
 
 @pytest.mark.parametrize("fields,problem", [
-    (dict(index_over=IndexOver.CLASSIFIER), "without a source|source without hard"),
-    (dict(hard_share=HardShare.FIXED), "without a source"),
+    (dict(index_over=IndexOver.CLASSIFIER), "a hard-negative source but no hard negatives"),
+    (dict(hard_share=HardShare.FIXED), "hard negatives but no source"),
     (dict(hard_share=HardShare.ALL, mined_in_step=True, dense_update_only=True,
           needs_all_positives=True), "fixed k_h hard"),
     (dict(index_over=IndexOver.CLASSIFIER, hard_share=HardShare.FIXED, mined_in_step=True,

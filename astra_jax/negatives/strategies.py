@@ -63,11 +63,11 @@ class Strategy:
 
   def __post_init__(self):
     refreshed = self.index_over is not IndexOver.NOTHING
+    sourced, hard = refreshed or self.mined_in_step, self.hard_share is not HardShare.NONE
     problems = [
         (refreshed and self.mined_in_step, "mines in the step and from an index"),
-        ((refreshed or self.mined_in_step) == (self.hard_share is HardShare.NONE),
-         "has hard negatives without a source (index or in-step mining) or a source without "
-         "hard negatives"),
+        (hard and not sourced, "has hard negatives but no source (index_over or mined_in_step)"),
+        (sourced and not hard, "has a hard-negative source but no hard negatives (hard_share)"),
         (self.mined_in_step and self.hard_share is not HardShare.FIXED,
          "mines in the step, which trains a fixed k_h hard + k_r random split"),
         ((self.mined_in_step or self.full_loss) and not self.dense_update_only,
