@@ -74,6 +74,7 @@ def test_a_registered_strategy_is_validated_and_scheduled_from_its_fields(label_
     config_base.validate(c)
 
 
+@pytest.mark.slow
 def test_a_strategy_registered_in_the_test_trains_end_to_end(label_text_dense, small_synthetic,
                                                               tmp_path, monkeypatch):
   """The new record trains as its fields say: the same run, metric for metric, as the
