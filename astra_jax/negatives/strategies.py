@@ -38,7 +38,7 @@ class Strategy:
 
   Attributes:
     name: the value of `config.negatives.strategy`.
-    description: one line for error messages and the README.
+    description: what the strategy trains with, in one line (its documentation).
     index_over: what the refreshed ANN index holds (NOTHING: no refreshes).
     hard_share: how the negatives per query divide into hard and random from tau_s on.
     mined_in_step: hard negatives are the exact top-k_h under the current W and E(x),
