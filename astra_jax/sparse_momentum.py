@@ -31,7 +31,7 @@ and a gap of any length is as accurate as a short one; the beta mode of a long g
 underflows to 0 exactly as it does in the dense recurrence.
 
 A fold (epoch ends, before anything outside the step reads W) catches every row up, resets
-touched_at to 0 and the table to identities: O(L), like the scale fold of sparse_sgd.py.
+touched_at to 0 and the table to identities: O(L), like the scale fold of classifier.py.
 The table's capacity C (the steps between folds `init` is given) is at least the steps of
 an epoch, so it never fills between the trainer's folds. A step that must change nothing (a dynamic loss-scale overflow) applies
 the identity: every row's state stays what it was.

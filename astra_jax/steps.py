@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx, struct
 
-from astra_jax import loss, loss_scale, sharding, sparse_momentum, sparse_sgd
+from astra_jax import classifier, loss, loss_scale, sharding, sparse_momentum
 from astra_jax.sparse_momentum import MomentumState
 
 
@@ -105,7 +105,7 @@ def fold_classifier(state: TrainState) -> TrainState:
   if state.momentum is not None:
     w, momentum = sparse_momentum.fold(state.classifier, state.momentum)
     return state.replace(classifier=w, momentum=momentum)
-  w, scale = sparse_sgd.fold(state.classifier, state.scale)
+  w, scale = classifier.fold(state.classifier, state.scale)
   return state.replace(classifier=w, scale=scale)
 
 
@@ -224,12 +224,12 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
   The encoder runs data-parallel under jit's partitioning; the classifier through
-  `sharding.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
+  `classifier.classifier_grads` (gradients w.r.t. the gathered rows of W = scale * V, never
   the (L, d) matrix); the encoder's gradient is the VJP of its forward pass with the
   kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
   sums the encoder gradients and collects the row gradients (factored: dloss/dscore and the
-  embeddings, not rows x d), then one Adam step and one `sparse_sgd` step into the donated
-  V. W is the same for all micro-batches, as in the dense step.
+  embeddings, not rows x d), then one Adam step and one `classifier.classifier_update` step
+  into the donated V. W is the same for all micro-batches, as in the dense step.
 
   Args:
     graphdef: the encoder's nnx graph definition.
@@ -241,15 +241,15 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     loss_scaling: off | static | dynamic (loss_scale.py); with dynamic, a step with
       non-finite gradients changes nothing but the scale.
     momentum: > 0: SGD with that momentum (decay inside it, as the dense chain), through
-      `sharding.classifier_momentum_update`; W is then V caught up (sparse_momentum.py),
+      `classifier.classifier_momentum_update`; W is then V caught up (sparse_momentum.py),
       not scale * V.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
     the state donated.
   """
-  grads_kernel = sharding.classifier_grads(mesh, global_batch)
-  update_kernel = (sharding.classifier_momentum_update(mesh, weight_decay, momentum)
-                   if momentum else sharding.classifier_update(mesh, weight_decay))
+  grads_kernel = classifier.classifier_grads(mesh, global_batch)
+  update_kernel = (classifier.classifier_momentum_update(mesh, weight_decay, momentum)
+                   if momentum else classifier.classifier_update(mesh, weight_decay))
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state: TrainState, batch: dict, key: jax.Array):

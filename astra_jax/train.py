@@ -27,9 +27,11 @@ from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
 from astra_jax.model import encoder_source, pretrained
 from astra_jax.model.factory import build_encoder
+from astra_jax.negatives import strategies
 from astra_jax.negatives.manager import HardNegatives
+from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSchedule
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.strategies import IndexOver
 from astra_jax.step_profile import StepProfiler
 from astra_jax.train_log import TrainLog
 from astra_jax.trainer import RunParts, Trainer
@@ -79,9 +81,9 @@ def load_splits(config: ml_collections.ConfigDict) -> tuple[dataset.XCData, data
 
 
 def uses_sparse_step(config: ml_collections.ConfigDict) -> bool:
-  """The sparse ASTRA step, or the dense one (`uptodate` and `full` touch every label)."""
+  """The sparse ASTRA step, or the dense one (a dense-only strategy touches every label)."""
   return (config.optim.classifier_update == "sparse"
-          and config.negatives.strategy not in ("uptodate", "full"))
+          and not strategies.get(config.negatives.strategy).dense_update_only)
 
 
 def check_layout(config: ml_collections.ConfigDict, mesh, sparse: bool) -> int:
@@ -90,7 +92,8 @@ def check_layout(config: ml_collections.ConfigDict, mesh, sparse: bool) -> int:
   device_check.check_mesh(num_devices)
   if num_devices > 1 and not sparse:
     raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
-                     "and a strategy other than uptodate or full")
+                     f"and a strategy that is not dense-only "
+                     f"({config.negatives.strategy} is)")
   accum = config.train.grad_accum_steps
   micro_batch = config.train.batch_size // accum
   if config.train.batch_size % accum or micro_batch % num_devices:
@@ -105,7 +108,7 @@ def make_state_and_steps(config: ml_collections.ConfigDict, graphdef, params: di
                          ) -> tuple[steps.TrainState, steps.Steps]:
   """The train state laid out on the mesh and the run's jitted steps (for `uptodate` also
   the step that mines k_h in the step)."""
-  nc = config.negatives
+  nc, strategy = config.negatives, strategies.get(config.negatives.strategy)
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
     beta = config.optim.classifier_momentum
@@ -119,9 +122,9 @@ def make_state_and_steps(config: ml_collections.ConfigDict, graphdef, params: di
     tx = optim.make_optimizer(config.optim, total_steps)
     state = steps.init_dense_state(tx, params)
     train_step = steps.make_train_step(
-        graphdef, tx, 0, config.train.full_label_block if nc.strategy == "full" else 0)
+        graphdef, tx, 0, config.train.full_label_block if strategy.full_loss else 0)
   # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
-  mining_step = (steps.make_train_step(graphdef, tx, nc.k_h) if nc.strategy == "uptodate"
+  mining_step = (steps.make_train_step(graphdef, tx, nc.k_h) if strategy.mined_in_step
                  else None)
   return state, steps.Steps(train_step, mining_step)
 
@@ -177,16 +180,15 @@ def make_negatives_and_batches(config: ml_collections.ConfigDict, data: dataset.
   """The refresh manager (the schedule's hard negatives) and the training batches (the
   sampler's positives, hard and random negatives, this process's token rows)."""
   nc = config.negatives
-  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-                              config.train.epochs, nc.curriculum_final_hard_fraction)
-  if schedule.uses_index and schedule.index_over == "E" and data.label_tokens is None:
+  schedule = NegativeSchedule.from_config(config)
+  if schedule.index_over is IndexOver.LABEL_TEXT and data.label_tokens is None:
     raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
                      f"but {data.data_dir} has no label texts")
   sampler = NegativeSampler(
       data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
       per_query_random=nc.random_draws == "per_query",
       all_positives=(max(1, data.train_labels.max_row_length())
-                     if nc.strategy in ("uptodate", "full") else 0))
+                     if schedule.strategy.needs_all_positives else 0))
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
   accum = config.train.grad_accum_steps
   batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, config.train.seed,

@@ -24,6 +24,7 @@ from astra_jax.embedding import EmbedFn, embed, embed_rows, host_local, host_par
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSplit
+from astra_jax.negatives.strategies import IndexOver
 from astra_jax.progress import Progress
 from astra_jax.step_profile import StepProfiler
 from astra_jax.train_log import TrainLog
@@ -211,7 +212,7 @@ class Trainer:
     strategies that index label-text embeddings."""
     p = self.parts
     bounds = p.hard_negatives.shards
-    if p.hard_negatives.schedule.index_over == "E":
+    if p.hard_negatives.schedule.index_over is IndexOver.LABEL_TEXT:
       rows = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
       return embed(p.embed_fn, host_local(self.state.encoder), p.data.label_tokens[rows],
                    self.config.eval.batch_size)

@@ -189,7 +189,7 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   queue (TrainBatches.wait_seconds) against wall time."""
   from astra_jax.data.pipeline import TrainBatches
   from astra_jax.data.xc_format import SparseRows
-  from astra_jax.sampler import NegativeSampler
+  from astra_jax.negatives.sampler import NegativeSampler
   mesh, state, step = astra_setup(cfg)
   rng = np.random.default_rng(0)
   n = F.batch_size * (F.steps + 3)

@@ -11,7 +11,7 @@ from astra_jax.data import label_subset
 from astra_jax.data.dataset import RowConcat, XCData
 from astra_jax.data.xc_format import SparseRows, WithLabelRows
 from astra_jax.errors import InputError
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 L = 8
 TRAIN_ROWS = [[0, 3], [1], [2, 5, 7], [4], [6, 1], [3, 4], [7], [5, 0]]

@@ -9,6 +9,7 @@ from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
                                          save_labels)
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
+from astra_jax.negatives.strategies import IndexOver, get as strategy
 
 
 def clustered(n_rows, d=32, n_clusters=200, seed=0):
@@ -94,7 +95,8 @@ def test_scann_defaults_scale_with_labels():
     (4, 10, 6, [4], [None] * 4 + [4, 4]),
 ])
 def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
-  s = NegativeSchedule("random+w_hard", k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r, epochs=epochs)
+  s = NegativeSchedule(strategy("random+w_hard"), k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r,
+                       epochs=epochs)
   assert s.refresh_epochs == refreshes
   assert [s.source(e) for e in range(epochs)] == sources
   for e in range(epochs):
@@ -108,24 +110,25 @@ def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
 
 
 def test_strategies_keep_the_number_of_negatives():
-  for strategy in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-                   "curriculum+e_hard", "uptodate"):
-    s = NegativeSchedule(strategy, k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
+  for name in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
+               "curriculum+e_hard", "uptodate"):
+    s = NegativeSchedule(strategy(name), k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
     for e in range(8):
       h, r = s.split(e, have_hard=True)
       assert h + r == 50 and h <= max(s.mined_k(), 10)
-  assert NegativeSchedule("w_hard", 10, 40, 2, 2, 8).split(3, True) == (50, 0)
+  assert NegativeSchedule(strategy("w_hard"), 10, 40, 2, 2, 8).split(3, True) == (50, 0)
   # The curriculum's hard share: 10/50 at tau_s = 2, 0.5 x 50 at the last epoch (7).
-  for strategy, over in (("curriculum", "W"), ("curriculum+e_hard", "E")):
-    c = NegativeSchedule(strategy, 10, 40, 2, 2, 8)
+  for name, over in (("curriculum", IndexOver.CLASSIFIER),
+                     ("curriculum+e_hard", IndexOver.LABEL_TEXT)):
+    c = NegativeSchedule(strategy(name), 10, 40, 2, 2, 8)
     assert [c.split(e, True)[0] for e in range(8)] == [0, 0, 10, 13, 16, 19, 22, 25]
     assert c.index_over == over and c.mined_k() == 25
     # ... while its batches keep one shape from tau_s on: 25 hard + 40 random columns.
     assert [c.columns(e, True) for e in range(8)] == [(0, 50)] * 2 + [(25, 40)] * 6
     assert c.columns(3, False) == (0, 50)
-  assert NegativeSchedule("random+w_hard", 10, 40, 2, 2, 8).columns(3, True) == (10, 40)
-  assert NegativeSchedule("random", 10, 40, 2, 2, 8).refresh_epochs == []
-  assert NegativeSchedule("e_hard", 10, 40, 2, 2, 8).index_over == "E"
+  assert NegativeSchedule(strategy("random+w_hard"), 10, 40, 2, 2, 8).columns(3, True) == (10, 40)
+  assert NegativeSchedule(strategy("random"), 10, 40, 2, 2, 8).refresh_epochs == []
+  assert NegativeSchedule(strategy("e_hard"), 10, 40, 2, 2, 8).index_over is IndexOver.LABEL_TEXT
 
 
 def _job_inputs(tmp_path, epoch=3, k=8, backend="exact", fault=""):
@@ -197,7 +200,8 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   from astra_jax.negatives.manager import HardNegatives
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=1, tau_r=1, epochs=4)
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=1, tau_r=1,
+                              epochs=4)
 
   def manager(workdir, shards):
     bounds = [[s * 12 // shards, (s + 1) * 12 // shards] for s in range(shards)]
@@ -227,7 +231,7 @@ def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
   from astra_jax.negatives.manager import HardNegatives
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
                               epochs=epochs)
   rng = np.random.default_rng(0)
   w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
@@ -299,7 +303,7 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
   # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
-  schedule = NegativeSchedule("curriculum", k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
+  schedule = NegativeSchedule(strategy("curriculum"), k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
   m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact",
                     shards=[[0, 6], [6, 12]], num_shards=2)
   mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))

@@ -3,7 +3,7 @@ import pytest
 
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def make(n=50, batch=8, seed=0, **kw):

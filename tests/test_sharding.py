@@ -12,7 +12,7 @@ from flax import nnx
 from astra_jax import loss, loss_scale, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 L, B, D, KH = 64, 16, 8, 3
 

@@ -5,18 +5,18 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax import optim, sharding, sparse_sgd, steps
+from astra_jax import classifier, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def test_update_by_hand_with_duplicate_ids():
   v = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
   ids = jnp.array([0, 2, 0])
   g = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-  v2, s2 = sparse_sgd.sgd_update(v, jnp.float32(1.0), ids, g, jnp.float32(0.1), 0.5)
-  w = np.asarray(sparse_sgd.fold(v2, s2)[0])
+  v2, s2 = classifier.sgd_update(v, jnp.float32(1.0), ids, g, jnp.float32(0.1), 0.5)
+  w = np.asarray(classifier.fold(v2, s2)[0])
   # Dense: W <- (1 - 0.1 * 0.5) W - 0.1 * G, G[0] = (2, 1), G[2] = (0, 1), G[1] = 0
   want = 0.95 * np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) - 0.1 * np.array([[2, 1], [0, 0], [0, 1]])
   np.testing.assert_allclose(w, want, rtol=1e-6)
@@ -57,7 +57,7 @@ def test_sparse_step_equals_dense_optax_step():
     sparse_s, sl, _ = sparse_step(sparse_s, batch, key)
     np.testing.assert_allclose(sl, dl, rtol=1e-5)
   assert float(sparse_s.scale) < 1.0  # the decay went into the scale
-  w_sparse, _ = sparse_sgd.fold(sparse_s.classifier, sparse_s.scale)
+  w_sparse, _ = classifier.fold(sparse_s.classifier, sparse_s.scale)
   dense_p, sparse_p = dense_s.params, sparse_s.params
   np.testing.assert_allclose(w_sparse, dense_p["classifier"], rtol=1e-5, atol=1e-6)
   # Adam divides by sqrt(v): for parameters whose gradient is ~0 (float noise) it turns

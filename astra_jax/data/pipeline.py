@@ -25,8 +25,8 @@ from typing import Iterator
 import numpy as np
 
 from astra_jax.errors import InputError
+from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSplit
-from astra_jax.sampler import NegativeSampler
 
 
 class TrainBatches:

@@ -340,7 +340,7 @@ class HardNegatives:
     self.deferred.clear()
 
   def summary(self) -> dict:
-    return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
+    return {"strategy": self.schedule.strategy.name, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
 
