@@ -12,7 +12,6 @@ import numpy_bert
 from astra_jax import export, metrics, predict, train
 from astra_jax.data import xc_format
 from astra_jax.model.weights import hf_name
-from test_train import REPO, _load_config
 
 
 def test_blocked_topk_equals_dense_ranking():
@@ -33,10 +32,10 @@ def test_k_larger_than_labels():
 
 # ---------------------------------------------------------------- a trained tiny demo
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, load_config):
   """(workdir, data dir): the demo config shrunk to 200 labels, trained for 2 epochs."""
   root = tmp_path_factory.mktemp("serve")
-  c = _load_config("experiments/demo.py")
+  c = load_config("experiments/demo.py")
   c.data.dir = str(root / "data")
   c.data.synthetic.num_labels = 200
   c.data.synthetic.num_train = 2000
@@ -200,7 +199,7 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
     exact.predict(good, k=0)
 
 
-def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
+def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   wd, data = trained
   queries = _test_texts(data, 20)
   lines = [q.encode() for q in queries[:10]] + [b"", b"caf\xe9 bad", b"x " * 3000] + \
@@ -208,7 +207,7 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
   (tmp_path / "q.txt").write_bytes(b"\n".join(lines) + b"\n")
   cmd = [sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=5",
          f"--input={tmp_path / 'q.txt'}", "--batch_size=7"]
-  r = subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=300)
+  r = subprocess.run(cmd, cwd=repo_root, capture_output=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   got = [json.loads(l) for l in r.stdout.decode().splitlines()]
   want = scann.predict(lines, k=5)
@@ -226,22 +225,22 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
   assert "truncated" in got[12]["warning"]
   # stdin, exact search: the same labels as the exact API.
   r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=3",
-                      "--exact"], cwd=REPO, input=b"\n".join(lines[:3]), capture_output=True,
+                      "--exact"], cwd=repo_root, input=b"\n".join(lines[:3]), capture_output=True,
                      timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   ex = predict.Predictor.from_workdir(wd, index="exact").predict(lines[:3], k=3)
   assert [json.loads(l)["ids"] for l in r.stdout.decode().splitlines()] == ex.ids.tolist()
 
 
-def test_workdir_without_a_finished_model(tmp_path):
+def test_workdir_without_a_finished_model(tmp_path, repo_root):
   with pytest.raises(export.ModelNotFoundError, match=f"{tmp_path}/model does not exist"):
     predict.Predictor.from_workdir(str(tmp_path))
   (tmp_path / "model").mkdir()  # what a crash before the final rename could never leave,
   (tmp_path / "model" / "classifier.npy").write_bytes(b"")  # but a hand-made one can
-  with pytest.raises(export.ModelNotFoundError, match="model.json is missing"):
+  with pytest.raises(export.ModelNotFoundError, match=r"model\.json is missing"):
     predict.Predictor.from_workdir(str(tmp_path))
   r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={tmp_path}"],
-                     cwd=REPO, input=b"q\n", capture_output=True, timeout=300)
+                     cwd=repo_root, input=b"q\n", capture_output=True, timeout=300)
   assert r.returncode == 1 and b"error: no finished model in workdir" in r.stderr
   assert str(tmp_path).encode() in r.stderr
 
