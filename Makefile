@@ -1,13 +1,14 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   trains + evaluates on the embedded synthetic demo and prints a results table
 #   make test   runs the test suite
-# Both create .venv and install what they need on first use.
+#   make lint   checks the code against ruff.toml
+# Each creates .venv and installs what it needs on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdir/demo
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(VENV)/.installed: setup.py setup.cfg Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+# ruff.toml's rules (the code is not run through `ruff format`).
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) workdir
