@@ -25,7 +25,7 @@ import shutil
 import sys
 from typing import Callable
 
-# --- the paper's numbers (astra.tex) -----------------------------------------------------
+# --- the paper's numbers (its tables) -----------------------------------------------------
 
 # tab:rq3, LF-AmazonTitles-131K column: strategy -> (P@1, P@5).
 # Our "curriculum" is the paper's "curriculum learning (w hard)", "curriculum+e_hard" its
