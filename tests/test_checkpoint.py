@@ -34,6 +34,7 @@ def _wait_for_checkpoint(workdir, proc, after=()):
   raise AssertionError(proc.stdout.read()[-3000:])
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path, demo_command):
   # The reference runs beside the interrupted one.
   ref = _start(demo_command, tmp_path / "ref", tmp_path / "data_ref")
@@ -65,6 +66,7 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   assert b["negatives"]["per_epoch"] == a["negatives"]["per_epoch"]
 
 
+@pytest.mark.slow
 def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
     tmp_path, monkeypatch, small_synthetic):
   """The epoch-end save is asynchronous; the next refresh deletes the hard negatives and
@@ -117,6 +119,7 @@ def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
   assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
 
 
+@pytest.mark.slow
 def test_checkpoint_moves_between_meshes(tmp_path, small_synthetic):
   c = small_synthetic(strategy="random")
   c.train.epochs = 1
@@ -255,6 +258,7 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
     stop.restore()
 
 
+@pytest.mark.slow
 def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
   """uptodate and full train with optax's own state (not the sparse step's dict)."""
   c = small_synthetic(strategy="full")

@@ -108,6 +108,7 @@ def test_when_no_checkpoint_restores_the_run_stops_naming_the_workdir(tmp_path):
   assert os.listdir(tmp_path / "checkpoints" / "damaged") == ["1"]
 
 
+@pytest.mark.slow
 def test_a_truncated_file_or_a_missing_commit_marker_resumes_from_the_previous_checkpoint(
     reference, tmp_path, demo_command):
   ref, data = reference
@@ -143,6 +144,7 @@ def _mount_tmpfs(path, size: str) -> bool:
                         capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_in_one_line_and_the_same_command_finishes_once_space_is_freed(
     reference, tmp_path, demo_command):
   ref, data = reference
@@ -208,6 +210,7 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(t
 
 
 # ------------------------------------------------------------------- no silent fallback
+@pytest.mark.slow
 def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_written(
     tmp_path, monkeypatch, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="raise")  # epoch 2's fails

@@ -60,6 +60,7 @@ def _test_texts(data_dir, n=None):
   return xc_format.read_texts(os.path.join(data_dir, "tst_X.txt"))[:n]
 
 
+@pytest.mark.slow
 def test_training_exports_a_self_contained_model(trained):
   wd, data = trained
   m = os.path.join(wd, "model")
@@ -77,6 +78,7 @@ def test_training_exports_a_self_contained_model(trained):
   assert mode("encoder.safetensors") == mode("classifier.npy") == mode("model.json")
 
 
+@pytest.mark.slow
 def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   # ScaNN cannot partition 12 rows into its 16 leaves: such a model is searched exactly.
   small = dataclasses.replace(exact.model, classifier=exact.model.classifier[:12])
@@ -86,6 +88,7 @@ def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   assert ids.shape == (1, 5) and (ids >= 0).all() and (ids < 12).all()
 
 
+@pytest.mark.slow
 def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   """Tokens as training cached them, a numpy BERT over the exported weights, a dense
   ranking over the exported W: the predictor's exact path must give the same top-k."""
@@ -114,6 +117,7 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   assert got.labels[3] == [labels[j] for j in want[3]]
 
 
+@pytest.mark.slow
 def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   _, data = trained
   texts = _test_texts(data)
@@ -129,6 +133,7 @@ def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   np.testing.assert_allclose(a.scores[both, 0], b.scores[both, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   wd, _ = trained
   index_dir = os.path.join(wd, "model", "scann")
@@ -153,6 +158,7 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   np.testing.assert_array_equal(rebuilt.predict(texts).ids, other.predict(texts).ids)
 
 
+@pytest.mark.slow
 def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained, exact):
   wd, data = trained
   p = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 1, "reorder": 10})
@@ -168,6 +174,7 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
   np.testing.assert_allclose(s, es, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scann_build_is_deterministic(trained, exact):
   from astra_jax.negatives.index import ScannIndex
   from astra_jax.serve_index import serving_params
@@ -178,6 +185,7 @@ def test_scann_build_is_deterministic(trained, exact):
   np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
   good = ["pesi zeka rode", "lelu bemuti kimo"]
   long = " ".join(["pesi zeka rode"] * 5000)
@@ -199,6 +207,7 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
     exact.predict(good, k=0)
 
 
+@pytest.mark.slow
 def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   wd, data = trained
   queries = _test_texts(data, 20)
@@ -245,6 +254,7 @@ def test_workdir_without_a_finished_model(tmp_path, repo_root):
   assert str(tmp_path).encode() in r.stderr
 
 
+@pytest.mark.slow
 def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeypatch):
   wd, _ = trained
   model = export.load_model(wd)

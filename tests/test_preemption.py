@@ -39,6 +39,7 @@ def _same_run(got, want):
   assert got["steps"] == want["steps"]
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_run(
     tmp_path, monkeypatch):
   c = _config(tmp_path)

@@ -5,6 +5,8 @@ import pytest
 
 from astra_jax import baselines, train
 
+pytestmark = pytest.mark.slow
+
 
 def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"

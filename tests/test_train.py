@@ -12,6 +12,7 @@ from astra_jax import config_base, train
 from astra_jax.data import xc_format
 
 
+@pytest.mark.slow
 def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
@@ -40,6 +41,7 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   assert any(l["kind"] == "train" for l in lines) and lines[-1]["kind"] == "eval"
 
 
+@pytest.mark.slow
 def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path, ngame_dataset, repo_root):
   d = tmp_path / "ds"
   ngame_dataset(d)
@@ -58,6 +60,7 @@ def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path, ngame_dataset, 
   assert res["P@1"] > res["popularity_baseline"]["P@1"] + 20
 
 
+@pytest.mark.slow
 def test_xc_text_default_uses_pretrained_minilm(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"
   ngame_dataset(d, n_train=480, n_test=100)
@@ -107,6 +110,7 @@ def test_validation_names_the_field():
     config_base.validate(c)
 
 
+@pytest.mark.slow
 def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -130,6 +134,7 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
+@pytest.mark.slow
 def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="kill")
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -140,6 +145,7 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_syn
   assert r["steps"] == 4 * (3300 // 64)
 
 
+@pytest.mark.slow
 def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthetic):
   # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
   c = small_synthetic(tau_s=1, tau_r=1)
@@ -165,6 +171,7 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthe
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]
 
 
+@pytest.mark.slow
 def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
   # (1, 8): 300 labels padded to 304 rows, 8 shards of 38, one index per shard; gradient
   # accumulation over 2 micro-batches of 32 queries (4 per device).
