@@ -7,6 +7,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdir/demo
+# Two pytest workers (pytest-xdist); a file's tests stay on one worker, so a module's
+# fixtures (a trained model, a reference run) are built once. `make test PYTEST_WORKERS=`
+# runs the suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: demo test lint install clean
 
@@ -25,7 +29,7 @@ demo: $(VENV)/.installed
 	$(PY) -m astra_jax.main --config=experiments/demo.py --workdir=$(WORKDIR)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
 
 # ruff.toml's rules (the code is not run through `ruff format`).
 lint: $(VENV)/.installed
