@@ -6,8 +6,8 @@ is not worth its training time.
 
 - popularity: every query gets the most frequent training labels;
 - TF-IDF kNN: char 2-4-gram TF-IDF (scikit-learn's TfidfVectorizer: within-word n-grams,
-  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training points vote for their labels with
-  their similarity (`astra_jax.knn.vote`);
+  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training
+  points vote for their labels with their similarity (`astra_jax.knn.vote`);
 - label-text TF-IDF (when label texts exist): labels ranked by the cosine of the query's
   TF-IDF vector with their text's.
 

@@ -30,7 +30,7 @@ from astra_jax import classifier, host_memory, loss, sharding
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def astra_step():
   """The trainer's sparse classifier step (1 x 1 mesh), W and scale donated."""
   mesh = sharding.make_mesh(1, 1)

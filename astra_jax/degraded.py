@@ -36,7 +36,7 @@ class Degraded:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_json(cls, record: dict | None) -> "Degraded":
+  def from_json(cls, record: dict | None) -> Degraded:
     """A saved record (None: a checkpoint written before there was one)."""
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: int(v) for k, v in (record or {}).items() if k in known})

@@ -2,7 +2,7 @@
 classifier's initialisation. Multi-process runs compute on each process's own copy."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -8,7 +8,7 @@ metrics.py scores the top max(ks).
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

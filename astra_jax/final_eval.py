@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
@@ -36,7 +36,7 @@ class EvalProgress:
       json.dump(dataclasses.asdict(self), f)
 
   @classmethod
-  def load(cls, path: str, global_step: int) -> "EvalProgress":
+  def load(cls, path: str, global_step: int) -> EvalProgress:
     """The record at `path` if it belongs to `global_step`, else a fresh start."""
     try:
       with open(path) as f:

@@ -52,7 +52,7 @@ class Progress:
     return {"version": VERSION, **json.loads(json.dumps(record))}
 
   @classmethod
-  def from_json(cls, record: dict) -> "Progress":
+  def from_json(cls, record: dict) -> Progress:
     """The record `to_json` (or an older version, module docstring) wrote.
 
     Raises:

@@ -11,7 +11,8 @@ counts every step (it never skips) and it has no momentum state of its own.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

@@ -53,7 +53,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
     batch = make_batch(L, rng)
-    w = lambda: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
+    w = lambda L=L: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
     cases = {"plain": (plain, [w(), jnp.float32(1.0)]),
              "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)])}
     row = {"num_labels": L, "beta": FLAGS.beta}

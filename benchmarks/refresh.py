@@ -94,7 +94,8 @@ def main(_):
       worker = RefreshWorker()
       t0 = time.time()
       worker.start(job, os.path.join(d, "job.json"))
-      busy, state = step_throughput(step, state, batch, 1e9, stop=lambda: worker.proc.poll() is not None)
+      busy, state = step_throughput(step, state, batch, 1e9,
+                                    stop=lambda worker=worker: worker.proc.poll() is not None)
       stats = worker.wait()
       row = {"num_labels": L, "num_queries": F.num_queries, "k_h": F.k_h, "backend": F.backend,
              "build_s": stats["build_s"], "search_s": stats["search_s"],

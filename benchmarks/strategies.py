@@ -36,7 +36,8 @@ def main(_):
     jsonl.emit(row, F.out)
   print("\n| strategy | P@1 | P@5 | train s |\n|---|---|---|---|")
   for row in rows:
-    print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} | {row['train_time_s']:.0f} |")
+    print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} "
+          f"| {row['train_time_s']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ machine load (medians over the rounds; the ratios are what to compare on a share
 Encoder: the all-MiniLM-L6-v2 shape (6 layers, hidden 384, 12 heads, FFN 1536, vocab
 30522), batch 256 x 32 tokens, random weights (no model hub is needed for timing).
 
-Model FLOPs per step (`EncoderConfig.train_step_gflop` plus the classifier; matmuls only; layer norms, softmax, GELU, embedding scatter, dropout
-and the optimizer are not counted), with n = B*T tokens, h hidden, I FFN width, l layers:
+Model FLOPs per step (`EncoderConfig.train_step_gflop` plus the classifier; matmuls only;
+layer norms, softmax, GELU, embedding scatter, dropout and the optimizer are not counted),
+with n = B*T tokens, h hidden, I FFN width, l layers:
   forward  = l * (2*n*4*h*h + 2*n*2*h*I + 2*2*B*T*T*h)   [Q,K,V,O; FFN in/out; QK^T and PV]
            + 2*B*h*d                                        [bottleneck, when d != h]
            + 2*B*(k_p + k_h)*d + 2*B*k_r*d                  [classifier scores, astra only]

@@ -40,7 +40,8 @@ def test_sums_of_blocks_are_the_scores_of_the_whole():
   sums = {}
   for lo, hi in ((0, 4), (4, 10)):
     in_block = filter_pairs[(filter_pairs[:, 0] >= lo) & (filter_pairs[:, 0] < hi)]
-    block = evaluation.rank_filter_sums(lambda k: ranked[lo:hi, :k], truth.row_range(lo, hi),
+    block = evaluation.rank_filter_sums(lambda k, lo=lo, hi=hi: ranked[lo:hi, :k],
+                                        truth.row_range(lo, hi),
                                         in_block - [lo, 0], inv_prop, (1, 3, 5))
     sums = {key: sums.get(key, 0.0) + v for key, v in block.items()}
 

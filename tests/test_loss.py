@@ -82,7 +82,7 @@ def _full_bce_rows(w, emb, labels):
 @pytest.mark.parametrize("num_shards,per_query", [(1, False), (3, False), (1, True), (3, True)])
 def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   # With W split into shards, each shard has its own hard block and its own draws over its
-  # rows with weight L_s / k_r (DESIGN §1); the sum over shards is unbiased.
+  # rows with weight L_s / k_r (docs/DESIGN.md, section 1); the sum over shards is unbiased.
   L, k_r, k_h, M = 60, 8, 4, 6000
   w, emb, labels, hard = _setup(L)
   R = L // num_shards

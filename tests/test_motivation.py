@@ -82,7 +82,7 @@ def test_k_r_zero_only_where_hard_negatives_stand_alone():
   for strategy in ("uptodate", "w_hard", "e_hard"):
     config_base.validate(_config(strategy, 200, 0))
   for strategy in ("random+w_hard", "random", "curriculum", "full"):
-    with pytest.raises(InputError, match="negatives.k_r"):
+    with pytest.raises(InputError, match=r"negatives\.k_r"):
       config_base.validate(_config(strategy, 200, 0))
   with pytest.raises(InputError, match="k_h \\+ k_r"):
     config_base.validate(_config("uptodate", 0, 0))

@@ -1,13 +1,15 @@
 """Hard-negative mining, the Algorithm-1 schedule and the refresh worker."""
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
 
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
-                                         save_labels)
+from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, load_labels,
+                                         run_job, save_labels)
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 from astra_jax.negatives.strategies import IndexOver, get as strategy
 
@@ -158,7 +160,8 @@ def test_worker_gives_the_same_negatives_as_a_synchronous_refresh(tmp_path, back
   assert stats["epoch"] == 3 and stats["build_s"] >= 0 and 0 <= stats["recall"] <= 1
 
 
-@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"), ("kill", "killed by signal 9")])
+@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"),
+                                            ("kill", "killed by signal 9")])
 def test_failing_worker_is_reported_and_writes_nothing(tmp_path, fault, message):
   job = _job_inputs(tmp_path, fault=fault)
   worker = RefreshWorker()
@@ -275,7 +278,7 @@ def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_p
   b.start_epoch(4, vectors, embed)
   np.testing.assert_array_equal(b.current, mined_4)
   # Inside an epoch the negatives are needed as they are: their loss is an error.
-  with pytest.raises(RefreshFailed, match="hard_epoch3.npy: the checkpoint's hard negatives"):
+  with pytest.raises(RefreshFailed, match=r"hard_epoch3\.npy: the checkpoint's hard negatives"):
     b.load_state(saved[4], resumes_at=(3, 5))
   b.close()
 
@@ -359,3 +362,29 @@ def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(t
   np.testing.assert_array_equal(queries[:8], pooled[:8])
   np.testing.assert_array_equal(queries[8:], embed(np.arange(8, 10)).astype(np.float32))
   m.close()
+
+
+def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_path):
+  # Sent at once after the fork, before the worker's own code runs: the mask it inherits
+  # keeps the signal pending until it is ignored. Its thread pools follow job.threads.
+  job = _job_inputs(tmp_path, backend="scann")
+  job.threads = 2
+  worker = RefreshWorker()
+  worker.start(job, str(tmp_path / "job.json"))
+  os.kill(worker.proc.pid, signal.SIGTERM)
+  os.kill(worker.proc.pid, signal.SIGINT)
+  proc = f"/proc/{worker.proc.pid}"
+  for _ in range(200):  # until the child has exec'd the worker (its environment before is ours)
+    with open(f"{proc}/cmdline", "rb") as f:
+      if b"astra_jax.negatives.refresh" in f.read():
+        break
+    time.sleep(0.01)
+  with open(f"{proc}/environ", "rb") as f:
+    environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+  assert environ[b"OPENBLAS_NUM_THREADS"] == environ[b"OMP_NUM_THREADS"] == b"2"
+  stats = worker.wait()
+  assert stats["epoch"] == job.epoch
+  reference = RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
+                            "stats_path": str(tmp_path / "sync.json")})
+  run_job(reference)
+  np.testing.assert_array_equal(np.load(job.out_path), np.load(reference.out_path))

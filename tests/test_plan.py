@@ -296,6 +296,7 @@ def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
     assert name in msg, name
 
 
+@pytest.mark.slow
 def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   from astra_jax import train
   c = load_config("experiments/ss20m.py", "synthetic,2e-5")

@@ -3,7 +3,6 @@ without gradient accumulation; fp16 loss scaling skips overflowing steps and res
 gradients that would underflow."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -11,41 +10,8 @@ from flax import nnx
 
 from astra_jax import loss, loss_scale, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.sampler import NegativeSampler
-
-L, B, D, KH = 64, 16, 8, 3
-
-
-def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False,
-           num_labels=L, k_p=4):
-  cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
-                      intermediate_size=16, max_position=16, embedding_dropout=dropout,
-                      hidden_dropout=0.1 if dropout else 0.0,
-                      attention_dropout=0.1 if dropout else 0.0, dtype=dtype)
-  graphdef, enc = nnx.split(Encoder(cfg, nnx.Rngs(0)), nnx.Param)
-  oc = ml_collections.ConfigDict(dict(encoder_lr=1e-2, classifier_lr=0.5, warmup_steps=1,
-                                      encoder_weight_decay=0.0, classifier_weight_decay=0.05,
-                                      classifier_momentum=0.0, grad_clip_norm=0.0))
-  rng = np.random.default_rng(0)
-  n = num_labels
-  labels = SparseRows.from_lists([list(rng.choice(n, 3, replace=False)) for _ in range(40)], n)
-  sampler = NegativeSampler(labels, k_p=k_p, k_h=KH, k_r=24, num_shards=num_shards,
-                            per_query_random=per_query)
-  R = -(-n // num_shards)  # rows per shard of the padded W; the last shard's real: n - s R
-  batches = []
-  for _ in range(3):
-    rows = rng.choice(40, B, replace=False)
-    # hard negatives grouped by shard, as the per-shard indexes return them
-    hard = np.concatenate([s * R + rng.choice(min(R, n - s * R), (B, KH))
-                           for s in range(num_shards)], 1)
-    parts = [sampler(r, rng, h) for r, h in zip(np.split(rows, micro_batches),
-                                                np.split(hard, micro_batches))]
-    b = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
-    b["input_ids"] = rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32)
-    batches.append(b)
-  w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (n, D)))
-  return graphdef, enc, oc, batches, w0
+from tiny_step import B, KH, L, problem
 
 
 def _run(step_fn, state, batches, put_batch):
@@ -93,14 +59,14 @@ def _assert_same(got, ref, w0):
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_sharded_step_equals_dense_single_device_step(shape):
   assert jax.device_count() == 8
-  setup = _setup(num_shards=shape[1])
+  setup = problem(num_shards=shape[1])
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
 def test_kept_positives_weighted_in_the_sharded_step():
   # Rows with 3 positives, k_p = 2: the sampler keeps 2 with weight 3/2; the model-parallel
   # kernel must weight them as the dense estimator does.
-  setup = _setup(num_shards=4, k_p=2)
+  setup = problem(num_shards=4, k_p=2)
   assert np.all(setup[3][0]["pos_weight"] == 1.5)
   _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
@@ -108,13 +74,13 @@ def test_kept_positives_weighted_in_the_sharded_step():
 @pytest.mark.parametrize("per_query", [False, True])
 def test_padded_last_shard_equals_dense_step(per_query):
   """61 labels on 4 shards of 16 rows: the last shard has 13 real rows and 3 padded."""
-  setup = _setup(num_shards=4, per_query=per_query, num_labels=61)
+  setup = problem(num_shards=4, per_query=per_query, num_labels=61)
   _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
-  setup = _setup(num_shards=shape[1], per_query=True)
+  setup = problem(num_shards=shape[1], per_query=True)
   assert setup[3][0]["rand_ids"].shape == (1, B, shape[1] * 24)
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
@@ -135,7 +101,7 @@ def _with_masked_columns(batch, num_shards, extra):
 @pytest.mark.parametrize("per_query", [False, True])
 def test_masked_columns_leave_the_step_unchanged(per_query):
   """The curricula pad their batches to one width with masked columns (sampler.py)."""
-  graphdef, enc, oc, batches, w0 = setup = _setup(num_shards=4, per_query=per_query)
+  graphdef, enc, oc, batches, w0 = setup = problem(num_shards=4, per_query=per_query)
   padded = [_with_masked_columns(b, 4, extra=3) for b in batches]
   assert padded[0]["hard_ids"].shape[-1] == 4 * (KH + 3)
   got = _sparse(graphdef, enc, oc, padded, w0, (2, 4))
@@ -145,7 +111,7 @@ def test_masked_columns_leave_the_step_unchanged(per_query):
 def test_step_and_fold_write_w_into_its_own_buffer():
   """The trainer advises W's buffer once (host_memory.back_with_huge_pages): the donated
   step and the fold must keep writing into that buffer, not a new one."""
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=1, per_query=True)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=1, per_query=True)
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
@@ -163,8 +129,8 @@ def test_step_and_fold_write_w_into_its_own_buffer():
 
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
 def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0,
-                                          per_query=per_query)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=2, dropout=0.0,
+                                           per_query=per_query)
   got = _sparse(graphdef, enc, oc, batches, w0, shape)
   # Independent reference: autodiff of the mean over both micro-batches of the estimator,
   # written out here without the step's scan, then the optax chain.
@@ -189,7 +155,7 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
 
 
 def test_dynamic_loss_scaling_in_float16():
-  setup = _setup(num_shards=1, dtype="float16")
+  setup = problem(num_shards=1, dtype="float16")
   # A scale so large that float16 cotangents overflow: the first steps are skipped and
   # the scale halves until they fit; nothing changes on a skipped step.
   graphdef, enc, oc, batches, w0 = setup
@@ -206,7 +172,7 @@ def test_dynamic_loss_scaling_in_float16():
   for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):  # W, encoder, Adam, scale
     np.testing.assert_array_equal(a, b)
   # With a workable scale the float16 step tracks the float32 one.
-  f32 = _sparse(*_setup(num_shards=1), (1, 1))
+  f32 = _sparse(*problem(num_shards=1), (1, 1))
   scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)
   np.testing.assert_allclose(scaled[0], f32[0], rtol=2e-2)
   np.testing.assert_allclose(scaled[2], f32[2], atol=2e-2)
@@ -217,7 +183,7 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
   # cotangents fall below float16's smallest subnormal (6e-8) and flush to zero without
   # scaling, so Adam leaves those entries where they were; scaled by 2^15 they survive.
   def encoder_after_two_steps(dtype, scaling, init_scale):
-    graphdef, enc, oc, batches, w0 = _setup(num_shards=1, dtype=dtype)
+    graphdef, enc, oc, batches, w0 = problem(num_shards=1, dtype=dtype)
     before = jax.tree.leaves(jax.device_get(enc))
     # the first step has lr 0 (warmup), the second moves the encoder
     after = jax.tree.leaves(_sparse(graphdef, enc, oc, batches[:2], 1e-3 * w0, (1, 1),
@@ -237,7 +203,7 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
 def test_full_baseline_step_counts_every_positive_not_only_k_p():
   # Rows with 5 positives, k_p = 2: the full-L step's loss is eq. 1 with all 5 as positives
   # (the 3 not sampled into pos_ids must not be trained as negatives).
-  graphdef, enc, oc, _, w0 = _setup(num_shards=1, dropout=0.0)
+  graphdef, enc, oc, _, w0 = problem(num_shards=1, dropout=0.0)
   rng = np.random.default_rng(1)
   rows = [list(rng.choice(L, 5, replace=False)) for _ in range(B)]
   sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4,

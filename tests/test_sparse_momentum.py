@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from astra_jax import checkpoint, optim, sharding, sparse_momentum, steps, train
-from test_sharding import B, L, _setup
+from tiny_step import B, L, problem
 
 BETA, WD = 0.9, 0.05
 
 
 def _dense_transitions(lrs, wd, beta):
-  """A_t of each step in float64 (the module docstring's definition, written out)."""
+  """A_t of each step in float64 (docs/DESIGN.md, section 3, written out)."""
   return [np.array([[1 - lr * wd, -lr * beta], [wd, beta]]) for lr in lrs]
 
 
@@ -104,7 +104,7 @@ STEPS, RESUME_AT = 54, 27
 
 
 def _untouched_stretches(batches, num_shards, rng):
-  """STEPS batches from test_sharding's setup in which rows 0, 1 of each W shard are not
+  """STEPS batches from tiny_step.problem in which rows 0, 1 of each W shard are not
   touched after step 3 and rows 2, 3 only every 17th step: their ids are moved to the
   shard's free rows, so every hard and random negative stays in its shard's block."""
   rows = -(-L // num_shards)
@@ -128,8 +128,8 @@ def _run(step_fn, state, batches, put, start=0, stop=STEPS):
 
 @pytest.mark.parametrize("shape,micro_batches", [((1, 1), 2), ((2, 4), 2)])
 def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, tmp_path):
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=micro_batches,
-                                          per_query=True)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=micro_batches,
+                                           per_query=True)
   oc.classifier_momentum, oc.classifier_lr, oc.warmup_steps = BETA, 0.3, 5
   batches = _untouched_stretches(batches, shape[1], np.random.default_rng(1))
   fresh = lambda: {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
@@ -207,6 +207,7 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   assert int(got.period_step) == 5
 
 
+@pytest.mark.slow
 def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(
     tmp_path, small_synthetic):
   """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it

@@ -18,7 +18,8 @@ def test_update_by_hand_with_duplicate_ids():
   v2, s2 = classifier.sgd_update(v, jnp.float32(1.0), ids, g, jnp.float32(0.1), 0.5)
   w = np.asarray(classifier.fold(v2, s2)[0])
   # Dense: W <- (1 - 0.1 * 0.5) W - 0.1 * G, G[0] = (2, 1), G[2] = (0, 1), G[1] = 0
-  want = 0.95 * np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) - 0.1 * np.array([[2, 1], [0, 0], [0, 1]])
+  g = np.array([[2, 1], [0, 0], [0, 1]])
+  want = 0.95 * np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) - 0.1 * g
   np.testing.assert_allclose(w, want, rtol=1e-6)
 
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 
@@ -41,7 +41,8 @@ class TrainBatches:
     self.wait_seconds = 0.0  # consumer time blocked on the next batch, all epochs
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
-      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
+      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} "
+                       "training rows")
     if batch_size % micro_batches:
       raise InputError(f"config.train.batch_size={batch_size} is not divisible by "
                        f"config.train.grad_accum_steps={micro_batches}")

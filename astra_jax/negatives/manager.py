@@ -37,6 +37,24 @@ EmbedFn = Callable[[np.ndarray], np.ndarray]    # training row ids -> (n, d) emb
 
 
 class HardNegatives:
+  """The refresh manager: the hard negatives each epoch trains with, and the refreshes
+  that mine them (see the module docstring for the files and their lifetimes).
+
+  Args:
+    schedule: which epochs collect, refresh and swap, and how many negatives they mine.
+    workdir: the run's workdir (files go to its `negatives/`).
+    train_labels: the training rows' positives (removed from the mined negatives).
+    dim: d, the width of the collected query embeddings.
+    backend: the index ("auto", "scann" or "exact"; negatives/index.py).
+    scann_knobs: overrides of the ScaNN defaults (negatives/index.py).
+    recall_sample: queries whose recall against exact search each refresh reports.
+    seed: the refreshes' seed (refresh e uses seed + e).
+    inject_fault: a fault for the first refresh (tests and benchmarks/faults.py).
+    shards: each W shard's global row range [lo, hi) (default: one shard over all labels).
+    shard_ids: the shards this process mines for (default: all).
+    num_shards: the shards of the whole run.
+    threads: each worker's thread budget (cpu_budget.refresh_threads; 0: the default).
+  """
 
   def __init__(self, schedule: NegativeSchedule, workdir: str, train_labels: SparseRows,
                dim: int, backend: str = "auto", scann_knobs: dict | None = None,
@@ -93,14 +111,23 @@ class HardNegatives:
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
                   resumed_rows: np.ndarray | None = None
                   ) -> tuple[np.ndarray | None, NegativeSplit]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, the split), c >= h
-    hard columns (schedule.columns; the extra ones masked by the sampler).
+    """Swaps in the negatives `epoch` trains with, waiting for its refresh if it has one,
+    and starts collecting embeddings when `epoch` is a collection epoch.
 
-    resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
-    embeddings were collected before the interruption.
-
-    Raises RefreshInterrupted when a stop is requested while it waits for the refresh
-    (nothing changed: the refresh stays pending, its worker running until `close`)."""
+    Args:
+      epoch: the epoch about to start.
+      vectors_fn: W (or the label embeddings) to index now, for a refresh run in place.
+      embed_fn: embeddings of training rows now, for a refresh run in place.
+      resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
+        embeddings were collected before the interruption.
+    Returns:
+      (hard negatives (N, c) or None, split): split is the sampler's num_hard (h),
+      num_random and random_columns (schedule.columns: c >= h hard and random_columns >=
+      num_random columns, the extra ones masked by the sampler).
+    Raises:
+      RefreshInterrupted: a stop was requested while it waited for the refresh (nothing
+        changed: the refresh stays pending, its worker running until `close`).
+    """
     if epoch in self.deferred:  # (not reached by the schedule: its swap launches it)
       self.deferred.remove(epoch)
       self._launch(epoch)
@@ -172,7 +199,12 @@ class HardNegatives:
     return self.collect_for is not None
 
   def collect(self, rows: np.ndarray, embeddings: np.ndarray) -> None:
-    """Stores host embeddings of training rows for the refresh being collected."""
+    """Records a step's query embeddings for the refresh being collected for.
+
+    Args:
+      rows: (b,) training row ids of the step's queries.
+      embeddings: (b, d) their E(x), on the host.
+    """
     self.queries[rows] = embeddings
     self.filled[rows] = True
 
@@ -205,7 +237,14 @@ class HardNegatives:
       self.collect(rows, np.asarray(pooled))
 
   def end_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn) -> None:
-    """After the collection epoch: fill rows the epoch skipped, snapshot, launch."""
+    """After a collection epoch: embeds the rows the epoch skipped, snapshots the label
+    vectors and launches the refresh (or defers it while another one runs).
+
+    Args:
+      epoch: the epoch that ended.
+      vectors_fn: the label vectors to index (W), now.
+      embed_fn: embeddings of training rows, now.
+    """
     self.collect_pending()
     if self.collect_for is None:
       return
@@ -268,6 +307,7 @@ class HardNegatives:
       self.queries.flush()
 
   def state_dict(self) -> dict:
+    """The JSON-ready record a checkpoint keeps (`load_state` reads it back)."""
     # File names only: the workdir may be reached by another path after a move or resume.
     name = lambda p: os.path.basename(p) if p else None
     return {"current_path": name(self.current_path), "current_epoch": self.current_epoch,
@@ -340,6 +380,7 @@ class HardNegatives:
     self.deferred.clear()
 
   def summary(self) -> dict:
+    """results.json's "negatives": the schedule's numbers and every refresh's record."""
     return {"strategy": self.schedule.strategy.name, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
