@@ -13,7 +13,6 @@ from astra_jax.model import architectures, factory
 from astra_jax.model.interface import QueryEncoder, QueryHead
 from astra_jax.model.ngram_bag import NgramBagEncoder, hashed_ngrams
 from astra_jax.model.ngram_bag_config import NgramBagConfig
-from test_train import _load_config
 
 
 def test_hashed_ngrams_by_hand():
@@ -106,8 +105,10 @@ def token_mean_arch():
   del architectures._REGISTRY[arch.name]
 
 
-def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_mean_arch):
-  c = _load_config("experiments/demo.py")
+@pytest.mark.slow
+def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_mean_arch,
+                                                                load_config):
+  c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
   c.data.synthetic.num_labels, c.data.synthetic.num_train = 60, 400
   c.data.synthetic.num_test = 50
