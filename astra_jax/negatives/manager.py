@@ -8,18 +8,18 @@ use), and per refresh the inputs `vectors_epoch{e}.npy`, `queries_epoch{e}.npy` 
 At most two negatives files exist: the one in use and the one a worker is writing. One
 worker runs at a time: with tau_r = 1 a refresh's inputs are ready (end of epoch r - 2)
 before the previous refresh is swapped in (start of r - 1), and its worker starts at that
-swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before a refresh epoch
-to be on disk (trainer.py), so the newest checkpoint names it only as the negatives of a state
-that resumes at the start of that refresh epoch, where the refresh runs again from its inputs
-(kept) before any batch needs negatives (`load_state`). Older checkpoints that name it are
-unusable; resume sets them aside and takes the newest one.
+swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before
+a refresh epoch to be on disk (trainer.py), so the newest checkpoint names it only as the
+negatives of a state that resumes at the start of that refresh epoch, where the refresh runs
+again from its inputs (kept) before any batch needs negatives (`load_state`). Older
+checkpoints that name it are unusable; resume sets them aside and takes the newest one.
 """
 from __future__ import annotations
 
 import glob
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np

@@ -142,7 +142,8 @@ class NegativeSchedule:
     if self.is_curriculum:
       last = max(self.epochs - 1, self.tau_s + 1)
       f0 = self.k_h / self.total
-      f = f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s) / (last - self.tau_s)
+      f = (f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s)
+           / (last - self.tau_s))
       h = min(self.mined_k(), max(0, round(f * self.total)))
       return h, self.total - h
     return self.k_h, self.k_r
