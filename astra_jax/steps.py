@@ -78,7 +78,7 @@ def init_sparse_state(tx_encoder: optax.GradientTransformation, params: dict,
     momentum_steps: > 0 adds the classifier's momentum state (sparse_momentum.py) for folds
       at least every that many steps.
   Returns:
-    The state on the devices `params` are on (sharding.shard_state lays it out).
+    The state on the devices `params` are on (`shard_state` lays it out on the mesh).
   """
   momentum = (sparse_momentum.init(*params["classifier"].shape, momentum_steps)
               if momentum_steps else None)
