@@ -1,13 +1,18 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   trains + evaluates on the embedded synthetic demo and prints a results table
 #   make test   runs the test suite
-# Both create .venv and install what they need on first use.
+#   make lint   checks the code against ruff.toml
+# Each creates .venv and installs what it needs on first use.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 WORKDIR ?= workdir/demo
+# Two pytest workers (pytest-xdist); a file's tests stay on one worker, so a module's
+# fixtures (a trained model, a reference run) are built once. `make test PYTEST_WORKERS=`
+# runs the suite in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(VENV)/.installed: setup.py setup.cfg Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +29,11 @@ demo: $(VENV)/.installed
 	$(PY) -m astra_jax.main --config=experiments/demo.py --workdir=$(WORKDIR)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
+
+# ruff.toml's rules (the code is not run through `ruff format`).
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
 
 clean:
 	rm -rf $(VENV) workdir

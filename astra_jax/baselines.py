@@ -6,8 +6,8 @@ is not worth its training time.
 
 - popularity: every query gets the most frequent training labels;
 - TF-IDF kNN: char 2-4-gram TF-IDF (scikit-learn's TfidfVectorizer: within-word n-grams,
-  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training points vote for their labels with
-  their similarity (`astra_jax.knn.vote`);
+  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training
+  points vote for their labels with their similarity (`astra_jax.knn.vote`);
 - label-text TF-IDF (when label texts exist): labels ranked by the cosine of the query's
   TF-IDF vector with their text's.
 
@@ -23,9 +23,9 @@ import os
 import sys
 
 import numpy as np
-from absl import flags
+from absl import flags, logging
 
-from astra_jax import cli, knn, metrics
+from astra_jax import cli, evaluation, knn
 from astra_jax.data import dataset, validation, xc_format
 from astra_jax.data.xc_format import SparseRows
 
@@ -84,15 +84,13 @@ def load_texts(data_dir: str, layout: str = "auto", use_content: bool = False,
                   test_filter, num_labels)
 
 
-def _score(ranked: np.ndarray, data: TextData, ks: tuple[int, ...]) -> dict[str, float]:
-  ranked = metrics.remove_filtered(ranked, data.test_filter, max(ks))
-  return metrics.as_percent(metrics.compute(ranked, data.test_labels, None, ks))
+def _score(rank: evaluation.Ranker, data: TextData, ks: tuple[int, ...]) -> dict[str, float]:
+  return evaluation.rank_filter_score(rank, data.test_labels, data.test_filter, None, ks)
 
 
 def popularity(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
-  k = max(ks) + metrics.max_filtered_per_row(data.test_filter)
-  top = np.argsort(-data.train_labels.column_counts(), kind="stable")[:k]
-  return _score(np.broadcast_to(top, (data.test_labels.num_rows, len(top))), data, ks)
+  return _score(evaluation.popularity_ranker(data.train_labels, data.test_labels.num_rows),
+                data, ks)
 
 
 def _vectorizer():
@@ -123,8 +121,7 @@ def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K
   train = vec.fit_transform(data.train_texts)
   test = vec.transform(data.test_texts)
   neighbors, sims = _sparse_topk(test, train, k)
-  k_out = max(ks) + metrics.max_filtered_per_row(data.test_filter)
-  return _score(knn.vote(neighbors, sims, data.train_labels, k_out), data, ks)
+  return _score(lambda k_out: knn.vote(neighbors, sims, data.train_labels, k_out), data, ks)
 
 
 def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
@@ -132,9 +129,20 @@ def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[st
   vec = _vectorizer()
   vec.fit(data.train_texts + data.label_texts)
   labels = vec.transform(data.label_texts)
-  ids, _ = _sparse_topk(vec.transform(data.test_texts), labels,
-                        max(ks) + metrics.max_filtered_per_row(data.test_filter))
-  return _score(ids, data, ks)
+  queries = vec.transform(data.test_texts)
+  return _score(lambda k: _sparse_topk(queries, labels, k)[0], data, ks)
+
+
+def for_training_run(config) -> dict:
+  """`eval.tfidf_baseline`: {"tfidf_knn_baseline": metrics} on the run's test split, when
+  scikit-learn is installed ({} otherwise or when off)."""
+  if not config.eval.tfidf_baseline:
+    return {}
+  if not sklearn_available():
+    logging.warning("eval.tfidf_baseline: scikit-learn is not installed; skipped")
+    return {}
+  texts = load_texts(config.data.dir, config.data.layout, config.data.use_content)
+  return {"tfidf_knn_baseline": tfidf_knn(texts, tuple(config.eval.ks))}
 
 
 def run_all(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, dict[str, float]]:

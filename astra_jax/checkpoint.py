@@ -1,11 +1,12 @@
 """Checkpoints (orbax) and exact resume.
 
 A checkpoint is the train state (params: encoder + V; optimizer state: Adam, the
-classifier's scale and step, the loss scale, with classifier momentum its velocity, the
-step each row is current at and the catch-up table, sparse_momentum.py) saved with orbax's StandardSave (sharded,
-asynchronous, written to a temporary directory and renamed when complete), plus a JSON
-`progress` record: epoch, step within the epoch, global step, training seconds, the
-evaluations so far and the hard-negative state (file in use, pending refresh, collection).
+classifier's scale and step, the loss scale, with classifier momentum its velocity, the step
+each row is current at and the catch-up table, sparse_momentum.py) saved with orbax's
+StandardSave (sharded, asynchronous, written to a temporary directory and renamed when
+complete), plus a JSON `progress` record: epoch, step within the epoch, global step,
+training seconds, the evaluations so far and the hard-negative state (file in use, pending
+refresh, collection).
 RNG state needs nothing more: batch i of epoch e and step t's dropout key are pure
 functions of (seed, e, i) and (seed, t).
 
@@ -35,7 +36,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

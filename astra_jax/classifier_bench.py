@@ -25,16 +25,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from astra_jax import host_memory, loss, sharding
+from astra_jax import classifier, host_memory, loss, sharding
 
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def astra_step():
   """The trainer's sparse classifier step (1 x 1 mesh), W and scale donated."""
   mesh = sharding.make_mesh(1, 1)
-  grads, update = sharding.classifier_grads(mesh, B), sharding.classifier_update(mesh, WD)
+  grads, update = classifier.classifier_grads(mesh, B), classifier.classifier_update(mesh, WD)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(v, scale, emb, batch):
@@ -67,7 +67,7 @@ def code_fingerprint() -> str:
   """A hash of the code a measurement runs (this file and the step's modules): a cached
   measurement by other code is stale (astra_jax/reproduce reruns it)."""
   h = hashlib.sha256()
-  for module in (sys.modules[__name__], loss, sharding, sharding.sparse_sgd):
+  for module in (sys.modules[__name__], loss, sharding, classifier):
     with open(module.__file__, "rb") as f:
       h.update(f.read())
   return h.hexdigest()[:16]

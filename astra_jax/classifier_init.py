@@ -10,7 +10,8 @@ sampled or predicted.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import ml_collections
 import numpy as np

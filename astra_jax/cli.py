@@ -19,7 +19,7 @@ import ast
 import logging as py_logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from absl import app, flags
 from absl import logging

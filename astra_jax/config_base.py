@@ -14,7 +14,8 @@ from astra_jax import classifier_init
 from astra_jax.data import dataset, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import architectures, encoder_source
-from astra_jax.negatives.schedule import HARD_ONLY_STRATEGIES, STRATEGIES
+from astra_jax.negatives import strategies
+from astra_jax.negatives.strategies import HardShare
 
 # encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
 MATMUL_PRECISIONS = ("default", "high", "highest")
@@ -100,7 +101,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder.ngram.normalize_scale = 10.0  # E(x) scaled to this L2 norm; 0: not normalised
 
   c.negatives = ml_collections.ConfigDict()
-  c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/schedule.py
+  c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/strategies.py
   c.negatives.k_p = 7              # positives per query (padded with a mask)
   c.negatives.k_h = 50             # hard negatives per query
   c.negatives.k_r = 400            # random negatives per query (per W shard)
@@ -241,11 +242,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"{c.data.synthetic.hidden_own_words}")
   need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",
        f"unknown layout {c.data.layout!r}")
-  need(c.negatives.strategy in STRATEGIES, "negatives.strategy",
-       f"unknown strategy {c.negatives.strategy!r}; choose from {', '.join(STRATEGIES)}")
+  strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
   need(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
-  if c.negatives.strategy in HARD_ONLY_STRATEGIES:
+  if strategy.allows_hard_only:
     # k_r = 0: hard negatives only, the paper's Figure 1 oracle and stale strategy (the
     # estimator then has no random term: the biased hard-only objective).
     need(c.negatives.k_r >= 0, "negatives.k_r", f"must be >= 0, got {c.negatives.k_r}")
@@ -255,8 +255,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   else:
     need(c.negatives.k_r >= 1, "negatives.k_r",
          f"must be >= 1, got {c.negatives.k_r} (0 only with strategy "
-         f"{', '.join(HARD_ONLY_STRATEGIES)}: hard negatives alone)")
-  if c.negatives.strategy.startswith("curriculum"):
+         f"{', '.join(strategies.names(lambda s: s.allows_hard_only))}: hard negatives alone)")
+  if strategy.hard_share is HardShare.CURRICULUM:
     # The hard share rises from k_h / (k_h + k_r) at tau_s: the batches keep k_r random
     # columns, and the total per query stays k_h + k_r.
     first = c.negatives.k_h / (c.negatives.k_h + c.negatives.k_r)
@@ -283,10 +283,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(0 <= c.optim.classifier_momentum < 1, "optim.classifier_momentum",
        f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}")
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
-  dense = c.optim.classifier_update == "dense" or c.negatives.strategy in ("uptodate", "full")
+  dense = c.optim.classifier_update == "dense" or strategy.dense_update_only
   need(not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
        "encoder.dtype", "float16 needs loss scaling, which only the sparse step does; the "
-       "dense update (optim.classifier_update=dense, strategy uptodate or full) runs in "
+       "dense update (optim.classifier_update=dense, or a dense-only strategy: " +
+       ", ".join(strategies.names(lambda s: s.dense_update_only)) + ") runs in "
        "float32 or bfloat16")
   need(c.optim.classifier_lr * c.optim.classifier_weight_decay < 1,
        "optim.classifier_weight_decay", f"classifier_lr x classifier_weight_decay = "

@@ -36,7 +36,7 @@ class Degraded:
     return dataclasses.asdict(self)
 
   @classmethod
-  def from_json(cls, record: dict | None) -> "Degraded":
+  def from_json(cls, record: dict | None) -> Degraded:
     """A saved record (None: a checkpoint written before there was one)."""
     known = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: int(v) for k, v in (record or {}).items() if k in known})
@@ -63,6 +63,6 @@ def note_epoch_start(degraded: Degraded, hard_negatives, refreshes_before: int, 
       degraded.note("refreshes_late", "negatives: the refresh for epoch %d was late: "
                     "training waited %.1fs for it", epoch, stats["wait_s"])
   wanted, _ = hard_negatives.schedule.split(epoch, True)
-  if wanted and not split["num_hard"]:
+  if wanted and not split.num_hard:
     degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
                   "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)

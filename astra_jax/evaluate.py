@@ -15,7 +15,7 @@ import sys
 import numpy as np
 from absl import flags
 
-from astra_jax import cli, metrics, metrics_table
+from astra_jax import cli, evaluation, metrics, metrics_table
 from astra_jax.data import xc_format
 
 
@@ -39,11 +39,9 @@ def evaluate_files(pred: str, truth: str, train: str, filter_path: str | None, A
                                   f"{truth_m.num_rows}")
   filt = (xc_format.read_filter(filter_path, truth_m.num_rows, truth_m.num_cols)
           if filter_path else np.zeros((0, 2), np.int64))
-  kmax = max(ks)
-  ranked = ranked_from_scores(pred_m, kmax + metrics.max_filtered_per_row(filt))
-  ranked = metrics.remove_filtered(ranked, filt, kmax)
   inv = metrics.inverse_propensity(train_m, A, B)
-  return metrics.as_percent(metrics.compute(ranked, truth_m, inv, tuple(ks)))
+  return evaluation.rank_filter_score(lambda k: ranked_from_scores(pred_m, k), truth_m, filt,
+                                      inv, tuple(ks))
 
 
 def define_flags() -> None:

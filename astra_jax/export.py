@@ -48,6 +48,8 @@ class ModelNotFoundError(InputError, FileNotFoundError):
 
 @dataclasses.dataclass
 class Model:
+  """A trained model as `load_model` reads it from WORKDIR/model: the encoder (config,
+  graph and parameters), W, the tokenizer's directory and the label texts."""
   path: str                      # WORKDIR/model
   model_id: str                  # changes on every export (keys cached indexes)
   encoder_cfg: EncoderShape
@@ -185,8 +187,17 @@ def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: 
 
 
 def load_model(workdir: str) -> Model:
-  """Reads WORKDIR/model; ModelNotFoundError (naming the path) when there is no finished
-  model, InputError when a file in it is damaged."""
+  """Reads the model a finished training run exported to WORKDIR/model.
+
+  Args:
+    workdir: the training run's workdir (the model is its `model/` directory).
+  Returns:
+    The Model: encoder parameters on the host, W memory-mapped from classifier.npy.
+  Raises:
+    ModelNotFoundError: no finished model (its message names the path and says how one is
+      made); an interrupted export never leaves one, as model.json is written last.
+    InputError: a file of the model is unreadable or does not match model.json.
+  """
   from safetensors.numpy import load_file
   path = model_dir(workdir)
   meta_path = os.path.join(path, "model.json")

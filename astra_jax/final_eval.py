@@ -13,12 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
 
-from astra_jax import distributed, metrics, score_fusion
+from astra_jax import distributed, evaluation, metrics, score_fusion
 from astra_jax.data import xc_format
 
 PROGRESS_FILE = "final_eval_progress.json"
@@ -36,7 +36,7 @@ class EvalProgress:
       json.dump(dataclasses.asdict(self), f)
 
   @classmethod
-  def load(cls, path: str, global_step: int) -> "EvalProgress":
+  def load(cls, path: str, global_step: int) -> EvalProgress:
     """The record at `path` if it belongs to `global_step`, else a fresh start."""
     try:
       with open(path) as f:
@@ -57,16 +57,14 @@ def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data,
                label_texts: np.ndarray | None = None) -> dict[str, float]:
   """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly (or by the
   label-text fusion of `scoring.*`, with `label_texts` = E(z_l)), filtered."""
-  ks = tuple(config.eval.ks)
   emb = embed_rows(np.arange(lo, hi))
   rows = data.test_filter[:, 0]
   filt = data.test_filter[(rows >= lo) & (rows < hi)] - np.array([lo, 0])
-  k = max(ks) + metrics.max_filtered_per_row(filt)
-  fusion = score_fusion.from_config(config, emb.shape[1])
-  _, ids = score_fusion.topk(emb, classifier, k, config.eval.batch_size, config.eval.label_block,
-                             fusion, label_texts)
-  ranked = metrics.remove_filtered(ids, filt, max(ks))
-  return metrics.row_sums(ranked, data.test_labels.row_range(lo, hi), inv_prop, ks)
+  rank = evaluation.classifier_ranker(emb, classifier, config.eval.batch_size,
+                                      config.eval.label_block,
+                                      score_fusion.from_config(config, emb.shape[1]), label_texts)
+  return evaluation.rank_filter_sums(rank, data.test_labels.row_range(lo, hi), filt, inv_prop,
+                                     tuple(config.eval.ks))
 
 
 def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,

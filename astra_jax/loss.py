@@ -22,6 +22,9 @@ trains worse).
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -36,18 +39,48 @@ def negative_terms(scores: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(mask, jax.nn.softplus(scores), 0.0)
 
 
-def sampled_bce_per_query(pos_scores: jax.Array, pos_mask: jax.Array,
-                          hard_scores: jax.Array, hard_mask: jax.Array,
-                          rand_scores: jax.Array, rand_mask: jax.Array,
-                          rand_weight: jax.Array | float,
-                          pos_weight: jax.Array | float = 1.0) -> jax.Array:
-  """Per-query estimator values (B,). All score arrays are (B, k_*); masks are boolean;
-  rand_weight: a scalar or one weight per draw (k_r,) (per-shard draws, see sampler.py);
-  pos_weight: a scalar or one weight per query (B,), |P| / k_p where the sampler kept k_p
-  of |P| > k_p positives."""
-  return (positive_terms(pos_scores, pos_mask).sum(-1) * pos_weight +
-          negative_terms(hard_scores, hard_mask).sum(-1) +
-          (negative_terms(rand_scores, rand_mask) * rand_weight).sum(-1))
+class EstimatorTerms(NamedTuple):
+  """The estimator's three terms for a batch (or a W shard's part of it), each masked and
+  weighted but not yet reduced: the dense step takes the batch mean of `per_query`, the
+  sharded kernel sums the positives (the same on every shard) apart from the negatives (a
+  shard's own), and both reduce exactly these arrays.
+
+  positives: (B,) sum_{l in K} softplus(-f_l), times |P| / |K| where K is a k_p-subset.
+  hard: (B, k_h) softplus(f_l) of each hard negative (0 where masked: missing, a positive).
+  random: (B, k_r) softplus(f_r) times the draw's weight L_s / k_r (0 where masked).
+  """
+  positives: jax.Array
+  hard: jax.Array
+  random: jax.Array
+
+  def per_query(self) -> jax.Array:
+    """(B,) the estimator of each query."""
+    return self.positives + self.hard.sum(-1) + self.random.sum(-1)
+
+  def negatives_total(self) -> jax.Array:
+    """() the hard and random terms summed over the whole batch."""
+    return self.hard.sum() + self.random.sum()
+
+
+def estimator_terms(scores: tuple[jax.Array, jax.Array, jax.Array],
+                    labels: Mapping[str, jax.Array]) -> EstimatorTerms:
+  """The estimator of the module docstring from a batch's scores: the one place its terms
+  are composed (the dense step through `batch_loss`, the sharded classifier kernel directly).
+
+  Args:
+    scores: (positives (B, k_p), hard negatives (B, k_h), random negatives (B, k_r)).
+    labels: the sampler's label arrays: pos_mask, hard_mask, rand_mask (boolean, shaped like
+      the scores), rand_weight (a scalar or (k_r,): one weight per draw, per-shard draws in
+      sampler.py) and optionally pos_weight ((B,): |P| / k_p where the sampler kept k_p of
+      |P| > k_p positives; 1 without it).
+  Returns:
+    The terms, masked and weighted, not reduced.
+  """
+  pos, hard, rand = scores
+  return EstimatorTerms(
+      positives=positive_terms(pos, labels["pos_mask"]).sum(-1) * labels.get("pos_weight", 1.0),
+      hard=negative_terms(hard, labels["hard_mask"]),
+      random=negative_terms(rand, labels["rand_mask"]) * labels["rand_weight"])
 
 
 def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
@@ -69,10 +102,7 @@ def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict,
 
 def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:
   """Mean over the batch of the estimator, from `classifier_scores`."""
-  pos, hard, rand = scores
-  return sampled_bce_per_query(pos, batch["pos_mask"], hard, batch["hard_mask"], rand,
-                               batch["rand_mask"], batch["rand_weight"],
-                               batch.get("pos_weight", 1.0)).mean()
+  return estimator_terms(scores, batch).per_query().mean()
 
 
 def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:

@@ -1,7 +1,7 @@
 """Metric tables as the command-line tools print them (training's results, the evaluator)."""
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 METRICS = ("P", "nDCG", "PSP", "PSnDCG")
 

@@ -5,7 +5,7 @@ Parameters are a dict {"encoder": <nnx.State>, "classifier": (L, d) array}.
 Weight decay on the classifier is added to its gradient (`add_decayed_weights` before SGD):
 w <- w - lr * (g + wd * w) over all rows each step; with momentum beta the sum goes through
 the momentum, m <- beta m + g + wd w, w <- w - lr m (torch's SGD with weight_decay). Done
-densely that is O(L) per step; `sparse_sgd.py` (beta = 0) and `sparse_momentum.py` compute
+densely that is O(L) per step; `classifier.py` (beta = 0) and `sparse_momentum.py` compute
 exactly the same update touching only the sampled rows.
 """
 from __future__ import annotations

@@ -1,85 +1,12 @@
 """The paper's appendix hyper-parameter table turned into configs (`experiments/<dataset>.py`).
 
-How the table's numbers become ours. The table gives batch size, k_h, k_r and k_p "per GPU,
-when run on 16 GPUs", and the classifier's SGD learning rate for a loss summed over the
-batch; every value is recorded unchanged under `config.paper`, and the training fields are
-derived from it with ml_collections FieldReferences, so they follow command-line overrides:
-
-  train.batch_size      = 16 x per-GPU batch: the global batch of the paper's runs. Renée,
-                          whose code ASTRA builds on, documents its batch sizes the same way
-                          and keeps the global batch on fewer GPUs. The same global batch
-                          means the same steps per epoch, so warmup (in steps) carries over.
-  negatives.k_h, k_r    = 16 x per-GPU value / mesh.model: the classifier was split over the
-                          16 GPUs and each GPU mined k_h hard and drew k_r random negatives
-                          from its own rows (DESIGN §1), so a query saw 16 k_h + 16 k_r
-                          negatives; ours are per W shard, and the per-query totals are kept
-                          on any number of shards. The paper is not consistent here:
-                          tab:memory's ASTRA column is B x 16 (k_r + k_h + k_p) fp16 scores
-                          for Amazon-670K (256 x 7,312 x 2 B = 3.57 MiB) and Amazon-3M
-                          (256 x 8,000 x 2 B = 3.91 MiB), but not for LF-AmazonTitles-131K
-                          (2.06 MiB; 16x gives 7.14) or LF-AmazonTitles-1.3M (3.81; 6.06),
-                          and the text speaks of ~2,000 negatives per query (tab:rq3:
-                          "fixed (to 2K)"). We read the table as its caption says (per GPU
-                          of 16). (--config.mesh.model=M rescales them; an explicit
-                          --config.negatives.k_h=... overrides.)
-  negatives.k_p         = enough to keep every positive of >= 99.9% of the training rows
-                          (POSITIVES_COVERED), for the paper "simply use[s] all the
-                          available +ve labels". The table's k_p (kept as paper.k_p) is
-                          said to be the most positives of any row (7 for LF-AmazonTitles-
-                          131K), but we cannot check that offline, and for means of 5.5
-                          (Amazon-670K, k_p 7) or 26 (SS-20M, k_p 32) it is hard to believe.
-                          With only the mean labels per row m known (catalog), we assume a
-                          row's positives |P| are geometric on {1, 2, ...} with mean m (the
-                          maximum-entropy law for a given mean; its tail, P(|P| > k) =
-                          (1 - 1/m)^k, is heavier than the stand-in's 1 + Poisson and than
-                          what the table's maxima imply) and take its 99.9% quantile,
-                          `positives_to_cover` (docs/positives.md has the table). Rows with
-                          more keep a random k_p-subset weighted |P| / k_p (sampler.py), so
-                          the estimator stays unbiased whatever the real tail; a real tail
-                          heavier than geometric only means more rows are subsampled.
-  optim.classifier_lr   = table lr x train.batch_size: Renée's classifier gradient is summed
-                          over the global batch ("mean reduction ... does not work well, going
-                          with sum"), ours is a batch mean (README, Reduction), so the same SGD
-                          step per row needs lr x B. It follows train.batch_size overrides.
-  optim.classifier_momentum
-                        = 0.9 (`paper.classifier_momentum`): Renée's classifier optimizer is
-                          torch SGD with momentum 0.9 (its default, which its training
-                          commands do not override); the table does not list it. With it the
-                          effective step of a steady gradient is lr / (1 - 0.9) = 10 lr.
-  optim.classifier_weight_decay
-                        = table wd / train.batch_size: the table's decay is torch SGD's, added
-                          to that summed gradient before the momentum: buf <- 0.9 buf +
-                          (sum_b g_b + wd W), W <- W - lr buf. Ours is the same optimizer
-                          (optim.py's chain: decay added to the gradient, then momentum;
-                          sparse_momentum.py does it sparsely) on the batch mean, so with
-                          lr' = lr B and wd' = wd / B our velocity is buf / B and our step
-                          lr' buf / B = lr buf: the paper's update exactly, momentum and
-                          decay included, not an approximation. (Until 2026-11-26 the table's
-                          wd was used as is: a decay B times the paper's.)
-  optim.encoder_lr      = as in the table: Adam's step does not depend on the loss's scale.
-  tau_s = tau_r = 5 for every dataset (table caption).
-
-  optim.encoder_adam_eps, optim.encoder_weight_decay
-                        = Renée's encoder optimizer, which the table does not give: apex
-                          FusedAdam with eps 1e-6 (ours was optax's 1e-8), betas (0.9,
-                          0.999), and decoupled (AdamW) decay on all but biases and LayerNorm
-                          of 0.01 (its default; its commands for Amazon-670K and Amazon-3M
-                          pass 0.001), RENEE_ENCODER_DECAY below. The SS datasets take the
-                          default.
-
-Encoders: the paper fine-tunes DistilBERT-size encoders (d = 768; "over 60M parameters").
-Nothing is downloaded at run time, so a config names the model it wants
-(`encoder.paper_encoder`) and uses `$ASTRA_MODELS_DIR/<its last path part>` (default
-`models/`). Training without it stops with one `error:` line (model/encoder_source.py);
-`--config.encoder.hf_dir=all-MiniLM-L6-v2` chooses the installed MiniLM (d = 384, the same
-WordPiece vocabulary) explicitly. The planner plans a missing paper encoder from its
-published shape (PAPER_ENCODER_SHAPES). The tokenizer follows the encoder
-(`data.tokenizer_dir` is the same reference as `encoder.hf_dir`).
-
-Variants: `:synthetic[,SCALE]` replaces the data by a synthetic stand-in with the dataset's
-labels, training points and test points times SCALE and its mean labels per point, keeps
-the hyper-parameters, and trains a tiny random BERT over the generator's vocabulary on one
-device; see `synthetic_variant`.
+Every value of the table is recorded unchanged under `config.paper`; the training fields
+(global batch, per-shard k_h and k_r, k_p from POSITIVES_COVERED, the classifier's lr and
+weight decay rescaled to our batch-mean loss, Renée's momentum and encoder Adam) are derived
+from it with ml_collections FieldReferences, so they follow command-line overrides. A config
+names the paper's encoder (`encoder.paper_encoder`, read from `$ASTRA_MODELS_DIR`); the
+`:synthetic[,SCALE]` variant trains a tiny random BERT on a stand-in (`synthetic_variant`).
+How each number translates, and where the paper is ambiguous: see docs/DESIGN.md, section 2.
 """
 from __future__ import annotations
 
@@ -154,7 +81,7 @@ def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset
 
 def positives_to_cover(mean_labels: float, share: float = POSITIVES_COVERED) -> int:
   """The smallest k with P(|P| <= k) >= share for |P| geometric on {1, 2, ...} with mean
-  `mean_labels` (the module docstring says why geometric).
+  `mean_labels` (docs/DESIGN.md, section 2, says why geometric).
 
   Args:
     mean_labels: mean positives per training row (>= 1).
@@ -176,8 +103,8 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
                   encoder_lr: float, classifier_lr: float, dropout: float, warmup: int,
                   weight_decay: float, k_r: int, k_h: int, k_p: int,
                   source: str = "appendix tab:hyperparam") -> None:
-  """One row of the appendix table (per-GPU values of a 16-GPU run), translated as the
-  module docstring says; the dataset (`set_dataset`) must be set first, for k_p."""
+  """One row of the appendix table (per-GPU values of a 16-GPU run), translated as
+  docs/DESIGN.md, section 2, says; the dataset (`set_dataset`) must be set first, for k_p."""
   c.paper = ml_collections.ConfigDict()
   c.paper.source = source
   c.paper.gpus = PAPER_GPUS
@@ -206,7 +133,7 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
 
 
 def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
-  """The paper's encoder from `$ASTRA_MODELS_DIR` (see the module docstring; missing, it is
+  """The paper's encoder from `$ASTRA_MODELS_DIR` (docs/DESIGN.md, section 2; missing, it is
   an error at training time), with Renée's Adam settings; the tokenizer is the encoder's."""
   c.encoder.paper_encoder = paper_encoder
   shared = FieldReference(encoder_source.local_encoder_dir(paper_encoder))

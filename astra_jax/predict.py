@@ -16,7 +16,7 @@ import functools
 import json
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -212,6 +212,17 @@ class Predictor:
 
   def __init__(self, model: export.Model, index: str = "scann", scann_knobs: dict | None = None,
                rebuild_index: bool = False):
+    """Opens (or builds) the index; nothing is compiled yet (`warmup` compiles every bucket).
+
+    Args:
+      model: a trained model (`export.load_model`).
+      index: "scann" (ScaNN over W, built on first use and cached in the model's
+        directory; exact below serve_index.MIN_ROWS labels) or "exact" (blocked top-k).
+      scann_knobs: overrides of serve_index.serving_params (leaves, leaves searched, ...).
+      rebuild_index: build the ScaNN index even when a cached one matches.
+    Raises:
+      InputError: an unknown `index`.
+    """
     self.model = model
     self.tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
     graphdef = model.graphdef
@@ -251,13 +262,29 @@ class Predictor:
     self.timings: dict[str, float] = {}
 
   @classmethod
-  def from_workdir(cls, workdir: str, index: str = "scann", **kwargs) -> "Predictor":
-    """Loads WORKDIR/model; export.ModelNotFoundError (naming the path) if there is none."""
+  def from_workdir(cls, workdir: str, index: str = "scann", **kwargs) -> Predictor:
+    """A Predictor over the model a training run exported.
+
+    Args:
+      workdir: the training run's workdir (its `model/` directory is read).
+      index: "scann" or "exact", as for the constructor.
+      **kwargs: the constructor's `scann_knobs` and `rebuild_index`.
+    Returns:
+      The Predictor.
+    Raises:
+      export.ModelNotFoundError: no finished model in `workdir` (the message names the path).
+    """
     return cls(export.load_model(workdir), index, **kwargs)
 
   def to_tokens(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int | None]]:
-    """(tokens (n, max_len) int32 as in training, token count before truncation where the
-    text was truncated, else None)."""
+    """Tokenizes as training did.
+
+    Args:
+      texts: the queries.
+    Returns:
+      (tokens (n, max_len) int32, padded with the model's pad id; for each text its token
+      count before truncation where it was truncated, else None).
+    """
     max_len, pad = self.model.max_len, self.model.pad_id
     tokens = tokenize.tokenize_texts(texts, self.tokenizer, max_len)
     lengths: list[int | None] = [None] * len(texts)
@@ -271,7 +298,13 @@ class Predictor:
     return tokens, lengths
 
   def encode(self, tokens: np.ndarray) -> np.ndarray:
-    """E(x) (n, d) float32 for token rows, in bucket-sized padded batches."""
+    """Embeds token rows under jit, in bucket-sized padded batches (bounded compiles).
+
+    Args:
+      tokens: (n, max_len) int32 as `to_tokens` returns them.
+    Returns:
+      E(x), (n, d) float32 on the host.
+    """
     out = np.empty((len(tokens), self.model.encoder_cfg.embed_dim), np.float32)
     for start, end in _chunks(len(tokens)):
       ids = np.asarray(tokens[start:end], np.int32)
@@ -282,7 +315,12 @@ class Predictor:
     return out
 
   def warmup(self, k: int = 10) -> None:
-    """Compiles every bucket's encoder (and exact search) shape."""
+    """Compiles every bucket's encoder (and exact search) shape, so that no later call
+    waits for a compile.
+
+    Args:
+      k: the k later calls will ask for (the exact search compiles per k).
+    """
     for b in _BUCKETS:
       for t in self.seq_buckets:
         tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
@@ -290,8 +328,19 @@ class Predictor:
         self.index.search(self.encode(tokens), k)
 
   def predict(self, texts: Sequence[str | bytes], k: int = 10) -> Predictions:
-    """Top-k labels for each text; bad inputs (empty, invalid UTF-8) get an error in their
-    row and never stop the others."""
+    """Top-k labels for each text; bad inputs get an error in their row and never stop the
+    others.
+
+    Args:
+      texts: the queries, as str or UTF-8 bytes (one str or bytes is one query).
+      k: labels per query (at most the number of labels).
+    Returns:
+      Predictions with row i for texts[i]: ids and exact scores <w_l, E(x)>, best first,
+      label texts when the model has them, an error (empty, not valid UTF-8: ids -1,
+      scores nan) or a warning (truncated to the trained max_len).
+    Raises:
+      InputError: k < 1.
+    """
     if isinstance(texts, (str, bytes)):
       texts = [texts]
     if k < 1:

@@ -1,42 +1,15 @@
 """SGD with momentum and weight decay on the classifier, in O(rows touched) per step.
 
-The update it reproduces is the dense optax chain of optim.py, `add_decayed_weights(wd)`
-then `sgd(lr_t, momentum=beta)`, which is torch's SGD(momentum=beta, weight_decay=wd,
-dampening=0): the decay is added to the gradient and goes through the momentum,
+It reproduces the dense optax chain of optim.py (`add_decayed_weights(wd)` then
+`sgd(lr_t, momentum=beta)`, torch's SGD with the decay inside the momentum) exactly:
 
     m_t = beta m_{t-1} + wd w_{t-1} + g_t,      w_t = w_{t-1} - lr_t m_t.
 
-Per row, as a linear map of the pair x = (w, m) (each coordinate alike):
-
-    x_t = A_t x_{t-1} + (-lr_t g_t, g_t),   A_t = [[1 - lr_t wd, -lr_t beta],
-                                                   [wd,           beta     ]].
-
-A row the batch does not touch has g_t = 0 and still moves: x_t = A_t x_{t-1}. So each row
-keeps (w, m) as of the step it was last touched, `touched_at`, and is caught up when read:
-x_t = Phi(t, s) x_s with Phi(t, s) = A_t A_{t-1} ... A_{s+1}, the same 2 x 2 matrix for every
-row with the same s. A step touches its rows once: it sets them to Phi(t, s) x_s, then adds
-(-lr_t G, G) with the scatter-summed gradient G (duplicates add up as in the dense gradient)
-and sets touched_at = t. Nothing else is written: an untouched row's state is implied.
-
-Every row last touched at step s needs Phi(t, s) for the same t, so the state keeps one
-table, `to_now`: entry s holds Phi(period_step, s) for every s in [0, C] (the identity for
-s >= period_step). A step multiplies entries 0..period_step on the left by its A_t (two
-multiply-adds over (C + 1,) arrays per entry of the 2 x 2: O(C) scalar work, replicated
-on every shard, no batched dot) and a row's catch-up is a gather, to_now[touched_at[row]]. Nothing divides: a prefix
-product P_t = A_t ... A_1 has a mode that decays like beta^t (A_t's determinant is beta),
-and P_t P_s^{-1} would divide by numbers that underflow (0.9^1000 = 1.7e-46) and cancel
-catastrophically long before. Each entry is instead the product of the steps since its s,
-formed by the same left multiplications as the dense recurrence, so its entries stay O(1)
-and a gap of any length is as accurate as a short one; the beta mode of a long gap
-underflows to 0 exactly as it does in the dense recurrence.
-
-A fold (epoch ends, before anything outside the step reads W) catches every row up, resets
-touched_at to 0 and the table to identities: O(L), like the scale fold of sparse_sgd.py.
-The table's capacity C (the steps between folds `init` is given) is at least the steps of
-an epoch, so it never fills between the trainer's folds. A step that must change nothing (a dynamic loss-scale overflow) applies
-the identity: every row's state stays what it was.
-
-Memory: the velocity (L, d) sharded like W, an int32 per row, and (C + 1) x 4 floats.
+Each row keeps (w, m) as of the step it was last touched (`touched_at`) and is caught up
+when a step reads it, through the product of the 2 x 2 transitions of the steps since, kept
+for every possible last step in one table (`to_now`); a fold at epoch ends catches every
+row up in O(L). Why a table of products and not prefix products (nothing divides, so long
+gaps stay exact), and the memory it takes: see docs/DESIGN.md, section 3.
 """
 from __future__ import annotations
 
@@ -76,7 +49,7 @@ def init(rows: int, dim: int, steps_between_folds: int,
 
 def step_matrix(lr: jax.Array, weight_decay: float, beta: float,
                 apply: jax.Array | bool = True) -> jax.Array:
-  """A_t of the module docstring; the identity where `apply` is False (a skipped step)."""
+  """A_t of docs/DESIGN.md, section 3; the identity where `apply` is False (a skipped step)."""
   lr = jnp.asarray(lr, jnp.float32)
   a = jnp.stack([jnp.stack([1.0 - lr * weight_decay, -lr * beta]),
                  jnp.stack([jnp.float32(weight_decay), jnp.float32(beta)])])

@@ -11,7 +11,8 @@ records training also writes to metrics.jsonl:
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 from tensorboardX import SummaryWriter
 

@@ -45,7 +45,7 @@ class HangWatchdog:
       self._thread = threading.Thread(target=self._run, name="hang-watchdog", daemon=True)
       self._thread.start()
 
-  def __enter__(self) -> "HangWatchdog":
+  def __enter__(self) -> HangWatchdog:
     return self
 
   def __exit__(self, *exc) -> None:

@@ -5,7 +5,7 @@ r"""The trainer's classifier step at SS-scale label counts and batch shapes, on 
 
 The paper's tab:timebreakup gives ASTRA's classifier forward pass on SS-20M as 1.6 ms on a
 V100 (loss 0.3 ms, backward 32.2 ms with the encoder's). This times the same parts of the
-trainer's own sharded kernels (`sharding.classifier_grads` + `classifier_update` on a 1 x 1
+trainer's own sharded kernels (`classifier.classifier_grads` + `classifier_update` on a 1 x 1
 mesh, W donated), at shapes given by flags rather than `classifier_bench`'s fixed small
 ones:
   clf_forward_ms  gather of the sampled rows + their scores (`loss.classifier_scores`)
@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from astra_jax import classifier_bench, loss, sharding  # noqa: E402
+from astra_jax import classifier, classifier_bench, loss, sharding  # noqa: E402
 
 import jsonl  # noqa: E402  (benchmarks/jsonl.py)
 
@@ -59,7 +59,7 @@ def median_ms(fn, steps: int) -> float:
 def measure(L: int, per_query: bool) -> dict:
   mesh = sharding.make_mesh(1, 1)
   B = FLAGS.batch_size
-  grads, update = sharding.classifier_grads(mesh, B), sharding.classifier_update(mesh, WD)
+  grads, update = classifier.classifier_grads(mesh, B), classifier.classifier_update(mesh, WD)
 
   def step(v, scale, emb, batch):
     _, d_emb, row_grads = grads(emb, v, scale, batch)

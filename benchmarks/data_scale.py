@@ -214,7 +214,7 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
 def _label_reads(labels) -> dict:
   """What a training process reads from the label cache: counts, then 200 batches of 512
   rows' positives as the sampler draws them."""
-  from astra_jax.sampler import NegativeSampler
+  from astra_jax.negatives.sampler import NegativeSampler
   t0 = time.time()
   np.argsort(-labels.column_counts())[:5]
   counts_s = time.time() - t0
@@ -229,7 +229,7 @@ def _training_reads(data) -> dict:
   """What a training process reads beyond opening: propensities and popularity (counts),
   then batches of positives and their tokens, as the sampler draws them."""
   from astra_jax import metrics
-  from astra_jax.sampler import NegativeSampler
+  from astra_jax.negatives.sampler import NegativeSampler
   t0 = time.time()
   metrics.inverse_propensity(data.train_labels.head(data.num_train_original), 0.55, 1.5)
   np.argsort(-data.train_labels.column_counts())[:5]

@@ -23,7 +23,7 @@ from astra_jax import config_base
 from astra_jax.data import catalog
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 import jsonl  # benchmarks/jsonl.py
 

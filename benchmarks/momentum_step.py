@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from astra_jax import sharding, sparse_momentum
+from astra_jax import classifier, sharding, sparse_momentum
 from astra_jax.classifier_bench import B, D, LR, WD, make_batch
 
 import jsonl  # benchmarks/jsonl.py
@@ -32,9 +32,9 @@ STEPS_PER_EPOCH = 2000
 def main(argv):
   del argv
   mesh = sharding.make_mesh(1, 1)
-  grads = sharding.classifier_grads(mesh, B)
-  plain_update = sharding.classifier_update(mesh, WD)
-  momentum_update = sharding.classifier_momentum_update(mesh, WD, FLAGS.beta)
+  grads = classifier.classifier_grads(mesh, B)
+  plain_update = classifier.classifier_update(mesh, WD)
+  momentum_update = classifier.classifier_momentum_update(mesh, WD, FLAGS.beta)
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def plain(v, scale, emb, batch):
@@ -53,7 +53,7 @@ def main(argv):
     rng = np.random.default_rng(0)
     emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
     batch = make_batch(L, rng)
-    w = lambda: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
+    w = lambda L=L: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
     cases = {"plain": (plain, [w(), jnp.float32(1.0)]),
              "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)])}
     row = {"num_labels": L, "beta": FLAGS.beta}

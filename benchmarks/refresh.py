@@ -24,7 +24,7 @@ from astra_jax.config_base import base_config
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.refresh import RefreshJob, RefreshWorker, save_labels
-from astra_jax.train import init_sparse_opt_state, make_sparse_train_step
+from astra_jax.steps import init_sparse_state, make_sparse_train_step, shard_state
 
 import jsonl  # benchmarks/jsonl.py
 
@@ -42,13 +42,12 @@ def label_vectors(L, d, rng):
 
 def step_throughput(step, state, batch, seconds, stop=None):
   """Steps per second over `seconds` (or until stop() is true)."""
-  params, opt_state = state
   n, t0 = 0, time.time()
   while time.time() - t0 < seconds and not (stop and stop()):
-    params, opt_state, loss, _ = step(params, opt_state, batch, jax.random.key(n))
+    state, loss, _ = step(state, batch, jax.random.key(n))
     loss.block_until_ready()
     n += 1
-  return n / (time.time() - t0), (params, opt_state)
+  return n / (time.time() - t0), state
 
 
 def main(_):
@@ -74,7 +73,7 @@ def main(_):
            "rand_mask": jnp.ones((B, 256), bool),
            "rand_weight": jnp.full((256,), L_step / 256, jnp.float32)}
   batch = {k: v[None] for k, v in batch.items()}  # one micro-batch: (A, B/A, ...)
-  state = sharding.shard_params(params, init_sparse_opt_state(tx, params), mesh)
+  state = shard_state(init_sparse_state(tx, params), mesh)
   _, state = step_throughput(step, state, batch, 3)  # compile + warm up
 
   for L in map(int, F.num_labels):
@@ -95,7 +94,8 @@ def main(_):
       worker = RefreshWorker()
       t0 = time.time()
       worker.start(job, os.path.join(d, "job.json"))
-      busy, state = step_throughput(step, state, batch, 1e9, stop=lambda: worker.proc.poll() is not None)
+      busy, state = step_throughput(step, state, batch, 1e9,
+                                    stop=lambda worker=worker: worker.proc.poll() is not None)
       stats = worker.wait()
       row = {"num_labels": L, "num_queries": F.num_queries, "k_h": F.k_h, "backend": F.backend,
              "build_s": stats["build_s"], "search_s": stats["search_s"],

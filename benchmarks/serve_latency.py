@@ -159,10 +159,11 @@ def main(_):
   F = flags.FLAGS
   rng = np.random.default_rng(0)
   root = tempfile.mkdtemp(prefix="serve_latency_", dir=F.tmp)
-  out = {"machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+  out = {"machine": {"cpus": os.cpu_count(),
+                     "processor": platform.processor() or platform.machine(),
                      "jax": jax.__version__, "device": jax.devices()[0].platform},
-         "encoder": "all-MiniLM-L6-v2 (6 layers, hidden 384), max_len %d; d=64 adds a bottleneck"
-                    % F.max_len,
+         "encoder": f"all-MiniLM-L6-v2 (6 layers, hidden 384), max_len {F.max_len}; "
+                    "d=64 adds a bottleneck",
          "k": F.k, "note": "ms are wall-clock per call; encoder = tokens -> embeddings on the "
                            "host, index = top-k search (+ exact re-scoring for ScaNN)",
          "results": []}

@@ -71,7 +71,8 @@ def main(_):
       trained = {k: v for k, v in json.load(f)["metrics"].items() if k.startswith(("P@", "nDCG@"))}
   result = {
       "workdir": os.path.abspath(F.workdir), "num_test": len(texts), "k": F.k,
-      "num_labels": len(p.model.classifier), "scann_params": dataclasses.asdict(p.index.index.params),
+      "num_labels": len(p.model.classifier),
+      "scann_params": dataclasses.asdict(p.index.index.params),
       "exact": {k: v for k, v in exact.items() if k != "ids"},
       "scann": {k: v for k, v in scann.items() if k != "ids"},
       "scann_minus_exact": {k: round(scann["metrics"][k] - exact["metrics"][k], 3)

@@ -5,8 +5,8 @@ r"""Classifier train-step time and temporary memory against the number of labels
 The classifier part of an ASTRA step (d=64, B=256, k_p=7, k_h=50, k_r=400; the encoder's
 cost does not depend on L): gather the sampled rows, scores, the estimator, gradients w.r.t.
 the rows, and the update of W. Compared:
-  astra         the trainer's own kernels (`sharding.classifier_grads` + `classifier_update`
-                on a 1 x 1 mesh): the sparse update of `sparse_sgd.py` into a donated W,
+  astra         the trainer's own kernels (`classifier.classifier_grads` + `classifier_update`
+                on a 1 x 1 mesh): the sparse update of `classifier.py` into a donated W,
                 random negatives drawn per query (the default: B k_r rows per step)
   astra_shared  the same with one shared draw of k_r for the batch
                 (negatives.random_draws=shared: k_r rows)

@@ -12,13 +12,13 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from astra_jax import train
-from astra_jax.negatives.schedule import STRATEGIES
+from astra_jax.negatives import strategies
 
 import jsonl  # benchmarks/jsonl.py
 
 config_flags.DEFINE_config_file("config", "experiments/demo.py", "experiment config")
 flags.DEFINE_string("out", None, "JSON lines output")
-flags.DEFINE_list("strategies", list(STRATEGIES), "strategies to run")
+flags.DEFINE_list("strategies", list(strategies.names()), "strategies to run")
 flags.DEFINE_string("workdir", "workdir/strategies", "one sub-directory per strategy")
 
 
@@ -36,7 +36,8 @@ def main(_):
     jsonl.emit(row, F.out)
   print("\n| strategy | P@1 | P@5 | train s |\n|---|---|---|---|")
   for row in rows:
-    print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} | {row['train_time_s']:.0f} |")
+    print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} "
+          f"| {row['train_time_s']:.0f} |")
 
 
 if __name__ == "__main__":

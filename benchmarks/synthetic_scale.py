@@ -34,7 +34,8 @@ def main(_):
             "seconds": round(time.time() - t0, 1),
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "bytes_on_disk": sum(os.path.getsize(os.path.join(out_dir, f))
-                                 for f in os.listdir(out_dir) if os.path.isfile(os.path.join(out_dir, f)))}
+                                 for f in os.listdir(out_dir)
+                                 if os.path.isfile(os.path.join(out_dir, f)))}
   jsonl.emit(record, F.out)
   if not F.dir:
     shutil.rmtree(out_dir)

@@ -93,7 +93,8 @@ def main(_):
   gflop = EncoderConfig(num_layers=layers).train_step_gflop(bsz, t)  # train_step.py's count
   name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
   base = {"device": name, "platform": dev, "dtype": F.dtype, "batch_size": bsz, "seq_len": t,
-          "num_layers": layers, "torch": torch.__version__, "transformers": transformers.__version__,
+          "num_layers": layers, "torch": torch.__version__,
+          "transformers": transformers.__version__,
           "threads": torch.get_num_threads(), "tf32": F.tf32}
   rows = [{"part": "matmul", "step_ms": mm_ms, "model_gflop": 2 * n ** 3 / 1e9, "gflops": mm_rate},
           {"part": "torch_encoder", "step_ms": enc_ms, "model_gflop": gflop,

@@ -9,7 +9,7 @@ machine load (medians over the rounds; the ratios are what to compare on a share
               jit: the machine's reference rate for this run
   encoder     the encoder alone: forward + backward (w.r.t. its parameters, dropout on) +
               AdamW, with a fixed cotangent on E(x) standing in for the loss
-  astra_d384  the trainer's own step (`train.make_sparse_train_step`, 1 x 1 mesh): encoder
+  astra_d384  the trainer's own step (`steps.make_sparse_train_step`, 1 x 1 mesh): encoder
               as above, classifier gather + estimator + sparse SGD update of W (L x 384)
   astra_d64   the same with the bottleneck d = 64 (the paper's setting for L >= 1e6)
   pipeline    the real input pipeline (`data.pipeline.TrainBatches` + `NegativeSampler`) feeding
@@ -18,8 +18,9 @@ machine load (medians over the rounds; the ratios are what to compare on a share
 Encoder: the all-MiniLM-L6-v2 shape (6 layers, hidden 384, 12 heads, FFN 1536, vocab
 30522), batch 256 x 32 tokens, random weights (no model hub is needed for timing).
 
-Model FLOPs per step (`EncoderConfig.train_step_gflop` plus the classifier; matmuls only; layer norms, softmax, GELU, embedding scatter, dropout
-and the optimizer are not counted), with n = B*T tokens, h hidden, I FFN width, l layers:
+Model FLOPs per step (`EncoderConfig.train_step_gflop` plus the classifier; matmuls only;
+layer norms, softmax, GELU, embedding scatter, dropout and the optimizer are not counted),
+with n = B*T tokens, h hidden, I FFN width, l layers:
   forward  = l * (2*n*4*h*h + 2*n*2*h*I + 2*2*B*T*T*h)   [Q,K,V,O; FFN in/out; QK^T and PV]
            + 2*B*h*d                                        [bottleneck, when d != h]
            + 2*B*(k_p + k_h)*d + 2*B*k_r*d                  [classifier scores, astra only]
@@ -48,7 +49,7 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import config_base, optim, sharding, train
+from astra_jax import config_base, optim, sharding, steps, trainer
 from astra_jax.model.encoder import Encoder, EncoderConfig
 
 import jsonl  # benchmarks/jsonl.py
@@ -124,7 +125,7 @@ def encoder_step(cfg: EncoderConfig):
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(params, opt_state, ids, key):
-    emb, vjp, _ = jax.vjp(lambda p: train.encode(graphdef, p, ids, key), params, has_aux=True)
+    emb, vjp, _ = jax.vjp(lambda p: steps.encode(graphdef, p, ids, key), params, has_aux=True)
     (g,) = vjp(cotangent.astype(emb.dtype))
     updates, opt_state = tx.update(g, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
@@ -158,28 +159,28 @@ def astra_setup(cfg: EncoderConfig):
   w = 0.02 * jax.random.normal(jax.random.key(2), (L, cfg.embed_dim), jnp.float32)
   params = {"encoder": enc_params, "classifier": w}
   scaling = "dynamic" if F.dtype == "float16" else "off"
-  opt_state = train.init_sparse_opt_state(tx, params, 2.0 ** 15 if scaling == "dynamic" else 1.0)
-  params, opt_state = sharding.shard_params(params, opt_state, mesh)
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 1000),
+  state = steps.shard_state(steps.init_sparse_state(
+      tx, params, 2.0 ** 15 if scaling == "dynamic" else 1.0), mesh)
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 1000),
                                       oc.classifier_weight_decay, mesh, F.batch_size, scaling)
-  return mesh, params, opt_state, step
+  return mesh, state, step
 
 
 def astra_step(cfg: EncoderConfig):
   """One trainer step per call, cycling through 4 batches."""
-  mesh, params, opt_state, step = astra_setup(cfg)
+  mesh, train_state, step = astra_setup(cfg)
   rng = np.random.default_rng(0)
   batches = []
   for _ in range(4):
     b = label_batch(rng, F.num_labels)
     b["input_ids"] = tokens(rng, cfg.vocab_size)[None]
     batches.append(sharding.shard_batch(b, mesh))
-  state = [params, opt_state, 0]
+  state = [train_state, 0]
 
   def run():
-    i = state[2]
-    state[0], state[1], value, _ = step(state[0], state[1], batches[i % 4], jax.random.key(i))
-    state[2] = i + 1
+    i = state[1]
+    state[0], value, _ = step(state[0], batches[i % 4], jax.random.key(i))
+    state[1] = i + 1
     return value
   return run
 
@@ -189,8 +190,8 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   queue (TrainBatches.wait_seconds) against wall time."""
   from astra_jax.data.pipeline import TrainBatches
   from astra_jax.data.xc_format import SparseRows
-  from astra_jax.sampler import NegativeSampler
-  mesh, params, opt_state, step = astra_setup(cfg)
+  from astra_jax.negatives.sampler import NegativeSampler
+  mesh, state, step = astra_setup(cfg)
   rng = np.random.default_rng(0)
   n = F.batch_size * (F.steps + 3)
   L = F.num_labels
@@ -203,27 +204,27 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   sampler = NegativeSampler(labels, F.k_p, F.k_h, F.k_r,
                             per_query_random=F.random_draws == "per_query")
   batches = TrainBatches(tok, sampler, F.batch_size, 0)
-  waits, steps, t_start, prep = 0.0, 0, None, []
+  waits, n_steps, t_start, prep = 0.0, 0, None, []
   inflight = collections.deque()
   for i, (host_batch, prep_s) in enumerate(batches.epoch(0, hard)):
     if i == 2:  # after compilation and a warm step
-      jax.block_until_ready(params)
+      jax.block_until_ready(state)
       inflight.clear()
       t_start, waits = time.perf_counter(), batches.wait_seconds
-    batch = sharding.shard_batch({k: host_batch[k] for k in train._DEVICE_KEYS
+    batch = sharding.shard_batch({k: host_batch[k] for k in trainer.DEVICE_KEYS
                                   if k in host_batch}, mesh)
-    params, opt_state, value, _ = step(params, opt_state, batch, jax.random.key(i))
+    state, value, _ = step(state, batch, jax.random.key(i))
     # As the trainer does: at most 2 steps in flight, so a wait on the queue is time the
     # device would idle, not the host running ahead.
     inflight.append(value)
     if len(inflight) > 2:
       inflight.popleft().block_until_ready()
-    steps += i >= 2
+    n_steps += i >= 2
     prep.append(prep_s)
-  jax.block_until_ready(params)
+  jax.block_until_ready(state)
   wall = time.perf_counter() - t_start
   waits = batches.wait_seconds - waits
-  return {"step_ms": 1000 * wall / steps, "wait_ms": 1000 * waits / steps,
+  return {"step_ms": 1000 * wall / n_steps, "wait_ms": 1000 * waits / n_steps,
           "wait_share": waits / wall, "prepare_ms": 1000 * statistics.median(prep)}
 
 

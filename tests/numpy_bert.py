@@ -39,14 +39,15 @@ def forward(t: dict, cfg: dict, ids: np.ndarray, pad_id: int = 0) -> np.ndarray:
     if distil:
       p = f"transformer.layer.{i}."
       q, k, v, o = (p + "attention." + n for n in ("q_lin", "k_lin", "v_lin", "out_lin"))
-      ln1, f1, f2, ln2 = p + "sa_layer_norm", p + "ffn.lin1", p + "ffn.lin2", p + "output_layer_norm"
+      ln1, ln2 = p + "sa_layer_norm", p + "output_layer_norm"
+      f1, f2 = p + "ffn.lin1", p + "ffn.lin2"
     else:
       p = f"encoder.layer.{i}."
       q, k, v = (p + "attention.self." + n for n in ("query", "key", "value"))
       o, ln1 = p + "attention.output.dense", p + "attention.output.LayerNorm"
       f1, f2, ln2 = p + "intermediate.dense", p + "output.dense", p + "output.LayerNorm"
     hd = H // nh
-    heads = lambda y: y.reshape(B, T, nh, hd).transpose(0, 2, 1, 3)
+    heads = lambda y, hd=hd: y.reshape(B, T, nh, hd).transpose(0, 2, 1, 3)
     s = heads(_lin(t, q, x)) @ heads(_lin(t, k, x)).transpose(0, 1, 3, 2) / math.sqrt(hd)
     s = np.where(mask[:, None, None, :], s, -1e30)
     s = np.exp(s - s.max(-1, keepdims=True))

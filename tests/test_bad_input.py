@@ -10,28 +10,27 @@ import pytest
 
 from astra_jax import train
 from astra_jax.errors import InputError
-from test_train import REPO, _load_config, write_ngame_dataset
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
+def dataset(tmp_path_factory, ngame_dataset):
   d = tmp_path_factory.mktemp("bad") / "ds"
-  write_ngame_dataset(d, n_train=200, n_test=40)
+  ngame_dataset(d, n_train=200, n_test=40)
   return d
 
 
-def _config(d):
-  c = _load_config("experiments/xc_text.py", "tiny")
+def _config(d, load_config):
+  c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir = str(d)
   c.data.cache_dir = str(d / "cache")
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 32, 0
   return c
 
 
-def _broken(dataset, tmp_path, edit):
+def _broken(dataset, tmp_path, edit, load_config):
   d = tmp_path / "ds"
   shutil.copytree(dataset, d, ignore=shutil.ignore_patterns("cache"))
-  c = _config(d)
+  c = _config(d, load_config)
   edit(d, c)
   return c
 
@@ -74,20 +73,22 @@ def _weights_mismatch(d, c):
     (_empty_tokenizer, r"tok' holds neither tokenizer.json"),
     (_weights_mismatch, r"model.safetensors: tensor '.*' has shape \(1536"),
 ])
-def test_bad_input_is_named(dataset, tmp_path, edit, match):
-  c = _broken(dataset, tmp_path, edit)
+def test_bad_input_is_named(dataset, tmp_path, edit, match, load_config):
+  c = _broken(dataset, tmp_path, edit, load_config)
   with pytest.raises(InputError, match=match):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
 
 
-def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path):
+@pytest.mark.slow
+def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path,
+                                                                   repo_root):
   wd = tmp_path / "wd"
   base = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
           f"--config.data.dir={dataset}", f"--workdir={wd}", "--config.train.epochs=1",
           "--config.train.batch_size=32", f"--config.data.cache_dir={tmp_path / 'cache'}"]
-  r = subprocess.run(base, cwd=REPO, capture_output=True, text=True, timeout=300)
+  r = subprocess.run(base, cwd=repo_root, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
-  r = subprocess.run(base + ["--config.negatives.k_r=17"], cwd=REPO, capture_output=True,
+  r = subprocess.run(base + ["--config.negatives.k_r=17"], cwd=repo_root, capture_output=True,
                      text=True, timeout=300)
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
@@ -148,16 +149,16 @@ def test_more_hidden_label_words_than_a_label_has_are_refused():
     ("plan", ["--config=experiments/ss20m.py:synthetic,abc"],
      "error: ValueError: experiments/ss20m.py:synthetic,abc: the scale must be a number"),
 ])
-def test_command_line_mistakes_are_one_line(tmp_path, module, args, message):
+def test_command_line_mistakes_are_one_line(tmp_path, module, args, message, repo_root):
   r = subprocess.run([sys.executable, "-m", f"astra_jax.{module}", *args,
                       *([f"--workdir={tmp_path}"] if module == "main" else [])],
-                     cwd=REPO, capture_output=True, text=True, timeout=120)
+                     cwd=repo_root, capture_output=True, text=True, timeout=120)
   lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("[transformers]")]
   assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
 
 
-def test_a_workdir_that_is_a_file_is_named(tmp_path):
-  c = _load_config("experiments/demo.py")
+def test_a_workdir_that_is_a_file_is_named(tmp_path, load_config):
+  c = load_config("experiments/demo.py")
   (tmp_path / "wd").write_text("")
   with pytest.raises(InputError, match=r"--workdir=.*wd is a file"):
     train.train_and_evaluate(c, str(tmp_path / "wd"))

@@ -1,5 +1,6 @@
 """astra_jax.baselines: popularity by hand, TF-IDF kNN against a dense reference, and the
-README's floors on the real debian-recommends-20k when ../shared/data holds it."""
+README's floors on the real debian-recommends-20k when $ASTRA_TEST_DATA names a directory
+that holds debian-recommends-20k.tar.gz."""
 import os
 import subprocess
 import sys
@@ -13,7 +14,8 @@ from astra_jax.data import xc_format
 from astra_jax.data.xc_format import SparseRows
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REAL_DATA = os.path.join(REPO, "..", "shared", "data", "debian-recommends-20k.tar.gz")
+REAL_DATA_DIR = os.environ.get("ASTRA_TEST_DATA")
+REAL_DATA = REAL_DATA_DIR and os.path.join(REAL_DATA_DIR, "debian-recommends-20k.tar.gz")
 
 
 def _write(d, train, train_y, test, test_y, labels, num_labels):
@@ -57,8 +59,8 @@ def test_tfidf_knn_matches_a_dense_reference(tmp_path):
   assert got["P@1"] == pytest.approx(100 * hits / len(test), abs=1e-3)  # as_percent rounds
 
 
-@pytest.mark.skipif(not os.path.exists(REAL_DATA),
-                    reason="debian-recommends-20k.tar.gz is not in ../shared/data")
+@pytest.mark.skipif(not (REAL_DATA and os.path.exists(REAL_DATA)),
+                    reason="no debian-recommends-20k.tar.gz in $ASTRA_TEST_DATA")
 def test_cli_reproduces_the_real_data_floors(tmp_path):
   pytest.importorskip("sklearn")
   with tarfile.open(REAL_DATA) as tar:

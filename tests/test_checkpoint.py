@@ -7,7 +7,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import jax
@@ -17,31 +16,12 @@ import pytest
 from flax import nnx
 
 from astra_jax.model import factory
-from astra_jax import checkpoint, optim, sharding, train
+from astra_jax import checkpoint, optim, sharding, steps, train
 from astra_jax.errors import InputError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-
-def _cmd(workdir, data_dir):
-  return [sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
-          f"--workdir={workdir}", f"--config.data.dir={data_dir}",
-          "--config.data.synthetic.num_labels=300", "--config.data.synthetic.num_train=1500",
-          "--config.data.synthetic.num_test=300", "--config.train.epochs=3",
-          "--config.train.batch_size=64", "--config.train.profile_steps=0",
-          "--config.optim.warmup_steps=20", "--config.negatives.tau_s=2",
-          "--config.negatives.tau_r=1", "--config.checkpoint.every_steps=5"]
-
-
-def _env():
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
-  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  return env
-
-
-def _start(workdir, data_dir):
-  return subprocess.Popen(_cmd(workdir, data_dir), cwd=ROOT, env=_env(), text=True,
+def _start(demo, workdir, data_dir):
+  return subprocess.Popen(demo.command(workdir, data_dir), cwd=demo.cwd, env=demo.env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -55,23 +35,25 @@ def _wait_for_checkpoint(workdir, proc, after=()):
   raise AssertionError(proc.stdout.read()[-3000:])
 
 
-def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path):
-  ref = _start(tmp_path / "ref", tmp_path / "data_ref")  # runs beside the interrupted one
+@pytest.mark.slow
+def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path, demo_command):
+  # The reference runs beside the interrupted one.
+  ref = _start(demo_command, tmp_path / "ref", tmp_path / "data_ref")
   wd, data = tmp_path / "run", tmp_path / "data"
-  p = _start(wd, data)
+  p = _start(demo_command, wd, data)
   _wait_for_checkpoint(wd, p)
   p.send_signal(signal.SIGTERM)
   out = p.communicate(timeout=300)[0]
   assert p.returncode == 75, out[-2000:]
   assert "rerun the same command to resume" in out
   assert (wd / "PREEMPTED").exists()  # what launch/slurm.sbatch requeues on
-  p = _start(wd, data)  # resumes; killed at a random moment after its next checkpoint
+  p = _start(demo_command, wd, data)  # resumes; killed at a random moment after its next checkpoint
   before = os.listdir(wd / "checkpoints")
   _wait_for_checkpoint(wd, p, before)
   time.sleep(random.Random(0).uniform(0, 2))
   p.kill()
   p.wait()
-  p = _start(wd, data)
+  p = _start(demo_command, wd, data)
   out = p.communicate(timeout=600)[0]
   assert p.returncode == 0, out[-3000:]
   assert "resuming at epoch" in out
@@ -85,6 +67,7 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
   assert b["negatives"]["per_epoch"] == a["negatives"]["per_epoch"]
 
 
+@pytest.mark.slow
 def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
     tmp_path, monkeypatch, small_synthetic):
   """The epoch-end save is asynchronous; the next refresh deletes the hard negatives and
@@ -137,6 +120,7 @@ def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
   assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
 
 
+@pytest.mark.slow
 def test_checkpoint_moves_between_meshes(tmp_path, small_synthetic):
   c = small_synthetic(strategy="random")
   c.train.epochs = 1
@@ -179,7 +163,7 @@ def _templates(c, mesh, rows):
   _, enc_params = nnx.split(enc, nnx.Param)
   params = {"encoder": enc_params, "classifier": jax.numpy.zeros((rows, enc.cfg.embed_dim))}
   tx = optim.encoder_optimizer(c.optim, 100)
-  return sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
+  return steps.saved_layout(steps.shard_state(steps.init_sparse_state(tx, params), mesh))
 
 
 def test_a_workdir_with_another_config_is_refused(tmp_path, small_synthetic):
@@ -275,6 +259,7 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
     stop.restore()
 
 
+@pytest.mark.slow
 def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
   """uptodate and full train with optax's own state (not the sparse step's dict)."""
   c = small_synthetic(strategy="full")

@@ -37,7 +37,7 @@ def test_label_text_rows_are_scaled_unit_embeddings_and_padding_is_zero():
 def test_label_text_needs_label_texts_and_known_inits():
   with pytest.raises(InputError, match="needs label texts"):
     classifier_init.initial_classifier(_config("label_text"), 4, 3, 0, None, None)
-  with pytest.raises(InputError, match="classifier.init"):
+  with pytest.raises(InputError, match=r"classifier\.init"):
     config_base.validate(_config("zeros"))
   with pytest.raises(InputError, match="init_scale"):
     config_base.validate(_config("label_text", 0.0))

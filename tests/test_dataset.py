@@ -1,27 +1,8 @@
-import gzip
-import json
-
 import numpy as np
 import pytest
 
 from astra_jax import config_base
-from astra_jax.data import dataset, synthetic
-
-
-def _json_dataset(d, n_labels=4):
-  d.mkdir()
-  words = ["red apple", "green pear", "blue plum", "black fig"][:n_labels]
-  def dump(name, rows):
-    with gzip.open(d / name, "wt") as f:
-      for i, (title, labels) in enumerate(rows):
-        f.write(json.dumps({"uid": str(i), "title": title, "content": "",
-                            "target_ind": labels, "target_rel": [1.0] * len(labels)}) + "\n")
-  dump("lbl.json.gz", [(w, []) for w in words])
-  dump("trn.json.gz", [("red apple", [0]), ("pear green", [1]), ("plum", [2, 3])])
-  dump("tst.json.gz", [("apple", [0]), ("fig", [3])])
-  tok = d / "tok"
-  synthetic.write_word_tokenizer(str(tok), sorted({w for t in words for w in t.split()}))
-  return str(tok)
+from astra_jax.data import dataset
 
 
 def _cfg(d, tok, **data):
@@ -31,9 +12,9 @@ def _cfg(d, tok, **data):
   return c
 
 
-def test_json_layout_with_label_text_augmentation(tmp_path):
+def test_json_layout_with_label_text_augmentation(tmp_path, json_dataset):
   d = tmp_path / "ds"
-  tok = _json_dataset(d)
+  tok = json_dataset(d)
   data = dataset.load(_cfg(d, tok, augment_label_text=True).data)
   assert data.num_labels == 4 and data.num_train_original == 3
   assert len(data.train_tokens) == 7 and data.train_labels.num_rows == 7
@@ -44,13 +25,14 @@ def test_json_layout_with_label_text_augmentation(tmp_path):
 
 
 def test_missing_dataset_lists_expected_layouts(tmp_path):
-  with pytest.raises(dataset.MissingDataError, match=r"trn_X.txt.*raw_data/train.raw.txt.*trn.json.gz"):
+  with pytest.raises(dataset.MissingDataError,
+                     match=r"trn_X\.txt.*raw_data/train\.raw\.txt.*trn\.json\.gz"):
     dataset.load(_cfg(tmp_path, "").data)
 
 
-def test_augmentation_without_label_texts(tmp_path):
+def test_augmentation_without_label_texts(tmp_path, json_dataset):
   d = tmp_path / "ds"
-  tok = _json_dataset(d)
+  tok = json_dataset(d)
   (d / "lbl.json.gz").unlink()
-  with pytest.raises(dataset.MissingDataError, match="lbl.json.gz"):
+  with pytest.raises(dataset.MissingDataError, match=r"lbl\.json\.gz"):
     dataset.load(_cfg(d, tok, augment_label_text=True).data)

@@ -61,7 +61,8 @@ def _tiny_distilbert(tmp_path):
   rng = np.random.default_rng(0)
   t = {"distilbert.embeddings.word_embeddings.weight": (50, 16),
        "distilbert.embeddings.position_embeddings.weight": (20, 16),
-       "distilbert.embeddings.LayerNorm.weight": (16,), "distilbert.embeddings.LayerNorm.bias": (16,)}
+       "distilbert.embeddings.LayerNorm.weight": (16,),
+       "distilbert.embeddings.LayerNorm.bias": (16,)}
   for i in range(2):
     p = f"distilbert.transformer.layer.{i}."
     for n in ("q_lin", "k_lin", "v_lin", "out_lin"):
@@ -89,7 +90,8 @@ def test_distilbert_loads_and_matches_numpy(tmp_path):
 def test_weights_that_do_not_match_config_are_named(tmp_path):
   _tiny_distilbert(tmp_path)
   bad = EncoderConfig.from_hf(str(tmp_path), hidden_size=32, num_heads=2)
-  with pytest.raises(WeightsError, match=r"model.safetensors: tensor '.*' has shape \(16,\), the config wants \(32,\)"):
+  with pytest.raises(WeightsError, match=r"model\.safetensors: tensor '.*' has shape \(16,\), "
+                                         r"the config wants \(32,\)"):
     load_hf_weights(Encoder(bad, nnx.Rngs(0)), str(tmp_path))
   (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
   with pytest.raises(WeightsError, match="cannot read"):

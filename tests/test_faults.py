@@ -18,12 +18,11 @@ from astra_jax import checkpoint, faults, train
 from astra_jax.data import xc_format
 from astra_jax.degraded import Degraded
 from astra_jax.errors import InputError
-from test_checkpoint import ROOT, _cmd, _env
 
 
-def _run(workdir, data_dir, *extra):
-  p = subprocess.run(_cmd(workdir, data_dir) + list(extra), cwd=ROOT, env=_env(), text=True,
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+def _run(demo, workdir, data_dir, *extra):
+  p = subprocess.run(demo.command(workdir, data_dir) + list(extra), cwd=demo.cwd, env=demo.env,
+                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
   return p.returncode, p.stdout
 
 
@@ -37,10 +36,10 @@ def _digests(directory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-  """An uninterrupted run of tests/test_checkpoint.py's command: (workdir, data dir)."""
+def reference(tmp_path_factory, demo_command):
+  """An uninterrupted run of the `demo_command` fixture's command: (workdir, data dir)."""
   base = tmp_path_factory.mktemp("faults")
-  rc, out = _run(base / "ref", base / "data")
+  rc, out = _run(demo_command, base / "ref", base / "data")
   assert rc == 0, out[-3000:]
   return base / "ref", base / "data"
 
@@ -109,8 +108,9 @@ def test_when_no_checkpoint_restores_the_run_stops_naming_the_workdir(tmp_path):
   assert os.listdir(tmp_path / "checkpoints" / "damaged") == ["1"]
 
 
+@pytest.mark.slow
 def test_a_truncated_file_or_a_missing_commit_marker_resumes_from_the_previous_checkpoint(
-    reference, tmp_path):
+    reference, tmp_path, demo_command):
   ref, data = reference
   wd = tmp_path / "wd"
   shutil.copytree(ref, wd)
@@ -125,7 +125,7 @@ def test_a_truncated_file_or_a_missing_commit_marker_resumes_from_the_previous_c
       os.truncate(step_dir / victim, os.path.getsize(step_dir / victim) // 2)
     else:
       os.remove(step_dir / "commit_success.txt")
-    rc, out = _run(wd, data)
+    rc, out = _run(demo_command, wd, data)
     assert rc == 0, out[-3000:]
     warnings = [line for line in out.splitlines() if "is damaged" in line]
     assert len(warnings) == 1 and f"checkpoint {latest} is damaged" in warnings[0], warnings
@@ -144,21 +144,22 @@ def _mount_tmpfs(path, size: str) -> bool:
                         capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_in_one_line_and_the_same_command_finishes_once_space_is_freed(
-    reference, tmp_path):
+    reference, tmp_path, demo_command):
   ref, data = reference
   disk = tmp_path / "disk"
   if not _mount_tmpfs(disk, "40m"):
     pytest.skip("mounting a size-limited tmpfs is not permitted here")
   try:
     wd = disk / "wd"
-    rc, out = _run(wd, data, "--config.train.stop_after_steps=12")
+    rc, out = _run(demo_command, wd, data, "--config.train.stop_after_steps=12")
     assert rc == 75, out[-3000:]
     intact = _digests(wd / "checkpoints")
     filler = disk / "filler"  # leaves less than a checkpoint needs
     with open(filler, "wb") as f:
       f.write(b"\0" * (faults.free_bytes(str(disk)) - 2_500_000))
-    rc, out = _run(wd, data)
+    rc, out = _run(demo_command, wd, data)
     assert rc not in (0, 75), out[-3000:]
     assert "Traceback" not in out
     last = out.strip().splitlines()[-1]
@@ -166,7 +167,7 @@ def test_a_full_disk_stops_in_one_line_and_the_same_command_finishes_once_space_
     assert "needed about" in last and str(wd) in last
     assert _digests(wd / "checkpoints") == intact
     os.remove(filler)
-    rc, out = _run(wd, data)
+    rc, out = _run(demo_command, wd, data)
     assert rc == 0, out[-3000:]
     assert (json.load(open(wd / "results.json"))["metrics"]
             == json.load(open(ref / "results.json"))["metrics"])
@@ -209,6 +210,7 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(t
 
 
 # ------------------------------------------------------------------- no silent fallback
+@pytest.mark.slow
 def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_written(
     tmp_path, monkeypatch, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="raise")  # epoch 2's fails
@@ -222,7 +224,7 @@ def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_wri
     return real(path, *a, **k)
 
   monkeypatch.setattr(xc_format, "atomic_text_writer", full_disk)
-  with pytest.raises(faults.DiskFull, match="results.json.tmp-1: cannot write"):
+  with pytest.raises(faults.DiskFull, match=r"results\.json\.tmp-1: cannot write"):
     train.train_and_evaluate(c, str(wd))
   assert not (wd / "results.json").exists()
   monkeypatch.setattr(xc_format, "atomic_text_writer", real)  # space freed

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from astra_jax import config_base, sharding, train
+from astra_jax import config_base, sharding, train, train_log
+from astra_jax.negatives.schedule import NegativeSplit
 
 def _fp16_config(small_synthetic):
   c = small_synthetic()
@@ -34,6 +35,7 @@ def _overflow_at(monkeypatch, steps):
   monkeypatch.setattr(sharding, "shard_batch", shard_batch)
 
 
+@pytest.mark.slow
 def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch, small_synthetic):
   c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {9})  # step 10 is a log step (every 5)
@@ -51,6 +53,7 @@ def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch,
   assert r["P@1"] > r["popularity_baseline"]["P@1"]
 
 
+@pytest.mark.slow
 def test_a_log_window_of_skipped_steps_stops_the_run(tmp_path, monkeypatch, small_synthetic):
   c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {5, 6, 7, 8, 9})  # the whole second window (steps 6-10)
@@ -62,8 +65,8 @@ def test_train_log_counts_skipped_steps_per_window(tmp_path):
   c = config_base.base_config()
   c.train.log_every_steps, c.train.batch_size = 4, 32
   batches = SimpleNamespace(steps_per_epoch=12, wait_seconds=0.0)
-  log = train.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=12)
-  negatives = {"num_hard": 0, "num_random": 8}
+  log = train_log.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=12)
+  negatives = NegativeSplit(num_hard=0, num_random=8, random_columns=8)
   log.start(0, skipped_total=2)  # two skipped before this epoch (a resumed run)
   log.report(epoch=0, step=3, global_step=4, loss_value=float("inf"), negatives=negatives,
              skipped_total=3)

@@ -9,7 +9,7 @@ import pytest
 
 from astra_jax import loss
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def sp(x):  # softplus, written independently of jax
@@ -82,7 +82,7 @@ def _full_bce_rows(w, emb, labels):
 @pytest.mark.parametrize("num_shards,per_query", [(1, False), (3, False), (1, True), (3, True)])
 def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   # With W split into shards, each shard has its own hard block and its own draws over its
-  # rows with weight L_s / k_r (DESIGN §1); the sum over shards is unbiased.
+  # rows with weight L_s / k_r (docs/DESIGN.md, section 1); the sum over shards is unbiased.
   L, k_r, k_h, M = 60, 8, 4, 6000
   w, emb, labels, hard = _setup(L)
   R = L // num_shards
@@ -101,8 +101,7 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
     hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
     r = jnp.asarray(w)[b["rand_ids"]]  # (k, d) shared by the queries, or (B, k, d)
     rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
-    return loss.sampled_bce_per_query(pos, b["pos_mask"], hrd, b["hard_mask"], rnd,
-                                      b["rand_mask"], b["rand_weight"])
+    return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
   values = np.asarray(jax.vmap(per_query, (None, 0))(jnp.asarray(emb), stacked))  # (M, 2)
   grads = np.asarray(jax.vmap(jax.jacrev(lambda e, b: per_query(e, b).sum()), (None, 0))(
@@ -144,8 +143,7 @@ def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
     hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
     r = jnp.asarray(w)[b["rand_ids"]]
     rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
-    return loss.sampled_bce_per_query(pos, b["pos_mask"], hrd, b["hard_mask"], rnd,
-                                      b["rand_mask"], b["rand_weight"], b["pos_weight"])
+    return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
   values = np.asarray(jax.vmap(values_of, (None, 0))(jnp.asarray(emb), stacked))  # (M, 2)
   grads = np.asarray(jax.vmap(jax.jacrev(lambda e, b: values_of(e, b).sum()), (None, 0))(
@@ -177,8 +175,8 @@ def test_weight_matches_the_paper_before_tau_s():
 def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
   """Every positive is excluded, also those beyond the k_p the sampler kept."""
   from astra_jax.data.xc_format import SparseRows
-  from astra_jax.sampler import NegativeSampler
-  from astra_jax.train import mine_in_step
+  from astra_jax.negatives.sampler import NegativeSampler
+  from astra_jax.steps import mine_in_step
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(20, 4)).astype(np.float32)

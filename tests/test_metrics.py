@@ -58,7 +58,7 @@ def naive(pred, truth, train, A, B, k):
   p = nd = psp_num = psp_den = psn_num = psn_den = 0.0
   for row, y in zip(pred, truth):
     y = set(y)
-    top = [l for l in row[:k]]
+    top = list(row[:k])
     hits = [1.0 if l in y else 0.0 for l in top] + [0.0] * (k - len(top))
     p += sum(hits) / k
     dcg = sum(h / math.log2(r + 2) for r, h in enumerate(hits))
@@ -80,8 +80,9 @@ def naive(pred, truth, train, A, B, k):
 def test_random_cases_match_naive_implementation(seed):
   rng = np.random.default_rng(seed)
   L, n_train, n_test = 40, 120, 60
-  train = [sorted(rng.choice(L, rng.integers(1, 6), replace=False).tolist()) for _ in range(n_train)]
-  test = [sorted(rng.choice(L, rng.integers(0, 7), replace=False).tolist()) for _ in range(n_test)]
+  row = lambda lo, hi: sorted(rng.choice(L, rng.integers(lo, hi), replace=False).tolist())
+  train = [row(1, 6) for _ in range(n_train)]
+  test = [row(0, 7) for _ in range(n_test)]
   pred = np.array([rng.permutation(L)[:5] for _ in range(n_test)])
   pred[rng.random(pred.shape) < 0.1] = -1  # some missing predictions
   pred_lists = [[l for l in r if l >= 0] for r in pred]
@@ -118,7 +119,8 @@ def test_evaluate_files_golden(tmp_path):
   d = _golden_files(tmp_path)
   m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
                               str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))
-  assert m["P@1"] == pytest.approx(66.67, abs=0.01) and m["PSnDCG@2"] == pytest.approx(77.84, abs=0.01)
+  assert m["P@1"] == pytest.approx(66.67, abs=0.01)
+  assert m["PSnDCG@2"] == pytest.approx(77.84, abs=0.01)
   _golden_files(tmp_path, test_rows=TEST_MIXED)
   m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
                               str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))

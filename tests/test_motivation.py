@@ -6,12 +6,12 @@ import pytest
 from flax import nnx
 
 from astra_jax.model import factory
-from astra_jax import config_base, export, loss, reproduce, train
+from astra_jax import config_base, export, loss, reproduce, steps
 from astra_jax.data import label_subset
 from astra_jax.data.dataset import RowConcat, XCData
 from astra_jax.data.xc_format import SparseRows, WithLabelRows
 from astra_jax.errors import InputError
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 L = 8
 TRAIN_ROWS = [[0, 3], [1], [2, 5, 7], [4], [6, 1], [3, 4], [7], [5, 0]]
@@ -82,7 +82,7 @@ def test_k_r_zero_only_where_hard_negatives_stand_alone():
   for strategy in ("uptodate", "w_hard", "e_hard"):
     config_base.validate(_config(strategy, 200, 0))
   for strategy in ("random+w_hard", "random", "curriculum", "full"):
-    with pytest.raises(InputError, match="negatives.k_r"):
+    with pytest.raises(InputError, match=r"negatives\.k_r"):
       config_base.validate(_config(strategy, 200, 0))
   with pytest.raises(InputError, match="k_h \\+ k_r"):
     config_base.validate(_config("uptodate", 0, 0))
@@ -104,7 +104,7 @@ def test_uptodate_with_no_random_negatives_is_the_hard_only_loss():
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(L, 4)).astype(np.float32)
   device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
-  mined = train.mine_in_step(jnp.asarray(emb), jnp.asarray(w), device_batch, 2)
+  mined = steps.mine_in_step(jnp.asarray(emb), jnp.asarray(w), device_batch, 2)
   got = float(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), mined))
   scores = emb @ w.T
   want = []

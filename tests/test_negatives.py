@@ -1,14 +1,17 @@
 """Hard-negative mining, the Algorithm-1 schedule and the refresh worker."""
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
 
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, run_job, load_labels,
-                                         save_labels)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, load_labels,
+                                         run_job, save_labels)
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
+from astra_jax.negatives.strategies import IndexOver, get as strategy
 
 
 def clustered(n_rows, d=32, n_clusters=200, seed=0):
@@ -94,7 +97,8 @@ def test_scann_defaults_scale_with_labels():
     (4, 10, 6, [4], [None] * 4 + [4, 4]),
 ])
 def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
-  s = NegativeSchedule("random+w_hard", k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r, epochs=epochs)
+  s = NegativeSchedule(strategy("random+w_hard"), k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r,
+                       epochs=epochs)
   assert s.refresh_epochs == refreshes
   assert [s.source(e) for e in range(epochs)] == sources
   for e in range(epochs):
@@ -108,24 +112,25 @@ def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
 
 
 def test_strategies_keep_the_number_of_negatives():
-  for strategy in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-                   "curriculum+e_hard", "uptodate"):
-    s = NegativeSchedule(strategy, k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
+  for name in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
+               "curriculum+e_hard", "uptodate"):
+    s = NegativeSchedule(strategy(name), k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
     for e in range(8):
       h, r = s.split(e, have_hard=True)
       assert h + r == 50 and h <= max(s.mined_k(), 10)
-  assert NegativeSchedule("w_hard", 10, 40, 2, 2, 8).split(3, True) == (50, 0)
+  assert NegativeSchedule(strategy("w_hard"), 10, 40, 2, 2, 8).split(3, True) == (50, 0)
   # The curriculum's hard share: 10/50 at tau_s = 2, 0.5 x 50 at the last epoch (7).
-  for strategy, over in (("curriculum", "W"), ("curriculum+e_hard", "E")):
-    c = NegativeSchedule(strategy, 10, 40, 2, 2, 8)
+  for name, over in (("curriculum", IndexOver.CLASSIFIER),
+                     ("curriculum+e_hard", IndexOver.LABEL_TEXT)):
+    c = NegativeSchedule(strategy(name), 10, 40, 2, 2, 8)
     assert [c.split(e, True)[0] for e in range(8)] == [0, 0, 10, 13, 16, 19, 22, 25]
     assert c.index_over == over and c.mined_k() == 25
     # ... while its batches keep one shape from tau_s on: 25 hard + 40 random columns.
     assert [c.columns(e, True) for e in range(8)] == [(0, 50)] * 2 + [(25, 40)] * 6
     assert c.columns(3, False) == (0, 50)
-  assert NegativeSchedule("random+w_hard", 10, 40, 2, 2, 8).columns(3, True) == (10, 40)
-  assert NegativeSchedule("random", 10, 40, 2, 2, 8).refresh_epochs == []
-  assert NegativeSchedule("e_hard", 10, 40, 2, 2, 8).index_over == "E"
+  assert NegativeSchedule(strategy("random+w_hard"), 10, 40, 2, 2, 8).columns(3, True) == (10, 40)
+  assert NegativeSchedule(strategy("random"), 10, 40, 2, 2, 8).refresh_epochs == []
+  assert NegativeSchedule(strategy("e_hard"), 10, 40, 2, 2, 8).index_over is IndexOver.LABEL_TEXT
 
 
 def _job_inputs(tmp_path, epoch=3, k=8, backend="exact", fault=""):
@@ -155,7 +160,8 @@ def test_worker_gives_the_same_negatives_as_a_synchronous_refresh(tmp_path, back
   assert stats["epoch"] == 3 and stats["build_s"] >= 0 and 0 <= stats["recall"] <= 1
 
 
-@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"), ("kill", "killed by signal 9")])
+@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"),
+                                            ("kill", "killed by signal 9")])
 def test_failing_worker_is_reported_and_writes_nothing(tmp_path, fault, message):
   job = _job_inputs(tmp_path, fault=fault)
   worker = RefreshWorker()
@@ -197,7 +203,8 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   from astra_jax.negatives.manager import HardNegatives
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=1, tau_r=1, epochs=4)
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=1, tau_r=1,
+                              epochs=4)
 
   def manager(workdir, shards):
     bounds = [[s * 12 // shards, (s + 1) * 12 // shards] for s in range(shards)]
@@ -227,7 +234,7 @@ def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
   from astra_jax.negatives.manager import HardNegatives
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule("random+w_hard", k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
                               epochs=epochs)
   rng = np.random.default_rng(0)
   w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
@@ -271,7 +278,7 @@ def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_p
   b.start_epoch(4, vectors, embed)
   np.testing.assert_array_equal(b.current, mined_4)
   # Inside an epoch the negatives are needed as they are: their loss is an error.
-  with pytest.raises(RefreshFailed, match="hard_epoch3.npy: the checkpoint's hard negatives"):
+  with pytest.raises(RefreshFailed, match=r"hard_epoch3\.npy: the checkpoint's hard negatives"):
     b.load_state(saved[4], resumes_at=(3, 5))
   b.close()
 
@@ -299,14 +306,14 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
                       np.ones(20, np.float32), 12)
   # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
-  schedule = NegativeSchedule("curriculum", k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
+  schedule = NegativeSchedule(strategy("curriculum"), k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
   m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact",
                     shards=[[0, 6], [6, 12]], num_shards=2)
   mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))
   m._commit(1, mined)
   for epoch, h, r in ((2, 2, 4), (3, 3, 3)):
     hard, split = m.start_epoch(epoch, None, None)
-    assert split == {"num_hard": h, "num_random": r, "random_columns": 4}
+    assert split == NegativeSplit(num_hard=h, num_random=r, random_columns=4)
     np.testing.assert_array_equal(np.asarray(hard[np.arange(4)]).reshape(4, 6), mined[:4])
 
 
@@ -332,3 +339,52 @@ def test_fixed_cost_knobs_keep_rows_per_query_flat():
     assert p.training_sample_size <= 1_000_000
   old = index_lib.scann_defaults(10**7, 50)
   assert index_lib.rows_scored_per_query(10**7, old) >= 10**7 // 3 - 10**7 // old.num_leaves
+
+
+def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(tmp_path):
+  """collect_step takes each step's device embeddings; on one process a step's arrive with
+  the next one (the copy overlaps it), flush() stores the one in flight (a checkpoint's
+  memmap holds every step so far), and rows no step saw are embedded at the epoch's end."""
+  import jax.numpy as jnp
+  make, vectors, embed = _tiny_refresh(tmp_path, tau_r=2, epochs=3)
+  m = make()
+  m.start_epoch(0, vectors, embed)  # epoch 0 collects for the refresh of epoch 2
+  assert m.collecting
+  pooled = np.arange(40, dtype=np.float32).reshape(10, 4) + 100.0  # not what embed gives
+  m.collect_step(np.arange(0, 4), jnp.asarray(pooled[0:4]))
+  assert not m.filled.any()
+  m.collect_step(np.arange(4, 8), jnp.asarray(pooled[4:8]))
+  assert m.filled[:4].all() and not m.filled[4:].any()
+  m.flush()
+  assert m.filled[:8].all() and not m.filled[8:].any()
+  m.end_epoch(0, vectors, embed)
+  queries = np.load(os.path.join(m.dir, "queries_epoch2.npy"))
+  np.testing.assert_array_equal(queries[:8], pooled[:8])
+  np.testing.assert_array_equal(queries[8:], embed(np.arange(8, 10)).astype(np.float32))
+  m.close()
+
+
+def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_path):
+  # Sent at once after the fork, before the worker's own code runs: the mask it inherits
+  # keeps the signal pending until it is ignored. Its thread pools follow job.threads.
+  job = _job_inputs(tmp_path, backend="scann")
+  job.threads = 2
+  worker = RefreshWorker()
+  worker.start(job, str(tmp_path / "job.json"))
+  os.kill(worker.proc.pid, signal.SIGTERM)
+  os.kill(worker.proc.pid, signal.SIGINT)
+  proc = f"/proc/{worker.proc.pid}"
+  for _ in range(200):  # until the child has exec'd the worker (its environment before is ours)
+    with open(f"{proc}/cmdline", "rb") as f:
+      if b"astra_jax.negatives.refresh" in f.read():
+        break
+    time.sleep(0.01)
+  with open(f"{proc}/environ", "rb") as f:
+    environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+  assert environ[b"OPENBLAS_NUM_THREADS"] == environ[b"OMP_NUM_THREADS"] == b"2"
+  stats = worker.wait()
+  assert stats["epoch"] == job.epoch
+  reference = RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
+                            "stats_path": str(tmp_path / "sync.json")})
+  run_job(reference)
+  np.testing.assert_array_equal(np.load(job.out_path), np.load(reference.out_path))

@@ -3,7 +3,7 @@ import pytest
 
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def make(n=50, batch=8, seed=0, **kw):
@@ -45,7 +45,7 @@ def test_micro_batches_and_process_local_tokens():
     np.testing.assert_array_equal(x["input_ids"][:, 0, 0], rows[:, 0] * 3)
     assert (x["input_ids"][:, 1] == 0).all()
   assert len({tuple(r) for r in x["rand_ids"]}) > 1
-  with pytest.raises(Exception, match="not divisible by config.train.grad_accum_steps=3"):
+  with pytest.raises(Exception, match=r"not divisible by config\.train\.grad_accum_steps=3"):
     make(micro_batches=3)
 
 

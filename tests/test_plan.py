@@ -177,14 +177,14 @@ def test_activation_plan_covers_what_xla_keeps():
   import jax.numpy as jnp
   from flax import nnx
 
-  from astra_jax import train
+  from astra_jax import steps
   c = config_base.base_config()  # the tiny BERT: hidden 64, 2 layers x 2 heads, ffn 128
   c.data.max_len = 48
   encoder = factory.build_encoder(c, vocab_size=1000, pad_id=0, seed=0)
   graphdef, params = nnx.split(encoder, nnx.Param)
 
   def loss(p, ids, key):
-    return (train.encode(graphdef, p, ids, key)[0] ** 2).sum()
+    return (steps.encode(graphdef, p, ids, key)[0] ** 2).sum()
 
   ids = jnp.ones((32, 48), jnp.int32)
   compiled = jax.jit(jax.grad(loss)).lower(params, ids, jax.random.key(0)).compile()
@@ -296,6 +296,7 @@ def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
     assert name in msg, name
 
 
+@pytest.mark.slow
 def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   from astra_jax import train
   c = load_config("experiments/ss20m.py", "synthetic,2e-5")

@@ -12,7 +12,6 @@ import numpy_bert
 from astra_jax import export, metrics, predict, train
 from astra_jax.data import xc_format
 from astra_jax.model.weights import hf_name
-from test_train import REPO, _load_config
 
 
 def test_blocked_topk_equals_dense_ranking():
@@ -33,10 +32,10 @@ def test_k_larger_than_labels():
 
 # ---------------------------------------------------------------- a trained tiny demo
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, load_config):
   """(workdir, data dir): the demo config shrunk to 200 labels, trained for 2 epochs."""
   root = tmp_path_factory.mktemp("serve")
-  c = _load_config("experiments/demo.py")
+  c = load_config("experiments/demo.py")
   c.data.dir = str(root / "data")
   c.data.synthetic.num_labels = 200
   c.data.synthetic.num_train = 2000
@@ -61,6 +60,7 @@ def _test_texts(data_dir, n=None):
   return xc_format.read_texts(os.path.join(data_dir, "tst_X.txt"))[:n]
 
 
+@pytest.mark.slow
 def test_training_exports_a_self_contained_model(trained):
   wd, data = trained
   m = os.path.join(wd, "model")
@@ -78,6 +78,7 @@ def test_training_exports_a_self_contained_model(trained):
   assert mode("encoder.safetensors") == mode("classifier.npy") == mode("model.json")
 
 
+@pytest.mark.slow
 def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   # ScaNN cannot partition 12 rows into its 16 leaves: such a model is searched exactly.
   small = dataclasses.replace(exact.model, classifier=exact.model.classifier[:12])
@@ -87,6 +88,7 @@ def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   assert ids.shape == (1, 5) and (ids >= 0).all() and (ids < 12).all()
 
 
+@pytest.mark.slow
 def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   """Tokens as training cached them, a numpy BERT over the exported weights, a dense
   ranking over the exported W: the predictor's exact path must give the same top-k."""
@@ -115,6 +117,7 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   assert got.labels[3] == [labels[j] for j in want[3]]
 
 
+@pytest.mark.slow
 def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   _, data = trained
   texts = _test_texts(data)
@@ -130,6 +133,7 @@ def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   np.testing.assert_allclose(a.scores[both, 0], b.scores[both, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   wd, _ = trained
   index_dir = os.path.join(wd, "model", "scann")
@@ -154,6 +158,7 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   np.testing.assert_array_equal(rebuilt.predict(texts).ids, other.predict(texts).ids)
 
 
+@pytest.mark.slow
 def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained, exact):
   wd, data = trained
   p = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 1, "reorder": 10})
@@ -169,6 +174,7 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
   np.testing.assert_allclose(s, es, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scann_build_is_deterministic(trained, exact):
   from astra_jax.negatives.index import ScannIndex
   from astra_jax.serve_index import serving_params
@@ -179,6 +185,7 @@ def test_scann_build_is_deterministic(trained, exact):
   np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
   good = ["pesi zeka rode", "lelu bemuti kimo"]
   long = " ".join(["pesi zeka rode"] * 5000)
@@ -200,7 +207,8 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
     exact.predict(good, k=0)
 
 
-def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
+@pytest.mark.slow
+def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   wd, data = trained
   queries = _test_texts(data, 20)
   lines = [q.encode() for q in queries[:10]] + [b"", b"caf\xe9 bad", b"x " * 3000] + \
@@ -208,7 +216,7 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
   (tmp_path / "q.txt").write_bytes(b"\n".join(lines) + b"\n")
   cmd = [sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=5",
          f"--input={tmp_path / 'q.txt'}", "--batch_size=7"]
-  r = subprocess.run(cmd, cwd=REPO, capture_output=True, timeout=300)
+  r = subprocess.run(cmd, cwd=repo_root, capture_output=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   got = [json.loads(l) for l in r.stdout.decode().splitlines()]
   want = scann.predict(lines, k=5)
@@ -226,26 +234,27 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path):
   assert "truncated" in got[12]["warning"]
   # stdin, exact search: the same labels as the exact API.
   r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=3",
-                      "--exact"], cwd=REPO, input=b"\n".join(lines[:3]), capture_output=True,
+                      "--exact"], cwd=repo_root, input=b"\n".join(lines[:3]), capture_output=True,
                      timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   ex = predict.Predictor.from_workdir(wd, index="exact").predict(lines[:3], k=3)
   assert [json.loads(l)["ids"] for l in r.stdout.decode().splitlines()] == ex.ids.tolist()
 
 
-def test_workdir_without_a_finished_model(tmp_path):
+def test_workdir_without_a_finished_model(tmp_path, repo_root):
   with pytest.raises(export.ModelNotFoundError, match=f"{tmp_path}/model does not exist"):
     predict.Predictor.from_workdir(str(tmp_path))
   (tmp_path / "model").mkdir()  # what a crash before the final rename could never leave,
   (tmp_path / "model" / "classifier.npy").write_bytes(b"")  # but a hand-made one can
-  with pytest.raises(export.ModelNotFoundError, match="model.json is missing"):
+  with pytest.raises(export.ModelNotFoundError, match=r"model\.json is missing"):
     predict.Predictor.from_workdir(str(tmp_path))
   r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={tmp_path}"],
-                     cwd=REPO, input=b"q\n", capture_output=True, timeout=300)
+                     cwd=repo_root, input=b"q\n", capture_output=True, timeout=300)
   assert r.returncode == 1 and b"error: no finished model in workdir" in r.stderr
   assert str(tmp_path).encode() in r.stderr
 
 
+@pytest.mark.slow
 def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeypatch):
   wd, _ = trained
   model = export.load_model(wd)

@@ -39,6 +39,7 @@ def _same_run(got, want):
   assert got["steps"] == want["steps"]
 
 
+@pytest.mark.slow
 def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_run(
     tmp_path, monkeypatch):
   c = _config(tmp_path)
@@ -118,31 +119,3 @@ def test_the_hang_watchdog_names_the_hang_and_dumps_every_thread():
   assert text.startswith("error: process 3 made no progress for 0 s while in epoch 0 step 3 "
                          "(train.hang_timeout_s=0.3)")
   assert "test_the_hang_watchdog_names_the_hang_and_dumps_every_thread" in text  # the stack
-
-
-def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_path):
-  # Sent at once after the fork, before the worker's own code runs: the mask it inherits
-  # keeps the signal pending until it is ignored. Its thread pools follow job.threads.
-  import numpy as np
-  from test_negatives import _job_inputs
-  job = _job_inputs(tmp_path, backend="scann")
-  job.threads = 2
-  worker = refresh.RefreshWorker()
-  worker.start(job, str(tmp_path / "job.json"))
-  os.kill(worker.proc.pid, signal.SIGTERM)
-  os.kill(worker.proc.pid, signal.SIGINT)
-  proc = f"/proc/{worker.proc.pid}"
-  for _ in range(200):  # until the child has exec'd the worker (its environment before is ours)
-    with open(f"{proc}/cmdline", "rb") as f:
-      if b"astra_jax.negatives.refresh" in f.read():
-        break
-    time.sleep(0.01)
-  with open(f"{proc}/environ", "rb") as f:
-    environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-  assert environ[b"OPENBLAS_NUM_THREADS"] == environ[b"OMP_NUM_THREADS"] == b"2"
-  stats = worker.wait()
-  assert stats["epoch"] == job.epoch
-  reference = refresh.RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
-                                    "stats_path": str(tmp_path / "sync.json")})
-  refresh.run_job(reference)
-  np.testing.assert_array_equal(np.load(job.out_path), np.load(reference.out_path))

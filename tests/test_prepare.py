@@ -7,8 +7,6 @@ import zipfile
 from astra_jax import config_base, prepare
 from astra_jax.data import dataset
 
-from test_dataset import _json_dataset
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -18,8 +16,8 @@ def _data_cfg(tok):
   return c.data
 
 
-def test_zip_download_to_a_data_directory_and_resume(tmp_path):
-  tok = _json_dataset(tmp_path / "LF-Tiny")
+def test_zip_download_to_a_data_directory_and_resume(tmp_path, json_dataset):
+  tok = json_dataset(tmp_path / "LF-Tiny")
   (tmp_path / "LF-Tiny" / "tst_filter_labels.txt").write_text("0 0\n")
   zpath = tmp_path / "LF-Tiny.raw.zip"
   with zipfile.ZipFile(zpath, "w") as z:  # the download's files below a top directory
@@ -48,15 +46,15 @@ def test_zip_download_to_a_data_directory_and_resume(tmp_path):
   assert data.num_labels == 4 and data.test_filter.tolist() == [[0, 0]]
 
 
-def test_out_inside_src_prepares_twice(tmp_path):
-  tok = _json_dataset(tmp_path / "dl")
+def test_out_inside_src_prepares_twice(tmp_path, json_dataset):
+  tok = json_dataset(tmp_path / "dl")
   out = tmp_path / "dl" / "prepared"
   for _ in range(2):  # the second run must not take its own links for a second dataset
     assert prepare.prepare(str(tmp_path / "dl"), str(out), _data_cfg(tok)).num_labels == 4
 
 
-def test_directory_download_is_linked_and_cli_summarises(tmp_path):
-  tok = _json_dataset(tmp_path / "dl")
+def test_directory_download_is_linked_and_cli_summarises(tmp_path, json_dataset):
+  tok = json_dataset(tmp_path / "dl")
   out = tmp_path / "out"
   r = subprocess.run([sys.executable, "-m", "astra_jax.prepare", f"--src={tmp_path / 'dl'}",
                       f"--out={out}", f"--tokenizer={tok}", "--max_len=6"],

@@ -1,20 +1,17 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
 split for the periodic evaluations, W from label texts, the kNN diagnostic and the TF-IDF
 baseline in results.json."""
-import os
-
 import pytest
 
-from astra_jax import baselines, config_base, train
-from test_train import write_ngame_dataset
+from astra_jax import baselines, train
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
 
 
-def test_validation_split_label_text_init_and_diagnostics(tmp_path):
+def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"
-  write_ngame_dataset(d, n_train=400, n_test=80)
-  c = config_base.load_config(os.path.join(REPO, "experiments/xc_text.py"), "tiny")
+  ngame_dataset(d, n_train=400, n_test=80)
+  c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir, c.data.max_len = str(d), 12
   c.data.validation_fraction = 0.25
   c.classifier.init = "label_text"

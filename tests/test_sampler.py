@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def test_masks_follow_the_positive_and_hard_sets():

@@ -3,68 +3,32 @@ without gradient accumulation; fp16 loss scaling skips overflowing steps and res
 gradients that would underflow."""
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
-from astra_jax import loss, loss_scale, optim, sharding, sparse_sgd, train
+from astra_jax import loss, loss_scale, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.sampler import NegativeSampler
-
-L, B, D, KH = 64, 16, 8, 3
+from astra_jax.negatives.sampler import NegativeSampler
+from tiny_step import B, KH, L, problem
 
 
-def _setup(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query=False,
-           num_labels=L, k_p=4):
-  cfg = EncoderConfig(vocab_size=40, hidden_size=D, num_layers=1, num_heads=2,
-                      intermediate_size=16, max_position=16, embedding_dropout=dropout,
-                      hidden_dropout=0.1 if dropout else 0.0,
-                      attention_dropout=0.1 if dropout else 0.0, dtype=dtype)
-  graphdef, enc = nnx.split(Encoder(cfg, nnx.Rngs(0)), nnx.Param)
-  oc = ml_collections.ConfigDict(dict(encoder_lr=1e-2, classifier_lr=0.5, warmup_steps=1,
-                                      encoder_weight_decay=0.0, classifier_weight_decay=0.05,
-                                      classifier_momentum=0.0, grad_clip_norm=0.0))
-  rng = np.random.default_rng(0)
-  n = num_labels
-  labels = SparseRows.from_lists([list(rng.choice(n, 3, replace=False)) for _ in range(40)], n)
-  sampler = NegativeSampler(labels, k_p=k_p, k_h=KH, k_r=24, num_shards=num_shards,
-                            per_query_random=per_query)
-  R = -(-n // num_shards)  # rows per shard of the padded W; the last shard's real: n - s R
-  batches = []
-  for _ in range(3):
-    rows = rng.choice(40, B, replace=False)
-    # hard negatives grouped by shard, as the per-shard indexes return them
-    hard = np.concatenate([s * R + rng.choice(min(R, n - s * R), (B, KH))
-                           for s in range(num_shards)], 1)
-    parts = [sampler(r, rng, h) for r, h in zip(np.split(rows, micro_batches),
-                                                np.split(hard, micro_batches))]
-    b = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
-    b["input_ids"] = rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32)
-    batches.append(b)
-  w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (n, D)))
-  return graphdef, enc, oc, batches, w0
-
-
-def _run(step_fn, params, opt_state, batches, put_batch):
+def _run(step_fn, state, batches, put_batch):
   losses = []
   for i, b in enumerate(batches):
-    params, opt_state, value, _ = step_fn(params, opt_state, put_batch(b), jax.random.key(i))
+    state, value, _ = step_fn(state, put_batch(b), jax.random.key(i))
     losses.append(float(value))
-  w = params["classifier"]
-  if "scale" in opt_state:
-    w, _ = sparse_sgd.fold(w, opt_state["scale"])
-  return losses, jax.device_get(params["encoder"]), np.asarray(w)
+  state = steps.fold_classifier(state)
+  return losses, jax.device_get(state.encoder), np.asarray(state.classifier)
 
 
 def _dense_reference(graphdef, enc, oc, batches, w0):
   """The dense optax step (autodiff w.r.t. all of W) on one device."""
   tx = optim.make_optimizer(oc, 10)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  step = train.make_train_step(graphdef, tx)
-  return _run(step, params, tx.init(params), batches,
+  step = steps.make_train_step(graphdef, tx)
+  return _run(step, steps.init_dense_state(tx, params), batches,
               lambda b: {k: jnp.asarray(v) for k, v in b.items()})
 
 
@@ -74,13 +38,12 @@ def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0
   rows = sharding.padded_rows(len(w0), mesh)  # padded rows start at 0, as in the trainer
   w_padded = np.concatenate([w0, np.zeros((rows - len(w0), w0.shape[1]), w0.dtype)])
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w_padded)}
-  params, opt_state = sharding.shard_params(
-      params, train.init_sparse_opt_state(tx, params, init_scale), mesh)
+  state = steps.shard_state(steps.init_sparse_state(tx, params, init_scale), mesh)
   if shape[1] > 1:
-    assert params["classifier"].sharding.spec == jax.sharding.PartitionSpec("model")
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+    assert state.classifier.sharding.spec == jax.sharding.PartitionSpec("model")
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B, scaling)
-  return _run(step, params, opt_state, batches, lambda b: sharding.shard_batch(b, mesh))
+  return _run(step, state, batches, lambda b: sharding.shard_batch(b, mesh))
 
 
 def _assert_same(got, ref, w0):
@@ -96,14 +59,14 @@ def _assert_same(got, ref, w0):
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_sharded_step_equals_dense_single_device_step(shape):
   assert jax.device_count() == 8
-  setup = _setup(num_shards=shape[1])
+  setup = problem(num_shards=shape[1])
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
 def test_kept_positives_weighted_in_the_sharded_step():
   # Rows with 3 positives, k_p = 2: the sampler keeps 2 with weight 3/2; the model-parallel
   # kernel must weight them as the dense estimator does.
-  setup = _setup(num_shards=4, k_p=2)
+  setup = problem(num_shards=4, k_p=2)
   assert np.all(setup[3][0]["pos_weight"] == 1.5)
   _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
@@ -111,13 +74,13 @@ def test_kept_positives_weighted_in_the_sharded_step():
 @pytest.mark.parametrize("per_query", [False, True])
 def test_padded_last_shard_equals_dense_step(per_query):
   """61 labels on 4 shards of 16 rows: the last shard has 13 real rows and 3 padded."""
-  setup = _setup(num_shards=4, per_query=per_query, num_labels=61)
+  setup = problem(num_shards=4, per_query=per_query, num_labels=61)
   _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
-  setup = _setup(num_shards=shape[1], per_query=True)
+  setup = problem(num_shards=shape[1], per_query=True)
   assert setup[3][0]["rand_ids"].shape == (1, B, shape[1] * 24)
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
@@ -138,7 +101,7 @@ def _with_masked_columns(batch, num_shards, extra):
 @pytest.mark.parametrize("per_query", [False, True])
 def test_masked_columns_leave_the_step_unchanged(per_query):
   """The curricula pad their batches to one width with masked columns (sampler.py)."""
-  graphdef, enc, oc, batches, w0 = setup = _setup(num_shards=4, per_query=per_query)
+  graphdef, enc, oc, batches, w0 = setup = problem(num_shards=4, per_query=per_query)
   padded = [_with_masked_columns(b, 4, extra=3) for b in batches]
   assert padded[0]["hard_ids"].shape[-1] == 4 * (KH + 3)
   got = _sparse(graphdef, enc, oc, padded, w0, (2, 4))
@@ -148,27 +111,26 @@ def test_masked_columns_leave_the_step_unchanged(per_query):
 def test_step_and_fold_write_w_into_its_own_buffer():
   """The trainer advises W's buffer once (host_memory.back_with_huge_pages): the donated
   step and the fold must keep writing into that buffer, not a new one."""
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=1, per_query=True)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=1, per_query=True)
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  params, opt_state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params), mesh)
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+  state = steps.shard_state(steps.init_sparse_state(tx, params), mesh)
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B)
-  buffer = params["classifier"].unsafe_buffer_pointer()
+  buffer = state.classifier.unsafe_buffer_pointer()
   for i, b in enumerate(batches):
-    params, opt_state, _, _ = step(params, opt_state, sharding.shard_batch(b, mesh),
-                                   jax.random.key(i))
-    assert params["classifier"].unsafe_buffer_pointer() == buffer
-  w, _ = sparse_sgd.fold(params["classifier"], opt_state["scale"])
+    state, _, _ = step(state, sharding.shard_batch(b, mesh), jax.random.key(i))
+    assert state.classifier.unsafe_buffer_pointer() == buffer
+  w = steps.fold_classifier(state).classifier
   assert w.unsafe_buffer_pointer() == buffer
   assert not np.allclose(np.asarray(w), w0)
 
 
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
 def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=2, dropout=0.0,
-                                          per_query=per_query)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=2, dropout=0.0,
+                                           per_query=per_query)
   got = _sparse(graphdef, enc, oc, batches, w0, shape)
   # Independent reference: autodiff of the mean over both micro-batches of the estimator,
   # written out here without the step's scan, then the optax chain.
@@ -193,26 +155,24 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
 
 
 def test_dynamic_loss_scaling_in_float16():
-  setup = _setup(num_shards=1, dtype="float16")
+  setup = problem(num_shards=1, dtype="float16")
   # A scale so large that float16 cotangents overflow: the first steps are skipped and
   # the scale halves until they fit; nothing changes on a skipped step.
   graphdef, enc, oc, batches, w0 = setup
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  params, state = sharding.shard_params(params, train.init_sparse_opt_state(tx, params, 2.0 ** 40),
-                                        mesh)
-  step = train.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
+  state = steps.shard_state(steps.init_sparse_state(tx, params, 2.0 ** 40), mesh)
+  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
                                       oc.classifier_weight_decay, mesh, B, "dynamic")
-  before = jax.device_get((params, state["encoder"], state["scale"]))
-  params, state, _, _ = step(params, state, sharding.shard_batch(batches[0], mesh),
-                             jax.random.key(0))
-  assert float(state["loss_scale"]["scale"]) == 2.0 ** 39 and int(state["step"]) == 0
-  after = jax.device_get((params, state["encoder"], state["scale"]))
+  before = jax.device_get((state.params, state.opt, state.scale))
+  state, _, _ = step(state, sharding.shard_batch(batches[0], mesh), jax.random.key(0))
+  assert float(state.loss_scale["scale"]) == 2.0 ** 39 and int(state.step) == 0
+  after = jax.device_get((state.params, state.opt, state.scale))
   for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):  # W, encoder, Adam, scale
     np.testing.assert_array_equal(a, b)
   # With a workable scale the float16 step tracks the float32 one.
-  f32 = _sparse(*_setup(num_shards=1), (1, 1))
+  f32 = _sparse(*problem(num_shards=1), (1, 1))
   scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)
   np.testing.assert_allclose(scaled[0], f32[0], rtol=2e-2)
   np.testing.assert_allclose(scaled[2], f32[2], atol=2e-2)
@@ -223,7 +183,7 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
   # cotangents fall below float16's smallest subnormal (6e-8) and flush to zero without
   # scaling, so Adam leaves those entries where they were; scaled by 2^15 they survive.
   def encoder_after_two_steps(dtype, scaling, init_scale):
-    graphdef, enc, oc, batches, w0 = _setup(num_shards=1, dtype=dtype)
+    graphdef, enc, oc, batches, w0 = problem(num_shards=1, dtype=dtype)
     before = jax.tree.leaves(jax.device_get(enc))
     # the first step has lr 0 (warmup), the second moves the encoder
     after = jax.tree.leaves(_sparse(graphdef, enc, oc, batches[:2], 1e-3 * w0, (1, 1),
@@ -243,7 +203,7 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
 def test_full_baseline_step_counts_every_positive_not_only_k_p():
   # Rows with 5 positives, k_p = 2: the full-L step's loss is eq. 1 with all 5 as positives
   # (the 3 not sampled into pos_ids must not be trained as negatives).
-  graphdef, enc, oc, _, w0 = _setup(num_shards=1, dropout=0.0)
+  graphdef, enc, oc, _, w0 = problem(num_shards=1, dropout=0.0)
   rng = np.random.default_rng(1)
   rows = [list(rng.choice(L, 5, replace=False)) for _ in range(B)]
   sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4,
@@ -252,15 +212,15 @@ def test_full_baseline_step_counts_every_positive_not_only_k_p():
   batch["input_ids"] = rng.integers(1, 40, (1, B, 10)).astype(np.int32)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   tx = optim.make_optimizer(oc, 10)
-  emb, _ = train.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
+  emb, _ = steps.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
                         jax.random.key(0))
   targets = np.zeros((B, L))
   for i, r in enumerate(rows):
     targets[i, r] = 1
   want = float(loss.full_bce(emb, jnp.asarray(w0), jnp.asarray(targets)))
-  step = train.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
-  _, _, value, _ = step(params, tx.init(params), {k: jnp.asarray(v) for k, v in batch.items()},
-                        jax.random.key(0))
+  step = steps.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
+  _, value, _ = step(steps.init_dense_state(tx, params),
+                     {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0))
   np.testing.assert_allclose(float(value), want, rtol=1e-5)
 
 

@@ -6,14 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from astra_jax import checkpoint, optim, sharding, sparse_momentum, train
-from test_sharding import B, L, _setup
+from astra_jax import checkpoint, optim, sharding, sparse_momentum, steps, train
+from tiny_step import B, L, problem
 
 BETA, WD = 0.9, 0.05
 
 
 def _dense_transitions(lrs, wd, beta):
-  """A_t of each step in float64 (the module docstring's definition, written out)."""
+  """A_t of each step in float64 (docs/DESIGN.md, section 3, written out)."""
   return [np.array([[1 - lr * wd, -lr * beta], [wd, beta]]) for lr in lrs]
 
 
@@ -104,7 +104,7 @@ STEPS, RESUME_AT = 54, 27
 
 
 def _untouched_stretches(batches, num_shards, rng):
-  """STEPS batches from test_sharding's setup in which rows 0, 1 of each W shard are not
+  """STEPS batches from tiny_step.problem in which rows 0, 1 of each W shard are not
   touched after step 3 and rows 2, 3 only every 17th step: their ids are moved to the
   shard's free rows, so every hard and random negative stays in its shard's block."""
   rows = -(-L // num_shards)
@@ -120,16 +120,16 @@ def _untouched_stretches(batches, num_shards, rng):
   return out
 
 
-def _run(step_fn, params, opt_state, batches, put, start=0, stop=STEPS):
+def _run(step_fn, state, batches, put, start=0, stop=STEPS):
   for t in range(start, stop):
-    params, opt_state, _, _ = step_fn(params, opt_state, put(batches[t]), jax.random.key(t))
-  return params, opt_state
+    state, _, _ = step_fn(state, put(batches[t]), jax.random.key(t))
+  return state
 
 
 @pytest.mark.parametrize("shape,micro_batches", [((1, 1), 2), ((2, 4), 2)])
 def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, tmp_path):
-  graphdef, enc, oc, batches, w0 = _setup(num_shards=shape[1], micro_batches=micro_batches,
-                                          per_query=True)
+  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=micro_batches,
+                                           per_query=True)
   oc.classifier_momentum, oc.classifier_lr, oc.warmup_steps = BETA, 0.3, 5
   batches = _untouched_stretches(batches, shape[1], np.random.default_rng(1))
   fresh = lambda: {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
@@ -137,34 +137,35 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, 
   # The dense reference: autodiff w.r.t. all of W and optim.py's optax chain.
   tx = optim.make_optimizer(oc, STEPS)
   params = fresh()
-  dense_step = train.make_train_step(graphdef, tx)
-  dense, _ = _run(dense_step, params, tx.init(params), batches,
-                  lambda b: {k: jnp.asarray(v) for k, v in b.items()})
+  dense_step = steps.make_train_step(graphdef, tx)
+  dense = _run(dense_step, steps.init_dense_state(tx, params), batches,
+               lambda b: {k: jnp.asarray(v) for k, v in b.items()}).params
 
   mesh = sharding.make_mesh(*shape)
   enc_tx = optim.encoder_optimizer(oc, STEPS)
 
   def sparse_start():
-    return sharding.shard_params(fresh(), train.init_sparse_opt_state(
-        enc_tx, fresh(), momentum_steps=STEPS), mesh)
+    return steps.shard_state(steps.init_sparse_state(enc_tx, fresh(), momentum_steps=STEPS),
+                             mesh)
 
-  step = train.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, STEPS),
+  step = steps.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, STEPS),
                                       oc.classifier_weight_decay, mesh, B, momentum=BETA)
   put = lambda b: sharding.shard_batch(b, mesh)
-  params, opt_state = _run(step, *sparse_start(), batches, put, stop=RESUME_AT)
-  touched = np.asarray(opt_state["momentum"].touched_at)
+  state = _run(step, sparse_start(), batches, put, stop=RESUME_AT)
+  touched = np.asarray(state.momentum.touched_at)
   # The state holds rows last touched after step 3 (index 3) next to current ones.
   assert touched.min() == 4 and touched.max() == RESUME_AT
   ck = checkpoint.Checkpoints(str(tmp_path))
-  ck.save(RESUME_AT, params, opt_state, {"step": RESUME_AT})
+  ck.save(RESUME_AT, *steps.saved_layout(state), {"step": RESUME_AT})
   ck.close()
   ck = checkpoint.Checkpoints(str(tmp_path))
-  params, opt_state, _ = ck.restore(*sparse_start())
+  start = sparse_start()
+  params, opt_state, _ = ck.restore(*steps.saved_layout(start))
   ck.close()
-  assert opt_state["momentum"].velocity.sharding.spec == jax.sharding.PartitionSpec("model")
-  params, opt_state = _run(step, params, opt_state, batches, put, start=RESUME_AT)
-  w, state = sparse_momentum.fold(params["classifier"], opt_state["momentum"])
-  w = np.asarray(w)
+  state = steps.from_saved(start, params, opt_state, RESUME_AT)
+  assert state.momentum.velocity.sharding.spec == jax.sharding.PartitionSpec("model")
+  state = _run(step, state, batches, put, start=RESUME_AT)
+  w = np.asarray(steps.fold_classifier(state).classifier)
   # Rows barred after step 3 moved on momentum and decay alone, as in the dense step.
   stale = np.arange(0, L, -(-L // shape[1]))
   assert not np.allclose(np.asarray(dense["classifier"])[stale], w0[stale])
@@ -206,6 +207,7 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   assert int(got.period_step) == 5
 
 
+@pytest.mark.slow
 def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(
     tmp_path, small_synthetic):
   """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it

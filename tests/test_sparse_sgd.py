@@ -5,20 +5,21 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax import optim, sharding, sparse_sgd, train
+from astra_jax import classifier, optim, sharding, steps
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
 
 
 def test_update_by_hand_with_duplicate_ids():
   v = jnp.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
   ids = jnp.array([0, 2, 0])
   g = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-  v2, s2 = sparse_sgd.sgd_update(v, jnp.float32(1.0), ids, g, jnp.float32(0.1), 0.5)
-  w = np.asarray(sparse_sgd.fold(v2, s2)[0])
+  v2, s2 = classifier.sgd_update(v, jnp.float32(1.0), ids, g, jnp.float32(0.1), 0.5)
+  w = np.asarray(classifier.fold(v2, s2)[0])
   # Dense: W <- (1 - 0.1 * 0.5) W - 0.1 * G, G[0] = (2, 1), G[2] = (0, 1), G[1] = 0
-  want = 0.95 * np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) - 0.1 * np.array([[2, 1], [0, 0], [0, 1]])
+  g = np.array([[2, 1], [0, 0], [0, 1]])
+  want = 0.95 * np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]) - 0.1 * g
   np.testing.assert_allclose(w, want, rtol=1e-6)
 
 
@@ -33,16 +34,16 @@ def test_sparse_step_equals_dense_optax_step():
                                       classifier_momentum=0.0, grad_clip_norm=0.0))
   total = 20
   dense_tx = optim.make_optimizer(oc, total)
-  dense_step = train.make_train_step(graphdef, dense_tx)
+  dense_step = steps.make_train_step(graphdef, dense_tx)
   enc_tx = optim.encoder_optimizer(oc, total)
-  sparse_step = train.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
+  sparse_step = steps.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
                                              oc.classifier_weight_decay,
                                              sharding.make_mesh(1, 1), B)
   copy = lambda t: jax.tree.map(jnp.array, t)
   dense_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
   sparse_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
-  dense_s = dense_tx.init(dense_p)
-  sparse_s = train.init_sparse_opt_state(enc_tx, sparse_p)
+  dense_s = steps.init_dense_state(dense_tx, dense_p)
+  sparse_s = steps.init_sparse_state(enc_tx, sparse_p)
   rng = np.random.default_rng(0)
   labels = SparseRows.from_lists([list(rng.choice(L, 3, replace=False)) for _ in range(64)], L)
   sampler = NegativeSampler(labels, k_p=4, k_h=5, k_r=30)
@@ -53,11 +54,12 @@ def test_sparse_step_equals_dense_optax_step():
     b["input_ids"] = rng.integers(1, 50, (B, 10)).astype(np.int32)
     batch = {k: jnp.asarray(v)[None] for k, v in b.items()}  # one micro-batch
     key = jax.random.key(step)
-    dense_p, dense_s, dl, _ = dense_step(dense_p, dense_s, batch, key)
-    sparse_p, sparse_s, sl, _ = sparse_step(sparse_p, sparse_s, batch, key)
+    dense_s, dl, _ = dense_step(dense_s, batch, key)
+    sparse_s, sl, _ = sparse_step(sparse_s, batch, key)
     np.testing.assert_allclose(sl, dl, rtol=1e-5)
-  assert float(sparse_s["scale"]) < 1.0  # the decay went into the scale
-  w_sparse, _ = sparse_sgd.fold(sparse_p["classifier"], sparse_s["scale"])
+  assert float(sparse_s.scale) < 1.0  # the decay went into the scale
+  w_sparse, _ = classifier.fold(sparse_s.classifier, sparse_s.scale)
+  dense_p, sparse_p = dense_s.params, sparse_s.params
   np.testing.assert_allclose(w_sparse, dense_p["classifier"], rtol=1e-5, atol=1e-6)
   # Adam divides by sqrt(v): for parameters whose gradient is ~0 (float noise) it turns
   # rounding differences into updates of up to lr, so compare to 2% of one step (lr=1e-2).

@@ -9,19 +9,14 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import config_base, train
+from astra_jax import config_base, train, train_log
 from astra_jax.data import xc_format
-from astra_jax.data.xc_format import SparseRows
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from astra_jax.negatives.schedule import NegativeSplit
 
 
-def _load_config(path, arg=None):
-  return config_base.load_config(os.path.join(REPO, path), arg)
-
-
-def test_main_job_on_small_synthetic_data(tmp_path):
-  c = _load_config("experiments/demo.py")
+@pytest.mark.slow
+def test_main_job_on_small_synthetic_data(tmp_path, load_config):
+  c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
   c.data.synthetic.num_labels = 300
   c.data.synthetic.num_train = 3000
@@ -48,49 +43,17 @@ def test_main_job_on_small_synthetic_data(tmp_path):
   assert any(l["kind"] == "train" for l in lines) and lines[-1]["kind"] == "eval"
 
 
-WORDS = {"colour": ["red", "green", "blue", "black", "white", "yellow"],
-         "thing": ["shoe", "shirt", "lamp", "chair", "phone", "watch", "table", "bottle"]}
-
-
-def write_ngame_dataset(d, seed=0, n_train=1500, n_test=200):
-  """Labels = colour x thing; queries mention their labels' words among filler."""
-  rng = np.random.default_rng(seed)
-  labels = [f"{c} {t}" for c in WORDS["colour"] for t in WORDS["thing"]]
-  L = len(labels)
-  filler = "cheap new best buy online for sale with free delivery".split()
-
-  def queries(n):
-    texts, rows = [], []
-    for _ in range(n):
-      pos = sorted(set(rng.choice(L, rng.integers(1, 3), replace=False).tolist()))
-      words = [w for p in pos for w in labels[p].split()] + list(rng.choice(filler, 2))
-      rng.shuffle(words)
-      texts.append(" ".join(words))
-      rows.append(pos)
-    return texts, SparseRows.from_lists(rows, L)
-
-  os.makedirs(d / "raw_data")
-  trn_t, trn_y = queries(n_train)
-  tst_t, tst_y = queries(n_test)
-  xc_format.write_texts(d / "raw_data" / "train.raw.txt", trn_t, layout="uid")
-  xc_format.write_texts(d / "raw_data" / "test.raw.txt", tst_t, layout="uid")
-  xc_format.write_texts(d / "raw_data" / "label.raw.txt", labels, layout="uid")
-  xc_format.write_sparse(d / "trn_X_Y.txt", trn_y)
-  xc_format.write_sparse(d / "tst_X_Y.txt", tst_y)
-  (d / "filter_labels_test.txt").write_text("0 0\n1 1\n")
-  return L
-
-
-def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path):
+@pytest.mark.slow
+def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path, ngame_dataset, repo_root):
   d = tmp_path / "ds"
-  write_ngame_dataset(d)
+  ngame_dataset(d)
   wd = tmp_path / "wd"
   cmd = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
          f"--config.data.dir={d}", f"--workdir={wd}", "--config.train.epochs=6",
          "--config.train.batch_size=64", "--config.negatives.k_r=16", "--config.negatives.k_h=4",
          "--config.optim.warmup_steps=20", "--config.train.eval_every_epochs=0",
          "--config.data.max_len=12"]
-  r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+  r = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   assert "label popularity" in r.stdout and "P@1" in r.stdout
   res = json.loads((wd / "results.json").read_text())
@@ -99,10 +62,11 @@ def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path):
   assert res["P@1"] > res["popularity_baseline"]["P@1"] + 20
 
 
-def test_xc_text_default_uses_pretrained_minilm(tmp_path):
+@pytest.mark.slow
+def test_xc_text_default_uses_pretrained_minilm(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"
-  write_ngame_dataset(d, n_train=480, n_test=100)
-  c = _load_config("experiments/xc_text.py")
+  ngame_dataset(d, n_train=480, n_test=100)
+  c = load_config("experiments/xc_text.py")
   c.data.dir = str(d)
   c.data.max_len = 12
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 3, 32, 0
@@ -113,25 +77,26 @@ def test_xc_text_default_uses_pretrained_minilm(tmp_path):
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
-def test_bad_config_key_and_missing_data_fail_clearly(tmp_path):
+def test_bad_config_key_and_missing_data_fail_clearly(tmp_path, repo_root):
   r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
-                      "--config.train.epochz=3"], cwd=REPO, capture_output=True, text=True,
+                      "--config.train.epochz=3"], cwd=repo_root, capture_output=True, text=True,
                      timeout=300)
   assert r.returncode != 0 and "epochz" in r.stderr
   r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py",
                       f"--config.data.dir={tmp_path}", f"--workdir={tmp_path / 'wd'}"],
-                     cwd=REPO, capture_output=True, text=True, timeout=300)
+                     cwd=repo_root, capture_output=True, text=True, timeout=300)
   assert r.returncode != 0 and "no dataset found in" in r.stderr
 
 
-def test_texts_and_labels_of_different_lengths(tmp_path):
+def test_texts_and_labels_of_different_lengths(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"
-  write_ngame_dataset(d)
+  ngame_dataset(d)
   lines = (d / "raw_data" / "test.raw.txt").read_text().splitlines()
   (d / "raw_data" / "test.raw.txt").write_text("\n".join(lines[:-1]) + "\n")
-  c = _load_config("experiments/xc_text.py", "tiny")
+  c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir = str(d)
-  with pytest.raises(xc_format.XCFormatError, match=r"test.raw.txt: 199 texts but tst_X_Y.txt has 200"):
+  with pytest.raises(xc_format.XCFormatError,
+                     match=r"test\.raw\.txt: 199 texts but tst_X_Y\.txt has 200"):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
 
 
@@ -147,6 +112,7 @@ def test_validation_names_the_field():
     config_base.validate(c)
 
 
+@pytest.mark.slow
 def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -170,6 +136,7 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
+@pytest.mark.slow
 def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="kill")
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -180,6 +147,7 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_syn
   assert r["steps"] == 4 * (3300 // 64)
 
 
+@pytest.mark.slow
 def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthetic):
   # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
   c = small_synthetic(tau_s=1, tau_r=1)
@@ -205,6 +173,7 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthe
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, 1, 1, 3]
 
 
+@pytest.mark.slow
 def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
   # (1, 8): 300 labels padded to 304 rows, 8 shards of 38, one index per shard; gradient
   # accumulation over 2 micro-batches of 32 queries (4 per device).
@@ -233,13 +202,13 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   c.optim.warmup_steps = 0
   batches = SimpleNamespace(steps_per_epoch=10, wait_seconds=0.0)
   now = [100.0]
-  monkeypatch.setattr(train.time, "time", lambda: now[0])
-  log = train.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
+  monkeypatch.setattr(train_log.time, "time", lambda: now[0])
+  log = train_log.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=20)
   log.start(0)
   assert [s for s in range(10) if log.due(s)] == [3, 7, 9]  # every 4 steps and the last
   now[0] += 2.0
   batches.wait_seconds = 0.5
-  negatives = {"num_hard": 8, "num_random": 64}
+  negatives = NegativeSplit(num_hard=8, num_random=64, random_columns=64)
   log.report(epoch=0, step=3, global_step=4, loss_value=0.25, negatives=negatives)
   line = json.loads((tmp_path / "metrics.jsonl").read_text())
   # No warmup, cosine decay over 20 steps: at step 4, 0.5 (1 + cos(pi 4 / 20)) of the peak.

@@ -1,6 +1,5 @@
 """The siamese warm-start stage: its loss by hand, its pairs, that it learns, and resume."""
 import numpy as np
-import jax
 import jax.numpy as jnp
 import ml_collections
 import pytest
@@ -110,6 +109,6 @@ def test_no_label_texts_is_a_config_error(tmp_path):
   from astra_jax.errors import InputError
   queries, texts, rows = _problem()
   graphdef, start = _encoder()
-  with pytest.raises(InputError, match="warmstart.epochs=2"):
+  with pytest.raises(InputError, match=r"warmstart\.epochs=2"):
     warmstart.run(_config(2), graphdef, start, queries, None,
                   warmstart.training_pairs(rows, rows.num_rows), str(tmp_path))

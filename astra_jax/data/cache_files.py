@@ -13,7 +13,7 @@ import fcntl
 import glob
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from absl import logging

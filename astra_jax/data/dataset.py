@@ -114,7 +114,8 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     probe = os.path.join(cache_dir, f".write-test-{tmpnames.unique_suffix()}")
     open(probe, "w").close(), os.remove(probe)
   except OSError:
-    raise InputError(f"cache directory {cache_dir} is not writable; set --config.data.cache_dir") from None
+    raise InputError(f"cache directory {cache_dir} is not writable; "
+                     "set --config.data.cache_dir") from None
 
   # Labels: binary caches built once (label_cache), then memory-mapped.
   if layout == "json":

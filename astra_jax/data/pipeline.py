@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator
 
 import numpy as np
 
 from astra_jax.errors import InputError
-from astra_jax.sampler import NegativeSampler
+from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.negatives.schedule import NegativeSplit
 
 
 class TrainBatches:
@@ -40,7 +41,8 @@ class TrainBatches:
     self.wait_seconds = 0.0  # consumer time blocked on the next batch, all epochs
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
-      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows")
+      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} "
+                       "training rows")
     if batch_size % micro_batches:
       raise InputError(f"config.train.batch_size={batch_size} is not divisible by "
                        f"config.train.grad_accum_steps={micro_batches}")
@@ -52,13 +54,15 @@ class TrainBatches:
     return self.num_rows // self.batch_size
 
   def make_batch(self, epoch: int, step: int, order: np.ndarray,
-                 hard_negatives: np.ndarray | None, **split: int) -> dict[str, np.ndarray]:
+                 hard_negatives: np.ndarray | None,
+                 split: NegativeSplit | None = None) -> dict[str, np.ndarray]:
     rows = order[step * self.batch_size:(step + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
     a = self.micro_batches
     hards = [None] * a if hard is None else np.split(hard, a)
-    parts = [self.sampler(r, rng, h, **split) for r, h in zip(np.split(rows, a), hards)]
+    counts = {} if split is None else split._asdict()
+    parts = [self.sampler(r, rng, h, **counts) for r, h in zip(np.split(rows, a), hards)]
     batch = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
     if self.token_rows is None:
       ids = np.asarray(self.tokens[rows], np.int32)
@@ -75,17 +79,17 @@ class TrainBatches:
     return order[:step * self.batch_size]
 
   def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
-            start_step: int = 0, **split: int
+            start_step: int = 0, split: NegativeSplit | None = None
             ) -> Iterator[tuple[dict[str, np.ndarray], float]]:
     """Yields (batch, seconds the thread spent preparing it) from `start_step` on.
 
-    hard_negatives: (N, h) per training row, or None; split: the sampler's num_hard,
-    num_random, random_columns (HardNegatives.start_epoch gives them)."""
+    hard_negatives: (N, h) per training row, or None; split: the epoch's negatives
+    (HardNegatives.start_epoch gives it; None: the sampler's defaults)."""
     order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
 
     def timed(step):
       t0 = time.perf_counter()
-      return (self.make_batch(epoch, step, order, hard_negatives, **split),
+      return (self.make_batch(epoch, step, order, hard_negatives, split),
               time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"batches-epoch{epoch}")

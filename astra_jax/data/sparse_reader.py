@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from absl import logging

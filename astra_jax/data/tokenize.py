@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 import time
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging

@@ -58,7 +58,7 @@ def take_rows(labels: SparseRows | WithLabelRows, rows: np.ndarray) -> SparseRow
 def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
   """(training rows, validation rows), each sorted: round(fraction * num_rows) rows drawn
   without replacement by `seed`."""
-  num_val = int(round(fraction * num_rows))
+  num_val = round(fraction * num_rows)
   perm = np.random.default_rng(seed).permutation(num_rows)
   return np.sort(perm[num_val:]), np.sort(perm[:num_val])
 

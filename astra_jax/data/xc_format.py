@@ -11,7 +11,7 @@ import gzip
 import json
 import os
 import re
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -57,7 +57,7 @@ class SparseRows:
   def nnz(self) -> int:
     return int(self.indptr[-1])
 
-  def row_range(self, lo: int, hi: int) -> "SparseRows":
+  def row_range(self, lo: int, hi: int) -> SparseRows:
     """Rows [lo, hi) as their own matrix (views of the arrays, row pointers rebased)."""
     start, end = self.indptr[lo], self.indptr[hi]
     return SparseRows(np.asarray(self.indptr[lo:hi + 1]) - start, self.indices[start:end],
@@ -107,7 +107,7 @@ class SparseRows:
     flat = np.arange(len(which)) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
     return which, np.asarray(self.indices[flat], np.int64)
 
-  def head(self, n: int) -> "SparseRows":
+  def head(self, n: int) -> SparseRows:
     """The first n rows."""
     if n == self.num_rows:
       return self
@@ -123,7 +123,7 @@ class SparseRows:
 
   @staticmethod
   def from_lists(rows: Sequence[Sequence[int]], num_cols: int,
-                 values: Sequence[Sequence[float]] | None = None) -> "SparseRows":
+                 values: Sequence[Sequence[float]] | None = None) -> SparseRows:
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     flat = [i for r in rows for i in r]
@@ -134,7 +134,7 @@ class SparseRows:
       vals = np.asarray([v for r in values for v in r], np.float32)
     return SparseRows(indptr, indices, vals, int(num_cols))
 
-  def vstack(self, other: "SparseRows") -> "SparseRows":
+  def vstack(self, other: SparseRows) -> SparseRows:
     if other.num_cols != self.num_cols:
       raise ValueError(f"column counts differ: {self.num_cols} vs {other.num_cols}")
     if self.values is None and other.values is None:
@@ -199,7 +199,7 @@ class WithLabelRows:
     labels[~from_base] = rows[~in_base] - self.base.num_rows
     return which, labels
 
-  def head(self, n: int) -> "SparseRows | WithLabelRows":
+  def head(self, n: int) -> SparseRows | WithLabelRows:
     if n <= self.base.num_rows:
       return self.base.head(n)
     if n == self.num_rows:
@@ -273,7 +273,7 @@ def parse_header(path: str | os.PathLike, lineno: int, header: str,
 
 
 def parse_row(path: str | os.PathLike, lineno: int, line: str, cols: int,
-              sorted_unique: "_SortedUnique") -> tuple[np.ndarray, np.ndarray]:
+              sorted_unique: _SortedUnique) -> tuple[np.ndarray, np.ndarray]:
   """One non-empty row's (sorted unique int64 ids, float32 values), or an XCFormatError
   naming the line: the reference parser, and the one that words every error."""
   try:
@@ -372,7 +372,8 @@ class atomic_text_writer:
 # {trn,tst,lbl}.json.gz: one object per line with uid, title, content).
 
 
-def read_texts(path: str | os.PathLike, layout: str = "auto", use_content: bool = False) -> list[str]:
+def read_texts(path: str | os.PathLike, layout: str = "auto",
+               use_content: bool = False) -> list[str]:
   """Reads one text per row (all in RAM; `iter_texts` streams them).
 
   Args:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained

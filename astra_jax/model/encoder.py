@@ -8,8 +8,9 @@ high embedding dropout (0.7-0.85). Dropout takes an explicit PRNG key, so a trai
 a pure function of (params, batch, key).
 
 Dropout is `model/dropout.py`'s counter-based hash; pooling, bottleneck and embedding
-dropout are the query head every backbone shares (`model/interface.py`). LayerNorm is written out (two-pass variance in
-fp32) rather than nnx.LayerNorm, whose broadcast scale XLA:CPU materialises per call.
+dropout are the query head every backbone shares (`model/interface.py`). LayerNorm is
+written out (two-pass variance in fp32) rather than nnx.LayerNorm, whose broadcast scale
+XLA:CPU materialises per call.
 """
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ class Encoder(QueryHead, nnx.Module):
   def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     init = nnx.initializers.normal(0.02)
-    self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=init, rngs=rngs)
+    self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=init,
+                                     rngs=rngs)
     self.position_embeddings = nnx.Embed(cfg.max_position, cfg.hidden_size, embedding_init=init,
                                          rngs=rngs)
     if cfg.type_vocab_size:

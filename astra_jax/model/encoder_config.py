@@ -47,7 +47,7 @@ class EncoderConfig:
     return 3 * fwd / 1e9
 
   @staticmethod
-  def from_hf(config: str | dict, **overrides) -> "EncoderConfig":
+  def from_hf(config: str | dict, **overrides) -> EncoderConfig:
     """From a HF config.json path/dict (BERT or DistilBERT keys)."""
     if isinstance(config, (str, os.PathLike)):
       path = os.path.join(config, "config.json") if os.path.isdir(config) else config

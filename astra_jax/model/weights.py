@@ -78,8 +78,8 @@ def load_hf_weights(model: Encoder, path: str) -> None:
     if p[-1] == "kernel":
       arr = arr.T
     if tuple(arr.shape) != tuple(var.shape):
-      raise WeightsError(f"{path}: tensor {name!r} has shape {tuple(clean[name].shape)}, the config "
-                         f"wants {tuple(var.shape)} for {'/'.join(map(str, p))}")
+      raise WeightsError(f"{path}: tensor {name!r} has shape {tuple(clean[name].shape)}, the "
+                         f"config wants {tuple(var.shape)} for {'/'.join(map(str, p))}")
     var.set_value(jnp.asarray(arr, var.dtype))
     used.add(name)
   unused = sorted(set(clean) - used - {"embeddings.position_ids"})

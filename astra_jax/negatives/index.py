@@ -121,7 +121,7 @@ def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
   """Rows a query scores in the searched leaves (SOAR's second copies counted); the leaves'
   centres, `params.num_leaves` of them, are scored too."""
   per_leaf = num_rows / params.num_leaves * (2 if params.soar_lambda else 1)
-  return int(round(params.num_leaves_to_search * per_leaf))
+  return round(params.num_leaves_to_search * per_leaf)
 
 
 class ScannIndex:
@@ -162,7 +162,7 @@ class ScannIndex:
     self.searcher.serialize(path, relative_path=True)
 
   @classmethod
-  def load(cls, path: str, params: ScannParams) -> "ScannIndex":
+  def load(cls, path: str, params: ScannParams) -> ScannIndex:
     """An index `save` wrote; `params` are the knobs it was built with."""
     import scann
     index = cls.__new__(cls)

@@ -8,19 +8,20 @@ use), and per refresh the inputs `vectors_epoch{e}.npy`, `queries_epoch{e}.npy` 
 At most two negatives files exist: the one in use and the one a worker is writing. One
 worker runs at a time: with tau_r = 1 a refresh's inputs are ready (end of epoch r - 2)
 before the previous refresh is swapped in (start of r - 1), and its worker starts at that
-swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before a refresh epoch
-to be on disk (train.py), so the newest checkpoint names it only as the negatives of a state
-that resumes at the start of that refresh epoch, where the refresh runs again from its inputs
-(kept) before any batch needs negatives (`load_state`). Older checkpoints that name it are
-unusable; resume sets them aside and takes the newest one.
+swap. The file replaced is deleted at the swap: the trainer waits for the checkpoint before
+a refresh epoch to be on disk (trainer.py), so the newest checkpoint names it only as the
+negatives of a state that resumes at the start of that refresh epoch, where the refresh runs
+again from its inputs (kept) before any batch needs negatives (`load_state`). Older
+checkpoints that name it are unusable; resume sets them aside and takes the newest one.
 """
 from __future__ import annotations
 
 import glob
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -29,13 +30,31 @@ from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker,
                                          positives_source, run_job)
-from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
 VectorsFn = Callable[[], np.ndarray]            # (L, d) label vectors to index, now
 EmbedFn = Callable[[np.ndarray], np.ndarray]    # training row ids -> (n, d) embeddings, now
 
 
 class HardNegatives:
+  """The refresh manager: the hard negatives each epoch trains with, and the refreshes
+  that mine them (see the module docstring for the files and their lifetimes).
+
+  Args:
+    schedule: which epochs collect, refresh and swap, and how many negatives they mine.
+    workdir: the run's workdir (files go to its `negatives/`).
+    train_labels: the training rows' positives (removed from the mined negatives).
+    dim: d, the width of the collected query embeddings.
+    backend: the index ("auto", "scann" or "exact"; negatives/index.py).
+    scann_knobs: overrides of the ScaNN defaults (negatives/index.py).
+    recall_sample: queries whose recall against exact search each refresh reports.
+    seed: the refreshes' seed (refresh e uses seed + e).
+    inject_fault: a fault for the first refresh (tests and benchmarks/faults.py).
+    shards: each W shard's global row range [lo, hi) (default: one shard over all labels).
+    shard_ids: the shards this process mines for (default: all).
+    num_shards: the shards of the whole run.
+    threads: each worker's thread budget (cpu_budget.refresh_threads; 0: the default).
+  """
 
   def __init__(self, schedule: NegativeSchedule, workdir: str, train_labels: SparseRows,
                dim: int, backend: str = "auto", scann_knobs: dict | None = None,
@@ -70,6 +89,7 @@ class HardNegatives:
     self.queries: np.ndarray | None = None
     self.filled: np.ndarray | None = None
     self.collect_for: int | None = None
+    self._in_flight: tuple[np.ndarray, jax.Array] | None = None  # collect_step's last step
     if schedule.uses_index:
       os.makedirs(self.dir, exist_ok=True)
       self.labels_path = positives_source(train_labels, self.dir)
@@ -90,16 +110,24 @@ class HardNegatives:
   # ------------------------------------------------------------------------ epochs
   def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
                   resumed_rows: np.ndarray | None = None
-                  ) -> tuple[np.ndarray | None, dict[str, int]]:
-    """Swaps in the negatives `epoch` trains with: (hard (N, c) or None, split), split the
-    sampler's num_hard (h), num_random and random_columns (schedule.columns: c >= h hard
-    and random_columns >= num_random columns, the extra ones masked by the sampler).
+                  ) -> tuple[np.ndarray | None, NegativeSplit]:
+    """Swaps in the negatives `epoch` trains with, waiting for its refresh if it has one,
+    and starts collecting embeddings when `epoch` is a collection epoch.
 
-    resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
-    embeddings were collected before the interruption.
-
-    Raises RefreshInterrupted when a stop is requested while it waits for the refresh
-    (nothing changed: the refresh stays pending, its worker running until `close`)."""
+    Args:
+      epoch: the epoch about to start.
+      vectors_fn: W (or the label embeddings) to index now, for a refresh run in place.
+      embed_fn: embeddings of training rows now, for a refresh run in place.
+      resumed_rows: resuming mid-epoch (the swap is done, see load_state); these rows'
+        embeddings were collected before the interruption.
+    Returns:
+      (hard negatives (N, c) or None, split): split is the sampler's num_hard (h),
+      num_random and random_columns (schedule.columns: c >= h hard and random_columns >=
+      num_random columns, the extra ones masked by the sampler).
+    Raises:
+      RefreshInterrupted: a stop was requested while it waited for the refresh (nothing
+        changed: the refresh stays pending, its worker running until `close`).
+    """
     if epoch in self.deferred:  # (not reached by the schedule: its swap launches it)
       self.deferred.remove(epoch)
       self._launch(epoch)
@@ -164,18 +192,60 @@ class HardNegatives:
       else:
         self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
                                                  (self.num_rows, self.dim))
-    return hard, {"num_hard": h, "num_random": r, "random_columns": random_columns}
+    return hard, NegativeSplit(h, r, random_columns)
 
   @property
   def collecting(self) -> bool:
     return self.collect_for is not None
 
   def collect(self, rows: np.ndarray, embeddings: np.ndarray) -> None:
+    """Records a step's query embeddings for the refresh being collected for.
+
+    Args:
+      rows: (b,) training row ids of the step's queries.
+      embeddings: (b, d) their E(x), on the host.
+    """
     self.queries[rows] = embeddings
     self.filled[rows] = True
 
+  def collect_step(self, rows: np.ndarray, pooled: jax.Array) -> None:
+    """A train step's query embeddings (before embedding dropout, on the devices), when
+    this epoch collects them.
+
+    In one process they are stored one step late: the copy to the host starts now and
+    overlaps the next step, and the previous step's arrive here. In several, every process
+    mines for all queries, so they are gathered from all processes now.
+
+    Args:
+      rows: the step's training row ids (B,).
+      pooled: (B, d) E(x) of those rows, as the step returned it.
+    """
+    if not self.collecting:
+      return
+    if jax.process_count() > 1:
+      self.collect(rows, distributed.gather_rows(pooled))
+      return
+    self.collect_pending()
+    pooled.copy_to_host_async()
+    self._in_flight = (rows, pooled)
+
+  def collect_pending(self) -> None:
+    """Stores the step whose embeddings `collect_step` left in flight, if any."""
+    if self._in_flight is not None:
+      rows, pooled = self._in_flight
+      self._in_flight = None
+      self.collect(rows, np.asarray(pooled))
+
   def end_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn) -> None:
-    """After the collection epoch: fill rows the epoch skipped, snapshot, launch."""
+    """After a collection epoch: embeds the rows the epoch skipped, snapshots the label
+    vectors and launches the refresh (or defers it while another one runs).
+
+    Args:
+      epoch: the epoch that ended.
+      vectors_fn: the label vectors to index (W), now.
+      embed_fn: embeddings of training rows, now.
+    """
+    self.collect_pending()
     if self.collect_for is None:
       return
     r, self.collect_for = self.collect_for, None
@@ -231,10 +301,13 @@ class HardNegatives:
 
   # ------------------------------------------------------------------- checkpoints
   def flush(self) -> None:
+    """Everything collected up to the last step on disk (before a checkpoint names it)."""
+    self.collect_pending()
     if self.queries is not None:
       self.queries.flush()
 
   def state_dict(self) -> dict:
+    """The JSON-ready record a checkpoint keeps (`load_state` reads it back)."""
     # File names only: the workdir may be reached by another path after a move or resume.
     name = lambda p: os.path.basename(p) if p else None
     return {"current_path": name(self.current_path), "current_epoch": self.current_epoch,
@@ -307,7 +380,8 @@ class HardNegatives:
     self.deferred.clear()
 
   def summary(self) -> dict:
-    return {"strategy": self.schedule.strategy, "k_h": self.schedule.k_h,
+    """results.json's "negatives": the schedule's numbers and every refresh's record."""
+    return {"strategy": self.schedule.strategy.name, "k_h": self.schedule.k_h,
             "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
             "index": self.backend, "refreshes": self.refreshes}
 

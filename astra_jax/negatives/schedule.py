@@ -1,20 +1,19 @@
 """Which negatives each epoch trains with: the paper's Algorithm 1 and the ablation
 strategies of its negative-sampling table, as pure functions of the epoch.
 
-Every strategy uses the same number of negatives per query, T = k_h + k_r:
-  random          T random
-  random+w_hard   k_h hard from an index over W + k_r random (ASTRA)
-  random+e_hard   k_h hard from an index over label-text embeddings E(z_l) + k_r random
-  w_hard, e_hard  T hard, no random
-  curriculum      hard from W; the hard share rises linearly from k_h/T at tau_s to
-                  `curriculum_final_hard_fraction` at the last epoch, the rest random
-  curriculum+e_hard  the same curriculum over hard negatives from E(z_l)
-  uptodate        k_h hard re-mined inside every step with the current W and E(x) (exact,
-                  small L only) + k_r random
-  full            no sampling: the full-L BCE over every label (the Renee-style baseline,
-                  O(L) per step; the sampled negatives are ignored)
+Every strategy (strategies.py: one record each) uses the same number of negatives per
+query, T = k_h + k_r, divided by the record's `hard_share`:
+  NONE        T random (`random`; `full` ignores sampled negatives: the full-L BCE)
+  FIXED       k_h hard + k_r random (`random+w_hard`, ASTRA; `random+e_hard`; `uptodate`,
+              whose k_h are re-mined inside every step with the current W and E(x))
+  ALL         T hard, no random (`w_hard`, `e_hard`)
+  CURRICULUM  the hard share rises linearly from k_h/T at tau_s to
+              `curriculum_final_hard_fraction` at the last epoch, the rest random
+              (`curriculum`, `curriculum+e_hard`)
+The hard negatives come from an index over W or over the label-text embeddings E(z_l)
+(the record's `index_over`), or from mining in the step.
 Before tau_s every strategy trains with T random negatives.
-k_r = 0 is allowed for the strategies whose hard negatives stand alone (HARD_ONLY_STRATEGIES):
+k_r = 0 is allowed for the strategies whose hard negatives stand alone (`allows_hard_only`):
 `uptodate` with k_r = 0 is the paper's Figure 1 oracle (the k_h hardest up-to-date negatives
 only), `w_hard` with k_r = 0 its stale strategy (T = k_h hardest stale ones). With no random
 draws the estimator's random term is absent: the loss is the positives' terms plus the hard
@@ -30,16 +29,29 @@ W at its end, and mines during epoch e-1.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
-STRATEGIES = ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-              "curriculum+e_hard", "uptodate", "full")
-# Strategies that may run with k_r = 0 (hard negatives only, see above).
-HARD_ONLY_STRATEGIES = ("uptodate", "w_hard", "e_hard")
+from astra_jax.negatives import strategies
+from astra_jax.negatives.strategies import HardShare, IndexOver, Strategy
+
+
+class NegativeSplit(NamedTuple):
+  """An epoch's negatives per W shard, as the sampler draws them.
+
+  num_hard: hard negatives that train (h); the batch's hard columns past h are masked.
+  num_random: uniform random draws (r).
+  random_columns: random columns in the batch (>= r; the extra ones masked), so that the
+    batches of every epoch of a curriculum share one shape.
+  """
+  num_hard: int
+  num_random: int
+  random_columns: int
 
 
 @dataclasses.dataclass(frozen=True)
 class NegativeSchedule:
-  strategy: str
+  """The epochs' hard/random split and refresh epochs of one strategy's record."""
+  strategy: Strategy
   k_h: int
   k_r: int
   tau_s: int
@@ -47,9 +59,16 @@ class NegativeSchedule:
   epochs: int
   curriculum_final_hard_fraction: float = 0.5
 
-  def __post_init__(self):
-    if self.strategy not in STRATEGIES:
-      raise ValueError(f"unknown strategy {self.strategy!r}; choose from {', '.join(STRATEGIES)}")
+  @classmethod
+  def from_config(cls, config) -> NegativeSchedule:
+    """The schedule of `config.negatives` over `config.train.epochs` epochs.
+
+    Raises:
+      InputError: `negatives.strategy` names no registered strategy.
+    """
+    nc = config.negatives
+    return cls(strategies.get(nc.strategy), nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
+               config.train.epochs, nc.curriculum_final_hard_fraction)
 
   @property
   def total(self) -> int:
@@ -57,16 +76,16 @@ class NegativeSchedule:
 
   @property
   def uses_index(self) -> bool:
-    return self.strategy not in ("random", "uptodate", "full")
+    return self.strategy.uses_index
 
   @property
   def is_curriculum(self) -> bool:
-    return self.strategy.startswith("curriculum")
+    return self.strategy.hard_share is HardShare.CURRICULUM
 
   @property
-  def index_over(self) -> str:
-    """"W" (classifier rows) or "E" (label-text embeddings)."""
-    return "E" if "e_hard" in self.strategy else "W"
+  def index_over(self) -> IndexOver:
+    """What the refreshed index holds (the record's field)."""
+    return self.strategy.index_over
 
   @property
   def refresh_epochs(self) -> list[int]:
@@ -103,7 +122,7 @@ class NegativeSchedule:
 
   def mined_k(self) -> int:
     """Columns each refresh mines."""
-    if self.strategy in ("w_hard", "e_hard"):
+    if self.strategy.hard_share is HardShare.ALL:
       return self.total
     if self.is_curriculum:
       return max(self.k_h, round(self.curriculum_final_hard_fraction * self.total))
@@ -111,18 +130,20 @@ class NegativeSchedule:
 
   def split(self, epoch: int, have_hard: bool) -> tuple[int, int]:
     """(hard, random) negatives per query in `epoch`."""
-    if self.strategy in ("random", "full") or epoch < self.tau_s:
+    share = self.strategy.hard_share
+    if share is HardShare.NONE or epoch < self.tau_s:
       return 0, self.total
-    if self.strategy == "uptodate":
+    if self.strategy.mined_in_step:  # its hard negatives exist in every step
       return self.k_h, self.k_r
     if not have_hard:
       return 0, self.total
-    if self.strategy in ("w_hard", "e_hard"):
+    if share is HardShare.ALL:
       return self.total, 0
     if self.is_curriculum:
       last = max(self.epochs - 1, self.tau_s + 1)
       f0 = self.k_h / self.total
-      f = f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s) / (last - self.tau_s)
+      f = (f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s)
+           / (last - self.tau_s))
       h = min(self.mined_k(), max(0, round(f * self.total)))
       return h, self.total - h
     return self.k_h, self.k_r

@@ -42,7 +42,6 @@ GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
         "tpu-v4-32gb": 32 * GiB, "tpu-v5e-16gb": 16 * GiB, "tpu-v5p-95gb": 95 * GiB}
 USABLE_FRACTION = 0.9
 DTYPE_BYTES = architectures.DTYPE_BYTES
-SPARSE_STRATEGIES_EXCLUDED = ("uptodate", "full")  # these use the dense optax update
 XLA_OVERHEAD = architectures.XLA_OVERHEAD  # see architectures.bert_activation_bytes
 
 # Preparation, measured by benchmarks/data_scale.py (SS-20M's label statistics, README
@@ -268,16 +267,14 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   b_enc = math.ceil(micro / G)      # encoder: the micro-batch split over every device
   b_clf = math.ceil(micro / D)      # classifier kernel: the queries of one 'data' group
   nc = config.negatives
-  schedule = NegativeSchedule(nc.strategy, nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-                              config.train.epochs, nc.curriculum_final_hard_fraction)
+  schedule = NegativeSchedule.from_config(config)
   # Per W shard: the step's hard and random columns once hard negatives exist (the
   # curricula's widest split, w_hard / e_hard all hard) and the columns a refresh mines.
   k_p, (k_h, k_r) = nc.k_p, schedule.columns(nc.tau_s, have_hard=True)
   mined = schedule.mined_k() if schedule.uses_index else 0
   T = config.data.max_len
   s = DTYPE_BYTES[enc.dtype]
-  dense = (config.optim.classifier_update == "dense"
-           or nc.strategy in SPARSE_STRATEGIES_EXCLUDED)
+  dense = config.optim.classifier_update == "dense" or schedule.strategy.dense_update_only
   R = -(-L // M)                    # W rows per shard (padded to a multiple of M)
   notes = []
 
@@ -306,9 +303,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
                   act, act_formula))
   if dense:
     dev.append(Item("dense W gradient + update", 2 * L * d * 4, "2 x L x d x 4"))
-    if nc.strategy == "uptodate":
+    if schedule.strategy.mined_in_step:
       dev.append(Item("scores over all labels (uptodate)", micro * L * 4, "B x L x 4"))
-    elif nc.strategy == "full":
+    elif schedule.strategy.full_loss:
       blk = config.train.full_label_block
       dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4,
                       "3 x B x block x 4"))
@@ -322,7 +319,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   scores = b_clf * kk * (4 + 4 + 1)
   # Row gradients are all-gathered over 'data' (every replica of a shard applies the same
   # update) and kept for all A micro-batches in factored form: per (query, row) an id and
-  # dloss/dscore, per query its embedding (sharding.classifier_grads). The update forms one
+  # dloss/dscore, per query its embedding (classifier.classifier_grads). The update forms one
   # micro-batch's (rows, d) gradients at a time, scaled for the scatter: x 2.
   kept = B * k_row * 8 + B * d * 4 + A * k_once * (d * 4 + 4)
   formed = 2 * (micro * k_row + k_once) * d * 4

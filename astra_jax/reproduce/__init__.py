@@ -6,6 +6,6 @@ from astra_jax.reproduce.runs import (ABLATION, BENCH_LABELS, Run, ablation_runs
                                       run_dir, tau_runs)
 from astra_jax.reproduce.tables import TABLES, plot_motivation, reproduce, write_index
 
-__all__ = ["ABLATION", "BENCH_LABELS", "Run", "TABLES", "ablation_runs", "load_or_run",
+__all__ = ["ABLATION", "BENCH_LABELS", "TABLES", "Run", "ablation_runs", "load_or_run",
            "motivation_runs", "paper_refreshes_runs", "paper_refreshes_tau", "plot_motivation",
            "reproduce", "run_dir", "tau_runs", "write_index"]

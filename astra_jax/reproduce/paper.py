@@ -1,4 +1,4 @@
-"""The paper's numbers (astra.tex) that the reproduced tables print beside ours, and the
+"""The paper's numbers, from its tables, that the reproduced tables print beside ours, and the
 tables that need the real datasets and GPUs."""
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Callable
+from collections.abc import Callable
 
 from astra_jax.reproduce.paper import PAPER_RATIO
 
@@ -38,7 +38,7 @@ class Run:
     """The run's name in a table's results: NAME for seed 0, NAME#seedN otherwise."""
     return self.name if self.seed == 0 else f"{self.name}#seed{self.seed}"
 
-  def at(self, root: str) -> "Run":
+  def at(self, root: str) -> Run:
     """The run with WORKDIR_PLACEHOLDER in its override values replaced by the table's
     workdir root (runs that read another run's output name it through the placeholder)."""
     sub = lambda v: v.replace(WORKDIR_PLACEHOLDER, root) if isinstance(v, str) else v
@@ -148,7 +148,8 @@ def paper_refreshes_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]
   """The ablation with τ_s = τ_r = paper_refreshes_tau(epochs) (1 at 15 epochs)."""
   tau = paper_refreshes_tau(epochs)
   taus = {"negatives.tau_s": tau, "negatives.tau_r": tau}
-  return [Run(r.name, r.config_file, r.variant, tuple(sorted({**dict(r.overrides), **taus}.items())),
+  return [Run(r.name, r.config_file, r.variant,
+              tuple(sorted({**dict(r.overrides), **taus}.items())),
               group=os.path.join(r.group, f"tau{tau}"))
           for r in ablation_runs(scale, epochs, seeds)]
 

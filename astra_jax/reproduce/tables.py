@@ -6,7 +6,7 @@ import csv
 import dataclasses
 import io
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from astra_jax.reproduce.paper import (PAPER_MEMORY, PAPER_RATIO, PAPER_RQ3, PAPER_TAU_R,
                                        PAPER_TAU_S, PAPER_TIME)
@@ -59,7 +59,7 @@ def tab_rq3(results: dict[str, dict]) -> list[list[str]]:
   astra = [r["P@1"] for r in seed_results(results, "random+w_hard")]
   for s in ABLATION:
     rs = seed_results(results, s)
-    mean = lambda f: _mean([f(r) for r in rs])
+    mean = lambda f, rs=rs: _mean([f(r) for r in rs])
     p1, p5 = PAPER_RQ3[s]
     rows.append([s, _f(p1), _f(p5), _f(mean(lambda r: r["P@1"])), _f(mean(lambda r: r["P@5"])),
                  _f(mean(lambda r: last_mean(r, "P@1"))), _f(mean(lambda r: r["train_time_s"]), 0),
@@ -99,7 +99,7 @@ def tab_timebreakup(results: dict[str, dict]) -> list[list[str]]:
   head = ["row"]
   for L in BENCH_LABELS:
     head += [f"ours full-L, L={L:.0e}", f"ours ASTRA, L={L:.0e}"]
-  for (ds, L) in PAPER_TIME:
+  for ds, _ in PAPER_TIME:
     head += [f"paper Renee, {ds}", f"paper ASTRA, {ds}"]
   rows = [head]
   for key, label in _TIME_ROWS:

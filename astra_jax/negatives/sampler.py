@@ -4,7 +4,7 @@ The widths of the hard and random blocks follow the epoch's split of the negativ
 change at tau_s: the step compiles once per width; the curricula, whose split changes every
 epoch, keep their widest blocks and mask the columns the epoch does not use). With W's rows
 split into S shards (S = the mesh's 'model' axis; shard s owns rows [s R, (s+1) R) of the
-padded matrix, R = ceil(L / S)) the estimator is applied per shard (DESIGN §1):
+padded matrix, R = ceil(L / S)) the estimator is applied per shard (docs/DESIGN.md, section 1):
   pos_ids, pos_mask   (B, k_p)     positives, padded with a False mask (more than k_p: a
                                    fresh uniform random subset of k_p each time the row is
                                    drawn)
@@ -40,6 +40,21 @@ class NegativeSampler:
 
   def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1,
                per_query_random: bool = False, all_positives: int = 0):
+    """A sampler over the rows of `labels` for a W split into `num_shards` row shards.
+
+    Args:
+      labels: every training row's positives (L = labels.num_cols).
+      k_p: positive slots per row.
+      k_h: hard negatives per row and W shard (their slots hold random draws before hard
+        negatives exist).
+      k_r: random draws per W shard (per row with `per_query_random`).
+      num_shards: S, the W shards (the mesh's 'model' axis).
+      per_query_random: each row draws its own k_r per shard (the paper's Algorithm 1);
+        else one draw per shard serves the batch.
+      all_positives: if > 0, also return every positive of each row, padded to this width.
+    Raises:
+      ValueError: L is too small to give every shard a real row.
+    """
     self.labels, self.num_labels = labels, labels.num_cols
     self.all_positives = all_positives
     self.k_p, self.k_h, self.k_r = k_p, k_h, k_r
@@ -58,12 +73,26 @@ class NegativeSampler:
                num_random: int | None = None,
                random_columns: int | None = None,
                num_hard: int | None = None) -> dict[str, np.ndarray]:
-    """rows: (B,) training row ids; hard_negatives: (B, S c) label ids (-1: none), block s
-    from shard s, or None; num_random: random draws per shard (default k_r, or k_r + k_h
-    without hard negatives); random_columns: random columns per shard in the batch
-    (>= num_random); num_hard: hard negatives per shard that train (default c). Columns
-    past num_hard / num_random are masked, so that batches of different splits share one
-    shape."""
+    """The label side of one batch.
+
+    Columns past num_hard / num_random are masked, so that batches of different splits
+    share one shape.
+
+    Args:
+      rows: (B,) training row ids.
+      rng: the batch's generator (positive subsets and random draws).
+      hard_negatives: (B, S c) label ids (-1: none), block s from shard s, or None.
+      num_random: random draws per shard (default k_r, or k_r + k_h without hard
+        negatives).
+      random_columns: random columns per shard in the batch (>= num_random).
+      num_hard: hard negatives per shard that train (default c).
+    Returns:
+      The arrays the module docstring lists, by name: pos_ids, pos_mask, pos_weight,
+      hard_ids, hard_mask, rand_ids, rand_mask, rand_weight (and all_pos_ids).
+    Raises:
+      ValueError: hard negatives outside their shard's block, random_columns <
+        num_random, or a row with more positives than all_positives.
+    """
     b, S = len(rows), self.num_shards
     all_pos_row, all_pos_ids = rowsets.rows_of(self.labels, rows)
     # Up to k_p positives per row; a row with more keeps a uniform random k_p-subset: its
