@@ -76,11 +76,11 @@ def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_ru
   blocks = []
   block_sums = final_eval.block_sums
 
-  def signalled_block_sums(*args):
-    blocks.append(args[-2:])  # (lo, hi)
+  def signalled_block_sums(embed_rows, classifier, data, config, inv_prop, lo, hi, *rest):
+    blocks.append((lo, hi))
     if len(blocks) == 2:
       os.kill(os.getpid(), signal.SIGTERM)
-    return block_sums(*args)
+    return block_sums(embed_rows, classifier, data, config, inv_prop, lo, hi, *rest)
 
   monkeypatch.setattr(final_eval, "block_sums", signalled_block_sums)
   with pytest.raises(checkpoint.Preempted, match="final evaluation stopped after 240 of 300"):
