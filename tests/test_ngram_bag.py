@@ -119,6 +119,14 @@ def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_m
   train.train_and_evaluate(c, str(tmp_path / "wd"))
   model = export.load_model(str(tmp_path / "wd"))
   assert isinstance(model.encoder_cfg, _TokenMeanShape) and model.encoder_cfg.hidden_size == 16
-  ids = predict.Predictor.from_workdir(str(tmp_path / "wd"), index="exact").predict(
-      ["a b c"], k=3).ids
-  assert np.asarray(ids).shape == (1, 3)
+  # The exported encoder is the registered module: its mean of token vectors, ranked by W,
+  # is what the Predictor returns.
+  p = predict.Predictor.from_workdir(str(tmp_path / "wd"), index="exact")
+  texts = ["a b c", "some other query"]
+  tokens = p.to_tokens(texts)[0]
+  table = np.asarray(dict(nnx.to_flat_state(model.encoder_params))[("table", "embedding")]
+                     .get_value())
+  mask = tokens != model.pad_id
+  emb = (table[tokens] * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
+  want = np.argsort(-(emb @ np.asarray(model.classifier).T), axis=1, kind="stable")[:, :3]
+  np.testing.assert_array_equal(p.predict(texts, k=3).ids, want)

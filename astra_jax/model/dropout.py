@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 
-def _fmix32(h: jax.Array) -> jax.Array:
+def fmix32(h: jax.Array) -> jax.Array:
   """MurmurHash3's 32-bit finaliser: a bijection whose output bits each depend on all
   input bits."""
   h = h ^ (h >> 16)
@@ -30,7 +30,7 @@ def dropout_mask(key: jax.Array, rate: float, shape: tuple[int, ...]) -> tuple[j
   is exact to 2^-32; the caller scales by its inverse, so E[dropout(x)] = x."""
   s = jax.random.bits(key, (2,), jnp.uint32)
   index = jax.lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
-  h = _fmix32(_fmix32((index * jnp.uint32(0x9E3779B9)) ^ s[0]) + s[1])
+  h = fmix32(fmix32((index * jnp.uint32(0x9E3779B9)) ^ s[0]) + s[1])
   threshold = min(round(rate * 2.0 ** 32), 2 ** 32 - 1)
   return h >= jnp.uint32(threshold), 1.0 - threshold / 2.0 ** 32
 

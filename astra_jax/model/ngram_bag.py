@@ -18,20 +18,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from astra_jax.model.dropout import fmix32
 from astra_jax.model.interface import QueryHead
 from astra_jax.model.ngram_bag_config import NgramBagConfig
 
 _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
-
-
-def _mix(h: jax.Array) -> jax.Array:
-  """MurmurHash3's 32-bit finaliser: spreads every input bit over the bucket index."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
 
 
 def hashed_ngrams(input_ids: jax.Array, orders: int, buckets: int,
@@ -59,7 +51,7 @@ def hashed_ngrams(input_ids: jax.Array, orders: int, buckets: int,
     for j in range(n):
       h = (h ^ x[:, j:j + width]) * jnp.uint32(_FNV_PRIME)
       m = m & real[:, j:j + width]
-    ids.append((_mix(h) % jnp.uint32(buckets)).astype(jnp.int32))
+    ids.append((fmix32(h) % jnp.uint32(buckets)).astype(jnp.int32))
     masks.append(m)
   return jnp.concatenate(ids, 1), jnp.concatenate(masks, 1)
 
