@@ -53,6 +53,46 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
   return apply
 
 
+def _local_rows(v: jax.Array, scale: jax.Array, batch: dict, momentum) -> tuple:
+  """Inside the kernel: for positives, hard and random negatives, (local ids, rows) of the
+  ids this shard owns (W = scale * V, or V's rows caught up by `momentum`); another shard's
+  id reads as rows_per_shard with a zero row."""
+  rows_per_shard = v.shape[0]
+  offset = jax.lax.axis_index("model") * rows_per_shard
+
+  def local(ids):
+    lid = ids - offset
+    mine = (lid >= 0) & (lid < rows_per_shard)
+    safe = jnp.clip(lid, 0, rows_per_shard - 1)
+    rows = (scale * v[safe].astype(jnp.float32) if momentum is None
+            else sparse_momentum.current_rows(v, momentum, safe))
+    return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
+
+  return tuple(local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
+
+
+def classifier_forward(mesh: jax.sharding.Mesh):
+  """(emb (B, d), V (Lp, d), label arrays of one micro-batch, scale) -> the scores of
+  positives (B, k_p), hard negatives (B, k_h) and random negatives (B, k_r) (shared draws:
+  each data group's queries against the draw), laid out like their ids: the forward half of
+  `classifier_grads`, for the step profiler, with W never gathered."""
+  all_gather, psum = (_unless_single(mesh, c) for c in (jax.lax.all_gather, jax.lax.psum))
+
+  def body(emb, v, scale, batch):
+    emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
+    (_, pos_r), (_, hard_r), (_, rand_r) = _local_rows(v, scale, batch, None)
+    return (psum(loss.score_rows(emb_group, pos_r), "model"),
+            loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r))
+
+  def forward(emb, v, batch, scale):
+    labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
+    return jax.shard_map(body, mesh=mesh, in_specs=(P(ALL), P("model"), P(), labels),
+                         out_specs=(P("data"), P("data", "model"), P("data", "model")),
+                         check_vma=False)(emb, v, scale, batch)
+
+  return jax.jit(forward)
+
+
 def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch[, momentum]) ->
   (loss, dloss/demb (B, d), row_grads).
@@ -76,20 +116,8 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
       jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
 
   def body(emb, v, scale, batch, momentum):
-    rows_per_shard = v.shape[0]
-    offset = jax.lax.axis_index("model") * rows_per_shard
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
-
-    def local(ids):
-      lid = ids - offset
-      mine = (lid >= 0) & (lid < rows_per_shard)
-      safe = jnp.clip(lid, 0, rows_per_shard - 1)
-      rows = (scale * v[safe].astype(jnp.float32) if momentum is None
-              else sparse_momentum.current_rows(v, momentum, safe))
-      return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
-
-    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = (
-        local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
+    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, batch, momentum)
     per_query = batch["rand_ids"].ndim == 2
     pos_s = psum(loss.score_rows(emb_group, pos_r), "model")
     hard_s, rand_s = loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r)

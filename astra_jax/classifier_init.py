@@ -51,8 +51,10 @@ def label_text_rows(embed_rows: Callable[[np.ndarray], np.ndarray], label_tokens
 
 def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, seed: int,
                        label_tokens: np.ndarray | None,
-                       embed_rows: Callable[[np.ndarray], np.ndarray]) -> jax.Array:
-  """W (rows, d) at step 0, as `config.classifier.init` says.
+                       embed_rows: Callable[[np.ndarray], np.ndarray],
+                       sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+  """W (rows, d) at step 0, as `config.classifier.init` says, born where it lives: with a
+  `sharding`, each device computes only its own rows (W is never whole on one device).
 
   Args:
     config: the run's config (classifier.init / init_scale, train.classifier_init_std).
@@ -61,19 +63,35 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
     seed: the run's seed (the Gaussian init draws from seed + 1, as it always has).
     label_tokens: (L, T) label-text tokens, or None when the dataset has none.
     embed_rows: the current encoder as a function of a token matrix (label_text only).
+    sharding: W's layout (rows split over 'model'); None: the default device.
   Returns:
-    float32 (rows, d).
+    float32 (rows, d). The Gaussian rows are the same for every layout (jax's partitionable
+    threefry draws each shard's numbers where it lives).
   """
   import jax  # noqa: PLC0415  (see the TYPE_CHECKING import above)
   import jax.numpy as jnp  # noqa: PLC0415
 
   cc = config.classifier
   if cc.init == "normal":
-    return config.train.classifier_init_std * jax.random.normal(
-        jax.random.key(seed + 1), (rows, dim), jnp.float32)
+    draw = jax.jit(lambda key: jax.random.normal(key, (rows, dim), jnp.float32),
+                   out_shardings=sharding)
+    # Scaled outside the draw (still shard by shard): inside, XLA fuses the product into the
+    # sampler and the rows move by an ulp from the unsharded draw's.
+    return config.train.classifier_init_std * draw(jax.random.key(seed + 1))
   if label_tokens is None:
     raise InputError(f"config.classifier.init=label_text needs label texts, but "
                      f"{config.data.dir} has none; use classifier.init=normal")
-  w = np.zeros((rows, dim), np.float32)
-  w[:len(label_tokens)] = label_text_rows(embed_rows, label_tokens, cc.init_scale)
-  return jnp.asarray(w)
+  num_labels = len(label_tokens)
+
+  def shard(index) -> np.ndarray:
+    """The rows of one shard: its labels' text embeddings, padded rows zero."""
+    lo, hi = index[0].start or 0, rows if index[0].stop is None else index[0].stop
+    w = np.zeros((hi - lo, dim), np.float32)
+    if lo < num_labels:
+      w[:min(hi, num_labels) - lo] = label_text_rows(
+          embed_rows, label_tokens[lo:min(hi, num_labels)], cc.init_scale)
+    return w[:, index[1]]
+
+  if sharding is None:
+    return jnp.asarray(shard((slice(0, rows), slice(None))))
+  return jax.make_array_from_callback((rows, dim), sharding, shard)

@@ -209,6 +209,9 @@ def base_config() -> ml_collections.ConfigDict:
   # The final evaluation records its progress every this many test rows (rows done and the
   # metrics' partial sums), so that a preempted run resumes it instead of starting over.
   c.eval.progress_rows = 65536
+  # 0: the final evaluation scores every test row; > 0: the first this many only (smoke runs
+  # at a huge L), said in a warning, results.json's num_test_evaluated and "degraded".
+  c.eval.final_max_rows = 0
   # Beside each evaluation, P@k of a k-NN vote over the encoder's own embeddings of the
   # training rows (astra_jax/knn.py): what the encoder knows, next to what W makes of it.
   # 0: off; > 0: that many neighbours.
@@ -299,6 +302,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
        f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}")
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
+  need(c.eval.final_max_rows >= 0, "eval.final_max_rows", "must be >= 0 (0: every test row)")
   need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
        f"must be in [0, 1), got {c.data.validation_fraction}")
   need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")

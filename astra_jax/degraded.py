@@ -24,7 +24,8 @@ class Degraded:
   refreshes_failed: int = 0        # the epoch kept the previous (or random) negatives
   refreshes_late: int = 0          # training waited over LATE_REFRESH_S for a refresh
   epochs_random_for_hard: int = 0  # the schedule wanted hard negatives, none existed
-  evals_on_subset: int = 0         # periodic evaluation on eval.max_test_rows rows only
+  evals_on_subset: int = 0         # evaluations on the first test rows only (eval.max_test_rows,
+                                   # eval.final_max_rows)
   checkpoints_set_aside: int = 0   # damaged at resume: moved to checkpoints/damaged/
 
   def note(self, field: str, message: str, *args) -> None:

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from astra_jax import distributed
 
 EmbedFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
 
@@ -49,11 +48,3 @@ def host_local(tree):
   if jax.process_count() == 1:
     return tree
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), tree)
-
-
-def host_params(params: dict) -> dict:
-  """The encoder's local copy and all of W gathered (evaluation only)."""
-  if jax.process_count() == 1:
-    return params
-  return {"encoder": host_local(params["encoder"]),
-          "classifier": distributed.gather_rows(params["classifier"])}

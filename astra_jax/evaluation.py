@@ -8,14 +8,17 @@ metrics.py scores the top max(ks).
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
+import jax
 import numpy as np
 
-from astra_jax import knn, metrics, score_fusion
+from astra_jax import distributed, knn, metrics, score_fusion, sharded_topk
 from astra_jax.data import dataset
 from astra_jax.data.xc_format import SparseRows
-from astra_jax.embedding import EmbedFn, embed, host_params
+from astra_jax.embedding import EmbedFn, embed, host_local
 
 Ranker = Callable[[int], np.ndarray]  # k -> (n, >= k) label ids, best first (-1: none)
 
@@ -55,36 +58,92 @@ def popularity_ranker(train_labels: SparseRows, num_rows: int) -> Ranker:
   return rank
 
 
-def classifier_ranker(embeddings: np.ndarray, classifier, batch_size: int, label_block: int,
-                      fusion: score_fusion.LabelTextFusion | None = None,
-                      label_texts: np.ndarray | None = None) -> Ranker:
-  """Labels by exact top-k of E(x) W^T (predict.topk, blocked over queries and labels), or
-  of the label-text fused score (score_fusion.py; `label_texts` = E(z_l))."""
-  return lambda k: score_fusion.topk(embeddings, classifier, k, batch_size, label_block, fusion,
-                                     label_texts)[1]
+# ----------------------------------------------------------------- the trained model
+@dataclasses.dataclass(frozen=True)
+class ModelEvaluator:
+  """The trained model's metrics on a test set, ranked where W lives (sharded_topk.py):
+  each process encodes and ranks only the rows its devices hold, and the metric sums are
+  added across processes. Training's evaluations and the final one (final_eval.py) use it.
+
+  Attributes:
+    search: the sharded exact top-k (mesh, L, tile size, fusion).
+    embed_fn: the inference-mode encoder.
+    encoder: its parameters (replicated on the mesh).
+    label_parts: what the kernel scores, split over 'model' (ShardedSearch.label_parts).
+    tokens: (n, T) the test rows' tokens.
+    truth: the test rows' labels.
+    filter_pairs: (m, 2) (row, label) pairs removed from the ranking.
+    inv_prop: inverse propensities (None: no PS metrics).
+    ks: the cut-offs.
+    batch_size: query rows per compiled call.
+  """
+  search: sharded_topk.ShardedSearch
+  embed_fn: EmbedFn
+  encoder: Any
+  label_parts: tuple
+  tokens: np.ndarray
+  truth: SparseRows
+  filter_pairs: np.ndarray
+  inv_prop: np.ndarray | None
+  ks: tuple[int, ...]
+  batch_size: int
+
+  @classmethod
+  def for_model(cls, mesh: jax.sharding.Mesh, embed_fn: EmbedFn, params: dict,
+                data: dataset.XCData, config, inv_prop: np.ndarray | None) -> ModelEvaluator:
+    """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
+    `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says."""
+    w = sharded_topk.on_mesh(params["classifier"], mesh)
+    fusion = score_fusion.from_config(config, w.shape[1])
+    texts = None
+    if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
+      texts = embed(embed_fn, host_local(params["encoder"]), data.label_tokens,
+                    config.eval.batch_size)
+    search = sharded_topk.ShardedSearch(mesh, data.num_labels, config.eval.label_block, fusion)
+    return cls(search, embed_fn, params["encoder"], search.label_parts(w, texts),
+               data.test_tokens, data.test_labels, data.test_filter, inv_prop,
+               tuple(config.eval.ks), config.eval.batch_size)
+
+  def block_sums(self, lo: int, hi: int) -> dict[str, float]:
+    """metrics.row_sums of test rows [lo, hi), summed over every process."""
+    rows = self.filter_pairs[:, 0]
+    block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
+    k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
+    # Zero sums with every key, for a process that holds none of these rows.
+    sums = rank_filter_sums(lambda _: np.zeros((0, k), np.int32), self.truth.row_range(lo, lo),
+                            block_filter[:0], self.inv_prop, self.ks)
+    for first, ids in self.search.search_rows(self.embed_fn, self.encoder, self.tokens, lo, hi,
+                                              k, self.label_parts, self.batch_size):
+      last = first + len(ids)
+      mine = block_filter[(block_filter[:, 0] >= first) & (block_filter[:, 0] < last)]
+      sums = metrics.add_sums(sums, rank_filter_sums(
+          lambda _, ids=ids: ids, self.truth.row_range(first, last),
+          mine - np.array([first, 0]), self.inv_prop, self.ks))
+    return distributed.sum_over_processes(sums)
+
+  def score(self, num_rows: int | None = None) -> dict[str, float]:
+    """Metrics x100 of the first `num_rows` test rows (all of them by default)."""
+    n = self.truth.num_rows if num_rows is None else num_rows
+    return metrics.as_percent(metrics.from_sums(self.block_sums(0, n), n, self.ks))
 
 
 # ----------------------------------------------------------------- training's evaluations
-def evaluate_model(embed_fn: EmbedFn, params: dict, data: dataset.XCData, config,
-                   inv_prop: np.ndarray, max_rows: int = 0) -> dict[str, float]:
+def evaluate_model(mesh: jax.sharding.Mesh, embed_fn: EmbedFn, params: dict,
+                   data: dataset.XCData, config, inv_prop: np.ndarray,
+                   max_rows: int = 0) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0)."""
-  params = host_params(params)
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
-  emb = embed(embed_fn, params["encoder"], data.test_tokens[:n], config.eval.batch_size)
-  fusion = score_fusion.from_config(config, emb.shape[1])
-  texts = None if fusion is None else embed(embed_fn, params["encoder"], data.label_tokens,
-                                            config.eval.batch_size)
-  rank = classifier_ranker(emb, params["classifier"][:data.num_labels], config.eval.batch_size,
-                           config.eval.label_block, fusion, texts)
-  return rank_filter_score(rank, data.test_labels.head(n),
-                           data.test_filter[data.test_filter[:, 0] < n], inv_prop,
-                           tuple(config.eval.ks))
+  return ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop).score(n)
 
 
-def popularity_baseline(data: dataset.XCData, config, inv_prop: np.ndarray) -> dict[str, float]:
-  """Every test row gets the most frequent training labels (filter applied)."""
-  return rank_filter_score(popularity_ranker(data.train_labels, data.test_labels.num_rows),
-                           data.test_labels, data.test_filter, inv_prop, tuple(config.eval.ks))
+def popularity_baseline(data: dataset.XCData, config, inv_prop: np.ndarray,
+                        num_rows: int | None = None) -> dict[str, float]:
+  """Every test row (the first `num_rows`) gets the most frequent training labels (filter
+  applied)."""
+  n = data.test_labels.num_rows if num_rows is None else num_rows
+  filt = data.test_filter[data.test_filter[:, 0] < n]
+  return rank_filter_score(popularity_ranker(data.train_labels, n), data.test_labels.head(n),
+                           filt, inv_prop, tuple(config.eval.ks))
 
 
 def knn_diagnostic(embed_fn: EmbedFn, params: dict, train_data: dataset.XCData,
@@ -94,7 +153,7 @@ def knn_diagnostic(embed_fn: EmbedFn, params: dict, train_data: dataset.XCData,
   k = config.eval.knn_diagnostic
   if not k:
     return {}
-  enc = host_params(params)["encoder"]
+  enc = host_local(params["encoder"])
   bs = config.eval.batch_size
   n_train = train_data.num_train_original
   keys = embed(embed_fn, enc, train_data.train_tokens[np.arange(n_train)], bs)

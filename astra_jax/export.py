@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from astra_jax import tmpnames
+from astra_jax import distributed, tmpnames
 from astra_jax.data import dataset, xc_format
 from astra_jax.errors import InputError
 from astra_jax.model import architectures
@@ -40,6 +40,7 @@ from astra_jax.model.interface import EncoderShape
 
 FORMAT_VERSION = 1
 MODEL_DIR = "model"
+CLASSIFIER_ROWS_FILE = ".classifier-rows.npy"  # W written by every process, then moved in
 
 
 class ModelNotFoundError(InputError, FileNotFoundError):
@@ -111,12 +112,15 @@ def _flat_params(params: nnx.State) -> dict[str, np.ndarray]:
 
 
 def save_model(workdir: str, *, encoder_cfg: EncoderShape, encoder_params: nnx.State,
-               classifier: np.ndarray, tokenizer_dir: str, max_len: int, pad_id: int,
+               classifier: np.ndarray | str, tokenizer_dir: str, max_len: int, pad_id: int,
                label_texts: list[str] | None = None, train_config: dict | None = None,
                extra: dict | None = None) -> str:
-  """Writes WORKDIR/model atomically; returns its path."""
+  """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
+  the path of a finished float32 .npy of it (write_classifier_rows), moved into the model."""
   from safetensors.numpy import save as safetensors_save
-  classifier = np.asarray(classifier, np.float32)
+  rows_file = classifier if isinstance(classifier, str) else None
+  classifier = (np.load(rows_file, mmap_mode="r") if rows_file
+                else np.asarray(classifier, np.float32))
   if classifier.ndim != 2 or classifier.shape[1] != encoder_cfg.embed_dim:
     raise ValueError(f"classifier shape {classifier.shape} does not match the encoder's "
                      f"d={encoder_cfg.embed_dim}")
@@ -130,7 +134,10 @@ def save_model(workdir: str, *, encoder_cfg: EncoderShape, encoder_params: nnx.S
     # Not save_file: it creates the file 0600, unreadable to a model dir's other users.
     with open(os.path.join(tmp, "encoder.safetensors"), "wb") as f:
       f.write(safetensors_save(_flat_params(encoder_params)))
-    np.save(os.path.join(tmp, "classifier.npy"), classifier)
+    if rows_file:
+      os.replace(rows_file, os.path.join(tmp, "classifier.npy"))
+    else:
+      np.save(os.path.join(tmp, "classifier.npy"), classifier)
     copy_tokenizer(tokenizer_dir, os.path.join(tmp, "tokenizer"))
     if label_texts is not None:
       xc_format.write_texts(os.path.join(tmp, "labels.txt"), label_texts)
@@ -161,14 +168,43 @@ def label_texts_of(data_cfg, data_dir: str) -> list[str] | None:
   return xc_format.read_texts(path, "auto", data_cfg.use_content)
 
 
+def write_classifier_rows(classifier, num_labels: int, path: str) -> None:
+  """W[:L] as a float32 .npy at `path`, each process writing the rows its devices hold, one
+  shard at a time: W is never gathered onto one device or host. Every process calls it
+  (the workdir is on a file system they share, as checkpoints already need).
+
+  Args:
+    classifier: W (L' >= L rows), a jax.Array split over 'model' or a host array.
+    num_labels: L; padded rows past it are not written.
+    path: the .npy to write (replaced).
+  """
+  if distributed.is_leader():
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
+                              shape=(num_labels, classifier.shape[1])).flush()
+  distributed.barrier("export: classifier file created")
+  out = np.load(path, mmap_mode="r+")
+  # One writer per row: the first replica of each shard (data replicas hold copies).
+  shards = ([s for s in classifier.addressable_shards if s.replica_id == 0]
+            if isinstance(classifier, jax.Array) else [None])
+  for shard in shards:
+    start = 0 if shard is None else (shard.index[0].start or 0)
+    if start >= num_labels:
+      continue  # padding rows only
+    rows = np.asarray(classifier if shard is None else shard.data, np.float32)
+    stop = min(start + len(rows), num_labels)
+    out[start:stop] = rows[:stop - start]
+  out.flush()
+  del out
+  distributed.barrier("export: classifier rows written")
+
+
 def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: dict,
                        data: dataset.XCData, metrics: dict | None = None) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
-  tokenizer and label texts of its dataset. Only process 0 writes."""
-  w = params["classifier"]
-  if isinstance(w, jax.Array) and not w.is_fully_addressable:
-    from jax.experimental import multihost_utils
-    w = multihost_utils.process_allgather(w, tiled=True)
+  tokenizer and label texts of its dataset. Every process writes its own rows of W
+  (write_classifier_rows); process 0 writes the rest."""
+  rows_file = os.path.join(workdir, CLASSIFIER_ROWS_FILE)
+  write_classifier_rows(params["classifier"], data.num_labels, rows_file)
   if jax.process_index() != 0:
     return None
   texts = label_texts_of(config.data, data.data_dir) if data.label_tokens is not None else None
@@ -177,7 +213,7 @@ def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: 
     kept = sample_labels(len(texts), config.data.label_subset, config.data.label_subset_seed)
     texts = [texts[i] for i in kept]
   return save_model(workdir, encoder_cfg=encoder_cfg, encoder_params=params["encoder"],
-                    classifier=np.asarray(w)[:data.num_labels],
+                    classifier=rows_file,
                     tokenizer_dir=config.data.tokenizer_dir, max_len=config.data.max_len,
                     pad_id=data.pad_id, label_texts=texts,
                     train_config=json.loads(config.to_json()),

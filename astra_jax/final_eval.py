@@ -15,10 +15,9 @@ import json
 import os
 from collections.abc import Callable
 
-import numpy as np
 from absl import logging
 
-from astra_jax import distributed, evaluation, metrics, score_fusion
+from astra_jax import distributed, metrics
 from astra_jax.data import xc_format
 
 PROGRESS_FILE = "final_eval_progress.json"
@@ -52,35 +51,20 @@ class EvalInterrupted(Exception):
   """A stop was requested during the final evaluation; its progress is recorded."""
 
 
-def block_sums(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
-               inv_prop: np.ndarray, lo: int, hi: int,
-               label_texts: np.ndarray | None = None) -> dict[str, float]:
-  """metrics.row_sums of test rows [lo, hi): embedded, ranked over W exactly (or by the
-  label-text fusion of `scoring.*`, with `label_texts` = E(z_l)), filtered."""
-  emb = embed_rows(np.arange(lo, hi))
-  rows = data.test_filter[:, 0]
-  filt = data.test_filter[(rows >= lo) & (rows < hi)] - np.array([lo, 0])
-  rank = evaluation.classifier_ranker(emb, classifier, config.eval.batch_size,
-                                      config.eval.label_block,
-                                      score_fusion.from_config(config, emb.shape[1]), label_texts)
-  return evaluation.rank_filter_sums(rank, data.test_labels.row_range(lo, hi), filt, inv_prop,
-                                     tuple(config.eval.ks))
-
-
-def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, config,
-             inv_prop: np.ndarray, workdir: str, global_step: int,
-             stop_requested: Callable[[], bool],
-             label_texts: np.ndarray | None = None) -> dict[str, float]:
+def evaluate(block_sums: Callable[[int, int], dict[str, float]], num_rows: int,
+             ks: tuple[int, ...], progress_rows: int, workdir: str, global_step: int,
+             stop_requested: Callable[[], bool]) -> dict[str, float]:
   """The test set's metrics (x100), resumed from `workdir`'s progress record.
 
   Args:
-    embed_rows: test row ids -> (n, d) embeddings E(x).
-    classifier: W[:L] (one process's whole copy).
-    data, config, inv_prop: the dataset, the run's config, inverse propensities.
+    block_sums: (lo, hi) -> metrics.row_sums of test rows [lo, hi), summed over every
+      process (evaluation.ModelEvaluator.block_sums).
+    num_rows: the test rows.
+    ks: the metrics' cut-offs.
+    progress_rows: test rows per recorded block (config.eval.progress_rows).
     workdir: where the progress record lives (written by the leader).
     global_step: the trained state's step, which the record must match.
     stop_requested: polled after each block (compared across processes: all stop alike).
-    label_texts: (L, d) E(z_l) when `scoring.label_text_weight` > 0 (score_fusion.py).
   Returns:
     metrics.as_percent of the whole test set.
   Raises:
@@ -88,21 +72,21 @@ def evaluate(embed_rows: Callable[[np.ndarray], np.ndarray], classifier, data, c
   """
   path = os.path.join(workdir, PROGRESS_FILE)
   progress = EvalProgress.load(path, global_step)
-  n = data.test_labels.num_rows
-  step = config.eval.progress_rows
+  n = num_rows
+  if progress.rows_done > n:  # recorded under a larger eval.final_max_rows: start over
+    progress = EvalProgress(global_step, 0, {})
   if progress.rows_done:
     logging.info("final evaluation: resuming after %d of %d test rows", progress.rows_done, n)
   while progress.rows_done < n:
-    hi = min(progress.rows_done + step, n)
-    sums = block_sums(embed_rows, classifier, data, config, inv_prop, progress.rows_done, hi,
-                      label_texts)
+    hi = min(progress.rows_done + progress_rows, n)
+    sums = block_sums(progress.rows_done, hi)
     progress = EvalProgress(global_step, hi, metrics.add_sums(progress.sums, sums))
     if distributed.is_leader():
       progress.save(path)
     if hi < n and distributed.any_true([stop_requested()])[0]:
       raise EvalInterrupted(f"final evaluation stopped after {hi} of {n} test rows "
                             "(progress recorded)")
-  return metrics.as_percent(metrics.from_sums(progress.sums, n, tuple(config.eval.ks)))
+  return metrics.as_percent(metrics.from_sums(progress.sums, n, ks))
 
 
 def clear(workdir: str) -> None:

@@ -12,8 +12,9 @@ texts: the second term ranks the tail where W is weakest. Both terms are probabi
 the mix needs no calibration beyond beta and s, chosen on a validation split
 (docs/real_data.md).
 
-Scoring runs through `predict.topk`'s blocked kernel over rows [w_l | E(z_l)/|E(z_l)|]
-(L, 2d) and queries [E(x) | E(x)/|E(x)|] (n, 2d): exact over all L, in bounded memory.
+Scoring runs through the exact blocked kernels over rows [w_l | E(z_l)/|E(z_l)|] (L, 2d)
+and queries [E(x) | E(x)/|E(x)|] (n, 2d): exact over all L, in bounded memory; training's
+evaluations on W's shards (sharded_topk.py), the Predictor on W in one piece (predict.py).
 """
 from __future__ import annotations
 
@@ -47,6 +48,11 @@ class LabelTextFusion:
     e = np.asarray(embeddings, np.float32)
     return np.concatenate([e, _unit(e)], axis=1)
 
+  def device_query_rows(self, embeddings: jax.Array) -> jax.Array:
+    """`query_rows` inside a compiled function."""
+    norms = jnp.linalg.norm(embeddings, axis=1, keepdims=True)
+    return jnp.concatenate([embeddings, embeddings / jnp.maximum(norms, 1e-12)], axis=1)
+
   def label_rows(self, classifier: np.ndarray, label_text_embeddings: np.ndarray) -> np.ndarray:
     """(L, 2d) [w_l | E(z_l)/|E(z_l)|]."""
     return np.concatenate([np.asarray(classifier, np.float32), _unit(label_text_embeddings)],
@@ -66,27 +72,3 @@ def from_config(config, dim: int) -> LabelTextFusion | None:
   if sc is None or not sc.label_text_weight:
     return None
   return LabelTextFusion(float(sc.label_text_weight), float(sc.label_text_scale), dim)
-
-
-def topk(embeddings: np.ndarray, classifier, k: int, query_block: int, label_block: int,
-         fusion: LabelTextFusion | None = None,
-         label_text_embeddings: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-  """`predict.topk` by the classifiers alone (fusion None) or by the fused score.
-
-  Args:
-    embeddings: (n, d) E(x).
-    classifier: (L, d) W.
-    k, query_block, label_block: as predict.topk.
-    fusion: the fused score, or None.
-    label_text_embeddings: (L, d) E(z_l), needed with a fusion.
-  Returns:
-    (scores (n, k), ids (n, k)), best first.
-  """
-  from astra_jax import predict  # noqa: PLC0415  (predict imports the exported-model code)
-  if fusion is None:
-    return predict.topk(embeddings, classifier, k, query_block, label_block)
-  if label_text_embeddings is None:
-    raise ValueError("a label-text fusion needs the label texts' embeddings")
-  return predict.topk(fusion.query_rows(embeddings),
-                      fusion.label_rows(classifier, label_text_embeddings), k, query_block,
-                      label_block, score=fusion)

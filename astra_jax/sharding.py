@@ -79,6 +79,11 @@ def padded_rows(num_labels: int, mesh: jax.sharding.Mesh) -> int:
 MOMENTUM_SPEC = sparse_momentum.MomentumState(P("model"), P("model"), P(), P())
 
 
+def momentum_shardings(mesh: jax.sharding.Mesh) -> sparse_momentum.MomentumState:
+  """MOMENTUM_SPEC as shardings on `mesh`."""
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), MOMENTUM_SPEC)
+
+
 def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
   """Encoder and optimizer state replicated, V (and the classifier's momentum state's
   per-row arrays) split by rows over 'model'."""
@@ -88,9 +93,7 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
   rest = {k: v for k, v in opt_state.items() if k != "momentum"}
   out = jax.device_put(rest, rep)
   if "momentum" in opt_state:
-    out["momentum"] = jax.device_put(
-        opt_state["momentum"], jax.tree.map(lambda spec: NamedSharding(mesh, spec),
-                                            MOMENTUM_SPEC))
+    out["momentum"] = jax.device_put(opt_state["momentum"], momentum_shardings(mesh))
   return params, out
 
 

@@ -12,7 +12,7 @@ import time
 import jax
 from flax import nnx
 
-from astra_jax import loss
+from astra_jax import classifier, loss
 
 PHASES = ("data_prep", "host_to_device", "encoder_forward", "classifier_forward", "loss", "step")
 
@@ -25,9 +25,12 @@ class StepProfiler:
   """Times `profile_steps` warm steps (the second epoch's when there is one: compilation and
   first-touch effects stay out). `phases` (seconds per phase) is saved in checkpoints."""
 
-  def __init__(self, graphdef, steps_per_epoch: int, epochs: int, profile_steps: int):
+  def __init__(self, graphdef, steps_per_epoch: int, epochs: int, profile_steps: int,
+               mesh: jax.sharding.Mesh | None = None):
     self._encoder = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
-    self._scores = jax.jit(loss.classifier_scores)
+    # The classifier's forward as the step runs it: each shard scores its own rows.
+    self._scores = (jax.jit(loss.classifier_scores) if mesh is None
+                    else classifier.classifier_forward(mesh))
     self._loss = jax.jit(loss.batch_loss)
     first = steps_per_epoch + 2 if epochs > 1 else min(3, steps_per_epoch - 1)
     self._at = set(range(first, first + profile_steps))

@@ -68,7 +68,8 @@ class Steps(NamedTuple):
 
 # ------------------------------------------------------------------------------ state
 def init_sparse_state(tx_encoder: optax.GradientTransformation, params: dict,
-                      initial_loss_scale: float = 1.0, momentum_steps: int = 0) -> TrainState:
+                      initial_loss_scale: float = 1.0, momentum_steps: int = 0,
+                      mesh: jax.sharding.Mesh | None = None) -> TrainState:
   """The sparse step's state.
 
   Args:
@@ -77,11 +78,16 @@ def init_sparse_state(tx_encoder: optax.GradientTransformation, params: dict,
     initial_loss_scale: loss_scale.py's starting scale.
     momentum_steps: > 0 adds the classifier's momentum state (sparse_momentum.py) for folds
       at least every that many steps.
+    mesh: where the momentum's per-row arrays are born, split over 'model' like W (never
+      whole on one device); None: the default device.
   Returns:
     The state on the devices `params` are on (`shard_state` lays it out on the mesh).
   """
-  momentum = (sparse_momentum.init(*params["classifier"].shape, momentum_steps)
-              if momentum_steps else None)
+  momentum = None
+  if momentum_steps:
+    make = functools.partial(sparse_momentum.init, *params["classifier"].shape, momentum_steps)
+    momentum = make() if mesh is None else jax.jit(
+        make, out_shardings=sharding.momentum_shardings(mesh))()
   return TrainState(params["encoder"], params["classifier"], tx_encoder.init(params["encoder"]),
                     jnp.float32(1.0), jnp.int32(0), loss_scale.init(initial_loss_scale),
                     momentum)

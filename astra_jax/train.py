@@ -14,6 +14,7 @@ import time
 
 import jax
 import ml_collections
+from jax.sharding import NamedSharding, PartitionSpec as P
 from absl import logging
 from flax import nnx
 
@@ -113,7 +114,8 @@ def make_state_and_steps(config: ml_collections.ConfigDict, graphdef, params: di
     tx = optim.encoder_optimizer(config.optim, total_steps)
     beta = config.optim.classifier_momentum
     state = steps.shard_state(steps.init_sparse_state(
-        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0), mesh)
+        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0, mesh),
+        mesh)
     train_step = steps.make_sparse_train_step(
         graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
         config.optim.classifier_weight_decay, mesh, config.train.batch_size,
@@ -171,6 +173,8 @@ def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSch
       nc.recall_sample, config.train.seed, nc.inject_fault,
       shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
       num_shards=mesh.shape["model"],
+      # One file of collected query embeddings for all processes (each holds them all).
+      queries_dir=os.path.join(workdir, "negatives"), writes_queries=distributed.is_leader(),
       threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads))
 
 
@@ -238,7 +242,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   embed_fn = make_embed_fn(graphdef)
   w = classifier_init.initial_classifier(
       config, rows, d, seed, data.label_tokens,
-      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size))
+      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
+      NamedSharding(mesh, P("model")))
 
   # ---- negatives and batches
   hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d,
@@ -261,7 +266,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,
                config.train.epochs)
   profiler = StepProfiler(graphdef, steps_per_epoch, config.train.epochs,
-                          config.train.profile_steps)
+                          config.train.profile_steps, mesh)
   trainer = Trainer(RunParts(config, workdir, data, eval_data, inv_prop, embed_fn, mesh,
                              batches, hard_negatives, run_steps, profiler, log, hang_watchdog),
                     state)
@@ -286,7 +291,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                       sum(x.nbytes for x in jax.tree.leaves(params))):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
   if eval_data is not data:
-    val = evaluation.evaluate_model(embed_fn, params, eval_data, config, inv_prop)
+    val = evaluation.evaluate_model(mesh, embed_fn, params, eval_data, config, inv_prop)
     val.update(evaluation.knn_diagnostic(embed_fn, params, data, eval_data, config))
     trainer.record_eval(config.train.epochs, "validation", val)
   trainer.record_eval(config.train.epochs, "test", final)
@@ -295,12 +300,14 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
       "num_labels": data.num_labels, "num_train": data.num_train_original,
       "num_train_with_label_texts": data.train_labels.num_rows,
-      "num_test": data.test_labels.num_rows, "epochs": config.train.epochs,
+      "num_test": data.test_labels.num_rows, "num_test_evaluated": trainer.final_rows,
+      "epochs": config.train.epochs,
       "steps": progress.global_step, "train_time_s": round(progress.train_seconds, 2),
       "skipped_steps": trainer.skipped_steps, "first_step_s": trainer.first_step_s,
       "matmul_precision": config.encoder.matmul_precision,
       "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
-      "popularity_baseline": evaluation.popularity_baseline(data, config, inv_prop),
+      "popularity_baseline": evaluation.popularity_baseline(data, config, inv_prop,
+                                                            trainer.final_rows),
       **(baselines.for_training_run(config) if leader else {}),
       "evaluations": progress.evals, "time_breakup": breakup,
       "negatives": {**hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},

@@ -15,12 +15,11 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from astra_jax import (checkpoint, distributed, evaluation, faults, final_eval, score_fusion,
-                       sharding, steps)
+from astra_jax import (checkpoint, distributed, evaluation, faults, final_eval, sharding, steps)
 from astra_jax.data import dataset
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import note_epoch_start
-from astra_jax.embedding import EmbedFn, embed, embed_rows, host_local, host_params
+from astra_jax.embedding import EmbedFn, embed, embed_rows, host_local
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.refresh import RefreshInterrupted
 from astra_jax.negatives.schedule import NegativeSplit
@@ -232,8 +231,8 @@ class Trainer:
       prog.degraded.note("evals_on_subset", "eval after epoch %d on the first %d of %d test "
                          "rows (eval.max_test_rows)", epoch + 1, cfg.eval.max_test_rows,
                          p.eval_data.test_labels.num_rows)
-    m = evaluation.evaluate_model(p.embed_fn, self.state.params, p.eval_data, cfg, p.inv_prop,
-                                  cfg.eval.max_test_rows)
+    m = evaluation.evaluate_model(p.mesh, p.embed_fn, self.state.params, p.eval_data, cfg,
+                                  p.inv_prop, cfg.eval.max_test_rows)
     m.update(evaluation.knn_diagnostic(p.embed_fn, self.state.params, p.data, p.eval_data, cfg))
     self.record_eval(epoch + 1, "validation" if p.eval_data is not p.data else "test", m)
     logging.info("eval after epoch %d: %s", epoch + 1,
@@ -246,21 +245,28 @@ class Trainer:
                                 "split": split, **metrics})
     self.parts.log.write(kind="eval", **self.progress.evals[-1])
 
+  @property
+  def final_rows(self) -> int:
+    """The test rows the final evaluation scores (eval.final_max_rows bounds them)."""
+    n, limit = self.parts.data.test_labels.num_rows, self.config.eval.final_max_rows
+    return min(n, limit) if limit > 0 else n
+
   def final_evaluation(self) -> dict[str, float]:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
     stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
     p, cfg = self.parts, self.config
-    host = host_params(self.state.params)
+    evaluator = evaluation.ModelEvaluator.for_model(p.mesh, p.embed_fn, self.state.params,
+                                                    p.data, cfg, p.inv_prop)
+    n = self.final_rows
+    if n < p.data.test_labels.num_rows:
+      self.progress.degraded.note("evals_on_subset", "final evaluation on the first %d of %d "
+                                  "test rows (eval.final_max_rows)", n,
+                                  p.data.test_labels.num_rows)
     stop = checkpoint.StopSignal()
-    texts = None  # E(z_l), for the label-text fusion (score_fusion.py) only
-    if score_fusion.from_config(cfg, 1) is not None:
-      texts = embed(p.embed_fn, host["encoder"], p.data.label_tokens, cfg.eval.batch_size)
     try:
-      return final_eval.evaluate(
-          lambda rows: embed(p.embed_fn, host["encoder"], p.data.test_tokens[rows],
-                             cfg.eval.batch_size),
-          host["classifier"][:p.data.num_labels], p.data, cfg, p.inv_prop, p.workdir,
-          self.progress.global_step, lambda: bool(stop.received), texts)
+      return final_eval.evaluate(evaluator.block_sums, n,
+                                 tuple(cfg.eval.ks), cfg.eval.progress_rows, p.workdir,
+                                 self.progress.global_step, lambda: bool(stop.received))
     except final_eval.EvalInterrupted as e:
       raise self._preempted(f"({e})", stop) from None
     finally:

@@ -92,3 +92,15 @@ def test_both_paths_compose_the_estimator_in_loss_estimator_terms(monkeypatch):
   assert len(calls) >= 2
   np.testing.assert_allclose(np.array(after) - np.array(before), [hard_mean, hard_mean],
                              rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
+def test_forward_equals_the_dense_scores(shape, per_query):
+  # The step profiler's classifier forward: shard-local, the dense scores laid out alike.
+  mesh = sharding.make_mesh(*shape)
+  emb, w, batch = _case(shape[1], per_query)
+  rows = sharding.padded_rows(L, mesh)
+  v = jnp.concatenate([w, jnp.zeros((rows - L, D), w.dtype)])
+  got = classifier.classifier_forward(mesh)(emb, v, batch, jnp.float32(1.0))
+  for g, want in zip(got, loss.classifier_scores(emb, w, batch)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-6)

@@ -41,3 +41,26 @@ def test_label_text_needs_label_texts_and_known_inits():
     config_base.validate(_config("zeros"))
   with pytest.raises(InputError, match="init_scale"):
     config_base.validate(_config("label_text", 0.0))
+
+
+@pytest.mark.parametrize("init", ["normal", "label_text"])
+def test_w_is_born_split_over_model_with_the_unsplit_rows(init):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from astra_jax import sharding
+  mesh = sharding.make_mesh(2, 4, jax.devices()[:8])
+  label_tokens = np.arange(22).reshape(11, 2)
+  calls = []
+
+  def embed_rows(t):
+    calls.append(len(t))
+    return np.stack([t.sum(1), t[:, 0], np.ones(len(t))], 1).astype(float)
+  target = NamedSharding(mesh, P("model"))
+  w = classifier_init.initial_classifier(_config(init), 12, 3, 5, label_tokens, embed_rows,
+                                         target)
+  assert w.sharding.is_equivalent_to(target, 2)
+  # Each shard computed where it lives: 4 shards of 3 rows (the last one 2 labels + padding).
+  assert init == "normal" or sorted(calls)[-1] <= 3
+  calls.clear()
+  whole = classifier_init.initial_classifier(_config(init), 12, 3, 5, label_tokens, embed_rows)
+  np.testing.assert_array_equal(np.asarray(w), np.asarray(whole))

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -273,3 +274,14 @@ def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeyp
   again = export.load_model(str(tmp_path))
   assert again.model_id == first and not again.classifier.any()
   assert sorted(os.listdir(tmp_path)) == ["model"]
+
+
+def test_export_writes_each_shard_of_w_without_gathering_it(tmp_path):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from astra_jax import sharding
+  mesh = sharding.make_mesh(2, 4, jax.devices()[:8])  # two data replicas of each shard
+  w = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
+  path = str(tmp_path / "w.npy")
+  export.write_classifier_rows(jax.device_put(w, NamedSharding(mesh, P("model"))), 10, path)
+  np.testing.assert_array_equal(np.load(path), w[:10])  # padded rows [10, 12) left out

@@ -19,8 +19,8 @@ def test_fused_topk_equals_the_dense_formula():
   w = rng.normal(size=(203, 6)).astype(np.float32)
   z = rng.normal(size=(203, 6)).astype(np.float32)
   fusion = score_fusion.LabelTextFusion(text_weight=0.4, text_scale=5.0, dim=6)
-  scores, ids = score_fusion.topk(emb, w, 7, query_block=16, label_block=64, fusion=fusion,
-                                  label_text_embeddings=z)
+  scores, ids = predict.topk(fusion.query_rows(emb), fusion.label_rows(w, z), 7,
+                             query_block=16, label_block=64, score=fusion)
   cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
       z / np.linalg.norm(z, axis=1, keepdims=True)).T
   dense = 0.6 * _sigmoid(emb @ w.T) + 0.4 * _sigmoid(5.0 * cos)
@@ -34,7 +34,8 @@ def test_zero_text_weight_ranks_as_the_classifiers():
   emb = rng.normal(size=(20, 4)).astype(np.float32)
   w = rng.normal(size=(50, 4)).astype(np.float32)
   off = score_fusion.LabelTextFusion(text_weight=0.0, text_scale=5.0, dim=4)
-  _, fused = score_fusion.topk(emb, w, 5, 8, 16, off, rng.normal(size=(50, 4)))
+  _, fused = predict.topk(off.query_rows(emb), off.label_rows(w, rng.normal(size=(50, 4))), 5,
+                         8, 16, score=off)
   _, plain = predict.topk(emb, w, 5, 8, 16)
   np.testing.assert_array_equal(fused, plain)
 

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import config_base, train, train_log
+from astra_jax import config_base, evaluation, export, predict, train, train_log
+from astra_jax.predict import Predictor
 from astra_jax.data import xc_format
 from astra_jax.negatives.schedule import NegativeSplit
 
@@ -26,8 +27,22 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   c.train.eval_every_epochs = 2
   c.train.profile_steps = 3
   c.optim.warmup_steps = 20
+  c.mesh.data, c.mesh.model = -1, 2  # W split in two, the batch over all 8 fake devices
+  c.eval.final_max_rows = 400
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   saved = json.loads((tmp_path / "wd" / "results.json").read_text())
+  assert saved["num_test_evaluated"] == 400 and saved["degraded"]["evals_on_subset"] == 1
+  # The sharded final evaluation against the exported model ranked by the unsharded exact
+  # kernel (predict.topk) over the same 400 rows.
+  data, _ = train.load_splits(c)
+  model = export.load_model(str(tmp_path / "wd"))
+  emb = Predictor(model, index="exact").encode(np.asarray(data.test_tokens[:400]))
+  ranked = predict.topk(emb, model.classifier, 5)[1]
+  dense = evaluation.rank_filter_score(lambda k: ranked, data.test_labels.head(400),
+                                       data.test_filter[data.test_filter[:, 0] < 400], None,
+                                       (1, 3, 5))
+  for key, value in dense.items():
+    assert abs(r[key] - value) < 1e-3, (key, r[key], value)
   for key in ("data_dir", "train_time_s", "epochs", "num_labels", "num_train", "num_test",
               "strategy", "config", "P@1", "nDCG@3", "PSP@5", "PSnDCG@5", "popularity_baseline"):
     assert key in saved, key

@@ -54,13 +54,19 @@ class HardNegatives:
     shard_ids: the shards this process mines for (default: all).
     num_shards: the shards of the whole run.
     threads: each worker's thread budget (cpu_budget.refresh_threads; 0: the default).
+    queries_dir: where the collected query embeddings live (default: the process's own
+      `negatives/`). In a multi-process run every process mines for all queries and holds
+      the same gathered embeddings, so one file serves them all: every process names the
+      same directory and only the process with `writes_queries` writes it.
+    writes_queries: whether this process writes the collected embeddings.
   """
 
   def __init__(self, schedule: NegativeSchedule, workdir: str, train_labels: SparseRows,
                dim: int, backend: str = "auto", scann_knobs: dict | None = None,
                recall_sample: int = 1000, seed: int = 0, inject_fault: str = "",
                shards: list | None = None, shard_ids: list | None = None,
-               num_shards: int = 1, threads: int = 0):
+               num_shards: int = 1, threads: int = 0, queries_dir: str | None = None,
+               writes_queries: bool = True):
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
@@ -76,6 +82,8 @@ class HardNegatives:
     self.shard_ids = list(range(len(self.shards))) if shard_ids is None else list(shard_ids)
     self.num_shards = max(num_shards, len(self.shards))
     self.dir = os.path.join(workdir, "negatives")
+    self.queries_dir = queries_dir or self.dir
+    self.writes_queries = writes_queries
     self.pending: dict[int, RefreshWorker] = {}  # refresh epoch -> its running worker
     self.deferred: list[int] = []  # refreshes whose inputs wait for the running one to end
     self.current: np.ndarray | None = None
@@ -92,11 +100,13 @@ class HardNegatives:
     self._in_flight: tuple[np.ndarray, jax.Array] | None = None  # collect_step's last step
     if schedule.uses_index:
       os.makedirs(self.dir, exist_ok=True)
+      os.makedirs(self.queries_dir, exist_ok=True)
       self.labels_path = positives_source(train_labels, self.dir)
 
   def _paths(self, epoch: int) -> dict[str, str]:
     p = lambda name: os.path.join(self.dir, f"{name}_epoch{epoch}")
-    return {"vectors": p("vectors") + ".npy", "queries": p("queries") + ".npy",
+    return {"vectors": p("vectors") + ".npy",
+            "queries": os.path.join(self.queries_dir, f"queries_epoch{epoch}.npy"),
             "out": p("hard") + ".npy", "stats": p("stats") + ".json", "job": p("job") + ".json"}
 
   def _job(self, epoch: int) -> RefreshJob:
@@ -141,7 +151,7 @@ class HardNegatives:
           stats = self.pending.pop(epoch).wait()
         else:  # nothing pipelined (tau_s < 2): collect and mine now, blocking
           logging.info("negatives: refresh for epoch %d runs synchronously", epoch)
-          self._write_inputs(epoch, vectors_fn(), embed_fn(np.arange(self.num_rows)))
+          self._write_inputs(epoch, vectors_fn(), embed_fn)
           stats = run_job(self._job(epoch))
         new = self._load(epoch)
       except Exception as e:  # RefreshFailed or any other: training goes on with what it had
@@ -180,7 +190,7 @@ class HardNegatives:
       hard = mine if len(self.shards) == self.num_shards else _ShardBlocks(
           mine, self.shard_ids, self.num_shards)
     self.collect_for = self.schedule.refresh_collected_in(epoch)
-    if self.collect_for is not None:
+    if self.collect_for is not None and self.writes_queries:
       done = self._paths(self.collect_for)["queries"]
       path = done + ".partial"
       self.filled = np.zeros(self.num_rows, bool)
@@ -205,6 +215,8 @@ class HardNegatives:
       rows: (b,) training row ids of the step's queries.
       embeddings: (b, d) their E(x), on the host.
     """
+    if self.queries is None:  # another process writes the shared file
+      return
     self.queries[rows] = embeddings
     self.filled[rows] = True
 
@@ -214,7 +226,8 @@ class HardNegatives:
 
     In one process they are stored one step late: the copy to the host starts now and
     overlaps the next step, and the previous step's arrive here. In several, every process
-    mines for all queries, so they are gathered from all processes now.
+    mines for all queries, so they are gathered from all processes now (a collective every
+    process joins) and the one process that `writes_queries` stores them.
 
     Args:
       rows: the step's training row ids (B,).
@@ -249,14 +262,16 @@ class HardNegatives:
     if self.collect_for is None:
       return
     r, self.collect_for = self.collect_for, None
-    missing = np.nonzero(~self.filled)[0]
-    if len(missing):  # rows of the dropped last batch
-      self.queries[missing] = embed_fn(missing)
-    self.queries.flush()
     paths = self._paths(r)
-    del self.queries
-    self.queries = None
-    os.replace(paths["queries"] + ".partial", paths["queries"])
+    if self.writes_queries:
+      missing = np.nonzero(~self.filled)[0]
+      if len(missing):  # rows of the dropped last batch
+        self.queries[missing] = embed_fn(missing)
+      self.queries.flush()
+      del self.queries
+      self.queries = None
+      os.replace(paths["queries"] + ".partial", paths["queries"])
+    distributed.barrier(f"negatives: queries of refresh {r} written")
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
     # With tau_r = 1 the refresh for r - 1 is still pending: r's worker starts at its swap.
     self.deferred.append(r)
@@ -276,10 +291,13 @@ class HardNegatives:
       self._launch(self.deferred.pop(0))
 
   # ----------------------------------------------------------------------- helpers
-  def _write_inputs(self, epoch: int, vectors: np.ndarray, queries: np.ndarray) -> None:
+  def _write_inputs(self, epoch: int, vectors: np.ndarray, embed_fn: EmbedFn) -> None:
     paths = self._paths(epoch)
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
-    index_lib.save_atomic(paths["queries"], np.asarray(queries, np.float32))
+    if self.writes_queries:
+      index_lib.save_atomic(paths["queries"],
+                            np.asarray(embed_fn(np.arange(self.num_rows)), np.float32))
+    distributed.barrier(f"negatives: queries of refresh {epoch} written")
 
   def _load(self, epoch: int) -> np.ndarray:
     path = self._paths(epoch)["out"]
@@ -358,7 +376,9 @@ class HardNegatives:
 
   def _cleanup_inputs(self, epoch: int) -> None:
     paths = self._paths(epoch)
-    for key in ("vectors", "queries", "job", "stats"):
+    keys = ("vectors", "queries", "job", "stats") if self.writes_queries else (
+        "vectors", "job", "stats")
+    for key in keys:
       for p in (paths[key], paths[key] + ".log"):
         if os.path.exists(p):
           os.remove(p)

@@ -1,0 +1,103 @@
+"""The sharded exact top-k (sharded_topk.py) against a dense numpy ranking, and its compiled
+program against the promise that W is never gathered."""
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax import score_fusion, sharding
+from astra_jax.sharded_topk import ShardedSearch
+
+
+def _mesh(data: int, model: int) -> jax.sharding.Mesh:
+  return sharding.make_mesh(data, model, jax.devices()[:data * model])
+
+
+def _encode(params, ids):
+  """A stand-in encoder: row i of the 'embedding table' params, summed over the tokens."""
+  return params[ids].sum(axis=1)
+
+
+ENCODE = jax.jit(_encode)
+
+
+def _problem(num_labels: int, rows: int, d: int = 8, n: int = 37, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  table = rng.normal(size=(64, d)).astype(np.float32)
+  tokens = rng.integers(0, 64, size=(n, 3)).astype(np.int32)
+  w = np.zeros((rows, d), np.float32)
+  w[:num_labels] = rng.normal(size=(num_labels, d))
+  return table, tokens, w
+
+
+def _dense_topk(queries: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
+  return np.argsort(-(queries.astype(np.float64) @ rows.T.astype(np.float64)), axis=1,
+                    kind="stable")[:, :k]
+
+
+@pytest.mark.parametrize("shape,label_block", [((1, 1), 64), ((1, 2), 7), ((2, 4), 5),
+                                               ((4, 2), 1000)])
+def test_sharded_topk_equals_the_dense_ranking(shape, label_block):
+  mesh = _mesh(*shape)
+  num_labels = 101  # not a multiple of the model axis: W carries padded zero rows
+  rows = sharding.padded_rows(num_labels, mesh)
+  table, tokens, w = _problem(num_labels, rows)
+  search = ShardedSearch(mesh, num_labels, label_block)
+  w_mesh = jax.device_put(w, NamedSharding(mesh, P("model")))
+  k = 6
+  got = search.search_rows(ENCODE, table, tokens, 3, 37, k, search.label_parts(w_mesh, None),
+                           batch_size=16)
+  first = [a for a, _ in got]
+  assert first == sorted(first)
+  ids = np.concatenate([x for _, x in got])
+  assert len(ids) == 34 and first[0] == 3
+  want = _dense_topk(table[tokens[3:]].sum(1), w[:num_labels], k)
+  np.testing.assert_array_equal(ids, want)
+
+
+def test_fused_sharded_topk_equals_the_dense_fused_ranking():
+  mesh = _mesh(2, 2)
+  num_labels = 30
+  table, tokens, w = _problem(num_labels, 30, n=20)
+  texts = np.random.default_rng(1).normal(size=(num_labels, 8)).astype(np.float32)
+  fusion = score_fusion.LabelTextFusion(0.4, 5.0, 8)
+  search = ShardedSearch(mesh, num_labels, 4, fusion)
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), texts)
+  got = np.concatenate([x for _, x in search.search_rows(ENCODE, table, tokens, 0, 20, 5, parts,
+                                                         batch_size=8)])
+  emb = table[tokens].sum(1)
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sig = lambda x: 1 / (1 + np.exp(-x))
+  scores = 0.6 * sig(emb @ w.T) + 0.4 * sig(5.0 * unit(emb) @ unit(texts).T)
+  np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
+
+
+def _all_gather_sizes(hlo: str) -> list[int]:
+  """Element counts of every all-gather's result in a compiled HLO module."""
+  sizes = []
+  for line in hlo.splitlines():
+    if re.search(r"\ball-gather(-start)?\(", line):
+      for dims in re.findall(r"[fsu]\d+\[([\d,]*)\]", line.split("=", 1)[1].split("all-gather")[0]):
+        sizes.append(int(np.prod([int(x) for x in dims.split(",") if x] or [1])))
+  return sizes
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (2, 4)])
+def test_compiled_search_gathers_candidates_and_queries_never_w(shape):
+  mesh = _mesh(*shape)
+  num_labels, d, q, k = 4096, 16, 16, 5
+  shard_rows = num_labels // shape[1]
+  search = ShardedSearch(mesh, num_labels, 256)
+  kernel = search.kernel(ENCODE, k)
+  ids = jax.device_put(jnp.zeros((q, 3), jnp.int32), NamedSharding(mesh, P(sharding.ALL)))
+  w = jax.device_put(jnp.zeros((num_labels, d)), NamedSharding(mesh, P("model")))
+  table = jnp.zeros((64, d))
+  hlo = kernel.lower(table, ids, w).compile().as_text()
+  sizes = _all_gather_sizes(hlo)
+  assert sizes, "the candidates must cross the model axis"
+  # Only queries (q x d) and candidates (q x M k) are gathered; a gather of W or a shard
+  # of it would hold at least shard_rows x d numbers.
+  assert max(sizes) <= q * max(d, shape[1] * k) < shard_rows * d, sizes
