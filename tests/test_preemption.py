@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from astra_jax import checkpoint, config_base, final_eval, train
+from astra_jax import checkpoint, config_base, evaluation, final_eval, train
 from astra_jax.negatives import manager, refresh
 from astra_jax.watchdog import HANG_EXIT_CODE, HangWatchdog
 
@@ -74,15 +74,15 @@ def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_ru
   # 2. The rerun resumes the refresh; SIGTERM comes after 2 of the final evaluation's 3
   # blocks of test rows.
   blocks = []
-  block_sums = final_eval.block_sums
+  block_sums = evaluation.ModelEvaluator.block_sums
 
-  def signalled_block_sums(embed_rows, classifier, data, config, inv_prop, lo, hi, *rest):
+  def signalled_block_sums(self, lo, hi):
     blocks.append((lo, hi))
     if len(blocks) == 2:
       os.kill(os.getpid(), signal.SIGTERM)
-    return block_sums(embed_rows, classifier, data, config, inv_prop, lo, hi, *rest)
+    return block_sums(self, lo, hi)
 
-  monkeypatch.setattr(final_eval, "block_sums", signalled_block_sums)
+  monkeypatch.setattr(evaluation.ModelEvaluator, "block_sums", signalled_block_sums)
   with pytest.raises(checkpoint.Preempted, match="final evaluation stopped after 240 of 300"):
     train.train_and_evaluate(c, wd)
   assert blocks == [(0, 120), (120, 240)]
