@@ -84,17 +84,18 @@ def test_node_plan_equals_hand_counts():
   assert by_name(p.node_items, "token memmaps") == 6000 * 32 * 4
   assert by_name(p.node_items, "label cache") == label_cache
   assert p.node_total == (2 * trainer + 2 * worker + 6000 * 32 * 4 + label_cache
-                          + 2 * negatives + 2 * negatives + 2 * collection) == 42_270_008
+                          + 2 * negatives + 2 * negatives + collection) == 40_734_008
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
-  # Disk: caches (train + test), 2 refreshes' inputs per process, 2 negatives generations
+  # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
+  # snapshot per process), 2 negatives generations
   # per process, (3 kept + best + one being written) checkpoints, the export.
   params = 612_288
   checkpoint = 12 * params + 1000 * 64 * 4            # parameters, Adam m and v, W
   assert [i.bytes for i in p.disk_items] == [
       10_000 * 32 * 4, label_cache + 4001 * 8 + 10_000 * 4,
-      2 * 2 * (collection + 500 * 64 * 4), 2 * 2 * negatives, 5 * checkpoint,
+      2 * (collection + 2 * 500 * 64 * 4), 2 * 2 * negatives, 5 * checkpoint,
       4 * params + 1000 * 64 * 4]
-  assert p.disk_total == 53_624_448
+  assert p.disk_total == 50_552_448
   # Preparation: the measured bounded peak; 22,500 "ddd:1 " pairs of 7 bytes to parse.
   assert p.prep_peak == plan.PARSE_PEAK_BYTES
   assert p.prep_seconds["label_text_bytes"] == 22_500 * 7
@@ -119,7 +120,7 @@ def test_paper_scale_node_reports_name_every_structure(path, gpus):
   for name in ("preparation, one builder per node", "label parse", "tokenization",
                "CPU min to parse", "each refresh worker", "each training process",
                "the node in training", f"x {gpus} processes", "label cache (once per node)",
-               "token memmaps (once per node)", "query-embedding collections",
+               "token memmaps (once per node)", "query-embedding collection",
                "hard negatives being mined", "refresh inputs", "2 generations",
                "checkpoints: the last 3", "export"):
     assert name in text, name

@@ -8,8 +8,8 @@ Per node (one process per GPU as launch/slurm.sbatch runs, or 1 as launch/single
 the peak of preparation (label parse, tokenization: one builder per node, from the per-row
 costs benchmarks/data_scale.py measured); every training process's and every refresh
 worker's resident memory, with the files a node maps (label cache, token memmaps) counted
-once and each process's own memmaps (negatives in use, embedding collection, negatives being
-mined) once per process; and disk for every file the run writes (caches, refresh inputs,
+once and each process's own memmaps (negatives in use, negatives being mined) once per
+process, the collected query embeddings once (one file every process reads); and disk for every file the run writes (caches, refresh inputs,
 negatives generations, checkpoints x keep, export).
 
 Nothing here imports jax or the model code: sizes come from the config, the encoder's
@@ -358,15 +358,15 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
       Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
       Item(f"mined hard negatives being written ({rows:,} x {S} x {mined} int32)",
            negatives_own, "N x shards per process x k_mined x 4", paged=True),
-      Item(f"query embeddings (its process's, {rows:,} x {d} fp32)", collection,
+      Item(f"query embeddings (the run's one file, {rows:,} x {d} fp32)", collection,
            "N x d x 4", paged=True),
   ]
   trainer = [Item(f"W rows of its {S} shard(s) copied for a refresh's snapshot",
                   S * R * d * 4, "shards per process x W shard"),
              Item(f"hard negatives in use ({rows:,} x {S} x {mined} int32)",
                   negatives_own, "N x shards per process x k_mined x 4", paged=True),
-             Item(f"query embeddings being collected ({rows:,} x {d} fp32)",
-                  collection, "N x d x 4", paged=True)]
+             Item(f"query embeddings being collected ({rows:,} x {d} fp32, process 0 "
+                  f"writes them)", collection, "N x d x 4", paged=True)]
   tokens = Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
                 "N x T x 4", paged=True)
   trainer.insert(0, tokens)
@@ -402,8 +402,8 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
            "processes x N x shards per process x k_mined x 4", paged=True),
       Item(f"hard negatives being mined ({per})", Pn * negatives_own,
            "processes x N x shards per process x k_mined x 4", paged=True),
-      Item(f"query-embedding collections ({per})", Pn * collection, "processes x N x d x 4",
-           paged=True)]
+      Item("query-embedding collection (one file for every process)", collection,
+           "N x d x 4", paged=True)]
 
   # Preparation (prepare, or the first process of a node under the caches' lock): one
   # builder per node, the label files parsed, then the texts tokenized.
@@ -434,9 +434,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
     disk.append(Item("label caches (training + test labels)", label_cache_bytes + test_cache,
                      "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'"))
   disk += [
-      Item(f"refresh inputs (embeddings + W snapshot), 2 refreshes' ({per})",
-           Pn * 2 * (collection + S * R * d * 4),
-           "processes x 2 x (N x d x 4 + shards per process x W shard)"),
+      Item(f"refresh inputs, 2 refreshes' (the embeddings once, W snapshots {per})",
+           2 * (collection + Pn * S * R * d * 4),
+           "2 x (N x d x 4 + processes x shards per process x W shard)"),
       Item(f"hard negatives, {NEGATIVES_GENERATIONS} generations: in use + being mined ({per})",
            Pn * NEGATIVES_GENERATIONS * negatives_own,
            f"processes x {NEGATIVES_GENERATIONS} x N x shards per process x k_mined x 4"),
