@@ -212,6 +212,11 @@ def base_config() -> ml_collections.ConfigDict:
   # 0: the final evaluation scores every test row; > 0: the first this many only (smoke runs
   # at a huge L), said in a warning, results.json's num_test_evaluated and "degraded".
   c.eval.final_max_rows = 0
+  # exact: the final evaluation ranks over all of W (sharded_topk.py). scann: every test row
+  # is also ranked through the exported model's serving index (ann_eval.py), the metrics a
+  # deployment sees at the index's cost; results.json's "ann_eval" compares both on the
+  # rows the exact evaluation covers (set eval.final_max_rows to bound them at huge L).
+  c.eval.search = "exact"
   # Beside each evaluation, P@k of a k-NN vote over the encoder's own embeddings of the
   # training rows (astra_jax/knn.py): what the encoder knows, next to what W makes of it.
   # 0: off; > 0: that many neighbours.
@@ -303,6 +308,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(c.eval.final_max_rows >= 0, "eval.final_max_rows", "must be >= 0 (0: every test row)")
+  need(c.eval.search in ("exact", "scann"), "eval.search",
+       f"must be exact or scann, got {c.eval.search!r}")
   need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
        f"must be in [0, 1), got {c.data.validation_fraction}")
   need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")

@@ -41,6 +41,12 @@ def rank_filter_sums(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
   return metrics.row_sums(ranked, truth, inv_prop, ks)
 
 
+def zero_sums(truth: SparseRows, inv_prop: np.ndarray | None,
+              ks: tuple[int, ...]) -> dict[str, float]:
+  """metrics.row_sums of no rows: every key the metrics have, each zero."""
+  return metrics.row_sums(np.zeros((0, max(ks)), np.int64), truth.row_range(0, 0), inv_prop, ks)
+
+
 def rank_filter_score(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
                       inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
   """`rank_filter_sums` as metrics x100 (P@k, nDCG@k and, with inv_prop, PSP@k, PSnDCG@k)."""
@@ -109,9 +115,7 @@ class ModelEvaluator:
     rows = self.filter_pairs[:, 0]
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
-    # Zero sums with every key, for a process that holds none of these rows.
-    sums = rank_filter_sums(lambda _: np.zeros((0, k), np.int32), self.truth.row_range(lo, lo),
-                            block_filter[:0], self.inv_prop, self.ks)
+    sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
     for first, ids in self.search.search_rows(self.embed_fn, self.encoder, self.tokens, lo, hi,
                                               k, self.label_parts, self.batch_size):
       last = first + len(ids)

@@ -34,7 +34,10 @@ def format_results(results: Mapping, results_path: str) -> str:
   Returns:
     The text, starting with an empty line.
   """
-  rows = {"astra_jax": results["metrics"], "label popularity": results["popularity_baseline"]}
+  rows = {"astra_jax": results["metrics"]}
+  if "ann_eval" in results:  # eval.search=scann: every test row through the serving index
+    rows["astra_jax, ANN index"] = results["ann_eval"]["metrics"]
+  rows["label popularity"] = results["popularity_baseline"]
   if "tfidf_knn_baseline" in results:
     rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
   knn_e = {k[len("kNN-E "):]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from absl import logging
 from flax import nnx
 
-from astra_jax import (baselines, checkpoint, classifier_init, config_base, cpu_budget,
+from astra_jax import (ann_eval, baselines, checkpoint, classifier_init, config_base, cpu_budget,
                        device_check, distributed, evaluation, faults, final_eval, host_memory,
                        metrics, optim, score_fusion, sharding, steps, warmstart)
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
@@ -290,6 +290,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   with faults.writing(os.path.join(workdir, "model"),
                       sum(x.nbytes for x in jax.tree.leaves(params))):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
+  ann = (ann_eval.evaluate(workdir, data, config, inv_prop, trainer.final_rows).report(final)
+         if config.eval.search == "scann" else None)
   if eval_data is not data:
     val = evaluation.evaluate_model(mesh, embed_fn, params, eval_data, config, inv_prop)
     val.update(evaluation.knn_diagnostic(embed_fn, params, data, eval_data, config))
@@ -314,7 +316,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
       "num_processes": jax.process_count(), "mesh": dict(mesh.shape),
       "grad_accum_steps": config.train.grad_accum_steps,
-      "degraded": progress.degraded.to_json(),
+      "degraded": progress.degraded.to_json(), **({"ann_eval": ann} if ann else {}),
       "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
       "config": json.loads(config.to_json()),
   }

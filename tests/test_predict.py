@@ -43,6 +43,8 @@ def trained(tmp_path_factory, load_config):
   c.data.synthetic.num_test = 300
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 2, 64, 0
   c.optim.warmup_steps = 20
+  # The final evaluation exact on 200 of the 300 test rows, and all 300 through the index.
+  c.eval.search, c.eval.final_max_rows = "scann", 200
   train.train_and_evaluate(c, str(root / "wd"))
   return str(root / "wd"), str(root / "data")
 
@@ -135,14 +137,34 @@ def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
 
 
 @pytest.mark.slow
+def test_the_ann_evaluation_is_what_the_served_model_predicts(trained, scann):
+  wd, data = trained
+  with open(os.path.join(wd, "results.json")) as f:
+    results = json.load(f)
+  ann = results["ann_eval"]
+  assert ann["index"] == "scann" and ann["rows"] == 300 and ann["sample_rows"] == 200
+  assert ann["sample_exact"] == results["metrics"] and results["num_test_evaluated"] == 200
+  # Independently: the served Predictor's answers to the raw test texts, scored here.
+  truth = xc_format.read_sparse(os.path.join(data, "tst_X_Y.txt"))
+  ids = scann.predict(_test_texts(data), k=5).ids
+  for rows, got in ((300, ann["metrics"]), (200, ann["sample_ann"])):
+    want = metrics.compute(ids[:rows], truth.head(rows), ks=(1, 3, 5))
+    for key in ("P@1", "P@5", "nDCG@3"):
+      assert abs(100 * want[key] - got[key]) < 1e-3, (rows, key, want[key], got[key])
+  assert all(abs(g) <= 2.0 for g in ann["sample_gap"].values()), ann["sample_gap"]
+
+
+@pytest.mark.slow
 def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   wd, _ = trained
   index_dir = os.path.join(wd, "model", "scann")
   meta_file = os.path.join(index_dir, "astra_index.json")
   mtimes = {f: os.stat(os.path.join(index_dir, f)).st_mtime_ns for f in os.listdir(index_dir)}
   assert "scann_assets.pbtxt" in mtimes and "astra_index.json" in mtimes
+  # Built once, by the training run's ANN evaluation (eval.search=scann); both the module's
+  # Predictor and this one reload it.
   again = predict.Predictor.from_workdir(wd)
-  assert again.index.loaded and not scann.index.loaded
+  assert again.index.loaded and scann.index.loaded
   assert mtimes == {f: os.stat(os.path.join(index_dir, f)).st_mtime_ns
                     for f in os.listdir(index_dir)}
   texts = _test_texts(trained[1], 50)

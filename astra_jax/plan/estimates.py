@@ -9,8 +9,9 @@ the peak of preparation (label parse, tokenization: one builder per node, from t
 costs benchmarks/data_scale.py measured); every training process's and every refresh
 worker's resident memory, with the files a node maps (label cache, token memmaps) counted
 once and each process's own memmaps (negatives in use, negatives being mined) once per
-process, the collected query embeddings once (one file every process reads); and disk for every file the run writes (caches, refresh inputs,
-negatives generations, checkpoints x keep, export).
+process, the collected query embeddings once (one file every process reads); and disk for
+every file the run writes (caches, refresh inputs, negatives generations, checkpoints x
+keep, export).
 
 Nothing here imports jax or the model code: sizes come from the config, the encoder's
 config.json (or the tiny-BERT fields), the tokenizer's vocabulary, the header of
