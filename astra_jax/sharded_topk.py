@@ -94,49 +94,11 @@ class ShardedSearch:
     """Query rows per call: `batch_size` rounded up to a multiple of the devices."""
     return -(-batch_size // self.devices) * self.devices
 
-  @functools.cached_property
-  def _kernels(self) -> dict:
-    return {}
-
   def kernel(self, encode: EncodeFn, k: int):
     """jit((encoder params, ids (Q, T) split over all devices, W (L', d) split over 'model'
-    [, unit label texts (L', d)]) -> (scores, ids) (Q, k), split like the ids)."""
-    key = (encode, k)
-    if key not in self._kernels:
-      self._kernels[key] = self._build(encode, k)
-    return self._kernels[key]
-
-  def _build(self, encode: EncodeFn, k: int):
-    mesh, fusion, num_labels, label_block = (self.mesh, self.fusion, self.num_labels,
-                                             self.label_block)
-    score = _dot if fusion is None else fusion
-
-    def body(emb, *label_parts):
-      group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
-      if fusion is not None:
-        group = fusion.device_query_rows(group)
-      rows = label_parts[0].shape[0]
-      first_id = jax.lax.axis_index("model") * rows
-      s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score)
-      # (M, q, k) candidates of the group -> its best k, then this device's own queries.
-      cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
-      cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
-      top_s, pos = jax.lax.top_k(cand_s, k)
-      top_i = jnp.take_along_axis(cand_i, pos, axis=1)
-      mine = emb.shape[0]
-      start = jax.lax.axis_index("model") * mine
-      return (jax.lax.dynamic_slice_in_dim(top_s, start, mine),
-              jax.lax.dynamic_slice_in_dim(top_i, start, mine))
-
-    parts = 1 if fusion is None else 2
-    search = jax.shard_map(body, mesh=mesh, in_specs=(P(ALL),) + (P("model"),) * parts,
-                           out_specs=(P(ALL), P(ALL)), check_vma=False)
-    query_sharding = NamedSharding(mesh, P(ALL))
-
-    def run(enc_params, ids, *label_parts):
-      emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
-      return search(emb, *label_parts)
-    return jax.jit(run)
+    [, unit label texts (L', d)]) -> (scores, ids) (Q, k), split like the ids). One per
+    (search, encoder, k) for the process's life: every evaluation of a run reuses it."""
+    return _kernel(self, encode, k)
 
   def label_parts(self, classifier: jax.Array, label_texts: np.ndarray | None
                   ) -> tuple[jax.Array, ...]:
@@ -188,6 +150,41 @@ class ShardedSearch:
         if n > 0:
           out.append((a, np.asarray(shard.data)[:n]))
     return sorted(out, key=lambda x: x[0])
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
+  """ShardedSearch.kernel's compiled function."""
+  mesh, fusion, num_labels, label_block = (search.mesh, search.fusion, search.num_labels,
+                                           search.label_block)
+  score = _dot if fusion is None else fusion
+
+  def body(emb, *label_parts):
+    group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
+    if fusion is not None:
+      group = fusion.device_query_rows(group)
+    rows = label_parts[0].shape[0]
+    first_id = jax.lax.axis_index("model") * rows
+    s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score)
+    # The group's (q, M k) candidates -> its best k, then this device's own queries.
+    cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
+    cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
+    top_s, pos = jax.lax.top_k(cand_s, k)
+    top_i = jnp.take_along_axis(cand_i, pos, axis=1)
+    mine = emb.shape[0]
+    start = jax.lax.axis_index("model") * mine
+    return (jax.lax.dynamic_slice_in_dim(top_s, start, mine),
+            jax.lax.dynamic_slice_in_dim(top_i, start, mine))
+
+  parts = 1 if fusion is None else 2
+  sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(ALL),) + (P("model"),) * parts,
+                          out_specs=(P(ALL), P(ALL)), check_vma=False)
+  query_sharding = NamedSharding(mesh, P(ALL))
+
+  def run(enc_params, ids, *label_parts):
+    emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
+    return sharded(emb, *label_parts)
+  return jax.jit(run)
 
 
 def on_mesh(classifier: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
