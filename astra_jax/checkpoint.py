@@ -55,7 +55,8 @@ from astra_jax.errors import InputError
 FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
              "train.input_threads", "eval.",
              "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
-             "train.stop_after_steps", "train.hang_timeout_s", "negatives.refresh_threads")
+             "train.stop_after_steps", "train.hang_timeout_s", "negatives.refresh_threads",
+             "negatives.on_refresh_failure")
 _SYNTHETIC_ON = "data.synthetic.enabled"
 # Keys added after runs were recorded, each with the value that computes what those runs
 # computed: a saved config without the key reads as that value (not as a changed run).

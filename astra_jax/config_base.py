@@ -122,6 +122,10 @@ def base_config() -> ml_collections.ConfigDict:
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
   c.negatives.refresh_threads = 0
+  # A refresh that fails (worker error, kill, out of memory): "continue" trains on with the
+  # previous (or random) negatives, a warning every epoch it is missing and counts in
+  # results.json's "degraded"; "fail" stops the run in one line (a rerun retries it).
+  c.negatives.on_refresh_failure = "continue"
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
 
@@ -308,6 +312,8 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(c.eval.final_max_rows >= 0, "eval.final_max_rows", "must be >= 0 (0: every test row)")
+  need(c.negatives.on_refresh_failure in ("continue", "fail"), "negatives.on_refresh_failure",
+       f"must be continue or fail, got {c.negatives.on_refresh_failure!r}")
   need(c.eval.search in ("exact", "scann"), "eval.search",
        f"must be exact or scann, got {c.eval.search!r}")
   need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",

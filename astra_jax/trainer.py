@@ -193,7 +193,8 @@ class Trainer:
       raise self._preempted(f"at the start of epoch {epoch} (waiting for its hard-negative "
                             "refresh)") from None
     if not resumed:
-      note_epoch_start(prog.degraded, hard_negatives, refreshes, epoch, pipelined, split)
+      note_epoch_start(prog.degraded, hard_negatives, refreshes, epoch, pipelined, split,
+                       self.config.negatives.on_refresh_failure)
       prog.negatives_per_epoch.append({
           "epoch": epoch, "hard": split.num_hard, "random": split.num_random,
           "source": hard_negatives.current_epoch if hard is not None else None})

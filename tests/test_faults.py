@@ -233,10 +233,50 @@ def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_wri
   # Epoch 2 trains with random negatives in place of hard ones, two periodic evaluations on
   # 100 of 500 test rows; counted in the first run, kept through the rerun's resume.
   assert r["degraded"] == {**Degraded().to_json(), "refreshes_failed": 1,
-                           "epochs_random_for_hard": 1, "evals_on_subset": 2}
+                           "epochs_random_for_hard": 1, "epochs_without_their_refresh": 1,
+                           "evals_on_subset": 2}
   assert json.load(open(wd / "results.json"))["degraded"] == r["degraded"]
 
 
 def test_a_degraded_record_of_an_older_checkpoint_reads_as_zeros():
   assert Degraded.from_json(None) == Degraded()
   assert Degraded.from_json({"refreshes_failed": 2, "a_later_field": 1}).refreshes_failed == 2
+
+
+class _Schedule:
+  """Refreshes due at epochs 2 and 3; an epoch wants 4 hard negatives."""
+  refresh_epochs = [2, 3]
+
+  def split(self, epoch, have):
+    return 4, 0
+
+
+class _Negatives:
+  def __init__(self, refreshes, current_epoch):
+    self.refreshes, self.current_epoch = refreshes, current_epoch
+    self.schedule, self.shards, self.num_rows, self.dir = _Schedule(), [[0, 10]], 5, "negs"
+
+
+def test_every_epoch_without_its_refresh_is_counted_and_fail_stops_in_one_line():
+  from astra_jax.degraded import RefreshFailedStop, note_epoch_start
+  from astra_jax.negatives.schedule import NegativeSplit
+  failed = {"epoch": 2, "ok": False, "error": "killed by signal 9"}
+  d = Degraded()
+  # Epoch 2's refresh failed (random negatives in place of hard ones); epoch 3's too, with
+  # no older negatives; epoch 4 still lacks its newest (epoch 3's) refresh.
+  note_epoch_start(d, _Negatives([failed], None), 0, 2, True, NegativeSplit(0, 8, 8))
+  note_epoch_start(d, _Negatives([failed, dict(failed, epoch=3)], None), 1, 3, True,
+                   NegativeSplit(0, 8, 8))
+  note_epoch_start(d, _Negatives([failed, dict(failed, epoch=3)], None), 2, 4, False,
+                   NegativeSplit(0, 8, 8))
+  assert (d.refreshes_failed, d.epochs_without_their_refresh, d.epochs_random_for_hard) == (
+      2, 3, 3)
+  # A later refresh that succeeded ends the count; an epoch before any refresh is not one.
+  ok = {"epoch": 3, "ok": True, "wait_s": 0.0}
+  note_epoch_start(d, _Negatives([ok], 3), 0, 3, True, NegativeSplit(4, 4, 4))
+  note_epoch_start(d, _Negatives([], None), 0, 1, False, NegativeSplit(0, 8, 8))
+  assert d.epochs_without_their_refresh == 3
+  with pytest.raises(RefreshFailedStop, match=r"the refresh for epoch 2 failed \(killed by "
+                     r"signal 9\); negatives.on_refresh_failure=fail stops the run"):
+    note_epoch_start(Degraded(), _Negatives([failed], None), 0, 2, True,
+                     NegativeSplit(0, 8, 8), on_failure="fail")
