@@ -245,7 +245,7 @@ def test_a_degraded_record_of_an_older_checkpoint_reads_as_zeros():
 
 class _Schedule:
   """Refreshes due at epochs 2 and 3; an epoch wants 4 hard negatives."""
-  refresh_epochs = [2, 3]
+  refresh_epochs = (2, 3)
 
   def split(self, epoch, have):
     return 4, 0
