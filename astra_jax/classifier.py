@@ -41,7 +41,8 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from astra_jax import loss, sparse_momentum
-from astra_jax.sharding import ALL, MOMENTUM_SPEC, kernel_spec
+from astra_jax.batch import LabelBatch
+from astra_jax.sharding import ALL, MOMENTUM_SPEC, label_specs
 
 
 def _unless_single(mesh: jax.sharding.Mesh, collective):
@@ -53,7 +54,7 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
   return apply
 
 
-def _local_rows(v: jax.Array, scale: jax.Array, batch: dict, momentum) -> tuple:
+def _local_rows(v: jax.Array, scale: jax.Array, labels: LabelBatch, momentum) -> tuple:
   """Inside the kernel: for positives, hard and random negatives, (local ids, rows) of the
   ids this shard owns (W = scale * V, or V's rows caught up by `momentum`); another shard's
   id reads as rows_per_shard with a zero row."""
@@ -68,7 +69,7 @@ def _local_rows(v: jax.Array, scale: jax.Array, batch: dict, momentum) -> tuple:
             else sparse_momentum.current_rows(v, momentum, safe))
     return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
 
-  return tuple(local(batch[k]) for k in ("pos_ids", "hard_ids", "rand_ids"))
+  return tuple(local(ids) for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids))
 
 
 def classifier_forward(mesh: jax.sharding.Mesh):
@@ -78,23 +79,23 @@ def classifier_forward(mesh: jax.sharding.Mesh):
   `classifier_grads`, for the step profiler, with W never gathered."""
   all_gather, psum = (_unless_single(mesh, c) for c in (jax.lax.all_gather, jax.lax.psum))
 
-  def body(emb, v, scale, batch):
+  def body(emb, v, scale, labels):
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
-    (_, pos_r), (_, hard_r), (_, rand_r) = _local_rows(v, scale, batch, None)
+    (_, pos_r), (_, hard_r), (_, rand_r) = _local_rows(v, scale, labels, None)
     return (psum(loss.score_rows(emb_group, pos_r), "model"),
             loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r))
 
-  def forward(emb, v, batch, scale):
-    labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
-    return jax.shard_map(body, mesh=mesh, in_specs=(P(ALL), P("model"), P(), labels),
+  def forward(emb, v, labels, scale):
+    return jax.shard_map(body, mesh=mesh,
+                         in_specs=(P(ALL), P("model"), P(), label_specs(labels)),
                          out_specs=(P("data"), P("data", "model"), P("data", "model")),
-                         check_vma=False)(emb, v, scale, batch)
+                         check_vma=False)(emb, v, scale, labels)
 
   return jax.jit(forward)
 
 
 def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
-  """(emb (B, d), V (Lp, d), scale, label arrays of one micro-batch[, momentum]) ->
+  """(emb (B, d), V (Lp, d), scale, one micro-batch's LabelBatch[, momentum]) ->
   (loss, dloss/demb (B, d), row_grads).
 
   W's rows are scale * V's, or with `momentum` (a sparse_momentum.MomentumState; scale is
@@ -115,16 +116,17 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   all_gather, psum, psum_scatter = (_unless_single(mesh, c) for c in (
       jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
 
-  def body(emb, v, scale, batch, momentum):
+  def body(emb, v, scale, labels, momentum):
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
-    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, batch, momentum)
-    per_query = batch["rand_ids"].ndim == 2
+    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, labels,
+                                                                     momentum)
+    per_query = labels.per_query_random
     pos_s = psum(loss.score_rows(emb_group, pos_r), "model")
     hard_s, rand_s = loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r)
 
     def estimator(pos_s, hard_s, rand_s):
       """Positives' term (the same on every shard) + this shard's negatives' terms."""
-      terms = loss.estimator_terms((pos_s, hard_s, rand_s), batch)
+      terms = loss.estimator_terms((pos_s, hard_s, rand_s), labels)
       pos, neg = terms.positives.sum(), terms.negatives_total()
       return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)
 
@@ -149,15 +151,14 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
       row_grads["shared_grads"] = psum(d_rand.T @ emb_group, "data")
     return value, d_emb.astype(emb.dtype), row_grads
 
-  def kernel(emb, v, scale, batch, momentum=None):
-    labels = {k: kernel_spec(k, x.ndim) for k, x in batch.items()}
+  def kernel(emb, v, scale, labels, momentum=None):
     return jax.shard_map(body, mesh=mesh,
-                         in_specs=(P(ALL), P("model"), P(), labels,
+                         in_specs=(P(ALL), P("model"), P(), label_specs(labels),
                                    None if momentum is None else MOMENTUM_SPEC),
                          out_specs=(P(), P(ALL), P("model")),
                          # row_grads are identical across data replicas (all-gathered), which
                          # the vma checker cannot infer; the mesh-equivalence tests check it.
-                         check_vma=False)(emb, v, scale, batch, momentum)
+                         check_vma=False)(emb, v, scale, labels, momentum)
 
   return kernel
 

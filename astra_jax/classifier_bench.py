@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from astra_jax import classifier, host_memory, loss, sharding
+from astra_jax.batch import LabelBatch
 
 B, D, KP, KH, KR, LR, WD = 256, 64, 7, 50, 400, 0.1, 1e-4
 
@@ -47,8 +48,8 @@ def astra_step():
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def full_step(w, scale, emb, batch):
-  d_emb, g = jax.grad(lambda e, w: loss.full_bce_chunked(e, w, batch["pos_ids"],
-                                                         batch["pos_mask"]), (0, 1))(emb, w)
+  d_emb, g = jax.grad(lambda e, w: loss.full_bce_chunked(e, w, batch.pos_ids,
+                                                         batch.pos_mask), (0, 1))(emb, w)
   return (1 - LR * WD) * w - LR * g, scale, d_emb
 
 
@@ -60,7 +61,7 @@ def _full_dense_step(w, emb, targets):
 
 _astra_fwd = jax.jit(loss.classifier_scores)  # with the step's traced scale (see there)
 _astra_loss = jax.jit(loss.batch_loss)
-_full_fwd = jax.jit(lambda emb, w, b: loss.full_bce_chunked(emb, w, b["pos_ids"], b["pos_mask"]))
+_full_fwd = jax.jit(lambda emb, w, b: loss.full_bce_chunked(emb, w, b.pos_ids, b.pos_mask))
 
 
 def code_fingerprint() -> str:
@@ -74,18 +75,19 @@ def code_fingerprint() -> str:
 
 
 def make_batch(L: int, rng: np.random.Generator, per_query: bool = True, batch_size: int = B,
-               k_p: int = KP, k_h: int = KH, k_r: int = KR) -> dict:
+               k_p: int = KP, k_h: int = KH, k_r: int = KR) -> LabelBatch:
   """Label arrays of one batch (uniform ids: the step's cost does not depend on which);
   random draws per query (the trainer's default) or shared. Shapes default to this
   module's (B, KP, KH, KR)."""
-  return {"pos_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_p)), jnp.int32),
-          "pos_mask": jnp.ones((batch_size, k_p), bool),
-          "hard_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_h)), jnp.int32),
-          "hard_mask": jnp.ones((batch_size, k_h), bool),
-          "rand_ids": jnp.asarray(rng.integers(0, L, (batch_size, k_r) if per_query else k_r),
-                                  jnp.int32),
-          "rand_mask": jnp.ones((batch_size, k_r), bool),
-          "rand_weight": jnp.full((k_r,), L / k_r, jnp.float32)}
+  return LabelBatch(
+      pos_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_p)), jnp.int32),
+      pos_mask=jnp.ones((batch_size, k_p), bool),
+      hard_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_h)), jnp.int32),
+      hard_mask=jnp.ones((batch_size, k_h), bool),
+      rand_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_r) if per_query else k_r),
+                           jnp.int32),
+      rand_mask=jnp.ones((batch_size, k_r), bool),
+      rand_weight=jnp.full((k_r,), L / k_r, jnp.float32))
 
 
 def _median_ms(fn, steps: int) -> float:

@@ -22,11 +22,12 @@ trains worse).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from astra_jax.batch import LabelBatch
 
 
 def positive_terms(scores: jax.Array, mask: jax.Array) -> jax.Array:
@@ -63,24 +64,25 @@ class EstimatorTerms(NamedTuple):
 
 
 def estimator_terms(scores: tuple[jax.Array, jax.Array, jax.Array],
-                    labels: Mapping[str, jax.Array]) -> EstimatorTerms:
+                    labels: LabelBatch) -> EstimatorTerms:
   """The estimator of the module docstring from a batch's scores: the one place its terms
   are composed (the dense step through `batch_loss`, the sharded classifier kernel directly).
 
   Args:
     scores: (positives (B, k_p), hard negatives (B, k_h), random negatives (B, k_r)).
-    labels: the sampler's label arrays: pos_mask, hard_mask, rand_mask (boolean, shaped like
-      the scores), rand_weight (a scalar or (k_r,): one weight per draw, per-shard draws in
-      sampler.py) and optionally pos_weight ((B,): |P| / k_p where the sampler kept k_p of
-      |P| > k_p positives; 1 without it).
+    labels: the sampler's LabelBatch (batch.py): pos_mask, hard_mask, rand_mask (shaped
+      like the scores), rand_weight ((k_r,): one weight per draw, per-shard draws in
+      sampler.py) and pos_weight ((B,): |P| / k_p where the sampler kept k_p of |P| > k_p
+      positives; None: 1).
   Returns:
     The terms, masked and weighted, not reduced.
   """
   pos, hard, rand = scores
   return EstimatorTerms(
-      positives=positive_terms(pos, labels["pos_mask"]).sum(-1) * labels.get("pos_weight", 1.0),
-      hard=negative_terms(hard, labels["hard_mask"]),
-      random=negative_terms(rand, labels["rand_mask"]) * labels["rand_weight"])
+      positives=positive_terms(pos, labels.pos_mask).sum(-1) * (
+          1.0 if labels.pos_weight is None else labels.pos_weight),
+      hard=negative_terms(hard, labels.hard_mask),
+      random=negative_terms(rand, labels.rand_mask) * labels.rand_weight)
 
 
 def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
@@ -89,27 +91,28 @@ def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
   return emb @ rows.T if rows.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rows)
 
 
-def classifier_scores(embeddings: jax.Array, classifier: jax.Array, batch: dict,
+def classifier_scores(embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch,
                       scale: jax.Array | float = 1.0):
   """The classifier forward pass over W = scale * classifier (L, d): scores of positives
   (B, k_p), hard negatives (B, k_h) and random negatives (B, k_r); random ids of shape
   (k_r,) are one draw shared by the batch. (The sparse step's W is scale * V; timing its
   forward with a traced scale also keeps XLA:CPU's gather fused as the step has it.)"""
   emb = embeddings.astype(jnp.float32)
-  return tuple(score_rows(emb, scale * classifier[batch[k]].astype(jnp.float32))
-               for k in ("pos_ids", "hard_ids", "rand_ids"))
+  return tuple(score_rows(emb, scale * classifier[ids].astype(jnp.float32))
+               for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids))
 
 
-def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], batch: dict) -> jax.Array:
+def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], labels: LabelBatch
+               ) -> jax.Array:
   """Mean over the batch of the estimator, from `classifier_scores`."""
-  return estimator_terms(scores, batch).per_query().mean()
+  return estimator_terms(scores, labels).per_query().mean()
 
 
-def sampled_bce(embeddings: jax.Array, classifier: jax.Array, batch: dict) -> jax.Array:
-  """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); batch holds
-  pos/hard ids (B, k) and masks, random ids drawn per query (B, k_r) or shared (k_r,),
-  their (B, k_r) mask and (k_r,) weights (see sampler.py)."""
-  return batch_loss(classifier_scores(embeddings, classifier, batch), batch)
+def sampled_bce(embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch
+                ) -> jax.Array:
+  """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); labels: the
+  sampler's LabelBatch (batch.py)."""
+  return batch_loss(classifier_scores(embeddings, classifier, labels), labels)
 
 
 def full_bce_chunked(embeddings: jax.Array, classifier: jax.Array, pos_ids: jax.Array,

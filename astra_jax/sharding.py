@@ -13,36 +13,28 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from astra_jax import mesh_topology, sparse_momentum
+from astra_jax.batch import INPUT_AXES, LabelBatch, TrainBatch, label_axes
 from astra_jax.errors import InputError
 
 ALL = ("data", "model")
-# Logical axis -> mesh axes. Batch arrays carry a leading micro-batch axis (never split).
+# Logical axis -> mesh axes. The logical axes of each batch array are declared in batch.py.
 RULES = {"query": ALL, "query_group": "data", "label_shard": "model", "replicated": None}
-_LOGICAL = {  # per batch key: the logical name of each axis after the micro-batch axis
-    "input_ids": ("query", None), "pos_ids": ("query_group", None),
-    "pos_mask": ("query_group", None), "pos_weight": ("query_group",),
-    "hard_ids": ("query_group", "label_shard"),
-    "hard_mask": ("query_group", "label_shard"), "rand_ids": ("label_shard",),
-    "rand_mask": ("query_group", "label_shard"), "rand_weight": ("label_shard",),
-    "all_pos_ids": ("query_group", None)}
-# Per-query random draws (negatives.random_draws=per_query) are laid out like hard negatives.
-_PER_QUERY_LOGICAL = {"rand_ids": ("query_group", "label_shard")}
 
 
-def kernel_spec(key: str, ndim: int) -> P:
-  """The PartitionSpec of one label array of a micro-batch; `ndim` tells shared random draws
-  (rand_ids of ndim 1) from per-query ones (ndim 2)."""
-  axes = _LOGICAL[key]
-  if len(axes) != ndim:
-    axes = _PER_QUERY_LOGICAL.get(key, axes)
-  if len(axes) != ndim:
-    raise ValueError(f"batch[{key!r}] has {ndim} axes per micro-batch, expected {len(axes)}")
-  return P(*(RULES.get(a) for a in axes))
+def _spec(axes: tuple, micro_axis: bool) -> P:
+  return P(*((None,) if micro_axis else ()), *(RULES.get(a) for a in axes))
 
 
-def batch_spec(key: str, ndim: int) -> P:
-  """The PartitionSpec of a batch array with its leading micro-batch axis."""
-  return P(None, *kernel_spec(key, ndim - 1))
+def label_specs(labels: LabelBatch, micro_axis: bool = False) -> LabelBatch:
+  """Each label array's PartitionSpec (None where the field is absent); `micro_axis`: the
+  arrays carry the leading micro-batch axis (never split)."""
+  return LabelBatch(*(None if a is None else _spec(a, micro_axis)
+                      for a in label_axes(labels)))
+
+
+def batch_specs(batch: TrainBatch) -> TrainBatch:
+  """A step's batch (with its micro-batch axis) as PartitionSpecs."""
+  return TrainBatch(_spec(INPUT_AXES, True), label_specs(batch.labels, micro_axis=True))
 
 
 def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
@@ -97,19 +89,18 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
   return params, out
 
 
-def shard_batch(batch: dict, mesh: jax.sharding.Mesh) -> dict:
+def shard_batch(batch: TrainBatch, mesh: jax.sharding.Mesh) -> TrainBatch:
   """Host arrays -> global arrays; each process only reads the slices its devices hold."""
-  out = {}
-  for k, v in batch.items():
-    sharding = NamedSharding(mesh, batch_spec(k, v.ndim))
-    out[k] = jax.make_array_from_callback(v.shape, sharding, lambda idx, v=v: v[idx])
-  return out
+  def put(x, spec):
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec),
+                                        lambda idx: x[idx])
+  return jax.tree.map(put, batch, batch_specs(batch))
 
 
 def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int
                        ) -> np.ndarray:
   """(A, B/A) bool: the queries whose tokens this process's devices hold."""
-  sharding = NamedSharding(mesh, batch_spec("input_ids", 3))
+  sharding = NamedSharding(mesh, _spec(INPUT_AXES, True))
   mask = np.zeros((micro_batches, micro_batch), bool)
   for idx in sharding.addressable_devices_indices_map((micro_batches, micro_batch, 1)).values():
     mask[idx[:2]] = True

@@ -13,6 +13,7 @@ import jax
 from flax import nnx
 
 from astra_jax import classifier, loss
+from astra_jax.batch import TrainBatch
 
 PHASES = ("data_prep", "host_to_device", "encoder_forward", "classifier_forward", "loss", "step")
 
@@ -40,19 +41,19 @@ class StepProfiler:
   def wants(self, global_step: int) -> bool:
     return global_step in self._at
 
-  def before_step(self, t_start: float, prep_s: float, batch: dict, encoder_params,
+  def before_step(self, t_start: float, prep_s: float, batch: TrainBatch, encoder_params,
                   classifier: jax.Array, w_scale: jax.Array, key: jax.Array) -> None:
     """Times the transfer of `batch` (started at `t_start`) and the forward phases of its
     first micro-batch. w_scale: W = w_scale * classifier (the sparse step's V; traced, so
     the gather fuses as in the step)."""
     jax.block_until_ready(batch)
     t1 = time.perf_counter()
-    micro = {k: x[0] for k, x in batch.items()}
-    emb = jax.block_until_ready(self._encoder(encoder_params, micro["input_ids"], key))
+    micro = jax.tree.map(lambda x: x[0], batch)
+    emb = jax.block_until_ready(self._encoder(encoder_params, micro.input_ids, key))
     t2 = time.perf_counter()
-    scores = jax.block_until_ready(self._scores(emb, classifier, micro, w_scale))
+    scores = jax.block_until_ready(self._scores(emb, classifier, micro.labels, w_scale))
     t3 = time.perf_counter()
-    jax.block_until_ready(self._loss(scores, micro))
+    jax.block_until_ready(self._loss(scores, micro.labels))
     t4 = time.perf_counter()
     self._pending = (prep_s, t1 - t_start, t2 - t1, t3 - t2, t4 - t3, t4)
 

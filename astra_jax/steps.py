@@ -20,6 +20,7 @@ import optax
 from flax import nnx, struct
 
 from astra_jax import classifier, loss, loss_scale, sharding, sparse_momentum
+from astra_jax.batch import LabelBatch, TrainBatch
 from astra_jax.sparse_momentum import MomentumState
 
 
@@ -53,7 +54,7 @@ class TrainState:
     return {"encoder": self.encoder, "classifier": self.classifier}
 
 
-StepFn = Callable[[TrainState, dict, jax.Array], tuple[TrainState, jax.Array, jax.Array]]
+StepFn = Callable[[TrainState, TrainBatch, jax.Array], tuple[TrainState, jax.Array, jax.Array]]
 
 
 class Steps(NamedTuple):
@@ -147,19 +148,19 @@ def _from_sparse_opt_dict(params: dict, opt: dict) -> TrainState:
 
 
 # ------------------------------------------------------------------------------ steps
-def mine_in_step(emb: jax.Array, w: jax.Array, batch: dict, k: int) -> dict:
+def mine_in_step(emb: jax.Array, w: jax.Array, labels: LabelBatch, k: int) -> LabelBatch:
   """The `uptodate` oracle: each query's k top-scoring non-positive labels under the current
   W and E(x), exact over all L (O(B L) per step: small L only). Every positive is excluded
-  (batch["all_pos_ids"], padded with -1), not only the k_p kept."""
+  (labels.all_pos_ids, padded with -1), not only the k_p kept."""
   scores = jax.lax.stop_gradient(emb @ w.T)
   rows = jnp.arange(emb.shape[0])[:, None]
-  pos = jnp.where(batch["all_pos_ids"] >= 0, batch["all_pos_ids"], w.shape[0])  # -> dropped
+  pos = jnp.where(labels.all_pos_ids >= 0, labels.all_pos_ids, w.shape[0])  # -> dropped
   scores = scores.at[rows, pos].set(-jnp.inf, mode="drop")
   _, hard = jax.lax.top_k(scores, k)
-  rand = batch["rand_ids"] if batch["rand_ids"].ndim == 2 else batch["rand_ids"][None]
+  rand = labels.rand_ids if labels.per_query_random else labels.rand_ids[None]
   hit = (rand[:, :, None] == hard[:, None, :]).any(-1)
-  return dict(batch, hard_ids=hard.astype(jnp.int32), hard_mask=jnp.ones_like(hard, bool),
-              rand_mask=batch["rand_mask"] & ~hit)
+  return labels._replace(hard_ids=hard.astype(jnp.int32), hard_mask=jnp.ones_like(hard, bool),
+                         rand_mask=labels.rand_mask & ~hit)
 
 
 def encode(graphdef, enc_params, ids: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -186,28 +187,29 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
     tx: the optax chain over {"encoder", "classifier"} (optim.make_optimizer).
     uptodate_k: > 0: the `uptodate` oracle, k hard negatives mined in the step.
     full_block: > 0: the full-L BCE (all labels, in blocks of that many) instead of the
-      estimator, over every positive of a query (batch["all_pos_ids"]), not only the k_p
+      estimator, over every positive of a query (labels.all_pos_ids), not only the k_p
       sampled.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
     the state donated.
   """
 
-  def loss_fn(params, batch, key, num_micro):
-    emb, pooled = encode(graphdef, params["encoder"], batch["input_ids"], key)
+  def loss_fn(params, batch: TrainBatch, key, num_micro):
+    emb, pooled = encode(graphdef, params["encoder"], batch.input_ids, key)
+    labels = batch.labels
     if full_block:
-      value = loss.full_bce_chunked(emb, params["classifier"], batch["all_pos_ids"],
-                                    batch["all_pos_ids"] >= 0, full_block)
+      value = loss.full_bce_chunked(emb, params["classifier"], labels.all_pos_ids,
+                                    labels.all_pos_ids >= 0, full_block)
     else:
       if uptodate_k:
-        batch = mine_in_step(pooled, params["classifier"], batch, uptodate_k)
-      value = loss.sampled_bce(emb, params["classifier"], batch)
+        labels = mine_in_step(pooled, params["classifier"], labels, uptodate_k)
+      value = loss.sampled_bce(emb, params["classifier"], labels)
     return value / num_micro, pooled
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train_step(state: TrainState, batch: dict, key: jax.Array):
+  def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):
     params = state.params
-    a = batch["input_ids"].shape[0]
+    a = batch.input_ids.shape[0]
 
     def micro(acc, xs):
       mb, k = xs
@@ -259,17 +261,16 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
                    if momentum else classifier.classifier_update(mesh, weight_decay))
 
   @functools.partial(jax.jit, donate_argnums=(0,))
-  def train_step(state: TrainState, batch: dict, key: jax.Array):
+  def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):
     v, scale = state.classifier, state.scale
     s = state.loss_scale["scale"] if loss_scaling != "off" else jnp.float32(1.0)
-    a = batch["input_ids"].shape[0]
+    a = batch.input_ids.shape[0]
 
     def micro(acc, xs):
       mb, k = xs
-      emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb["input_ids"], k),
+      emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb.input_ids, k),
                                      state.encoder, has_aux=True)
-      labels = {name: x for name, x in mb.items() if name != "input_ids"}
-      value, d_emb, row_grads = grads_kernel(emb, v, scale, labels, state.momentum)
+      value, d_emb, row_grads = grads_kernel(emb, v, scale, mb.labels, state.momentum)
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
       return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
 

@@ -29,10 +29,6 @@ from astra_jax.step_profile import StepProfiler
 from astra_jax.train_log import TrainLog
 from astra_jax.watchdog import HangWatchdog
 
-# The host batch's arrays the step reads (it also carries the rows, for the collection).
-DEVICE_KEYS = ("input_ids", "pos_ids", "pos_mask", "pos_weight", "hard_ids", "hard_mask",
-               "rand_ids", "rand_mask", "rand_weight", "all_pos_ids")
-
 # W = scale * V: V's rows grow as 1 / scale while the decay shrinks the scale, so V is
 # folded back into W (scale 1) at a log line once the scale is below this.
 _FOLD_BELOW_SCALE = 1e-2
@@ -129,14 +125,13 @@ class Trainer:
     # At most 2 steps in flight: dispatch stays ahead of the device without the host
     # queueing unboundedly many steps (and their batches) when the input is faster.
     inflight = collections.deque()
-    for step, (host_batch, prep_s) in enumerate(
+    for step, (host, prep_s) in enumerate(
         p.batches.epoch(epoch, hard, first_step, split), start=first_step):
       p.hang_watchdog.kick(f"in epoch {epoch} step {step + 1}")
       key = jax.random.fold_in(self.base_key, prog.global_step)
       profiling = p.profiler.wants(prog.global_step)
       t0 = time.perf_counter()
-      batch = sharding.shard_batch({k: host_batch[k] for k in DEVICE_KEYS if k in host_batch},
-                                   p.mesh)
+      batch = sharding.shard_batch(host.batch, p.mesh)
       if profiling:
         p.profiler.before_step(t0, prep_s, batch, self.state.encoder, self.state.classifier,
                                self.state.scale, key)
@@ -150,7 +145,7 @@ class Trainer:
         inflight.popleft().block_until_ready()
       if profiling:
         p.profiler.after_step(value)
-      p.hard_negatives.collect_step(host_batch["rows"], pooled)
+      p.hard_negatives.collect_step(host.rows, pooled)
       prog.global_step += 1
       if p.log.due(step):
         p.log.report(epoch, step, prog.global_step, float(value), split, self.skipped_steps)

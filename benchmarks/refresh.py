@@ -20,6 +20,7 @@ from absl import app, flags
 from flax import nnx
 
 from astra_jax import optim, sharding
+from astra_jax.batch import LabelBatch, TrainBatch
 from astra_jax.config_base import base_config
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
@@ -65,14 +66,15 @@ def main(_):
   mesh = sharding.make_mesh(1, 1)
   step = make_sparse_train_step(graphdef, tx, optim.classifier_schedule(c.optim, 10_000),
                                 c.optim.classifier_weight_decay, mesh, B)
-  batch = {"input_ids": jnp.asarray(rng.integers(5, 8000, (B, 24)), jnp.int32),
-           "pos_ids": jnp.zeros((B, 7), jnp.int32), "pos_mask": jnp.ones((B, 7), bool),
-           "hard_ids": jnp.asarray(rng.integers(0, L_step, (B, 16)), jnp.int32),
-           "hard_mask": jnp.ones((B, 16), bool),
-           "rand_ids": jnp.asarray(rng.integers(0, L_step, (B, 256)), jnp.int32),
-           "rand_mask": jnp.ones((B, 256), bool),
-           "rand_weight": jnp.full((256,), L_step / 256, jnp.float32)}
-  batch = {k: v[None] for k, v in batch.items()}  # one micro-batch: (A, B/A, ...)
+  labels = LabelBatch(
+      pos_ids=jnp.zeros((B, 7), jnp.int32), pos_mask=jnp.ones((B, 7), bool),
+      hard_ids=jnp.asarray(rng.integers(0, L_step, (B, 16)), jnp.int32),
+      hard_mask=jnp.ones((B, 16), bool),
+      rand_ids=jnp.asarray(rng.integers(0, L_step, (B, 256)), jnp.int32),
+      rand_mask=jnp.ones((B, 256), bool),
+      rand_weight=jnp.full((256,), L_step / 256, jnp.float32))
+  batch = TrainBatch(jnp.asarray(rng.integers(5, 8000, (B, 24)), jnp.int32), labels)
+  batch = jax.tree.map(lambda v: v[None], batch)  # one micro-batch: (A, B/A, ...)
   state = shard_state(init_sparse_state(tx, params), mesh)
   _, state = step_throughput(step, state, batch, 3)  # compile + warm up
 

@@ -69,7 +69,7 @@ def astra_dense_step(w, scale, emb, batch):
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def rows_touch(w, scale, emb, batch):
-  ids = jnp.concatenate([batch[k].reshape(-1) for k in ("pos_ids", "hard_ids", "rand_ids")])
+  ids = jnp.concatenate([x.reshape(-1) for x in (batch.pos_ids, batch.hard_ids, batch.rand_ids)])
   rows = w[ids] * scale  # the multiply makes XLA:CPU fuse the gather (2-6x faster alone)
   return w.at[ids].add(1e-7 * rows, mode="drop"), scale, jnp.zeros_like(emb)
 

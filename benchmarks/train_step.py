@@ -49,7 +49,8 @@ import optax
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import config_base, optim, sharding, steps, trainer
+from astra_jax import config_base, optim, sharding, steps
+from astra_jax.batch import LabelBatch, TrainBatch
 from astra_jax.model.encoder import Encoder, EncoderConfig
 
 import jsonl  # benchmarks/jsonl.py
@@ -138,16 +139,16 @@ def encoder_step(cfg: EncoderConfig):
   return run
 
 
-def label_batch(rng: np.random.Generator, L: int) -> dict:
+def label_batch(rng: np.random.Generator, L: int) -> LabelBatch:
   b = F.batch_size
-  return {"pos_ids": rng.integers(0, L, (1, b, F.k_p)).astype(np.int32),
-          "pos_mask": np.ones((1, b, F.k_p), bool),
-          "hard_ids": rng.integers(0, L, (1, b, F.k_h)).astype(np.int32),
-          "hard_mask": np.ones((1, b, F.k_h), bool),
-          "rand_ids": rng.integers(0, L, (1, b, F.k_r) if F.random_draws == "per_query"
-                                   else (1, F.k_r)).astype(np.int32),
-          "rand_mask": np.ones((1, b, F.k_r), bool),
-          "rand_weight": np.full((1, F.k_r), L / F.k_r, np.float32)}
+  return LabelBatch(pos_ids=rng.integers(0, L, (1, b, F.k_p)).astype(np.int32),
+                    pos_mask=np.ones((1, b, F.k_p), bool),
+                    hard_ids=rng.integers(0, L, (1, b, F.k_h)).astype(np.int32),
+                    hard_mask=np.ones((1, b, F.k_h), bool),
+                    rand_ids=rng.integers(0, L, (1, b, F.k_r) if F.random_draws == "per_query"
+                                          else (1, F.k_r)).astype(np.int32),
+                    rand_mask=np.ones((1, b, F.k_r), bool),
+                    rand_weight=np.full((1, F.k_r), L / F.k_r, np.float32))
 
 
 def astra_setup(cfg: EncoderConfig):
@@ -172,8 +173,7 @@ def astra_step(cfg: EncoderConfig):
   rng = np.random.default_rng(0)
   batches = []
   for _ in range(4):
-    b = label_batch(rng, F.num_labels)
-    b["input_ids"] = tokens(rng, cfg.vocab_size)[None]
+    b = TrainBatch(tokens(rng, cfg.vocab_size)[None], label_batch(rng, F.num_labels))
     batches.append(sharding.shard_batch(b, mesh))
   state = [train_state, 0]
 
@@ -206,13 +206,12 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   batches = TrainBatches(tok, sampler, F.batch_size, 0)
   waits, n_steps, t_start, prep = 0.0, 0, None, []
   inflight = collections.deque()
-  for i, (host_batch, prep_s) in enumerate(batches.epoch(0, hard)):
+  for i, (host, prep_s) in enumerate(batches.epoch(0, hard)):
     if i == 2:  # after compilation and a warm step
       jax.block_until_ready(state)
       inflight.clear()
       t_start, waits = time.perf_counter(), batches.wait_seconds
-    batch = sharding.shard_batch({k: host_batch[k] for k in trainer.DEVICE_KEYS
-                                  if k in host_batch}, mesh)
+    batch = sharding.shard_batch(host.batch, mesh)
     state, value, _ = step(state, batch, jax.random.key(i))
     # As the trainer does: at most 2 steps in flight, so a wait on the queue is time the
     # device would idle, not the host running ahead.

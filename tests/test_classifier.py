@@ -27,7 +27,7 @@ def _case(num_shards: int, per_query: bool, seed: int = 0):
   batch = sampler(np.arange(B), rng, hard)
   emb = rng.normal(0, 0.7, (B, D)).astype(np.float32)
   w = rng.normal(0, 1.0, (L, D)).astype(np.float32)
-  return jnp.asarray(emb), jnp.asarray(w), {k: jnp.asarray(v) for k, v in batch.items()}
+  return jnp.asarray(emb), jnp.asarray(w), jax.tree.map(jnp.asarray, batch)
 
 
 def _dense_w_grad(row_grads: dict, num_shards: int, rows_per_shard: int) -> np.ndarray:
@@ -74,8 +74,8 @@ def test_both_paths_compose_the_estimator_in_loss_estimator_terms(monkeypatch):
   before = dense(), kernel()
   hard_only = loss.estimator_terms((jnp.zeros((B, K_P)), loss.classifier_scores(emb, w, batch)[1],
                                     jnp.zeros((B, K_R * 4))),
-                                   dict(batch, pos_mask=jnp.zeros((B, K_P), bool),
-                                        rand_mask=jnp.zeros((B, K_R * 4), bool)))
+                                   batch._replace(pos_mask=jnp.zeros((B, K_P), bool),
+                                                  rand_mask=jnp.zeros((B, K_R * 4), bool)))
   hard_mean = float(hard_only.hard.sum() / B)
   assert hard_mean > 0.1
 

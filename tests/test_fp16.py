@@ -28,7 +28,9 @@ def _overflow_at(monkeypatch, steps):
 
   def shard_batch(batch, mesh):
     if calls[0] in steps:
-      batch = dict(batch, rand_weight=np.full_like(batch["rand_weight"], np.inf))
+      labels = batch.labels
+      batch = batch._replace(labels=labels._replace(
+          rand_weight=np.full_like(labels.rand_weight, np.inf)))
     calls[0] += 1
     return original(batch, mesh)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from astra_jax import loss
+from astra_jax.batch import LabelBatch
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
 
@@ -21,10 +22,10 @@ def test_hand_computed_case():
   w = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
   # scores: [1, 2, 3, 0, -1.5]; positive {0}; hard {1, 0(positive: masked)}; random draws
   # {2, 0(positive), 4} with weight 10.
-  batch = {"pos_ids": jnp.array([[0, 3]]), "pos_mask": jnp.array([[True, False]]),
-           "hard_ids": jnp.array([[1, 0]]), "hard_mask": jnp.array([[True, False]]),
-           "rand_ids": jnp.array([2, 0, 4]), "rand_mask": jnp.array([[True, False, True]]),
-           "rand_weight": 10.0}
+  batch = LabelBatch(pos_ids=jnp.array([[0, 3]]), pos_mask=jnp.array([[True, False]]),
+                     hard_ids=jnp.array([[1, 0]]), hard_mask=jnp.array([[True, False]]),
+                     rand_ids=jnp.array([2, 0, 4]), rand_mask=jnp.array([[True, False, True]]),
+                     rand_weight=10.0)
   want = sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
 
@@ -34,11 +35,11 @@ def test_hand_computed_case_with_per_query_draws():
   emb = jnp.array([[1.0, 2.0], [0.0, -1.0]])
   w = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
   # scores, query 0: [1, 2, 3, 0, -1.5]; query 1: [0, -1, -1, -0.5, 1].
-  batch = {"pos_ids": jnp.array([[0], [4]]), "pos_mask": jnp.array([[True], [True]]),
-           "hard_ids": jnp.array([[1], [3]]), "hard_mask": jnp.array([[True], [True]]),
-           "rand_ids": jnp.array([[2, 4], [1, 4]]),
-           "rand_mask": jnp.array([[True, True], [True, False]]),  # 4 is query 1's positive
-           "rand_weight": jnp.array([10.0, 10.0])}
+  batch = LabelBatch(pos_ids=jnp.array([[0], [4]]), pos_mask=jnp.array([[True], [True]]),
+                     hard_ids=jnp.array([[1], [3]]), hard_mask=jnp.array([[True], [True]]),
+                     rand_ids=jnp.array([[2, 4], [1, 4]]),
+                     rand_mask=jnp.array([[True, True], [True, False]]),  # 4 is query 1's positive
+                     rand_weight=jnp.array([10.0, 10.0]))
   want = ((sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))) +
           (sp(-1.0) + sp(-0.5) + 10.0 * sp(-1.0))) / 2
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
@@ -54,9 +55,9 @@ def test_full_bce_hand_computed():
 def test_stable_for_large_scores():
   emb = jnp.array([[100.0]])
   w = jnp.array([[1.0], [-1.0]])
-  batch = {"pos_ids": jnp.array([[1]]), "pos_mask": jnp.array([[True]]),
-           "hard_ids": jnp.array([[0]]), "hard_mask": jnp.array([[True]]),
-           "rand_ids": jnp.array([0]), "rand_mask": jnp.array([[False]]), "rand_weight": 2.0}
+  batch = LabelBatch(pos_ids=jnp.array([[1]]), pos_mask=jnp.array([[True]]),
+                     hard_ids=jnp.array([[0]]), hard_mask=jnp.array([[True]]),
+                     rand_ids=jnp.array([0]), rand_mask=jnp.array([[False]]), rand_weight=2.0)
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), 200.0, rtol=1e-6)
   g = jax.grad(lambda e: loss.sampled_bce(e, w, batch))(emb)
   assert np.all(np.isfinite(g))
@@ -94,12 +95,12 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   rows = np.arange(2)
   rng = np.random.default_rng(1)
   draws = [sampler(rows, rng, hard) for _ in range(M)]
-  stacked = {k: jnp.asarray(np.stack([b[k] for b in draws])) for k in draws[0]}
+  stacked = jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *draws)
 
   def per_query(e, b):
-    pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["pos_ids"]])
-    hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
-    r = jnp.asarray(w)[b["rand_ids"]]  # (k, d) shared by the queries, or (B, k, d)
+    pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b.pos_ids])
+    hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b.hard_ids])
+    r = jnp.asarray(w)[b.rand_ids]  # (k, d) shared by the queries, or (B, k, d)
     rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
     return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
@@ -135,13 +136,13 @@ def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
   sampler = NegativeSampler(labels, k_p=k_p, k_h=4, k_r=8, per_query_random=per_query)
   rng = np.random.default_rng(2)
   draws = [sampler(np.arange(2), rng, hard) for _ in range(M)]
-  np.testing.assert_array_equal(draws[0]["pos_weight"], [2.5, 1.5])
-  stacked = {k: jnp.asarray(np.stack([b[k] for b in draws])) for k in draws[0]}
+  np.testing.assert_array_equal(draws[0].pos_weight, [2.5, 1.5])
+  stacked = jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *draws)
 
   def values_of(e, b):
-    pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["pos_ids"]])
-    hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b["hard_ids"]])
-    r = jnp.asarray(w)[b["rand_ids"]]
+    pos = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b.pos_ids])
+    hrd = jnp.einsum("bd,bkd->bk", e, jnp.asarray(w)[b.hard_ids])
+    r = jnp.asarray(w)[b.rand_ids]
     rnd = e @ r.T if r.ndim == 2 else jnp.einsum("bd,bkd->bk", e, r)
     return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
@@ -158,7 +159,7 @@ def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
     se_g = grads[:, i].std(0) / np.sqrt(M)
     np.testing.assert_array_less(np.abs(grads[:, i].mean(0) - full_grad[i]), 5 * se_g + 1e-6)
   # The batch mean through batch_loss (the trainer's path) weights the positives too.
-  b0 = {k: jnp.asarray(v) for k, v in draws[0].items()}
+  b0 = jax.tree.map(jnp.asarray, draws[0])
   np.testing.assert_allclose(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), b0),
                              values[0].mean(), rtol=1e-5)
 
@@ -168,8 +169,8 @@ def test_weight_matches_the_paper_before_tau_s():
   L = 60
   w, emb, labels, _ = _setup(L)
   b = NegativeSampler(labels, k_p=3, k_h=4, k_r=8)(np.arange(2), np.random.default_rng(0))
-  assert b["hard_ids"].shape == (2, 0) and b["rand_ids"].shape == (12,)
-  np.testing.assert_array_equal(b["rand_weight"], np.full(12, L / 12, np.float32))
+  assert b.hard_ids.shape == (2, 0) and b.rand_ids.shape == (12,)
+  np.testing.assert_array_equal(b.rand_weight, np.full(12, L / 12, np.float32))
 
 
 def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
@@ -185,14 +186,14 @@ def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
                       np.ones(5, np.float32), 20)
   sampler = NegativeSampler(labels, k_p=2, k_h=3, k_r=20, all_positives=4)
   batch = sampler(np.arange(3), rng, num_random=20)
-  assert batch["pos_mask"][0].sum() == 2  # two of row 0's four positives are not in pos_ids
-  out = mine_in_step(jnp.asarray(emb), jnp.asarray(w), {k: jnp.asarray(v) for k, v in batch.items()}, 3)
+  assert batch.pos_mask[0].sum() == 2  # two of row 0's four positives are not in pos_ids
+  out = mine_in_step(jnp.asarray(emb), jnp.asarray(w), jax.tree.map(jnp.asarray, batch), 3)
   for i, pos in enumerate(positives):
     ranked = [l for l in np.argsort(-(emb[i] @ w.T)) if l not in pos][:3]
-    np.testing.assert_array_equal(out["hard_ids"][i], ranked)
+    np.testing.assert_array_equal(out.hard_ids[i], ranked)
     # A random draw equal to a hard negative is not counted twice.
-    hit = np.isin(np.asarray(batch["rand_ids"]), ranked)
-    np.testing.assert_array_equal(out["rand_mask"][i], batch["rand_mask"][i] & ~hit)
+    hit = np.isin(np.asarray(batch.rand_ids), ranked)
+    np.testing.assert_array_equal(out.rand_mask[i], batch.rand_mask[i] & ~hit)
 
 
 def test_chunked_full_bce_equals_dense_reference():

@@ -1,5 +1,6 @@
 """The paper's Figure 1 setting: a label subset, hard-only negatives (k_r = 0), the encoder
 started from an exported model, and the motivation table's runs."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -100,10 +101,10 @@ def test_uptodate_with_no_random_negatives_is_the_hard_only_loss():
   sampler = NegativeSampler(labels, k_p=3, k_h=2, k_r=0, per_query_random=True,
                             all_positives=3)
   batch = sampler(np.arange(3), rng, num_random=0)
-  assert batch["rand_ids"].shape == (3, 0)
+  assert batch.rand_ids.shape == (3, 0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(L, 4)).astype(np.float32)
-  device_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  device_batch = jax.tree.map(jnp.asarray, batch)
   mined = steps.mine_in_step(jnp.asarray(emb), jnp.asarray(w), device_batch, 2)
   got = float(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), mined))
   scores = emb @ w.T

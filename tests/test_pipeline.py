@@ -1,3 +1,4 @@
+import jax
 import numpy as np
 import pytest
 
@@ -15,21 +16,20 @@ def make(n=50, batch=8, seed=0, **kw):
 def test_epoch_is_a_permutation_and_deterministic():
   b = make()
   assert b.steps_per_epoch == 6  # 50 // 8, the remainder dropped
-  rows = [x["rows"] for x, _ in b.epoch(0)]
+  rows = [x.rows for x, _ in b.epoch(0)]
   flat = np.concatenate(rows)
   assert len(set(flat)) == 48 and flat.max() < 50
   again = [x for x, _ in make().epoch(0)]
   for x, y in zip(again, b.epoch(0)):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[0][k])
-  assert not np.array_equal(flat, np.concatenate([x["rows"] for x, _ in b.epoch(1)]))
+    jax.tree.map(np.testing.assert_array_equal, x, y[0])
+  assert not np.array_equal(flat, np.concatenate([x.rows for x, _ in b.epoch(1)]))
 
 
 def test_batch_contents_match_rows():
   for x, prep_s in make().epoch(0):
-    assert x["input_ids"].shape == (1, 8, 3) and x["rand_ids"].shape == (1, 4)
-    np.testing.assert_array_equal(x["input_ids"][0, :, 0], x["rows"] * 3)
-    np.testing.assert_array_equal(x["pos_ids"][0, :, 0], x["rows"] % 7)
+    assert x.batch.input_ids.shape == (1, 8, 3) and x.batch.labels.rand_ids.shape == (1, 4)
+    np.testing.assert_array_equal(x.batch.input_ids[0, :, 0], x.rows * 3)
+    np.testing.assert_array_equal(x.batch.labels.pos_ids[0, :, 0], x.rows % 7)
     assert prep_s >= 0
 
 
@@ -39,12 +39,12 @@ def test_micro_batches_and_process_local_tokens():
   local = np.zeros((4, 2), bool)
   local[:, 0] = True
   for x, _ in make(micro_batches=4, token_rows=local).epoch(0):
-    assert x["input_ids"].shape == (4, 2, 3) and x["rand_ids"].shape == (4, 4)
-    rows = x["rows"].reshape(4, 2)
-    np.testing.assert_array_equal(x["pos_ids"][..., 0], rows % 7)
-    np.testing.assert_array_equal(x["input_ids"][:, 0, 0], rows[:, 0] * 3)
-    assert (x["input_ids"][:, 1] == 0).all()
-  assert len({tuple(r) for r in x["rand_ids"]}) > 1
+    assert x.batch.input_ids.shape == (4, 2, 3) and x.batch.labels.rand_ids.shape == (4, 4)
+    rows = x.rows.reshape(4, 2)
+    np.testing.assert_array_equal(x.batch.labels.pos_ids[..., 0], rows % 7)
+    np.testing.assert_array_equal(x.batch.input_ids[:, 0, 0], rows[:, 0] * 3)
+    assert (x.batch.input_ids[:, 1] == 0).all()
+  assert len({tuple(r) for r in x.batch.labels.rand_ids}) > 1
   with pytest.raises(Exception, match=r"not divisible by config\.train\.grad_accum_steps=3"):
     make(micro_batches=3)
 
@@ -54,8 +54,8 @@ def test_resume_mid_epoch_gives_the_same_batches():
   full = [x for x, _ in b.epoch(2)]
   tail = [x for x, _ in b.epoch(2, start_step=4)]
   for x, y in zip(full[4:], tail):
-    np.testing.assert_array_equal(x["rand_ids"], y["rand_ids"])
-    np.testing.assert_array_equal(x["rows"], y["rows"])
+    np.testing.assert_array_equal(x.batch.labels.rand_ids, y.batch.labels.rand_ids)
+    np.testing.assert_array_equal(x.rows, y.rows)
 
 
 def test_errors_in_the_thread_reach_the_consumer():
@@ -99,8 +99,7 @@ def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):
   many = [x for x, _ in b.epoch(1)]
   assert len(many) == len(one) == 15
   for x, y in zip(one, many):
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k])
+    jax.tree.map(np.testing.assert_array_equal, x, y)
   it = b.epoch(2)
   next(it)
   it.close()  # with batches still in flight

@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from astra_jax import loss, loss_scale, optim, sharding, steps
+from astra_jax.batch import LabelBatch, TrainBatch
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
 from tiny_step import B, KH, L, problem
@@ -29,7 +30,7 @@ def _dense_reference(graphdef, enc, oc, batches, w0):
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   step = steps.make_train_step(graphdef, tx)
   return _run(step, steps.init_dense_state(tx, params), batches,
-              lambda b: {k: jnp.asarray(v) for k, v in b.items()})
+              lambda b: jax.tree.map(jnp.asarray, b))
 
 
 def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0):
@@ -67,7 +68,7 @@ def test_kept_positives_weighted_in_the_sharded_step():
   # Rows with 3 positives, k_p = 2: the sampler keeps 2 with weight 3/2; the model-parallel
   # kernel must weight them as the dense estimator does.
   setup = problem(num_shards=4, k_p=2)
-  assert np.all(setup[3][0]["pos_weight"] == 1.5)
+  assert np.all(setup[3][0].labels.pos_weight == 1.5)
   _assert_same(_sparse(*setup, (2, 4)), _dense_reference(*setup), setup[-1])
 
 
@@ -81,21 +82,21 @@ def test_padded_last_shard_equals_dense_step(per_query):
 @pytest.mark.parametrize("shape", [(1, 1), (8, 1), (2, 4), (1, 8)])
 def test_per_query_draws_sharded_step_equals_dense_single_device_step(shape):
   setup = problem(num_shards=shape[1], per_query=True)
-  assert setup[3][0]["rand_ids"].shape == (1, B, shape[1] * 24)
+  assert setup[3][0].labels.rand_ids.shape == (1, B, shape[1] * 24)
   _assert_same(_sparse(*setup, shape), _dense_reference(*setup), setup[-1])
 
 
 def _with_masked_columns(batch, num_shards, extra):
   """The batch with `extra` more hard and random columns per shard, all masked: each a
   copy of the block's first column, so it would change the step if it were not."""
-  out = dict(batch)
+  labels = batch.labels._asdict()
   for ids, mask in (("hard_ids", "hard_mask"), ("rand_ids", "rand_mask")):
     keys = (ids, mask) + (("rand_weight",) if ids == "rand_ids" else ())
     for k in keys:
-      v = batch[k].reshape(*batch[k].shape[:-1], num_shards, -1)
+      v = labels[k].reshape(*labels[k].shape[:-1], num_shards, -1)
       pad = np.zeros_like(v[..., :1]) if k == mask else v[..., :1]
-      out[k] = np.concatenate([v] + [pad] * extra, -1).reshape(*v.shape[:-2], -1)
-  return out
+      labels[k] = np.concatenate([v] + [pad] * extra, -1).reshape(*v.shape[:-2], -1)
+  return batch._replace(labels=LabelBatch(**labels))
 
 
 @pytest.mark.parametrize("per_query", [False, True])
@@ -103,7 +104,7 @@ def test_masked_columns_leave_the_step_unchanged(per_query):
   """The curricula pad their batches to one width with masked columns (sampler.py)."""
   graphdef, enc, oc, batches, w0 = setup = problem(num_shards=4, per_query=per_query)
   padded = [_with_masked_columns(b, 4, extra=3) for b in batches]
-  assert padded[0]["hard_ids"].shape[-1] == 4 * (KH + 3)
+  assert padded[0].labels.hard_ids.shape[-1] == 4 * (KH + 3)
   got = _sparse(graphdef, enc, oc, padded, w0, (2, 4))
   _assert_same(got, _sparse(*setup, (2, 4)), w0)
 
@@ -140,12 +141,13 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
 
   def total(p, b):
     enc_model = nnx.merge(graphdef, p["encoder"])
-    return sum(loss.sampled_bce(enc_model(b["input_ids"][i]), p["classifier"],
-                                {k: v[i] for k, v in b.items()}) for i in range(2)) / 2
+    return sum(loss.sampled_bce(enc_model(b.input_ids[i]), p["classifier"],
+                                jax.tree.map(lambda v, i=i: v[i], b.labels))
+               for i in range(2)) / 2
 
   losses = []
   for b in batches:
-    b = {k: jnp.asarray(v) for k, v in b.items()}
+    b = jax.tree.map(jnp.asarray, b)
     value, g = jax.value_and_grad(total)(params, b)
     updates, state = tx.update(g, state, params)
     params = optax.apply_updates(params, updates)
@@ -208,11 +210,11 @@ def test_full_baseline_step_counts_every_positive_not_only_k_p():
   rows = [list(rng.choice(L, 5, replace=False)) for _ in range(B)]
   sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4,
                             all_positives=5)
-  batch = {k: v[None] for k, v in sampler(np.arange(B), rng).items()}
-  batch["input_ids"] = rng.integers(1, 40, (1, B, 10)).astype(np.int32)
+  batch = TrainBatch(rng.integers(1, 40, (1, B, 10)).astype(np.int32),
+                     jax.tree.map(lambda v: v[None], sampler(np.arange(B), rng)))
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   tx = optim.make_optimizer(oc, 10)
-  emb, _ = steps.encode(graphdef, params["encoder"], jnp.asarray(batch["input_ids"][0]),
+  emb, _ = steps.encode(graphdef, params["encoder"], jnp.asarray(batch.input_ids[0]),
                         jax.random.key(0))
   targets = np.zeros((B, L))
   for i, r in enumerate(rows):
@@ -220,7 +222,7 @@ def test_full_baseline_step_counts_every_positive_not_only_k_p():
   want = float(loss.full_bce(emb, jnp.asarray(w0), jnp.asarray(targets)))
   step = steps.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
   _, value, _ = step(steps.init_dense_state(tx, params),
-                     {k: jnp.asarray(v) for k, v in batch.items()}, jax.random.key(0))
+                     jax.tree.map(jnp.asarray, batch), jax.random.key(0))
   np.testing.assert_allclose(float(value), want, rtol=1e-5)
 
 

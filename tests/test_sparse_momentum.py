@@ -110,13 +110,14 @@ def _untouched_stretches(batches, num_shards, rng):
   rows = -(-L // num_shards)
   out = []
   for t in range(STEPS):
-    b = dict(batches[rng.integers(len(batches))])
+    b = batches[rng.integers(len(batches))]
+    moved = {}
     for k in ("pos_ids", "hard_ids", "rand_ids"):
-      ids = b[k]
+      ids = getattr(b.labels, k)
       offset = ids % rows
       barred = ((offset < 2) & (t > 3)) | ((offset >= 2) & (offset < 4) & (t % 17 != 0))
-      b[k] = np.where(barred, ids - offset + 4 + (ids + t) % (rows - 4), ids)
-    out.append(b)
+      moved[k] = np.where(barred, ids - offset + 4 + (ids + t) % (rows - 4), ids)
+    out.append(b._replace(labels=b.labels._replace(**moved)))
   return out
 
 
@@ -139,7 +140,7 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, 
   params = fresh()
   dense_step = steps.make_train_step(graphdef, tx)
   dense = _run(dense_step, steps.init_dense_state(tx, params), batches,
-               lambda b: {k: jnp.asarray(v) for k, v in b.items()}).params
+               lambda b: jax.tree.map(jnp.asarray, b)).params
 
   mesh = sharding.make_mesh(*shape)
   enc_tx = optim.encoder_optimizer(oc, STEPS)

@@ -6,6 +6,7 @@ import numpy as np
 from flax import nnx
 
 from astra_jax import classifier, optim, sharding, steps
+from astra_jax.batch import TrainBatch
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.sampler import NegativeSampler
@@ -50,9 +51,8 @@ def test_sparse_step_equals_dense_optax_step():
   for step in range(6):
     rows = rng.choice(64, B, replace=False)
     hard = rng.integers(0, L, (B, 5)) if step >= 3 else None  # both batch shapes
-    b = sampler(rows, rng, hard)
-    b["input_ids"] = rng.integers(1, 50, (B, 10)).astype(np.int32)
-    batch = {k: jnp.asarray(v)[None] for k, v in b.items()}  # one micro-batch
+    b = TrainBatch(rng.integers(1, 50, (B, 10)).astype(np.int32), sampler(rows, rng, hard))
+    batch = jax.tree.map(lambda v: jnp.asarray(v)[None], b)  # one micro-batch
     key = jax.random.key(step)
     dense_s, dl, _ = dense_step(dense_s, batch, key)
     sparse_s, sl, _ = sparse_step(sparse_s, batch, key)

@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from astra_jax.batch import TrainBatch
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.sampler import NegativeSampler
@@ -39,8 +40,8 @@ def problem(num_shards, micro_batches=1, dropout=0.3, dtype="float32", per_query
                            for s in range(num_shards)], 1)
     parts = [sampler(r, rng, h) for r, h in zip(np.split(rows, micro_batches),
                                                 np.split(hard, micro_batches))]
-    b = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
-    b["input_ids"] = rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32)
-    batches.append(b)
+    labels = jax.tree.map(lambda *xs: np.stack(xs), *parts)
+    batches.append(TrainBatch(
+        rng.integers(1, 40, (micro_batches, B // micro_batches, 10)).astype(np.int32), labels))
   w0 = 0.5 * np.asarray(jax.random.normal(jax.random.key(1), (n, D)))
   return graphdef, enc, oc, batches, w0

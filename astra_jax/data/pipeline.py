@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from astra_jax.batch import HostBatch, LabelBatch, TrainBatch
 from astra_jax.errors import InputError
 from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSplit
@@ -55,7 +56,7 @@ class TrainBatches:
 
   def make_batch(self, epoch: int, step: int, order: np.ndarray,
                  hard_negatives: np.ndarray | None,
-                 split: NegativeSplit | None = None) -> dict[str, np.ndarray]:
+                 split: NegativeSplit | None = None) -> HostBatch:
     rows = order[step * self.batch_size:(step + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
@@ -63,15 +64,15 @@ class TrainBatches:
     hards = [None] * a if hard is None else np.split(hard, a)
     counts = {} if split is None else split._asdict()
     parts = [self.sampler(r, rng, h, **counts) for r, h in zip(np.split(rows, a), hards)]
-    batch = {k: np.stack([p[k] for p in parts]) for k in parts[0]}
+    labels = LabelBatch(*(None if x is None else np.stack([p[i] for p in parts])
+                          for i, x in enumerate(parts[0])))  # (A, B/A, ...)
     if self.token_rows is None:
       ids = np.asarray(self.tokens[rows], np.int32)
     else:  # only this process's rows; the others are never sent to a device here
       ids = np.zeros((len(rows), self.tokens.shape[1]), np.int32)
       ids[self.token_rows] = self.tokens[rows[self.token_rows]]
-    batch["input_ids"] = ids.reshape(a, len(rows) // a, -1)
-    batch["rows"] = rows.astype(np.int32)
-    return batch
+    return HostBatch(rows.astype(np.int32),
+                     TrainBatch(ids.reshape(a, len(rows) // a, -1), labels))
 
   def rows_before(self, epoch: int, step: int) -> np.ndarray:
     """The training rows of steps [0, step) of `epoch`."""
@@ -80,7 +81,7 @@ class TrainBatches:
 
   def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
             start_step: int = 0, split: NegativeSplit | None = None
-            ) -> Iterator[tuple[dict[str, np.ndarray], float]]:
+            ) -> Iterator[tuple[HostBatch, float]]:
     """Yields (batch, seconds the thread spent preparing it) from `start_step` on.
 
     hard_negatives: (N, h) per training row, or None; split: the epoch's negatives

@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from astra_jax import rowsets
+from astra_jax.batch import LabelBatch
 from astra_jax.data.xc_format import SparseRows
 
 
@@ -72,7 +73,7 @@ class NegativeSampler:
                hard_negatives: np.ndarray | None = None,
                num_random: int | None = None,
                random_columns: int | None = None,
-               num_hard: int | None = None) -> dict[str, np.ndarray]:
+               num_hard: int | None = None) -> LabelBatch:
     """The label side of one batch.
 
     Columns past num_hard / num_random are masked, so that batches of different splits
@@ -87,8 +88,8 @@ class NegativeSampler:
       random_columns: random columns per shard in the batch (>= num_random).
       num_hard: hard negatives per shard that train (default c).
     Returns:
-      The arrays the module docstring lists, by name: pos_ids, pos_mask, pos_weight,
-      hard_ids, hard_mask, rand_ids, rand_mask, rand_weight (and all_pos_ids).
+      The rows' LabelBatch (batch.py; the arrays the module docstring lists), all_pos_ids
+      only when the sampler keeps every positive.
     Raises:
       ValueError: hard negatives outside their shard's block, random_columns <
         num_random, or a row with more positives than all_positives.
@@ -144,14 +145,13 @@ class NegativeSampler:
       rand_mask = ~rowsets.shared_member(rand_ids, b, excluded_rows, excluded_ids)
     if width > k_r:  # padding columns: not negatives
       rand_mask &= np.tile(np.arange(width) < k_r, S)
-    out = {"pos_ids": pos_ids, "pos_mask": pos_mask, "pos_weight": pos_weight,
-           "hard_ids": hard_ids, "hard_mask": hard_mask,
-           "rand_ids": rand_ids.astype(np.int32, copy=False), "rand_mask": rand_mask,
-           "rand_weight": rand_weight}
+    all_pos = None
     if self.all_positives:  # every positive, in the random order that chose the k_p
       if len(rank) and rank.max() >= self.all_positives:
         raise ValueError(f"a row has {rank.max() + 1} positives, all_positives is "
                          f"{self.all_positives}")
-      out["all_pos_ids"] = np.full((b, self.all_positives), -1, np.int32)
-      out["all_pos_ids"][all_pos_row[order], rank] = all_pos_ids[order]
-    return out
+      all_pos = np.full((b, self.all_positives), -1, np.int32)
+      all_pos[all_pos_row[order], rank] = all_pos_ids[order]
+    return LabelBatch(pos_ids, pos_mask, hard_ids, hard_mask,
+                      rand_ids.astype(np.int32, copy=False), rand_mask, rand_weight,
+                      pos_weight, all_pos)
