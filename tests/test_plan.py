@@ -220,7 +220,7 @@ def test_cli_json_without_jax(tmp_path):
 
 @pytest.mark.parametrize("path", sorted(glob.glob("experiments/*.py", root_dir=REPO)))
 def test_every_config_loads_and_validates(path):
-  variants = {"experiments/xc_text.py": ["minilm", "tiny"], "experiments/demo.py": [None]}
+  variants = {"experiments/xc_text.py": ["minilm", "tiny", "ngram"], "experiments/demo.py": [None]}
   for variant in variants.get(path, ["", "synthetic"]):
     c = load_config(path, variant)
     c.data.dir = c.data.dir or "/some/dir"  # demo.py and xc_text.py leave it to the user
