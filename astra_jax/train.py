@@ -7,7 +7,6 @@ results.json, time_breakup.json, metrics.jsonl (one JSON object per log line / e
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import time
@@ -43,13 +42,8 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
   """Generates the synthetic dataset when asked (cached by its spec), then loads."""
   dc = config.data
   if dc.synthetic.enabled:
-    # The spec's fields the config sets (a field it lacks keeps the spec's default).
-    spec = synthetic.SyntheticSpec(**{f.name: dc.synthetic[f.name]
-                                      for f in dataclasses.fields(synthetic.SyntheticSpec)
-                                      if f.name in dc.synthetic})
-    if not synthetic.is_current(dc.dir, spec) and distributed.is_leader():
-      logging.info("generating synthetic dataset into %s", dc.dir)
-      synthetic.generate(dc.dir, spec)
+    if distributed.is_leader():
+      synthetic.ensure_generated(dc.dir, synthetic.spec_from_config(dc.synthetic))
     distributed.barrier("synthetic data")
     with dc.unlocked():
       if not dc.tokenizer_dir:
@@ -280,11 +274,18 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   # ---- evaluate and export
   params, progress = trainer.state.params, trainer.progress
+  t_eval = time.time()
   final = trainer.final_evaluation()
   final.update(evaluation.knn_diagnostic(embed_fn, params, data, data, config))
+  t_export = time.time()
   with faults.writing(os.path.join(workdir, "model"),
                       sum(x.nbytes for x in jax.tree.leaves(params))):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
+  # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
+  # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
+  phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
+  logging.info("final evaluation %.1f s, export %.1f s", t_export - t_eval,
+               phase_spans["export"][1] - t_export)
   if eval_data is not data:
     val = evaluation.evaluate_model(embed_fn, params, eval_data, config, inv_prop)
     val.update(evaluation.knn_diagnostic(embed_fn, params, data, eval_data, config))
@@ -299,7 +300,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "steps": progress.global_step, "train_time_s": round(progress.train_seconds, 2),
       "skipped_steps": trainer.skipped_steps, "first_step_s": trainer.first_step_s,
       "matmul_precision": config.encoder.matmul_precision,
-      "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
+      "total_time_s": round(time.time() - t_start, 2), "phase_spans": phase_spans,
+      "metrics": final, **final,
       "popularity_baseline": evaluation.popularity_baseline(data, config, inv_prop),
       **(baselines.for_training_run(config) if leader else {}),
       "evaluations": progress.evals, "time_breakup": breakup,
