@@ -77,20 +77,23 @@ FULL_LABEL_VOCAB_SIZE = 50_000
 # trained rows; docs/results/refresh_knobs_trained.jsonl).
 FULL_LABEL_GROUP_SIZE = 32
 FULL_LABEL_SAME_GROUP_PROB = 0.95
-# The classifier's lr: the paper's 0.01 per query x 2,048 moves a row with 0.1-1 training
-# queries (10^5-10^6 queries, 10^6-10^7 labels) far from its label-text start in one random-
-# negative push (P@1 1.17 at 10^6 labels, below popularity's 15.9).
-FULL_LABEL_CLASSIFIER_LR = 1.0
+# The classifier's lr. With 0.1 training queries per label (10^5 queries, 10^6 labels) the
+# random negatives' pushes (weight L / k_r = 4,464) dominate every row: at the paper's
+# 0.01 per query x 2,048 = 20, or at 1.0, W's rows grow from norm 1 to ~20 in one epoch and
+# test P@1 falls to 0-1 (popularity 2.85); at 0.01 it is 9.22, the label-text start alone
+# 22.13 (10^6 labels, 3 epochs).
+FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
 # Rows a refresh query scores (negatives.scann_rows_per_query) in the full-label stand-in,
-# and rows per ScaNN leaf (negatives.scann_leaves = L / this): a fixed cost per query,
-# chosen on the trained W of its 10^6- and 10^7-label runs for recall@k_h >= 0.9 against
-# exact search (docs/results/refresh_knobs_trained.jsonl). Leaves of this size, not the
+# and rows per ScaNN leaf (negatives.scann_leaves = L / this): a fixed cost per query. On
+# this stand-in's trained W no fixed cost reaches recall@k_h 0.9 (docs/results/
+# refresh_knobs_trained.jsonl: 0.20 / 0.46 / 0.79 at 16k / 64k / 256k rows of 10^6); 64k
+# is what a refresh of 10^5 queries affords in about a minute here. Leaves of this size, not the
 # default rule's ~2 sqrt(L) (1,600 rows at 10^7): a build assigns each of the L rows to a
 # leaf centre, L^2 / leaf_rows distances, 4e12 at 10^7 with 1,600-row leaves (most of an
 # hour on 2 cores), 1.6e12 with 4,000.
-FULL_LABEL_ROWS_PER_QUERY = 16_000
+FULL_LABEL_ROWS_PER_QUERY = 64_000
 FULL_LABEL_LEAF_ROWS = 4_000
 
 

@@ -167,9 +167,11 @@ def run_phase(name: str, argv: list[str], log_path: str, until=None) -> Phase:
 
 
 def span_peak(samples: list, span: list[float]) -> int:
-  """The highest RSS sample inside a [start, end] wall-clock span (0 if none fell in it)."""
+  """The highest RSS sample inside a [start, end] wall-clock span and the first one after it
+  (a span shorter than the poll interval holds none)."""
   inside = [rss for t, rss in samples if span[0] <= t <= span[1]]
-  return max(inside, default=0)
+  after = [rss for t, rss in samples if t > span[1]][:1]
+  return max(inside + after, default=0)
 
 
 def complete_checkpoints(workdir: str) -> list[int]:
@@ -269,16 +271,6 @@ def main(argv):
     span = results["phase_spans"][name]
     phases[name] = Phase(round(span[1] - span[0], 1), span_peak(samples, span), 0, [])
 
-  reference = None
-  if FLAGS.reference:
-    reference_dir = os.path.join(work, "reference")
-    if os.path.exists(reference_dir):
-      shutil.rmtree(reference_dir)
-    phases["train_reference"] = run_phase("train_reference", train(reference_dir),
-                                          os.path.join(work, "train_reference.log"))
-    with open(os.path.join(reference_dir, "results.json")) as f:
-      reference = json.load(f)
-
   queries_path = os.path.join(work, "predict_queries.txt")
   with open(os.path.join(data_dir, "tst_X.txt")) as src, open(queries_path, "w") as dst:
     for _, line in zip(range(FLAGS.predict_queries), src):
@@ -291,38 +283,53 @@ def main(argv):
   with open(predictions_path) as f:
     predictions = [json.loads(line) for line in f]
 
-  with open(os.path.join(data_dir, "synthetic.json")) as f:
-    generator = json.load(f)
-  breakup = results.get("time_breakup") or {}
-  record = {
-      "num_labels": results["num_labels"], "num_train": results["num_train"],
-      "num_test": results["num_test"], "epochs": results["epochs"],
-      "steps": results["steps"], "batch_size": config.train.batch_size,
-      "config": FLAGS.config, "overrides": train_overrides,
-      "phases": {name: {"seconds": p.seconds, "peak_rss_bytes": p.peak_rss_bytes,
-                        "refresh_worker_peak_rss_bytes": p.refresh_worker_peak_rss_bytes}
-                 for name, p in phases.items()},
-      "generator_seconds": generator.get("seconds"),
-      "train_time_s": results["train_time_s"],
-      "step_time_s": (breakup["mean_step_wall_ms"] / 1000
-                      if breakup.get("mean_step_wall_ms") is not None else None),
-      "time_breakup": breakup,
-      "refreshes": [{k: r.get(k) for k in ("epoch", "ok", "recall", "build_s", "search_s",
-                                           "wait_s", "num_queries", "num_labels", "error")}
-                    for r in results["negatives"]["refreshes"]],
-      "scann_rows_per_query": config.negatives.scann_rows_per_query,
-      "kill_after_checkpoint_step": kill_step, "resumed_from_step": resumed_from,
-      "steps_per_epoch": steps_per_epoch,
-      "resume_metrics_equal": (results["metrics"] == reference["metrics"]
-                               if reference is not None else None),
-      "reference_metrics": reference["metrics"] if reference is not None else None,
-      "metrics": results["metrics"],
-      "popularity_baseline": results["popularity_baseline"],
-      "predictions": predictions[:1],
-      "work_dir": work,
-  }
-  with open(FLAGS.out, "w") as f:
-    json.dump(record, f, indent=1)
+  def write_record(reference: dict | None) -> dict:
+    """The JSON file, written once without the reference run and again with it: a run
+    stopped during the reference still leaves its record."""
+    with open(os.path.join(data_dir, "synthetic.json")) as f:
+      generator = json.load(f)
+    breakup = results.get("time_breakup") or {}
+    record = {
+        "num_labels": results["num_labels"], "num_train": results["num_train"],
+        "num_test": results["num_test"], "epochs": results["epochs"],
+        "steps": results["steps"], "batch_size": config.train.batch_size,
+        "config": FLAGS.config, "overrides": train_overrides,
+        "phases": {name: {"seconds": p.seconds, "peak_rss_bytes": p.peak_rss_bytes,
+                          "refresh_worker_peak_rss_bytes": p.refresh_worker_peak_rss_bytes}
+                   for name, p in phases.items()},
+        "generator_seconds": generator.get("seconds"),
+        "train_time_s": results["train_time_s"],
+        "step_time_s": (breakup["mean_step_wall_ms"] / 1000
+                        if breakup.get("mean_step_wall_ms") is not None else None),
+        "time_breakup": breakup,
+        "refreshes": [{k: r.get(k) for k in ("epoch", "ok", "recall", "build_s", "search_s",
+                                             "wait_s", "num_queries", "num_labels", "error")}
+                      for r in results["negatives"]["refreshes"]],
+        "scann_rows_per_query": config.negatives.scann_rows_per_query,
+        "kill_after_checkpoint_step": kill_step, "resumed_from_step": resumed_from,
+        "steps_per_epoch": steps_per_epoch,
+        "resume_metrics_equal": (results["metrics"] == reference["metrics"]
+                                 if reference is not None else None),
+        "reference_metrics": reference["metrics"] if reference is not None else None,
+        "metrics": results["metrics"],
+        "popularity_baseline": results["popularity_baseline"],
+        "predictions": predictions[:1],
+        "work_dir": work,
+    }
+    with open(FLAGS.out, "w") as f:
+      json.dump(record, f, indent=1)
+    return record
+
+  record = write_record(None)
+  if FLAGS.reference:
+    reference_dir = os.path.join(work, "reference")
+    if os.path.exists(reference_dir):
+      shutil.rmtree(reference_dir)
+    phases["train_reference"] = run_phase("train_reference", train(reference_dir),
+                                          os.path.join(work, "train_reference.log"))
+    with open(os.path.join(reference_dir, "results.json")) as f:
+      reference = json.load(f)
+    record = write_record(reference)
   print(json.dumps({k: record[k] for k in ("num_labels", "phases", "refreshes",
                                            "resume_metrics_equal")}, indent=1))
   if not FLAGS.keep:
