@@ -244,6 +244,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   state, run_steps = make_state_and_steps(config, graphdef, {"encoder": enc_params,
                                                              "classifier": w},
                                           mesh, total_steps, sparse, steps_per_epoch)
+  del w  # the state holds W from here
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
@@ -265,6 +266,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     trainer.restore()
     if sparse:
       back_with_huge_pages(trainer.state.classifier)
+    # W's start (at 10^7 labels: the label texts' embeddings, a host W and its device copy)
+    # and a restored checkpoint leave freed blocks no step reuses; main.py's malloc settings
+    # would keep them resident for the whole run.
+    released = host_memory.release_freed_memory()
+    logging.info("set-up: %.2f GB of freed memory released, %.2f GB resident", released / 1e9,
+                 host_memory.resident_bytes() / 1e9)
     for epoch in range(trainer.progress.epoch, config.train.epochs):
       trainer.run_epoch(epoch)
   finally:
