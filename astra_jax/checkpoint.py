@@ -104,6 +104,14 @@ def _trained(workdir: str) -> bool:
           or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
 
 
+def has_complete_step(workdir: str) -> bool:
+  """Whether a checkpoint under workdir/checkpoints is complete (`damage` finds nothing in
+  it): a run started in this workdir restores it."""
+  ck = os.path.join(workdir, "checkpoints")
+  return os.path.isdir(ck) and any(
+      d.isdigit() and damage(os.path.join(ck, d)) is None for d in os.listdir(ck))
+
+
 def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
   """(flattened key, saved value, new value) where two configs' JSON differ, FREE_KEYS
   aside."""

@@ -12,6 +12,12 @@ Call `keep_freed_memory()` before jax (or anything that starts threads) is impor
 already attached to threads are not changed. `main.py` and the benchmarks do; set
 ASTRA_JAX_SYSTEM_MALLOC=1 to leave glibc's defaults alone.
 
+`release_freed_memory()` hands the pages of freed blocks back once, after a one-off peak
+that later steps do not reuse: at 10^7 labels the set-up (W from the label texts: their
+embeddings, a host W, its device copy) left the trainer at 14.1 GB resident before its
+first step, most of it freed; beside a refresh worker and other jobs that is out of memory
+on a 24 GB machine (benchmarks/scale_run.py).
+
 `back_with_huge_pages(w)` puts a large host array (the classifier on the CPU backend) on 2 MiB
 transparent huge pages. A step gathers and scatters ~15k random rows of W; at L = 1e7
 (2.6 GB) nearly every row is also a TLB miss on 4 KiB pages: the classifier step of
@@ -50,6 +56,31 @@ def keep_freed_memory() -> bool:
            ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1)))
   _done = ok
   return ok
+
+
+def release_freed_memory() -> int:
+  """Returns the pages of freed heap memory to the system (glibc's malloc_trim(0), which
+  also releases free pages inside the heap), whatever keep_freed_memory set. Returns the
+  bytes of resident memory it gave back (0 where it could not: not glibc, or nothing
+  freed)."""
+  libc = _libc()
+  if libc is None or platform.libc_ver()[0] != "glibc":
+    return 0
+  before = resident_bytes()
+  libc.malloc_trim(0)
+  return max(0, before - resident_bytes())
+
+
+def resident_bytes() -> int:
+  """This process's resident memory (VmRSS), 0 where /proc does not say."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("VmRSS:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
 
 
 @functools.cache

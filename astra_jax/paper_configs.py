@@ -60,6 +60,41 @@ POSITIVES_COVERED = 0.999
 # median 0.92). Calibrated on full-L among 0, 1, 2: ratios 1.03, 0.98, 0.20
 # (benchmarks/label_text_share.py).
 STAND_IN_HIDDEN_OWN_WORDS = 1
+# The full-label stand-in (`full_label_variant`): queries by default (the issue's example
+# for SS-20M), test rows (enough for a P@1 to +-0.5 points), and the negatives per query a
+# CPU step affords (a batch of 2,048 gathers B x (k_p + k_h + k_r) rows of W).
+FULL_LABEL_NUM_TRAIN = 1_000_000
+FULL_LABEL_NUM_TEST = 10_000
+# Content words: with the stand-in's 8,000, each of SS-20M's 19M labels would share each of
+# its own words with ~5,000 others.
+FULL_LABEL_VOCAB_SIZE = 50_000
+# A query's positives: SS-20M's 26 per query are bid phrases of one intent, near-duplicates
+# of each other, not 26 unrelated labels. The stand-in draws them from one group of this
+# many confusable labels (the first by popularity, each further one from its group with
+# FULL_LABEL_SAME_GROUP_PROB). With :synthetic's groups of 8 and 0.3, a query mixes ~20
+# unrelated labels' words: its exact top-k are near-ties spread over all of W, which no
+# fixed-cost search finds (recall@32 0.13 / 0.39 / 0.74 scoring 16k / 64k / 256k of 10^6
+# trained rows; docs/results/refresh_knobs_trained.jsonl).
+FULL_LABEL_GROUP_SIZE = 32
+FULL_LABEL_SAME_GROUP_PROB = 0.95
+# The classifier's lr. With 0.1 training queries per label (10^5 queries, 10^6 labels) the
+# random negatives' pushes (weight L / k_r = 4,464) dominate every row: at the paper's
+# 0.01 per query x 2,048 = 20, or at 1.0, W's rows grow from norm 1 to ~20 in one epoch and
+# test P@1 falls to 0-1 (popularity 2.85); at 0.01 it is 9.22, the label-text start alone
+# 22.13 (10^6 labels, 3 epochs).
+FULL_LABEL_CLASSIFIER_LR = 0.01
+FULL_LABEL_K_H = 32
+FULL_LABEL_K_R = 224
+# Rows a refresh query scores (negatives.scann_rows_per_query) in the full-label stand-in,
+# and rows per ScaNN leaf (negatives.scann_leaves = L / this): a fixed cost per query. On
+# this stand-in's trained W no fixed cost reaches recall@k_h 0.9 (docs/results/
+# refresh_knobs_trained.jsonl: 0.20 / 0.46 / 0.79 at 16k / 64k / 256k rows of 10^6); 64k
+# is what a refresh of 10^5 queries affords in about a minute here. Leaves of this size, not the
+# default rule's ~2 sqrt(L) (1,600 rows at 10^7): a build assigns each of the L rows to a
+# leaf centre, L^2 / leaf_rows distances, 4e12 at 10^7 with 1,600-row leaves (most of an
+# hour on 2 cores), 1.6e12 with 4,000.
+FULL_LABEL_ROWS_PER_QUERY = 64_000
+FULL_LABEL_LEAF_ROWS = 4_000
 
 
 def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset:
@@ -146,13 +181,22 @@ def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
 
 def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
                   ) -> ml_collections.ConfigDict:
-  """"" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in."""
+  """"" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in;
+  "full_labels" or "full_labels,NUM_TRAIN" -> the stand-in at the full label count."""
   kind, _, arg = variant.partition(",")
   if kind == "":
     return c
+  if kind == "full_labels":
+    try:
+      num_train = int(float(arg)) if arg else FULL_LABEL_NUM_TRAIN
+    except ValueError:
+      raise ValueError(f"{config_file}:{variant}: NUM_TRAIN must be a number, e.g. "
+                       f"{config_file}:full_labels,200000") from None
+    return full_label_variant(c, num_train, config_file)
   if kind != "synthetic":
-    raise ValueError(f"{config_file}:{variant}: the variants are '' (the dataset) and "
-                     f"'synthetic[,SCALE]' (its synthetic stand-in)")
+    raise ValueError(f"{config_file}:{variant}: the variants are '' (the dataset), "
+                     f"'synthetic[,SCALE]' (its synthetic stand-in) and "
+                     f"'full_labels[,NUM_TRAIN]' (a stand-in at its full label count)")
   try:
     scale = float(arg) if arg else default_synthetic_scale(c)
   except ValueError:
@@ -239,4 +283,58 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   c.negatives.k_r = FieldReference(max(1, int(total) - hard)) // shards  # the total, not 1 less
   c.mesh.data = c.mesh.model = 1
   c.paper.synthetic_scale = scale
+  return c
+
+
+def full_label_variant(c: ml_collections.ConfigDict, num_train: int, config_file: str
+                       ) -> ml_collections.ConfigDict:
+  """The synthetic stand-in at the dataset's full label count with `num_train` queries:
+  the label side (W, refreshes, evaluation, export) at the real size, the query side
+  small enough for a CPU.
+
+  From `synthetic_variant` at scale 1 (its label statistics, k_p, the stand-in's lrs),
+  then:
+    * a query's positives from one group of FULL_LABEL_GROUP_SIZE (see there);
+    * classifier lr FULL_LABEL_CLASSIFIER_LR (see there);
+    * num_train queries, FULL_LABEL_NUM_TEST test rows, FULL_LABEL_VOCAB_SIZE words;
+      warmup x num_train / N (the same share of training);
+    * the hashed n-gram bag encoder (`encoder.arch=ngram_bag`, the cheapest on a CPU) of
+      width d = 64, no bottleneck;
+    * no label texts as training rows: L of them would outnumber the queries;
+    * FULL_LABEL_K_H hard + FULL_LABEL_K_R random negatives per query (see there);
+    * refreshes at a fixed cost per query, FULL_LABEL_ROWS_PER_QUERY rows in leaves of
+      FULL_LABEL_LEAF_ROWS (see there);
+    * W initialised from the label texts' embeddings (`classifier.init=label_text`);
+    * its own data directory (data/<name>-full-labels): other sizes are other datasets.
+  `--config.data.synthetic.num_labels=N` (and `data.num_labels`) runs it at fewer labels.
+  """
+  ds = catalog.DATASETS[c.data.name]
+  if num_train < c.train.batch_size:
+    raise ValueError(f"{config_file}:full_labels,{num_train}: fewer queries than the batch "
+                     f"size {c.train.batch_size}")
+  c = synthetic_variant(c, 1.0, config_file)
+  s = c.data.synthetic
+  s.num_train, s.num_test = num_train, FULL_LABEL_NUM_TEST
+  s.vocab_size = FULL_LABEL_VOCAB_SIZE
+  s.group_size, s.same_group_prob = FULL_LABEL_GROUP_SIZE, FULL_LABEL_SAME_GROUP_PROB
+  _unlink(c.optim, "classifier_lr", FULL_LABEL_CLASSIFIER_LR)
+  c.data.num_train = num_train
+  c.data.dir = f"data/{ds.name}-full-labels"
+  c.data.augment_label_text = False
+  c.optim.warmup_steps = max(1, round(c.optim.warmup_steps * num_train / ds.num_train))
+  c.encoder.arch = "ngram_bag"
+  c.encoder.hidden_size = 64
+  c.encoder.bottleneck_dim = 0
+  c.negatives.k_h = FULL_LABEL_K_H
+  c.negatives.k_r = FULL_LABEL_K_R
+  c.negatives.index = "scann"
+  c.negatives.scann_rows_per_query = FULL_LABEL_ROWS_PER_QUERY
+  # A reference: the leaves follow --config.data.synthetic.num_labels (0: the default rule).
+  c.negatives.scann_leaves = s.get_ref("num_labels") // FULL_LABEL_LEAF_ROWS
+  # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000
+  # times fewer queries than labels most rows would otherwise stay random vectors, whose
+  # exact top-k is arbitrary (a refresh's recall@k_h was 0.10 at 10^6 labels with
+  # R = 16,000) and which no query can rank.
+  c.classifier.init = "label_text"
+  c.paper.full_labels_num_train = num_train
   return c

@@ -2,6 +2,11 @@
 
   python -m astra_jax.prepare --src=DOWNLOAD --out=DIR [--tokenizer=NAME_OR_DIR]
       [--max_len=32] [--use_content] [--config=experiments/<name>.py]
+  python -m astra_jax.prepare --config=experiments/<name>.py:synthetic   # a stand-in
+
+With a config whose data are synthetic (`data.synthetic.enabled`) and no --src, the
+stand-in is generated into the config's data.dir (unless the data there are already that
+spec's) and tokenized there with the generator's tokenizer, as training would do at its start.
 
 DOWNLOAD is the Extreme Classification Repository's download: a .zip, or a directory (or
 a directory holding one dataset directory) in any layout `data/dataset.py` reads
@@ -32,7 +37,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from astra_jax import cli, config_base, tmpnames
-from astra_jax.data import dataset, label_cache
+from astra_jax.data import dataset, label_cache, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 
@@ -133,6 +138,18 @@ def prepare(src: str, out: str, data_cfg) -> dataset.XCData:
   return dataset.load(data_cfg)  # tokenizes what is missing or stale; checks row counts
 
 
+def prepare_synthetic(out: str, data_cfg) -> dataset.XCData:
+  """Generates the config's synthetic stand-in into `out` (when not there already) and
+  tokenizes it into out/astra_cache; the tokenizer is the generator's unless the config
+  names one."""
+  synthetic.ensure_generated(out, synthetic.spec_from_config(data_cfg.synthetic))
+  with data_cfg.unlocked():
+    data_cfg.dir = out
+    data_cfg.tokenizer_dir = pretrained.resolve(data_cfg.tokenizer_dir
+                                                or os.path.join(out, "tokenizer"))
+  return dataset.load(data_cfg)
+
+
 def summary(data: dataset.XCData, cache_dir: str) -> str:
   """What was built: the dataset's sizes, then each cache's rows, size and build time (the
   label caches verified on the way)."""
@@ -170,7 +187,6 @@ def define_flags() -> None:
                       "else all-MiniLM-L6-v2)")
   flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
   flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
-  flags.mark_flags_as_required(["src"])
 
 
 def main(argv):
@@ -181,7 +197,7 @@ def main(argv):
   c = c if c is not None else config_base.base_config()
   dc = c.data
   with dc.unlocked():
-    if F.tokenizer is not None or not dc.tokenizer_dir:
+    if F.tokenizer is not None or not (dc.tokenizer_dir or dc.synthetic.enabled):
       dc.tokenizer_dir = F.tokenizer or "all-MiniLM-L6-v2"
     if F.max_len is not None:
       dc.max_len = F.max_len
@@ -191,8 +207,10 @@ def main(argv):
   out = F.out or dc.dir
   if not out:
     sys.exit("error: --out=DIR is required without a --config that sets data.dir")
+  if F.src is None and not dc.synthetic.enabled:
+    sys.exit("error: --src=DOWNLOAD is required unless --config's data are synthetic")
   try:
-    data = prepare(F.src, out, dc)
+    data = prepare(F.src, out, dc) if F.src is not None else prepare_synthetic(out, dc)
     print(summary(data, os.path.join(out, "astra_cache")))
   except (InputError, FileNotFoundError) as e:
     sys.exit(f"error: {e}")

@@ -7,7 +7,6 @@ results.json, time_breakup.json, metrics.jsonl (one JSON object per log line / e
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import time
@@ -44,13 +43,8 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
   """Generates the synthetic dataset when asked (cached by its spec), then loads."""
   dc = config.data
   if dc.synthetic.enabled:
-    # The spec's fields the config sets (a field it lacks keeps the spec's default).
-    spec = synthetic.SyntheticSpec(**{f.name: dc.synthetic[f.name]
-                                      for f in dataclasses.fields(synthetic.SyntheticSpec)
-                                      if f.name in dc.synthetic})
-    if not synthetic.is_current(dc.dir, spec) and distributed.is_leader():
-      logging.info("generating synthetic dataset into %s", dc.dir)
-      synthetic.generate(dc.dir, spec)
+    if distributed.is_leader():
+      synthetic.ensure_generated(dc.dir, synthetic.spec_from_config(dc.synthetic))
     distributed.barrier("synthetic data")
     with dc.unlocked():
       if not dc.tokenizer_dir:
@@ -240,10 +234,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         config, graphdef, enc_params, data.train_tokens, data.label_tokens,
         warmstart.training_pairs(data.train_labels, data.num_train_original), workdir)
   embed_fn = make_embed_fn(graphdef)
-  w = classifier_init.initial_classifier(
-      config, rows, d, seed, data.label_tokens,
-      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
-      NamedSharding(mesh, P("model")))
+  w_layout = NamedSharding(mesh, P("model"))
+  if checkpoint.has_complete_step(workdir):
+    # The resume replaces W by the checkpoint's: its start would be thrown away (from the
+    # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
+    w = jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32),
+                out_shardings=w_layout)()
+  else:
+    w = classifier_init.initial_classifier(
+        config, rows, d, seed, data.label_tokens,
+        lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size), w_layout)
 
   # ---- negatives and batches
   hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d,
@@ -255,6 +255,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   state, run_steps = make_state_and_steps(config, graphdef, {"encoder": enc_params,
                                                              "classifier": w},
                                           mesh, total_steps, sparse, steps_per_epoch)
+  del w  # the state holds W from here
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
   inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
                                         config.data.propensity_A, config.data.propensity_B)
@@ -276,6 +277,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     trainer.restore()
     if sparse:
       back_with_huge_pages(trainer.state.classifier)
+    # W's start (at 10^7 labels: the label texts' embeddings, a host W and its device copy)
+    # and a restored checkpoint leave freed blocks no step reuses; main.py's malloc settings
+    # would keep them resident for the whole run.
+    released = host_memory.release_freed_memory()
+    logging.info("set-up: %.2f GB of freed memory released, %.2f GB resident", released / 1e9,
+                 host_memory.resident_bytes() / 1e9)
     for epoch in range(trainer.progress.epoch, config.train.epochs):
       trainer.run_epoch(epoch)
   finally:
@@ -285,13 +292,23 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
   # ---- evaluate and export
   params, progress = trainer.state.params, trainer.progress
+  t_eval = time.time()
   final = trainer.final_evaluation()
   final.update(evaluation.knn_diagnostic(embed_fn, params, data, data, config))
+  t_export = time.time()
   with faults.writing(os.path.join(workdir, "model"),
                       sum(x.nbytes for x in jax.tree.leaves(params))):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
-  ann = (ann_eval.evaluate(workdir, data, config, inv_prop, trainer.final_rows).report(final)
-         if config.eval.search == "scann" else None)
+  # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
+  # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
+  phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
+  logging.info("final evaluation %.1f s, export %.1f s", t_export - t_eval,
+               phase_spans["export"][1] - t_export)
+  ann = None
+  if config.eval.search == "scann":
+    t_ann = time.time()
+    ann = ann_eval.evaluate(workdir, data, config, inv_prop, trainer.final_rows).report(final)
+    phase_spans["ann_evaluation"] = [t_ann, time.time()]
   if eval_data is not data:
     val = evaluation.evaluate_model(mesh, embed_fn, params, eval_data, config, inv_prop)
     val.update(evaluation.knn_diagnostic(embed_fn, params, data, eval_data, config))
@@ -307,7 +324,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       "steps": progress.global_step, "train_time_s": round(progress.train_seconds, 2),
       "skipped_steps": trainer.skipped_steps, "first_step_s": trainer.first_step_s,
       "matmul_precision": config.encoder.matmul_precision,
-      "total_time_s": round(time.time() - t_start, 2), "metrics": final, **final,
+      "total_time_s": round(time.time() - t_start, 2), "phase_spans": phase_spans,
+      "metrics": final, **final,
       "popularity_baseline": evaluation.popularity_baseline(data, config, inv_prop,
                                                             trainer.final_rows),
       **(baselines.for_training_run(config) if leader else {}),

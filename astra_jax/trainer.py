@@ -15,7 +15,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from astra_jax import (checkpoint, distributed, evaluation, faults, final_eval, sharding, steps)
+from astra_jax import (checkpoint, distributed, evaluation, faults, final_eval, host_memory,
+                       sharding, steps)
 from astra_jax.data import dataset
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import note_epoch_start
@@ -156,6 +157,9 @@ class Trainer:
     self.state = steps.fold_classifier(self.state)  # from here on the classifier is W itself
     with faults.writing(p.hard_negatives.dir, self._collection_bytes()):
       p.hard_negatives.end_epoch(epoch, self._label_vectors, self._embed_train_rows)
+    # A refresh's inputs (a host copy of W: 2.56 GB at 10^7 labels) are written and freed
+    # here while its worker starts: hand the pages back rather than keep them beside it.
+    host_memory.release_freed_memory()
     epoch_s = time.time() - self._epoch_t0
     prog.train_seconds += epoch_s
     if first_step == 0:  # a resumed part of an epoch would add a compilation to fewer steps

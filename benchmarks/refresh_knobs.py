@@ -1,6 +1,7 @@
 r"""ScaNN knobs for hard-negative mining at a fixed cost per query, chosen on 10^6-10^7 rows.
 
   python benchmarks/refresh_knobs.py --num_labels=1e6,1e7 --out=refresh_knobs.jsonl
+  python benchmarks/refresh_knobs.py --vectors=W.npy --queries=Q.npy --out=...  # trained W
 
 A refresh mines k_h negatives for every training query (146M at SS-20M) from W's rows. With
 ~2 sqrt(L) leaves and a third of them searched (the default rule), a query scores L/3 rows,
@@ -18,6 +19,10 @@ groups of 8 inside a topic (offset 0.5 N(0, I)), rows 0.3 N(0, I) around their g
 queries 0.3 N(0, I) around the mean of 1-3 rows of one topic. A topic's size does not
 change with L: the assumption under any fixed-cost search, that a query's hard negatives
 live in a neighbourhood whose size does not grow with the label count.
+
+With --vectors and --queries, the rows and queries are a refresh's inputs instead (a
+trained W and its training queries' embeddings, as benchmarks/scale_run.py keeps them in
+WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are searched.
 
 One JSON line per (L, setting): num_labels, leaf_rows, leaves_to_search, num_leaves,
 rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copies counted),
@@ -47,6 +52,8 @@ flags.DEFINE_list("partitioner", ["avq_soar", "plain"], "avq_soar (AVQ centres +
                   "as the serving index) and/or plain k-means leaves")
 flags.DEFINE_integer("leaf_rows", 0, "rows per leaf (0: index.LEAF_ROWS)")
 flags.DEFINE_integer("seed", 0, "data seed")
+flags.DEFINE_string("vectors", None, "(L, d) float32 .npy of label vectors (instead of generated)")
+flags.DEFINE_string("queries", None, "(N, d) float32 .npy of queries (with --vectors)")
 flags.DEFINE_string("out", None, "append JSON lines here")
 FLAGS = flags.FLAGS
 
@@ -76,12 +83,25 @@ def make_queries(w: np.ndarray, n: int, topic_rows: int, rng: np.random.Generato
   return q + 0.3 * rng.standard_normal(q.shape, np.float32)
 
 
+def label_sets(rng: np.random.Generator):
+  """Yields (L, rows, queries): the saved ones (--vectors, --queries), else generated ones
+  for each --num_labels."""
+  if FLAGS.vectors:
+    w = np.load(FLAGS.vectors, mmap_mode="r")
+    all_queries = np.load(FLAGS.queries, mmap_mode="r")
+    pick = np.sort(rng.choice(len(all_queries), min(FLAGS.num_queries, len(all_queries)),
+                              replace=False))
+    yield len(w), np.ascontiguousarray(w, np.float32), np.asarray(all_queries[pick], np.float32)
+    return
+  for L in (int(float(x)) for x in FLAGS.num_labels):
+    w = label_vectors(L, FLAGS.d, FLAGS.topic_rows, rng)
+    yield L, w, make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng)
+
+
 def main(argv):
   del argv
   rng = np.random.default_rng(FLAGS.seed)
-  for L in (int(float(x)) for x in FLAGS.num_labels):
-    w = label_vectors(L, FLAGS.d, FLAGS.topic_rows, rng)
-    q = make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng)
+  for L, w, q in label_sets(rng):
     t0 = time.time()
     exact = index_lib.ExactIndex(w).search(q, FLAGS.k)
     exact_ms = 1000 * (time.time() - t0) / len(q)
@@ -106,7 +126,8 @@ def main(argv):
         search_ms = 1000 * (time.time() - t0) / len(q)
         recall = float(np.mean([len(np.intersect1d(a, b)) / FLAGS.k
                                 for a, b in zip(got, exact)]))
-        jsonl.emit({"num_labels": L, "d": FLAGS.d, "k": FLAGS.k, "num_queries": len(q),
+        jsonl.emit({"num_labels": L, "d": w.shape[1], "source": FLAGS.vectors or "generated",
+                    "k": FLAGS.k, "num_queries": len(q),
                     "topic_rows": FLAGS.topic_rows, "topic_scale": FLAGS.topic_scale,
                     "partitioner": partitioner, "num_leaves": params.num_leaves,
                     "leaves_to_search": search,

@@ -36,8 +36,8 @@ the end 34.9 -> 35.2 -> 36.4, the fused score 40.2 -> 39.9 -> 40.5, equal within
 noise of about 1.4 points). Mining hard negatives from the first epoch (negatives.tau_s=0)
 and a narrower bag with fewer collisions (hidden 128, 2^19 buckets) moved nothing either.
 The test split was read once per fixed setting: with the 5-epoch warm start P@1 / P@3 /
-P@5 38.74 / 28.90 / 21.44, with these settings 39.25 / 28.61 / 21.22 (19.7 minutes on 2 shared cores), against the TF-IDF kNN floor's
-34.66 / 20.09 / 14.05.
+P@5 38.74 / 28.90 / 21.44, with these settings 39.25 / 28.61 / 21.22 (19.7 minutes on 2
+shared cores), against the TF-IDF kNN floor's 34.66 / 20.09 / 14.05.
 """
 from astra_jax.config_base import base_config
 

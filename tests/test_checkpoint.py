@@ -269,3 +269,18 @@ def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
   c.train.stop_after_steps = 0
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   assert r["steps"] == (3000 + 300) // 64  # the queries and the label-text rows, one epoch
+
+
+def test_has_complete_step_needs_every_commit_marker(tmp_path):
+  from astra_jax import checkpoint as ck
+  assert not ck.has_complete_step(str(tmp_path))           # no checkpoints/ at all
+  step = tmp_path / "checkpoints" / "12"
+  for where in ("", *ck.ITEMS):
+    (step / where).mkdir(parents=True, exist_ok=True)
+  (step / ck.COMMIT_MARKER).write_text("")
+  assert not ck.has_complete_step(str(tmp_path))           # the items' markers missing
+  for where in ck.ITEMS:
+    (step / where / ck.COMMIT_MARKER).write_text("")
+  assert ck.has_complete_step(str(tmp_path))
+  (tmp_path / "checkpoints" / "damaged").mkdir()           # not a step
+  assert ck.has_complete_step(str(tmp_path))

@@ -388,3 +388,15 @@ def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_p
                             "stats_path": str(tmp_path / "sync.json")})
   run_job(reference)
   np.testing.assert_array_equal(np.load(job.out_path), np.load(reference.out_path))
+
+
+def test_refresh_worker_offers_itself_to_the_oom_killer_first():
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-c",
+                      "from astra_jax.negatives import refresh\n"
+                      "assert refresh.prefer_as_oom_victim()\n"
+                      "print(open('/proc/self/oom_score_adj').read().strip())"],
+                     capture_output=True, text=True, timeout=60)
+  assert r.returncode == 0, r.stderr[-1000:]
+  assert r.stdout.strip() == "1000"

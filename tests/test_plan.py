@@ -342,3 +342,29 @@ def test_paper_configs_leave_a_quarter_of_a_v100_free(path, tmp_path, monkeypatc
   assert free(a) >= 8 * 2**30
   if a > 1:
     assert free(a // 2) < 8 * 2**30
+
+
+def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
+  c = load_config("experiments/ss20m.py", "full_labels,200000")
+  config_base.validate(c)
+  s = c.data.synthetic
+  assert s.enabled and s.num_labels == catalog.DATASETS["SS-20M"].num_labels == 19_049_952
+  assert (s.num_train, s.num_test, c.data.num_train) == (200_000, 10_000, 200_000)
+  assert s.mean_labels == 26.0                 # the dataset's statistics, as :synthetic
+  assert c.encoder.arch == "ngram_bag"
+  assert (c.encoder.hidden_size, c.encoder.bottleneck_dim) == (64, 0)
+  assert not c.data.augment_label_text         # 19M label rows would swamp 2e5 queries
+  assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
+  assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
+  assert c.negatives.scann_leaves == 19_049_952 // 4000 and c.classifier.init == "label_text"
+  c.data.synthetic.num_labels = 10_000_000     # the leaves follow the label count
+  assert c.negatives.scann_leaves == 2500
+  assert (c.mesh.data, c.mesh.model) == (1, 1)
+  # SS-20M's 5,000 warmup steps of 146M queries: the same share of 200,000.
+  assert c.optim.warmup_steps == round(5000 * 200_000 / 146_193_053)
+  assert c.data.dir != load_config("experiments/ss20m.py", "synthetic").data.dir
+  assert load_config("experiments/ss20m.py", "full_labels").data.synthetic.num_train == 1_000_000
+  with pytest.raises(ValueError, match="full_labels,abc: NUM_TRAIN must be a number"):
+    load_config("experiments/ss20m.py", "full_labels,abc")
+  with pytest.raises(ValueError, match="fewer queries than the batch size 2048"):
+    load_config("experiments/ss20m.py", "full_labels,1000")

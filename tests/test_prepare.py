@@ -64,3 +64,26 @@ def test_directory_download_is_linked_and_cli_summarises(tmp_path, json_dataset)
   assert "L = 4 labels, 3 training rows, 2 test rows, label texts: yes" in r.stdout
   assert "trn.L6: 3 rows x 6 tokens" in r.stdout
   assert "trn.labels: 3 rows, 4 positives over 4 labels" in r.stdout
+
+
+def test_synthetic_config_without_src_generates_then_tokenizes(tmp_path, load_config):
+  from astra_jax.data import synthetic
+  out = tmp_path / "synth"
+  sizes = ["--config.data.synthetic.num_labels=50", "--config.data.synthetic.num_train=40",
+           "--config.data.synthetic.num_test=10"]
+  r = subprocess.run([sys.executable, "-m", "astra_jax.prepare", "--config=experiments/demo.py",
+                      f"--config.data.dir={out}", *sizes],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr[-2000:]
+  spec = synthetic.SyntheticSpec(**{**synthetic.spec_from_config(
+      load_config("experiments/demo.py").data.synthetic).__dict__,
+      "num_labels": 50, "num_train": 40, "num_test": 10})
+  assert synthetic.is_current(str(out), spec)
+  assert "L = 50 labels, 40 training rows, 10 test rows" in r.stdout
+  assert os.path.exists(out / "astra_cache")
+  # Without --src and without synthetic data: one line that says what is missing.
+  r = subprocess.run([sys.executable, "-m", "astra_jax.prepare", f"--out={tmp_path / 'x'}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert r.returncode != 0
+  assert r.stderr.strip().splitlines()[-1] == (
+      "error: --src=DOWNLOAD is required unless --config's data are synthetic")

@@ -59,6 +59,31 @@ class SyntheticSpec:
   seed: int = 0
 
 
+def spec_from_config(synthetic_cfg) -> SyntheticSpec:
+  """The spec a `config.data.synthetic` describes (a field it lacks keeps the default).
+
+  Args:
+    synthetic_cfg: the config's `data.synthetic` block (a ConfigDict or a mapping).
+  Returns:
+    The SyntheticSpec to generate.
+  """
+  return SyntheticSpec(**{f.name: synthetic_cfg[f.name] for f in dataclasses.fields(SyntheticSpec)
+                          if f.name in synthetic_cfg})
+
+
+def ensure_generated(out_dir: str, spec: SyntheticSpec) -> bool:
+  """Generates the dataset into `out_dir` unless the data there is this spec's already.
+
+  Returns:
+    Whether it was generated now.
+  """
+  if is_current(out_dir, spec):
+    return False
+  logging.info("generating synthetic dataset into %s", out_dir)
+  generate(out_dir, spec)
+  return True
+
+
 def word(i: int | np.ndarray) -> str:
   """Pseudo-word number i: syllables as base-70 digits, at least two ('baka', 'bake'...)."""
   i = int(i)

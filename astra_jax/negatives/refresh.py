@@ -244,7 +244,22 @@ class RefreshWorker:
       self.proc = None
 
 
+def prefer_as_oom_victim() -> bool:
+  """Makes this process the kernel's first choice when the machine runs out of memory
+  (oom_score_adj 1000; raising it needs no privilege). A refresh worker that dies is
+  recorded and training goes on; without it the largest process, the trainer, is the one
+  killed (the 10^7-label scale run: trainer 12.1 GB, worker 5.3 GB). Returns whether it
+  could (False where /proc has no such file)."""
+  try:
+    with open("/proc/self/oom_score_adj", "w") as f:
+      f.write("1000")
+    return True
+  except OSError:
+    return False
+
+
 def _main(argv: list[str]) -> int:
+  prefer_as_oom_victim()
   for sig in _IGNORED_SIGNALS:
     signal.signal(sig, signal.SIG_IGN)
   signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED_SIGNALS)
