@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # config validation imports this module, and the planner runs
   import jax
 
 INITS = ("normal", "label_text")
+_EMBED_CHUNK = 1 << 18  # label texts embedded at a time (64 MB of rows at d = 64)
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -87,9 +88,11 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
     """The rows of one shard: its labels' text embeddings, padded rows zero."""
     lo, hi = index[0].start or 0, rows if index[0].stop is None else index[0].stop
     w = np.zeros((hi - lo, dim), np.float32)
-    if lo < num_labels:
-      w[:min(hi, num_labels) - lo] = label_text_rows(
-          embed_rows, label_tokens[lo:min(hi, num_labels)], cc.init_scale)
+    # In chunks: at 10^7 labels the embeddings of a whole shard, their normalised copy and
+    # the shard itself would be three W-sized arrays at once.
+    for a in range(lo, min(hi, num_labels), _EMBED_CHUNK):
+      b = min(a + _EMBED_CHUNK, hi, num_labels)
+      w[a - lo:b - lo] = label_text_rows(embed_rows, label_tokens[a:b], cc.init_scale)
     return w[:, index[1]]
 
   if sharding is None:

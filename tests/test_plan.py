@@ -368,3 +368,12 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
     load_config("experiments/ss20m.py", "full_labels,abc")
   with pytest.raises(ValueError, match="fewer queries than the batch size 2048"):
     load_config("experiments/ss20m.py", "full_labels,1000")
+
+
+def test_an_ngram_bag_encoder_is_planned_without_transformer_fields():
+  # The architecture has no layers or heads: the report leaves them out instead of failing.
+  c = load_config("experiments/ss20m.py", "full_labels")
+  p = plan.plan_config(c, "v100-32gb", num_gpus=2, gpus_per_node=2)
+  assert p.encoder["model_type"] == "ngram_bag" and p.encoder["layers"] is None
+  text = plan.format_plan(p)
+  assert "ngram_bag, " in text and "layers x" not in text.split("\n")[3]

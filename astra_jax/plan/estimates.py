@@ -300,7 +300,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   if s != 4:
     dev.append(Item(f"parameters cast to {enc.dtype}", s * P, f"P x {s}"))
   act, act_formula = activation_bytes(enc, b_enc, T)
-  dev.append(Item(f"encoder activations ({b_enc} queries x {T} tokens, {enc.num_layers} layers)",
+  layers = getattr(enc, "num_layers", None)  # architecture-specific (a transformer's)
+  dev.append(Item(f"encoder activations ({b_enc} queries x {T} tokens"
+                  + (f", {layers} layers)" if layers else f", {enc.model_type})"),
                   act, act_formula))
   if dense:
     dev.append(Item("dense W gradient + update", 2 * L * d * 4, "2 x L x d x 4"))
@@ -464,8 +466,10 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   return Plan(
       config_name=config_name or config.data.get("name", ""), data=data,
       encoder={"source": enc_source, "model_type": enc.model_type, "params": P,
-               "hidden": enc.hidden_size, "layers": enc.num_layers, "heads": enc.num_heads,
-               "ffn": enc.intermediate_size, "vocab": enc.vocab_size, "d": d,
+               "hidden": enc.hidden_size, "layers": getattr(enc, "num_layers", None),
+               "heads": getattr(enc, "num_heads", None),
+               "ffn": getattr(enc, "intermediate_size", None),
+               "vocab": getattr(enc, "vocab_size", None), "d": d,
                "dtype": enc.dtype},
       mesh={"data": D, "model": M, "devices": G},
       batch={"global": B, "grad_accum_steps": A, "micro_batch": micro,

@@ -16,9 +16,9 @@ def format_plan(p: Plan) -> str:
       f"({p.data.num_train:,} + label texts)" if p.data.rows != p.data.num_train else
       f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows",
       f"        from {p.data.source}",
-      f"  encoder: {e['model_type']}, {e['params'] / 1e6:.1f}M parameters (hidden {e['hidden']}, "
-      f"{e['layers']} layers x {e['heads']} heads, ffn {e['ffn']}), d = {e['d']}, "
-      f"compute {e['dtype']}",
+      f"  encoder: {e['model_type']}, {e['params'] / 1e6:.1f}M parameters (hidden {e['hidden']}"
+      + (f", {e['layers']} layers x {e['heads']} heads, ffn {e['ffn']}" if e["layers"] else "")
+      + f"), d = {e['d']}, compute {e['dtype']}",
       f"        from {e['source']}",
       f"  mesh: {m['data']} data x {m['model']} model = {m['devices']} "
       f"device{'s' if m['devices'] > 1 else ''}, {p.gpu} "
