@@ -97,4 +97,13 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
 
   if sharding is None:
     return jnp.asarray(shard((slice(0, rows), slice(None))))
-  return jax.make_array_from_callback((rows, dim), sharding, shard)
+  # Each distinct shard computed once and put on every device that holds a replica of it
+  # (make_array_from_callback would embed a shard's texts once per data replica).
+  holders: dict[tuple, list] = {}
+  for device, index in sharding.addressable_devices_indices_map((rows, dim)).items():
+    holders.setdefault((index[0].start, index[0].stop), []).append((device, index))
+  pieces = []
+  for placed in holders.values():
+    host = shard(placed[0][1])
+    pieces += [jax.device_put(host, device) for device, _ in placed]
+  return jax.make_array_from_single_device_arrays((rows, dim), sharding, pieces)
