@@ -86,18 +86,11 @@ def evaluate(workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | 
     b = min(a + step, hi)
     emb = predictor.encode(np.asarray(data.test_tokens[a:b], np.int32))
     ids = predictor.index.search(emb, k)[1]
-    for part_lo, part_hi, sums in ((a, b, "total"), (a, min(b, sample_rows), "sample")):
-      if part_hi <= part_lo:
-        continue
-      rows = data.test_filter[:, 0]
-      filt = data.test_filter[(rows >= part_lo) & (rows < part_hi)] - np.array([part_lo, 0])
-      got = evaluation.rank_filter_sums(lambda _, ids=ids[:part_hi - part_lo]: ids,
-                                        data.test_labels.row_range(part_lo, part_hi), filt,
-                                        inv_prop, ks)
-      if sums == "total":
-        total = metrics.add_sums(total, got)
-      else:
-        sample = metrics.add_sums(sample, got)
+    sums = lambda m, ids=ids, a=a: evaluation.ranked_rows_sums(  # rows [a, a + m)
+        ids[:m], a, data.test_labels, data.test_filter, inv_prop, ks)
+    total = metrics.add_sums(total, sums(b - a))
+    if a < sample_rows:
+      sample = metrics.add_sums(sample, sums(min(b, sample_rows) - a))
     if distributed.is_leader() and (a - lo) // step % 50 == 0:
       logging.info("ANN evaluation: %d of %d test rows", b - lo, hi - lo)
   total, sample = distributed.sum_over_processes(total), distributed.sum_over_processes(sample)

@@ -47,6 +47,17 @@ def zero_sums(truth: SparseRows, inv_prop: np.ndarray | None,
   return metrics.row_sums(np.zeros((0, max(ks)), np.int64), truth.row_range(0, 0), inv_prop, ks)
 
 
+def ranked_rows_sums(ids: np.ndarray, first: int, truth: SparseRows, filter_pairs: np.ndarray,
+                     inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
+  """`rank_filter_sums` of test rows [first, first + len(ids)) already ranked as `ids`
+  (at least max(ks) + their most filtered pairs labels each); `filter_pairs` may hold other
+  rows' pairs too (global row ids)."""
+  last = first + len(ids)
+  rows = filter_pairs[:, 0]
+  mine = filter_pairs[(rows >= first) & (rows < last)] - np.array([first, 0])
+  return rank_filter_sums(lambda _: ids, truth.row_range(first, last), mine, inv_prop, ks)
+
+
 def rank_filter_score(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
                       inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
   """`rank_filter_sums` as metrics x100 (P@k, nDCG@k and, with inv_prop, PSP@k, PSnDCG@k)."""
@@ -118,11 +129,8 @@ class ModelEvaluator:
     sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
     for first, ids in self.search.search_rows(self.embed_fn, self.encoder, self.tokens, lo, hi,
                                               k, self.label_parts, self.batch_size):
-      last = first + len(ids)
-      mine = block_filter[(block_filter[:, 0] >= first) & (block_filter[:, 0] < last)]
-      sums = metrics.add_sums(sums, rank_filter_sums(
-          lambda _, ids=ids: ids, self.truth.row_range(first, last),
-          mine - np.array([first, 0]), self.inv_prop, self.ks))
+      sums = metrics.add_sums(sums, ranked_rows_sums(ids, first, self.truth, block_filter,
+                                                     self.inv_prop, self.ks))
     return distributed.sum_over_processes(sums)
 
   def score(self, num_rows: int | None = None) -> dict[str, float]:
