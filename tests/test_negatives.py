@@ -70,6 +70,24 @@ def test_scann_slots_it_cannot_fill_are_empty_not_label_zero():
     assert len(set(ids)) == len(ids) and ((ids >= offset) & (ids < 2 * offset)).all()
 
 
+def test_scann_padding_survives_strict_promotion(monkeypatch):
+  # ScaNN returns uint32 ids; numpy >= 2.5 raises when np.where meets a Python -1 and a uint32
+  # array (found on a GPU host's numpy 2.5). Emulate that rule on this host's numpy.
+  real_where = np.where
+
+  def strict_where(cond, *values):
+    if any(isinstance(v, int) and v < 0 for v in values) and any(
+        isinstance(v, np.ndarray) and v.dtype.kind == "u" for v in values):
+      raise OverflowError("Python integer -1 out of bounds for uint32")
+    return real_where(cond, *values)
+
+  monkeypatch.setattr(index_lib.np, "where", strict_where)
+  w, rng = clustered(3000, d=16)
+  idx = index_lib.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 1})
+  ids = idx.search(rng.normal(size=(20, 16)).astype(np.float32), 32)
+  assert ids.dtype == np.int32 and (ids < 0).any() and (ids < 3000).all()
+
+
 def test_scann_recall_with_default_knobs():
   w, rng = clustered(100_000, d=64, n_clusters=2000)
   # Queries near label vectors, as trained query embeddings are near their positives' rows.

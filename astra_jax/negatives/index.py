@@ -153,7 +153,9 @@ class ScannIndex:
     ids, scores = self.searcher.search_batched_parallel(
         np.ascontiguousarray(queries, np.float32), final_num_neighbors=k,
         pre_reorder_num_neighbors=max(self.params.reorder, k))
-    return np.where(np.isnan(scores), -1, ids).astype(np.int32)
+    # ScaNN returns uint32 ids: cast before -1 meets them (numpy >= 2.5 raises on a -1 that
+    # would have to become a uint32).
+    return np.where(np.isnan(scores), -1, ids.astype(np.int32))
 
   def save(self, path: str) -> None:
     """ScaNN's own serialization into the directory `path`, with asset paths relative to
