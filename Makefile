@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   trains + evaluates on the embedded synthetic demo and prints a results table
 #   make test   runs the test suite
-#   make lint   checks the code against ruff.toml
+#   make lint   checks the code against ruff.toml's rules and format
 # Each creates .venv and installs what it needs on first use.
 PYTHON ?= python3
 VENV ?= .venv
@@ -31,9 +31,10 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
 
-# ruff.toml's rules (the code is not run through `ruff format`).
+# ruff.toml's rules and its format (`ruff format .` rewrites the code into it).
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 clean:
 	rm -rf $(VENV) workdir

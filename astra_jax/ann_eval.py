@@ -13,6 +13,7 @@ and ranks its own contiguous share of the test rows; the metric sums are added a
 processes. (Each process maps W and loads the index: one copy of W per process in host
 memory, the serving path's cost.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,6 +25,7 @@ from absl import logging
 
 from astra_jax import distributed, evaluation, metrics
 from astra_jax.data import dataset
+
 
 @dataclasses.dataclass(frozen=True)
 class AnnEvaluation:
@@ -38,6 +40,7 @@ class AnnEvaluation:
     sample_metrics: the index's metrics x100 on those rows.
     seconds: wall time of the whole evaluation, index build included.
   """
+
   index: str
   rows: int
   metrics: dict[str, float]
@@ -47,16 +50,25 @@ class AnnEvaluation:
 
   def report(self, sample_exact: dict[str, float]) -> dict:
     """results.json's "ann_eval": both rankings on the sample and their difference."""
-    return {"index": self.index, "rows": self.rows, "metrics": self.metrics,
-            "sample_rows": self.sample_rows, "sample_ann": self.sample_metrics,
-            "sample_exact": sample_exact,
-            "sample_gap": {k: round(sample_exact[k] - v, 4)
-                           for k, v in self.sample_metrics.items() if k in sample_exact},
-            "seconds": round(self.seconds, 2)}
+    return {
+      "index": self.index,
+      "rows": self.rows,
+      "metrics": self.metrics,
+      "sample_rows": self.sample_rows,
+      "sample_ann": self.sample_metrics,
+      "sample_exact": sample_exact,
+      "sample_gap": {
+        k: round(sample_exact[k] - v, 4)
+        for k, v in self.sample_metrics.items()
+        if k in sample_exact
+      },
+      "seconds": round(self.seconds, 2),
+    }
 
 
-def evaluate(workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | None,
-             sample_rows: int) -> AnnEvaluation:
+def evaluate(
+  workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | None, sample_rows: int
+) -> AnnEvaluation:
   """Ranks every test row of `data` through the exported model's serving index.
 
   Args:
@@ -70,6 +82,7 @@ def evaluate(workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | 
     The AnnEvaluation (every process gets the same).
   """
   from astra_jax.predict import Predictor  # noqa: PLC0415  (jax, the model code)
+
   t0 = time.time()
   if distributed.is_leader():  # builds the index once and caches it in the model directory
     Predictor.from_workdir(workdir, index="scann")
@@ -86,8 +99,11 @@ def evaluate(workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | 
     b = min(a + step, hi)
     emb = predictor.encode(np.asarray(data.test_tokens[a:b], np.int32))
     ids = predictor.index.search(emb, k)[1]
-    sums = lambda m, ids=ids, a=a: evaluation.ranked_rows_sums(  # rows [a, a + m)
-        ids[:m], a, data.test_labels, data.test_filter, inv_prop, ks)
+    sums = (
+      lambda m, ids=ids, a=a: evaluation.ranked_rows_sums(  # rows [a, a + m)
+        ids[:m], a, data.test_labels, data.test_filter, inv_prop, ks
+      )
+    )
     total = metrics.add_sums(total, sums(b - a))
     if a < sample_rows:
       sample = metrics.add_sums(sample, sums(min(b, sample_rows) - a))
@@ -95,8 +111,11 @@ def evaluate(workdir: str, data: dataset.XCData, config, inv_prop: np.ndarray | 
       logging.info("ANN evaluation: %d of %d test rows", b - lo, hi - lo)
   total, sample = distributed.sum_over_processes(total), distributed.sum_over_processes(sample)
   m = min(sample_rows, n)
-  return AnnEvaluation(predictor.index_kind, n,
-                       metrics.as_percent(metrics.from_sums(total, n, ks)), m,
-                       metrics.as_percent(metrics.from_sums(sample, m, ks)) if m else {},
-                       time.time() - t0)
-
+  return AnnEvaluation(
+    predictor.index_kind,
+    n,
+    metrics.as_percent(metrics.from_sums(total, n, ks)),
+    m,
+    metrics.as_percent(metrics.from_sums(sample, m, ks)) if m else {},
+    time.time() - t0,
+  )

@@ -15,6 +15,7 @@ scikit-learn is an optional extra (`pip install astra_jax[baselines]`); without 
 popularity is computed. The training run (`astra_jax.train`) puts the kNN numbers in
 results.json beside the popularity baseline when scikit-learn is installed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +37,7 @@ NGRAMS = (2, 4)
 def sklearn_available() -> bool:
   try:
     import sklearn  # noqa: F401
+
     return True
   except ImportError:
     return False
@@ -44,6 +46,7 @@ def sklearn_available() -> bool:
 @dataclasses.dataclass(frozen=True)
 class TextData:
   """A dataset's raw texts and label rows (no tokenizer needed)."""
+
   train_texts: list[str]
   train_labels: SparseRows
   test_texts: list[str]
@@ -53,8 +56,13 @@ class TextData:
   num_labels: int
 
 
-def load_texts(data_dir: str, layout: str = "auto", use_content: bool = False,
-               validation_fraction: float = 0.0, validation_seed: int = 0) -> TextData:
+def load_texts(
+  data_dir: str,
+  layout: str = "auto",
+  use_content: bool = False,
+  validation_fraction: float = 0.0,
+  validation_seed: int = 0,
+) -> TextData:
   """Reads texts and labels; with validation_fraction > 0 the test set is the validation
   split that `data.validation_fraction` carves (the same rows)."""
   layout = layout if layout != "auto" else dataset.detect_layout(data_dir)
@@ -71,8 +79,11 @@ def load_texts(data_dir: str, layout: str = "auto", use_content: bool = False,
   train_texts, test_texts = read(trn_x), read(tst_x)
   label_texts = read(lbl_x) if os.path.exists(lbl_x) else None
   path = dataset.filter_file_path(data_dir, dataset.FILTER_FILE)
-  test_filter = (xc_format.read_filter(path, test_labels.num_rows, num_labels) if path
-                 else np.zeros((0, 2), np.int64))
+  test_filter = (
+    xc_format.read_filter(path, test_labels.num_rows, num_labels)
+    if path
+    else np.zeros((0, 2), np.int64)
+  )
   if validation_fraction:
     keep, val = validation.split_rows(len(train_texts), validation_fraction, validation_seed)
     test_texts = [train_texts[i] for i in val]
@@ -80,8 +91,9 @@ def load_texts(data_dir: str, layout: str = "auto", use_content: bool = False,
     train_texts = [train_texts[i] for i in keep]
     train_labels = validation.take_rows(train_labels, keep)
     test_filter = np.zeros((0, 2), np.int64)
-  return TextData(train_texts, train_labels, test_texts, test_labels, label_texts,
-                  test_filter, num_labels)
+  return TextData(
+    train_texts, train_labels, test_texts, test_labels, label_texts, test_filter, num_labels
+  )
 
 
 def _score(rank: evaluation.Ranker, data: TextData, ks: tuple[int, ...]) -> dict[str, float]:
@@ -89,16 +101,19 @@ def _score(rank: evaluation.Ranker, data: TextData, ks: tuple[int, ...]) -> dict
 
 
 def popularity(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
-  return _score(evaluation.popularity_ranker(data.train_labels, data.test_labels.num_rows),
-                data, ks)
+  return _score(
+    evaluation.popularity_ranker(data.train_labels, data.test_labels.num_rows), data, ks
+  )
 
 
 def _vectorizer():
   from sklearn.feature_extraction.text import TfidfVectorizer
+
   # Word-boundary character n-grams with sublinear term frequencies: the usual choice for
   # short texts (package names and titles), within 0.3 P@1 of the README's floor.
-  return TfidfVectorizer(analyzer="char_wb", ngram_range=NGRAMS, sublinear_tf=True,
-                         dtype=np.float32)
+  return TfidfVectorizer(
+    analyzer="char_wb", ngram_range=NGRAMS, sublinear_tf=True, dtype=np.float32
+  )
 
 
 def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +121,7 @@ def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, 
   ids, sims = [], []
   k = min(k, keys.shape[0])
   for start in range(0, queries.shape[0], block):
-    s = (queries[start:start + block] @ keys.T).toarray()
+    s = (queries[start : start + block] @ keys.T).toarray()
     top = np.argpartition(-s, k - 1, axis=1)[:, :k]
     top_s = np.take_along_axis(s, top, 1)
     order = np.argsort(-top_s, axis=1, kind="stable")
@@ -114,8 +129,7 @@ def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, 
   return np.concatenate(ids), np.concatenate(sims)
 
 
-def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K
-              ) -> dict[str, float]:
+def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K) -> dict[str, float]:
   """P@k etc. of the similarity-weighted vote of the k nearest training points."""
   vec = _vectorizer()
   train = vec.fit_transform(data.train_texts)
@@ -159,8 +173,10 @@ def table(results: dict[str, dict[str, float]], ks: tuple[int, ...] = (1, 3, 5))
   """A markdown table of P@k."""
   head = "| method | " + " | ".join(f"P@{k}" for k in ks) + " |"
   rule = "|---|" + "---|" * len(ks)
-  rows = [f"| {name} | " + " | ".join(f"{m[f'P@{k}']:.2f}" for k in ks) + " |"
-          for name, m in results.items()]
+  rows = [
+    f"| {name} | " + " | ".join(f"{m[f'P@{k}']:.2f}" for k in ks) + " |"
+    for name, m in results.items()
+  ]
   return "\n".join([head, rule, *rows])
 
 
@@ -170,8 +186,11 @@ def define_flags() -> None:
   flags.DEFINE_string("layout", "auto", "auto | renee | ngame | json")
   flags.DEFINE_bool("use_content", False, "json layout: title + content")
   flags.DEFINE_enum("split", "test", ["test", "validation"], "what the baselines rank")
-  flags.DEFINE_float("validation_fraction", 0.1, "--split=validation: the held-out share "
-                     "(as data.validation_fraction)")
+  flags.DEFINE_float(
+    "validation_fraction",
+    0.1,
+    "--split=validation: the held-out share (as data.validation_fraction)",
+  )
   flags.DEFINE_integer("validation_seed", 0, "--split=validation: as data.validation_seed")
   flags.DEFINE_string("output", "", "also write the numbers as JSON here")
 
@@ -180,16 +199,22 @@ def main(argv: list[str]) -> None:
   del argv  # cli.run allows none
   f = flags.FLAGS
   try:
-    data = load_texts(f.data, f.layout, f.use_content,
-                      f.validation_fraction if f.split == "validation" else 0.0,
-                      f.validation_seed)
+    data = load_texts(
+      f.data,
+      f.layout,
+      f.use_content,
+      f.validation_fraction if f.split == "validation" else 0.0,
+      f.validation_seed,
+    )
     results = run_all(data)
   except OSError as e:  # an InputError ends the run in cli.run
     sys.exit(f"error: {e}")
   print(table(results))
   if not sklearn_available():
-    print("(TF-IDF baselines skipped: scikit-learn is not installed; "
-          "pip install 'astra_jax[baselines]')")
+    print(
+      "(TF-IDF baselines skipped: scikit-learn is not installed; "
+      "pip install 'astra_jax[baselines]')"
+    )
   if f.output:
     with xc_format.atomic_text_writer(f.output) as out:
       json.dump(results, out, indent=1)

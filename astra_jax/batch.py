@@ -9,6 +9,7 @@ All three are NamedTuples, so jit, scan and shard_map see their arrays as pytree
 written once, here (`LABEL_AXES`, `INPUT_AXES`); sharding.py maps logical names to mesh
 axes (its RULES) and builds every PartitionSpec from them.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -30,6 +31,7 @@ class LabelBatch(NamedTuple):
     all_pos_ids: (B, P_max) int32 every positive, -1 padded, for the strategies that need
       them (full-L, the uptodate oracle); None otherwise.
   """
+
   pos_ids: Any
   pos_mask: Any
   hard_ids: Any
@@ -53,6 +55,7 @@ class TrainBatch(NamedTuple):
     input_ids: (A, B/A, T) int32 token ids of the queries.
     labels: their LabelBatch, each array (A, B/A, ...) (a shared draw: (A, M r)).
   """
+
   input_ids: Any
   labels: LabelBatch
 
@@ -64,6 +67,7 @@ class HostBatch(NamedTuple):
     rows: (B,) int32 training row ids of the step's queries, in batch order.
     batch: the TrainBatch sent to the devices.
   """
+
   rows: Any
   batch: TrainBatch
 
@@ -73,17 +77,23 @@ class HostBatch(NamedTuple):
 # W's rows, and so the negatives drawn from them, over 'model'.
 INPUT_AXES = ("query", None)
 LABEL_AXES = LabelBatch(
-    pos_ids=("query_group", None), pos_mask=("query_group", None),
-    hard_ids=("query_group", "label_shard"), hard_mask=("query_group", "label_shard"),
-    rand_ids=("label_shard",), rand_mask=("query_group", "label_shard"),
-    rand_weight=("label_shard",), pos_weight=("query_group",),
-    all_pos_ids=("query_group", None))
+  pos_ids=("query_group", None),
+  pos_mask=("query_group", None),
+  hard_ids=("query_group", "label_shard"),
+  hard_mask=("query_group", "label_shard"),
+  rand_ids=("label_shard",),
+  rand_mask=("query_group", "label_shard"),
+  rand_weight=("label_shard",),
+  pos_weight=("query_group",),
+  all_pos_ids=("query_group", None),
+)
 PER_QUERY_RAND_AXES = ("query_group", "label_shard")  # rand_ids drawn per query
 
 
 def label_axes(labels: LabelBatch) -> LabelBatch:
   """LABEL_AXES for these labels: per-query random draws laid out like hard negatives, and
   None where a field is absent."""
-  axes = LABEL_AXES._replace(rand_ids=PER_QUERY_RAND_AXES) if labels.per_query_random else (
-      LABEL_AXES)
+  axes = (
+    LABEL_AXES._replace(rand_ids=PER_QUERY_RAND_AXES) if labels.per_query_random else (LABEL_AXES)
+  )
   return LabelBatch(*(None if x is None else a for x, a in zip(labels, axes)))

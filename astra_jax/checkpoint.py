@@ -25,6 +25,7 @@ try the same steps in the same order and agree on each (one that fails anywhere 
 A save that cannot be written (a full disk) raises faults.DiskFull; the checkpoints before it
 stay as they were.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,38 +53,48 @@ from astra_jax.errors import InputError
 # restores the same W, encoder and optimizer state laid out anew, and the same estimator
 # from then on, but other draws (random negatives are drawn per W shard) and, if mesh.model
 # changed, random negatives until the next refresh (hard negatives are mined per shard).
-FREE_KEYS = ("train.log_every_steps", "train.profile_steps", "train.prefetch",
-             "train.input_threads", "eval.",
-             "checkpoint.", "mesh.", "negatives.inject_fault", "data.cache_dir",
-             "train.stop_after_steps", "train.hang_timeout_s", "negatives.refresh_threads",
-             "negatives.on_refresh_failure")
+FREE_KEYS = (
+  "train.log_every_steps",
+  "train.profile_steps",
+  "train.prefetch",
+  "train.input_threads",
+  "eval.",
+  "checkpoint.",
+  "mesh.",
+  "negatives.inject_fault",
+  "data.cache_dir",
+  "train.stop_after_steps",
+  "train.hang_timeout_s",
+  "negatives.refresh_threads",
+  "negatives.on_refresh_failure",
+)
 _SYNTHETIC_ON = "data.synthetic.enabled"
 # Keys added after runs were recorded, each with the value that computes what those runs
 # computed: a saved config without the key reads as that value (not as a changed run).
 ADDED_KEYS = {
-    "data.synthetic.hidden_own_words": 0,
-    "negatives.scann_rows_per_query": 0,
-    "encoder.matmul_precision": "default",
-    "optim.encoder_adam_eps": 1e-8,
-    "optim.classifier_momentum": 0.0,
-    "data.validation_fraction": 0.0,
-    "data.validation_seed": 0,
-    "classifier.init": "normal",
-    "classifier.init_scale": 1.0,
-    "data.label_subset": 0,
-    "data.label_subset_seed": 0,
-    "encoder.init_from_workdir": "",
-    "encoder.arch": "bert",
-    "encoder.ngram.orders": 3,
-    "encoder.ngram.hash_buckets": 1 << 18,
-    "encoder.ngram.normalize_scale": 10.0,
-    "warmstart.epochs": 0,
-    "warmstart.batch_size": 256,
-    "warmstart.lr": 1e-3,
-    "warmstart.warmup_steps": 100,
-    "warmstart.inverse_temperature": 20.0,
-    "scoring.label_text_weight": 0.0,
-    "scoring.label_text_scale": 5.0,
+  "data.synthetic.hidden_own_words": 0,
+  "negatives.scann_rows_per_query": 0,
+  "encoder.matmul_precision": "default",
+  "optim.encoder_adam_eps": 1e-8,
+  "optim.classifier_momentum": 0.0,
+  "data.validation_fraction": 0.0,
+  "data.validation_seed": 0,
+  "classifier.init": "normal",
+  "classifier.init_scale": 1.0,
+  "data.label_subset": 0,
+  "data.label_subset_seed": 0,
+  "encoder.init_from_workdir": "",
+  "encoder.arch": "bert",
+  "encoder.ngram.orders": 3,
+  "encoder.ngram.hash_buckets": 1 << 18,
+  "encoder.ngram.normalize_scale": 10.0,
+  "warmstart.epochs": 0,
+  "warmstart.batch_size": 256,
+  "warmstart.lr": 1e-3,
+  "warmstart.warmup_steps": 100,
+  "warmstart.inverse_temperature": 20.0,
+  "scoring.label_text_weight": 0.0,
+  "scoring.label_text_scale": 5.0,
 }
 
 
@@ -100,8 +111,9 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def _trained(workdir: str) -> bool:
   """Whether the workdir holds anything a run computed: a checkpoint or final results."""
   ck = os.path.join(workdir, "checkpoints")
-  return (os.path.exists(os.path.join(workdir, "results.json"))
-          or (os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))))
+  return os.path.exists(os.path.join(workdir, "results.json")) or (
+    os.path.isdir(ck) and any(d.isdigit() for d in os.listdir(ck))
+  )
 
 
 def has_complete_step(workdir: str) -> bool:
@@ -109,7 +121,8 @@ def has_complete_step(workdir: str) -> bool:
   it): a run started in this workdir restores it."""
   ck = os.path.join(workdir, "checkpoints")
   return os.path.isdir(ck) and any(
-      d.isdigit() and damage(os.path.join(ck, d)) is None for d in os.listdir(ck))
+    d.isdigit() and damage(os.path.join(ck, d)) is None for d in os.listdir(ck)
+  )
 
 
 def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
@@ -117,10 +130,16 @@ def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
   aside."""
   saved, now = {**ADDED_KEYS, **_flat(saved)}, _flat(now)
   # A real-data run does not read the synthetic generator's fields.
-  free = FREE_KEYS if saved.get(_SYNTHETIC_ON) or now.get(_SYNTHETIC_ON) else (
-      FREE_KEYS + ("data.synthetic.",))
-  return [(k, saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
-          if saved.get(k) != now.get(k) and not k.startswith(free)]
+  free = (
+    FREE_KEYS
+    if saved.get(_SYNTHETIC_ON) or now.get(_SYNTHETIC_ON)
+    else (FREE_KEYS + ("data.synthetic.",))
+  )
+  return [
+    (k, saved.get(k), now.get(k))
+    for k in sorted(set(saved) | set(now))
+    if saved.get(k) != now.get(k) and not k.startswith(free)
+  ]
 
 
 def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
@@ -136,9 +155,11 @@ def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
       return
     if _trained(workdir):
       shown = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in diff[:8])
-      raise InputError(f"{path}: the workdir holds a run with a different config ({shown}"
-                       f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same "
-                       "config")
+      raise InputError(
+        f"{path}: the workdir holds a run with a different config ({shown}"
+        f"{' ...' if len(diff) > 8 else ''}); use a new --workdir or the same "
+        "config"
+      )
     logging.info("%s: nothing trained in this workdir yet; recording the new config", path)
   if write:  # atomically: another process may be reading it
     with xc_format.atomic_text_writer(path) as f:
@@ -175,8 +196,9 @@ class SavePolicy:
   is a collective save, so in a multi-process run every process must decide alike: signals
   and clocks are compared across processes only after every `log_every_steps`-th step."""
 
-  def __init__(self, stop: StopSignal, every_steps: int, every_minutes: float,
-               log_every_steps: int):
+  def __init__(
+    self, stop: StopSignal, every_steps: int, every_minutes: float, log_every_steps: int
+  ):
     self.stop, self.every_steps = stop, every_steps
     self.every_s, self.log_every_steps = 60 * every_minutes, log_every_steps
     self.saved()
@@ -190,8 +212,9 @@ class SavePolicy:
     time_due = bool(self.every_s and time.time() - self.last_save > self.every_s)
     if jax.process_count() > 1:
       log_step = (step + 1) % self.log_every_steps == 0
-      stop_now, time_due = (distributed.any_true([stop_now, time_due]) if log_step
-                            else (False, False))
+      stop_now, time_due = (
+        distributed.any_true([stop_now, time_due]) if log_step else (False, False)
+      )
     steps_due = bool(self.every_steps and global_step % self.every_steps == 0)
     return steps_due or time_due or stop_now, stop_now
 
@@ -221,7 +244,7 @@ def damage(step_dir: str) -> str | None:
   save's commit and its seal), is checked for its commit markers only; its restore decides."""
   for where in ("", *ITEMS):
     if not os.path.exists(os.path.join(step_dir, where, COMMIT_MARKER)):
-      return (f"{os.path.join(where, COMMIT_MARKER)} is missing (the save never completed)")
+      return f"{os.path.join(where, COMMIT_MARKER)} is missing (the save never completed)"
   manifest = os.path.join(step_dir, MANIFEST)
   if not os.path.exists(manifest):
     return None
@@ -278,14 +301,24 @@ class Checkpoints:
     self._set_aside_damaged_files()
     policies = ocp.checkpoint_managers
     self.manager = ocp.CheckpointManager(
-        self.dir, item_handlers={"state": ocp.StandardCheckpointHandler(),
-                                 "progress": ocp.JsonCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(
-            enable_async_checkpointing=True, create=True,
-            preservation_policy=policies.AnyPreservationPolicy([
-                policies.LatestN(n=keep),
-                policies.BestN(get_metric_fn=lambda m: m["P@5"], n=1,
-                               keep_checkpoints_without_metrics=False)])))
+      self.dir,
+      item_handlers={
+        "state": ocp.StandardCheckpointHandler(),
+        "progress": ocp.JsonCheckpointHandler(),
+      },
+      options=ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=True,
+        create=True,
+        preservation_policy=policies.AnyPreservationPolicy(
+          [
+            policies.LatestN(n=keep),
+            policies.BestN(
+              get_metric_fn=lambda m: m["P@5"], n=1, keep_checkpoints_without_metrics=False
+            ),
+          ]
+        ),
+      ),
+    )
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -294,19 +327,28 @@ class Checkpoints:
     return os.path.join(self.dir, str(step))
 
   # -------------------------------------------------------------------------- saving
-  def save(self, step: int, params: dict, opt_state: dict, progress: dict,
-           metrics: dict | None = None) -> None:
+  def save(
+    self, step: int, params: dict, opt_state: dict, progress: dict, metrics: dict | None = None
+  ) -> None:
     """Starts an asynchronous save (the previous one is finished and sealed first)."""
     self.wait()
     state = {"params": params, "opt_state": opt_state}
     # Uncompressed, and a margin for orbax's metadata: zstd shrinks random floats little.
-    self._save_bytes = int(SPACE_MARGIN * sum(x.nbytes for x in jax.tree.leaves(state))
-                           + len(json.dumps(progress)) + (1 << 20))
+    self._save_bytes = int(
+      SPACE_MARGIN * sum(x.nbytes for x in jax.tree.leaves(state))
+      + len(json.dumps(progress))
+      + (1 << 20)
+    )
     faults.require_space(self._step_dir(step), self._save_bytes)
     with self._writing(step):
-      self.manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)),
-          metrics=metrics, force=True)
+      self.manager.save(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), progress=ocp.args.JsonSave(progress)
+        ),
+        metrics=metrics,
+        force=True,
+      )
     self._unsealed = step
 
   def wait(self) -> None:
@@ -341,8 +383,9 @@ class Checkpoints:
     n = 1
     while os.path.exists(dest):  # the same step damaged before, in an earlier rerun
       dest, n = os.path.join(self.dir, DAMAGED, f"{step}.{n}"), n + 1
-    logging.warning("checkpoint %d is damaged (%s): moved to %s; trying the next older one",
-                    step, problem, dest)
+    logging.warning(
+      "checkpoint %d is damaged (%s): moved to %s; trying the next older one", step, problem, dest
+    )
     distributed.barrier(f"checkpoint {step} checked")
     if distributed.is_leader():
       os.makedirs(os.path.dirname(dest), exist_ok=True)
@@ -351,15 +394,19 @@ class Checkpoints:
     self.set_aside.append((step, problem))
 
   def _set_aside_damaged_files(self) -> None:
-    steps = sorted((int(d) for d in os.listdir(self.dir) if d.isdigit()),
-                   reverse=True) if os.path.isdir(self.dir) else []
+    steps = (
+      sorted((int(d) for d in os.listdir(self.dir) if d.isdigit()), reverse=True)
+      if os.path.isdir(self.dir)
+      else []
+    )
     for step in steps:
       problem = damage(self._step_dir(step))
       if distributed.any_true([problem is not None])[0]:
         self._set_aside(step, problem or "damaged as another process sees it")
 
-  def restore(self, params: dict, opt_state: dict,
-              accept: Callable[[dict], None] | None = None) -> tuple[dict, dict, dict] | None:
+  def restore(
+    self, params: dict, opt_state: dict, accept: Callable[[dict], None] | None = None
+  ) -> tuple[dict, dict, dict] | None:
     """The newest checkpoint that restores, laid out like `params` / `opt_state` (any
     mesh), as (params, opt_state, progress); None when there is none. Damaged ones are set
     aside on the way (`set_aside`). accept(progress): applies the progress record elsewhere
@@ -384,30 +431,44 @@ class Checkpoints:
     damaged = os.path.join(self.dir, DAMAGED)
     if steps or self.set_aside or (os.path.isdir(damaged) and os.listdir(damaged)):
       raise InputError(
-          f"{self.workdir}: no checkpoint restores (each moved to {self.dir}/{DAMAGED}, the "
-          "warnings above say why); to train from the start, rerun with a new --workdir or "
-          f"move {self.dir} away")
+        f"{self.workdir}: no checkpoint restores (each moved to {self.dir}/{DAMAGED}, the "
+        "warnings above say why); to train from the start, rerun with a new --workdir or "
+        f"move {self.dir} away"
+      )
     return None
 
   def _restore_step(self, step: int, params: dict, opt_state: dict) -> tuple[dict, dict, dict]:
     abstract = lambda t: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t)
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), t
+    )
     w = params["classifier"]
     saved = self.manager.item_metadata(step)["state"]["params"]["classifier"].shape
-    w_target = abstract(w) if tuple(saved) == w.shape else jax.ShapeDtypeStruct(
-        tuple(saved), w.dtype, sharding=NamedSharding(w.sharding.mesh, P()))
+    w_target = (
+      abstract(w)
+      if tuple(saved) == w.shape
+      else jax.ShapeDtypeStruct(tuple(saved), w.dtype, sharding=NamedSharding(w.sharding.mesh, P()))
+    )
     opt_target = abstract(opt_state)
     # The sparse step's state is a dict whose momentum is padded like W; the dense step's
     # is optax's own state.
     per_row = opt_state.get("momentum") if isinstance(opt_state, dict) else None
     if per_row is not None and tuple(saved) != w.shape:
-      opt_target["momentum"] = opt_target["momentum"]._replace(**{
+      opt_target["momentum"] = opt_target["momentum"]._replace(
+        **{
           k: jax.ShapeDtypeStruct((saved[0],) + x.shape[1:], x.dtype, sharding=w_target.sharding)
-          for k, x in (("velocity", per_row.velocity), ("touched_at", per_row.touched_at))})
-    target = {"params": {"encoder": abstract(params["encoder"]), "classifier": w_target},
-              "opt_state": opt_target}
-    out = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()))
+          for k, x in (("velocity", per_row.velocity), ("touched_at", per_row.touched_at))
+        }
+      )
+    target = {
+      "params": {"encoder": abstract(params["encoder"]), "classifier": w_target},
+      "opt_state": opt_target,
+    }
+    out = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), progress=ocp.args.JsonRestore()
+      ),
+    )
     state = out["state"]
     rows = state["params"]["classifier"]
     if rows.shape != w.shape:  # padded rows are never read: cut or extend them
@@ -415,11 +476,14 @@ class Checkpoints:
       if per_row is not None:  # padded rows: no velocity, current at step 0
         restored = state["opt_state"]["momentum"]
         state["opt_state"]["momentum"] = restored._replace(
-            velocity=_resize_rows(restored.velocity, w.shape[0], per_row.velocity.sharding),
-            touched_at=_resize_rows(restored.touched_at, w.shape[0],
-                                    per_row.touched_at.sharding))
-    return ({"encoder": state["params"]["encoder"], "classifier": rows}, state["opt_state"],
-            out["progress"])
+          velocity=_resize_rows(restored.velocity, w.shape[0], per_row.velocity.sharding),
+          touched_at=_resize_rows(restored.touched_at, w.shape[0], per_row.touched_at.sharding),
+        )
+    return (
+      {"encoder": state["params"]["encoder"], "classifier": rows},
+      state["opt_state"],
+      out["progress"],
+    )
 
   def close(self) -> None:
     try:
@@ -432,4 +496,5 @@ def _resize_rows(w: jax.Array, rows: int, sharding) -> jax.Array:
   def resize(x):
     x = x[:rows]
     return jnp.pad(x, ((0, rows - x.shape[0]),) + ((0, 0),) * (x.ndim - 1))
+
   return jax.jit(resize, out_shardings=sharding)(w)

@@ -32,6 +32,7 @@ outside the step reads W, and whenever the scale falls below 1e-2 (float range).
 optim.classifier_momentum > 0 the update is sparse_momentum.py's instead (each row caught
 up from the step it was last touched; its docstring derives it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,8 +50,10 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
   """`collective(x, axis, ...)`, or x itself where the mesh axis has one device: the
   identity, but XLA:CPU still copied the operand (a per-query step's B k_r x d row
   gradients: 3.5 of 9.5 ms on a 1 x 1 mesh, benchmarks/step_vs_labels.py)."""
+
   def apply(x, axis, **kwargs):
     return x if mesh.shape[axis] == 1 else collective(x, axis, **kwargs)
+
   return apply
 
 
@@ -65,8 +68,11 @@ def _local_rows(v: jax.Array, scale: jax.Array, labels: LabelBatch, momentum) ->
     lid = ids - offset
     mine = (lid >= 0) & (lid < rows_per_shard)
     safe = jnp.clip(lid, 0, rows_per_shard - 1)
-    rows = (scale * v[safe].astype(jnp.float32) if momentum is None
-            else sparse_momentum.current_rows(v, momentum, safe))
+    rows = (
+      scale * v[safe].astype(jnp.float32)
+      if momentum is None
+      else sparse_momentum.current_rows(v, momentum, safe)
+    )
     return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
 
   return tuple(local(ids) for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids))
@@ -82,14 +88,20 @@ def classifier_forward(mesh: jax.sharding.Mesh):
   def body(emb, v, scale, labels):
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
     (_, pos_r), (_, hard_r), (_, rand_r) = _local_rows(v, scale, labels, None)
-    return (psum(loss.score_rows(emb_group, pos_r), "model"),
-            loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r))
+    return (
+      psum(loss.score_rows(emb_group, pos_r), "model"),
+      loss.score_rows(emb_group, hard_r),
+      loss.score_rows(emb_group, rand_r),
+    )
 
   def forward(emb, v, labels, scale):
-    return jax.shard_map(body, mesh=mesh,
-                         in_specs=(P(ALL), P("model"), P(), label_specs(labels)),
-                         out_specs=(P("data"), P("data", "model"), P("data", "model")),
-                         check_vma=False)(emb, v, scale, labels)
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(P(ALL), P("model"), P(), label_specs(labels)),
+      out_specs=(P("data"), P("data", "model"), P("data", "model")),
+      check_vma=False,
+    )(emb, v, scale, labels)
 
   return jax.jit(forward)
 
@@ -113,13 +125,13 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   n is the whole batch's queries (all-gathered over 'data'). Loss and gradients are for the
   mean over `global_batch` queries."""
 
-  all_gather, psum, psum_scatter = (_unless_single(mesh, c) for c in (
-      jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter))
+  all_gather, psum, psum_scatter = (
+    _unless_single(mesh, c) for c in (jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter)
+  )
 
   def body(emb, v, scale, labels, momentum):
     emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
-    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, labels,
-                                                                     momentum)
+    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, labels, momentum)
     per_query = labels.per_query_random
     pos_s = psum(loss.score_rows(emb_group, pos_r), "model")
     hard_s, rand_s = loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r)
@@ -131,18 +143,23 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
       return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)
 
     (_, (pos, neg)), (d_pos, d_hard, d_rand) = jax.value_and_grad(
-        estimator, argnums=(0, 1, 2), has_aux=True)(pos_s, hard_s, rand_s)
+      estimator, argnums=(0, 1, 2), has_aux=True
+    )(pos_s, hard_s, rand_s)
     value = psum(pos + psum(neg, "model"), "data")
     d = emb.shape[-1]
-    d_emb_group = (jnp.einsum("bk,bkd->bd", d_pos, pos_r) +
-                   jnp.einsum("bk,bkd->bd", d_hard, hard_r) +
-                   (jnp.einsum("bk,bkd->bd", d_rand, rand_r) if per_query else d_rand @ rand_r))
+    d_emb_group = (
+      jnp.einsum("bk,bkd->bd", d_pos, pos_r)
+      + jnp.einsum("bk,bkd->bd", d_hard, hard_r)
+      + (jnp.einsum("bk,bkd->bd", d_rand, rand_r) if per_query else d_rand @ rand_r)
+    )
     d_emb = psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
     queried = [(pos_l, d_pos), (hard_l, d_hard)] + ([(rand_l, d_rand)] if per_query else [])
     gather_data = lambda x: all_gather(x, "data", tiled=True)
-    row_grads = {"ids": gather_data(jnp.concatenate([l for l, _ in queried], axis=1)),
-                 "coef": gather_data(jnp.concatenate([g for _, g in queried], axis=1)),
-                 "queries": gather_data(emb_group)}
+    row_grads = {
+      "ids": gather_data(jnp.concatenate([l for l, _ in queried], axis=1)),
+      "coef": gather_data(jnp.concatenate([g for _, g in queried], axis=1)),
+      "queries": gather_data(emb_group),
+    }
     if per_query:
       row_grads["shared_ids"] = jnp.zeros((0,), jnp.int32)
       row_grads["shared_grads"] = jnp.zeros((0, d), jnp.float32)
@@ -152,13 +169,21 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
     return value, d_emb.astype(emb.dtype), row_grads
 
   def kernel(emb, v, scale, labels, momentum=None):
-    return jax.shard_map(body, mesh=mesh,
-                         in_specs=(P(ALL), P("model"), P(), label_specs(labels),
-                                   None if momentum is None else MOMENTUM_SPEC),
-                         out_specs=(P(), P(ALL), P("model")),
-                         # row_grads are identical across data replicas (all-gathered), which
-                         # the vma checker cannot infer; the mesh-equivalence tests check it.
-                         check_vma=False)(emb, v, scale, labels, momentum)
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(
+        P(ALL),
+        P("model"),
+        P(),
+        label_specs(labels),
+        None if momentum is None else MOMENTUM_SPEC,
+      ),
+      out_specs=(P(), P(ALL), P("model")),
+      # row_grads are identical across data replicas (all-gathered), which
+      # the vma checker cannot infer; the mesh-equivalence tests check it.
+      check_vma=False,
+    )(emb, v, scale, labels, momentum)
 
   return kernel
 
@@ -168,8 +193,10 @@ def _rows_and_grads(g: dict) -> tuple[jax.Array, jax.Array]:
   gradients (n K + m, d)): row ids[i, k] gets coef[i, k] * queries[i], then the shared rows."""
   n, k = g["ids"].shape
   grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
-  return (jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]]),
-          jnp.concatenate([grads, g["shared_grads"]]))
+  return (
+    jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]]),
+    jnp.concatenate([grads, g["shared_grads"]]),
+  )
 
 
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
@@ -187,9 +214,13 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
     v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
     return v, new_scale
 
-  return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P("model"), P(), P(None, "model"), P()),
-                       out_specs=(P("model"), P()), check_vma=False)
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P("model"), P(), P(None, "model"), P()),
+    out_specs=(P("model"), P()),
+    check_vma=False,
+  )
 
 
 def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, beta: float):
@@ -208,9 +239,13 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
     (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
     return w, state
 
-  return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P()),
-                       out_specs=(P("model"), MOMENTUM_SPEC), check_vma=False)
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P()),
+    out_specs=(P("model"), MOMENTUM_SPEC),
+    check_vma=False,
+  )
 
 
 def decayed_scale(scale: jax.Array, lr: jax.Array, weight_decay: float) -> jax.Array:
@@ -224,8 +259,14 @@ def add_rows(v: jax.Array, ids: jax.Array, grads: jax.Array, step: jax.Array) ->
   return v.at[ids].add((step * grads).astype(v.dtype), mode="drop")
 
 
-def sgd_update(v: jax.Array, scale: jax.Array, ids: jax.Array, grads: jax.Array,
-               lr: jax.Array, weight_decay: float) -> tuple[jax.Array, jax.Array]:
+def sgd_update(
+  v: jax.Array,
+  scale: jax.Array,
+  ids: jax.Array,
+  grads: jax.Array,
+  lr: jax.Array,
+  weight_decay: float,
+) -> tuple[jax.Array, jax.Array]:
   """ids: (n,) row ids (duplicates allowed); grads: (n, d) dLoss/dW rows for them."""
   new_scale = decayed_scale(scale, lr, weight_decay)
   return add_rows(v, ids, grads, -(lr / new_scale)), new_scale

@@ -13,6 +13,7 @@ benchmarks/step_vs_labels.py's (d=64, B=256, k_p=7, k_h=50, k_r=400). Per method
   dense_scores_temp_bytes (full only) the same for an unblocked B x L score matrix, as
                    Renee's forward holds it (compiled, never run)
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,8 +49,9 @@ def astra_step():
 
 @functools.partial(jax.jit, donate_argnums=(0, 1))
 def full_step(w, scale, emb, batch):
-  d_emb, g = jax.grad(lambda e, w: loss.full_bce_chunked(e, w, batch.pos_ids,
-                                                         batch.pos_mask), (0, 1))(emb, w)
+  d_emb, g = jax.grad(
+    lambda e, w: loss.full_bce_chunked(e, w, batch.pos_ids, batch.pos_mask), (0, 1)
+  )(emb, w)
   return (1 - LR * WD) * w - LR * g, scale, d_emb
 
 
@@ -74,20 +76,27 @@ def code_fingerprint() -> str:
   return h.hexdigest()[:16]
 
 
-def make_batch(L: int, rng: np.random.Generator, per_query: bool = True, batch_size: int = B,
-               k_p: int = KP, k_h: int = KH, k_r: int = KR) -> LabelBatch:
+def make_batch(
+  L: int,
+  rng: np.random.Generator,
+  per_query: bool = True,
+  batch_size: int = B,
+  k_p: int = KP,
+  k_h: int = KH,
+  k_r: int = KR,
+) -> LabelBatch:
   """Label arrays of one batch (uniform ids: the step's cost does not depend on which);
   random draws per query (the trainer's default) or shared. Shapes default to this
   module's (B, KP, KH, KR)."""
   return LabelBatch(
-      pos_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_p)), jnp.int32),
-      pos_mask=jnp.ones((batch_size, k_p), bool),
-      hard_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_h)), jnp.int32),
-      hard_mask=jnp.ones((batch_size, k_h), bool),
-      rand_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_r) if per_query else k_r),
-                           jnp.int32),
-      rand_mask=jnp.ones((batch_size, k_r), bool),
-      rand_weight=jnp.full((k_r,), L / k_r, jnp.float32))
+    pos_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_p)), jnp.int32),
+    pos_mask=jnp.ones((batch_size, k_p), bool),
+    hard_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_h)), jnp.int32),
+    hard_mask=jnp.ones((batch_size, k_h), bool),
+    rand_ids=jnp.asarray(rng.integers(0, L, (batch_size, k_r) if per_query else k_r), jnp.int32),
+    rand_mask=jnp.ones((batch_size, k_r), bool),
+    rand_weight=jnp.full((k_r,), L / k_r, jnp.float32),
+  )
 
 
 def _median_ms(fn, steps: int) -> float:
@@ -108,8 +117,17 @@ def measure(method: str, num_labels: int, steps: int = 10) -> dict:
   host_memory.back_with_huge_pages(w)  # as the trainer does (CPU backend)
   emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
   batch = make_batch(L, rng)
-  row = {"method": method, "num_labels": L, "d": D, "batch_size": B, "k_p": KP, "k_h": KH,
-         "k_r": KR, "device": jax.devices()[0].platform, "code": code_fingerprint()}
+  row = {
+    "method": method,
+    "num_labels": L,
+    "d": D,
+    "batch_size": B,
+    "k_p": KP,
+    "k_h": KH,
+    "k_r": KR,
+    "device": jax.devices()[0].platform,
+    "code": code_fingerprint(),
+  }
   if method == "astra":
     step = astra_step()
     one = jnp.float32(1.0)
@@ -126,8 +144,9 @@ def measure(method: str, num_labels: int, steps: int = 10) -> dict:
   else:
     raise ValueError(f"unknown method {method!r}; choose astra or full")
   scale = jnp.float32(1.0)
-  row["temp_bytes"] = int(step.lower(w, scale, emb, batch).compile()
-                          .memory_analysis().temp_size_in_bytes)
+  row["temp_bytes"] = int(
+    step.lower(w, scale, emb, batch).compile().memory_analysis().temp_size_in_bytes
+  )
   state = [w, scale]
 
   def run():  # W and scale are donated: thread them through

@@ -8,6 +8,7 @@ it ever receives cannot move far (on tail-heavy data most rows of W are such lab
 Rows past the L real labels (padding to the mesh's model axis) stay zero: they are never
 sampled or predicted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,8 +35,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise InputError(f"config.classifier.init_scale: must be > 0, got {cc.init_scale}")
 
 
-def label_text_rows(embed_rows: Callable[[np.ndarray], np.ndarray], label_tokens: np.ndarray,
-                    scale: float) -> np.ndarray:
+def label_text_rows(
+  embed_rows: Callable[[np.ndarray], np.ndarray], label_tokens: np.ndarray, scale: float
+) -> np.ndarray:
   """(L, d) rows `scale * E(z_l) / |E(z_l)|`.
 
   Args:
@@ -50,10 +52,15 @@ def label_text_rows(embed_rows: Callable[[np.ndarray], np.ndarray], label_tokens
   return (scale * emb / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, seed: int,
-                       label_tokens: np.ndarray | None,
-                       embed_rows: Callable[[np.ndarray], np.ndarray],
-                       sharding: jax.sharding.Sharding | None = None) -> jax.Array:
+def initial_classifier(
+  config: ml_collections.ConfigDict,
+  rows: int,
+  dim: int,
+  seed: int,
+  label_tokens: np.ndarray | None,
+  embed_rows: Callable[[np.ndarray], np.ndarray],
+  sharding: jax.sharding.Sharding | None = None,
+) -> jax.Array:
   """W (rows, d) at step 0, as `config.classifier.init` says, born where it lives: with a
   `sharding`, each device computes only its own rows (W is never whole on one device).
 
@@ -74,14 +81,17 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
 
   cc = config.classifier
   if cc.init == "normal":
-    draw = jax.jit(lambda key: jax.random.normal(key, (rows, dim), jnp.float32),
-                   out_shardings=sharding)
+    draw = jax.jit(
+      lambda key: jax.random.normal(key, (rows, dim), jnp.float32), out_shardings=sharding
+    )
     # Scaled outside the draw (still shard by shard): inside, XLA fuses the product into the
     # sampler and the rows move by an ulp from the unsharded draw's.
     return config.train.classifier_init_std * draw(jax.random.key(seed + 1))
   if label_tokens is None:
-    raise InputError(f"config.classifier.init=label_text needs label texts, but "
-                     f"{config.data.dir} has none; use classifier.init=normal")
+    raise InputError(
+      f"config.classifier.init=label_text needs label texts, but "
+      f"{config.data.dir} has none; use classifier.init=normal"
+    )
   num_labels = len(label_tokens)
 
   def shard(index) -> np.ndarray:
@@ -92,7 +102,7 @@ def initial_classifier(config: ml_collections.ConfigDict, rows: int, dim: int, s
     # the shard itself would be three W-sized arrays at once.
     for a in range(lo, min(hi, num_labels), _EMBED_CHUNK):
       b = min(a + _EMBED_CHUNK, hi, num_labels)
-      w[a - lo:b - lo] = label_text_rows(embed_rows, label_tokens[a:b], cc.init_scale)
+      w[a - lo : b - lo] = label_text_rows(embed_rows, label_tokens[a:b], cc.init_scale)
     return w[:, index[1]]
 
   if sharding is None:

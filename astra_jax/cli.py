@@ -13,6 +13,7 @@ defines none, so library code may import it), and starts with
 
 and in main:   config = cli.config_flag()
 """
+
 from __future__ import annotations
 
 import ast
@@ -74,8 +75,9 @@ class OwnInfoOnly(py_logging.Filter):
   name, tells ours from theirs."""
 
   def filter(self, record: py_logging.LogRecord) -> bool:
-    return (record.levelno >= py_logging.WARNING
-            or os.path.abspath(record.pathname).startswith(_PACKAGE_DIR))
+    return record.levelno >= py_logging.WARNING or os.path.abspath(record.pathname).startswith(
+      _PACKAGE_DIR
+    )
 
 
 def _show_main_flags(names: set[str]) -> None:
@@ -86,8 +88,9 @@ def _show_main_flags(names: set[str]) -> None:
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
-def run(main: Callable[[list[str]], int | None], define_flags: Callable[[], None],
-        doc: str | None) -> None:
+def run(
+  main: Callable[[list[str]], int | None], define_flags: Callable[[], None], doc: str | None
+) -> None:
   """Defines the tool's flags and runs `main` under absl (never returns).
 
   Args:
@@ -98,8 +101,12 @@ def run(main: Callable[[list[str]], int | None], define_flags: Callable[[], None
   """
   before = set(flags.FLAGS)
   define_flags()
-  flags.DEFINE_bool(THIRD_PARTY_LOGS, False, "also print other libraries' INFO log lines "
-                    "(orbax, jax, ...); their warnings and errors are always printed")
+  flags.DEFINE_bool(
+    THIRD_PARTY_LOGS,
+    False,
+    "also print other libraries' INFO log lines "
+    "(orbax, jax, ...); their warnings and errors are always printed",
+  )
   _show_main_flags(set(flags.FLAGS) - before)
   main_module = sys.modules["__main__"]
   if not main_module.__doc__ and doc:  # a console_scripts wrapper has none; --help prints it

@@ -4,6 +4,7 @@ Experiments (`experiments/*.py`) call `base_config()` and change what differs; a
 can be overridden on the command line (`--config.train.epochs=3`); an unknown key is an
 error from ml_collections that names it.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,8 +26,8 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = ""                 # dataset name (informational; paper configs set it)
-  c.data.dir = ""                  # dataset directory (repository layout)
+  c.data.name = ""  # dataset name (informational; paper configs set it)
+  c.data.dir = ""  # dataset directory (repository layout)
   # Appended to the error when data.dir holds no dataset: where to get it, or the command
   # that trains on a synthetic stand-in instead.
   c.data.missing_hint = ""
@@ -34,15 +35,15 @@ def base_config() -> ml_collections.ConfigDict:
   # the memory planner (astra_jax/plan/) reads them, when the data is not on disk. 0: unknown.
   c.data.num_labels = 0
   c.data.num_train = 0
-  c.data.layout = "auto"           # auto | renee | ngame | json
-  c.data.tokenizer_dir = ""        # local HF tokenizer directory
-  c.data.max_len = 32              # 32 titles, 128 full text, 256 Wikipedia
-  c.data.use_content = False       # json layout: title + content instead of title
+  c.data.layout = "auto"  # auto | renee | ngame | json
+  c.data.tokenizer_dir = ""  # local HF tokenizer directory
+  c.data.max_len = 32  # 32 titles, 128 full text, 256 Wikipedia
+  c.data.use_content = False  # json layout: title + content instead of title
   c.data.augment_label_text = False  # label texts as extra training rows
   c.data.filter_file = dataset.FILTER_FILE  # relative to data.dir (this default name also
-                                            # finds Renée's tst_filter_labels.txt); ignored
-                                            # if absent
-  c.data.cache_dir = ""            # tokenized memmaps; default <data.dir>/astra_cache
+  # finds Renée's tst_filter_labels.txt); ignored
+  # if absent
+  c.data.cache_dir = ""  # tokenized memmaps; default <data.dir>/astra_cache
   # A share of the training rows held out as the validation split (deterministic by
   # validation_seed): periodic evaluations report it, the test split only the final one.
   c.data.validation_fraction = 0.0
@@ -51,8 +52,8 @@ def base_config() -> ml_collections.ConfigDict:
   # with a positive among them (astra_jax/data/label_subset.py; the paper's Figure 1).
   c.data.label_subset = 0
   c.data.label_subset_seed = 0
-  c.data.propensity_A = 0.55       # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
-  c.data.propensity_B = 1.5        # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
+  c.data.propensity_A = 0.55  # 0.6 Amazon, 0.5 Wikipedia, 0.55 otherwise
+  c.data.propensity_B = 1.5  # 2.6 Amazon, 0.4 Wikipedia, 1.5 otherwise
   # Synthetic data: when enabled, generated once into data.dir (or a cache dir) first.
   c.data.synthetic = ml_collections.ConfigDict()
   c.data.synthetic.enabled = False
@@ -65,8 +66,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.mean_labels = 2.5
   c.data.synthetic.max_labels = 7
   c.data.synthetic.same_group_prob = 0.3  # an extra positive comes from the first's group
-  c.data.synthetic.own_word_prob = 0.85   # a query names each positive's own words with it
-  c.data.synthetic.hidden_own_words = 0   # own words (of 2) its label's text leaves out
+  c.data.synthetic.own_word_prob = 0.85  # a query names each positive's own words with it
+  c.data.synthetic.hidden_own_words = 0  # own words (of 2) its label's text leaves out
   c.data.synthetic.noise_words = 2
   c.data.synthetic.seed = 0
   # The version of the data the generator writes (a record, not a choice): a workdir trained
@@ -77,19 +78,19 @@ def base_config() -> ml_collections.ConfigDict:
   # The architecture (astra_jax/model/architectures.py): bert (BERT / DistilBERT, pretrained
   # from hf_dir or the tiny random one below) | ngram_bag (hashed token n-grams, encoder.ngram).
   c.encoder.arch = "bert"
-  c.encoder.hf_dir = ""            # dir with config.json (+ model.safetensors); "" = tiny BERT
-  c.encoder.load_weights = True    # load model.safetensors from hf_dir when present
+  c.encoder.hf_dir = ""  # dir with config.json (+ model.safetensors); "" = tiny BERT
+  c.encoder.load_weights = True  # load model.safetensors from hf_dir when present
   # A workdir whose exported model (WORKDIR/model, export.py) gives the encoder's starting
   # weights; its encoder must have this config's shape. "": none.
   c.encoder.init_from_workdir = ""
-  c.encoder.hidden_size = 64       # used when hf_dir is empty (random init); ngram_bag's width
+  c.encoder.hidden_size = 64  # used when hf_dir is empty (random init); ngram_bag's width
   c.encoder.num_layers = 2
   c.encoder.num_heads = 2
   c.encoder.intermediate_size = 128
   c.encoder.hidden_dropout = 0.1
-  c.encoder.bottleneck_dim = 0     # 64 for very large L (SS datasets)
+  c.encoder.bottleneck_dim = 0  # 64 for very large L (SS datasets)
   c.encoder.embedding_dropout = 0.5  # the paper's (high) dropout on E(x)
-  c.encoder.dtype = "float32"      # compute dtype: float32 | bfloat16 | float16
+  c.encoder.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
   # float32 matmuls (jax_default_matmul_precision): default = the backend's choice, which
   # on A100/H100 is TF32 (10-bit mantissa inputs); highest = full float32 passes; high
   # = bf16x3 / TF32-like where the backend has it.
@@ -102,19 +103,19 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.negatives = ml_collections.ConfigDict()
   c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/strategies.py
-  c.negatives.k_p = 7              # positives per query (padded with a mask)
-  c.negatives.k_h = 50             # hard negatives per query
-  c.negatives.k_r = 400            # random negatives per query (per W shard)
+  c.negatives.k_p = 7  # positives per query (padded with a mask)
+  c.negatives.k_h = 50  # hard negatives per query
+  c.negatives.k_r = 400  # random negatives per query (per W shard)
   # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw of
   # k_r serves the whole batch (a B x k_r matmul, B times fewer rows gathered, but every
   # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates; README)
   c.negatives.random_draws = "per_query"
-  c.negatives.tau_s = 5            # first epoch with hard negatives
-  c.negatives.tau_r = 5            # epochs between index refreshes
-  c.negatives.index = "auto"       # auto (exact up to 50k labels, else scann) | exact | scann
-  c.negatives.scann_leaves = 0     # 0: scaled to L (2 sqrt(L))
+  c.negatives.tau_s = 5  # first epoch with hard negatives
+  c.negatives.tau_r = 5  # epochs between index refreshes
+  c.negatives.index = "auto"  # auto (exact up to 50k labels, else scann) | exact | scann
+  c.negatives.scann_leaves = 0  # 0: scaled to L (2 sqrt(L))
   c.negatives.scann_leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
-  c.negatives.scann_reorder = 0    # 0: max(20 k, 1000)
+  c.negatives.scann_reorder = 0  # 0: max(20 k, 1000)
   # > 0: rows a query scores, whatever L (leaves of ~1000 rows, as many searched as hold
   # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
   c.negatives.scann_rows_per_query = 0
@@ -127,14 +128,14 @@ def base_config() -> ml_collections.ConfigDict:
   # results.json's "degraded"; "fail" stops the run in one line (a rerun retries it).
   c.negatives.on_refresh_failure = "continue"
   c.negatives.curriculum_final_hard_fraction = 0.5
-  c.negatives.inject_fault = ""    # tests only: "raise" or "kill" fails the first refresh
+  c.negatives.inject_fault = ""  # tests only: "raise" or "kill" fails the first refresh
 
   c.optim = ml_collections.ConfigDict()
   c.optim.encoder_lr = 1e-4
   c.optim.classifier_lr = 0.05
   c.optim.warmup_steps = 3000
   c.optim.encoder_weight_decay = 0.0
-  c.optim.encoder_adam_eps = 1e-8   # the paper configs take Renee's 1e-6 (paper_configs.py)
+  c.optim.encoder_adam_eps = 1e-8  # the paper configs take Renee's 1e-6 (paper_configs.py)
   c.optim.classifier_weight_decay = 1e-4
   # SGD momentum beta of the classifier, weight decay inside it (torch's SGD; optim.py). The
   # sparse update does it at the cost of the rows a step touches (sparse_momentum.py);
@@ -153,9 +154,9 @@ def base_config() -> ml_collections.ConfigDict:
   # An optional first stage (astra_jax/warmstart.py, NGAME's stage 1): the encoder alone,
   # trained on (query, positive label text) pairs with in-batch negatives, before W exists.
   c.warmstart = ml_collections.ConfigDict()
-  c.warmstart.epochs = 0           # 0: no warm start
-  c.warmstart.batch_size = 256     # pairs per step (the in-batch negatives)
-  c.warmstart.lr = 1e-3            # Adam, linear warmup then cosine decay to 0
+  c.warmstart.epochs = 0  # 0: no warm start
+  c.warmstart.batch_size = 256  # pairs per step (the in-batch negatives)
+  c.warmstart.lr = 1e-3  # Adam, linear warmup then cosine decay to 0
   c.warmstart.warmup_steps = 100
   c.warmstart.inverse_temperature = 20.0  # logits = this x cosine similarity
 
@@ -172,16 +173,16 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict()
   c.train.epochs = 10
-  c.train.batch_size = 256        # global batch (all devices, all accumulation steps)
-  c.train.grad_accum_steps = 1     # micro-batches per update (batch_size / this each)
+  c.train.batch_size = 256  # global batch (all devices, all accumulation steps)
+  c.train.grad_accum_steps = 1  # micro-batches per update (batch_size / this each)
   c.train.seed = 0
   c.train.log_every_steps = 50
-  c.train.eval_every_epochs = 0    # 0: evaluate at the end only
-  c.train.profile_steps = 20       # steps timed phase by phase for the time break-up
-  c.train.prefetch = 4             # batches prepared ahead of the step
-  c.train.input_threads = 2        # threads preparing them (a fast GPU: more; README)
+  c.train.eval_every_epochs = 0  # 0: evaluate at the end only
+  c.train.profile_steps = 20  # steps timed phase by phase for the time break-up
+  c.train.prefetch = 4  # batches prepared ahead of the step
+  c.train.input_threads = 2  # threads preparing them (a fast GPU: more; README)
   c.train.classifier_init_std = 0.02
-  c.train.stop_after_steps = 0     # tests/debugging: behave as if SIGTERM came after N steps
+  c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
   # A step (or a collective inside one) that makes no progress for this long ends the
   # process with every thread's stack (astra_jax/watchdog.py): a stuck rank would otherwise
@@ -195,7 +196,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.mesh.model = 1
   # Multi-process runs (one process per GPU): auto = jax.distributed.initialize() when the
   # environment says so (SLURM with more than one task, or JAX_COORDINATOR_ADDRESS set).
-  c.mesh.distributed = "auto"      # auto | on | off
+  c.mesh.distributed = "auto"  # auto | on | off
 
   # Checkpoints (orbax) in <workdir>/checkpoints: at every epoch end, every `every_steps`
   # steps and every `every_minutes` minutes (0 = not by that rule), and on SIGTERM/SIGINT.
@@ -203,13 +204,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.checkpoint.enabled = True
   c.checkpoint.every_steps = 0
   c.checkpoint.every_minutes = 30.0
-  c.checkpoint.keep = 3            # the last N, plus the best by P@5 (periodic evals)
+  c.checkpoint.keep = 3  # the last N, plus the best by P@5 (periodic evals)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = (1, 3, 5)
   c.eval.batch_size = 1024
   c.eval.label_block = 32768
-  c.eval.max_test_rows = 0         # 0: all; >0 evaluates the first rows only (periodic evals)
+  c.eval.max_test_rows = 0  # 0: all; >0 evaluates the first rows only (periodic evals)
   # The final evaluation records its progress every this many test rows (rows done and the
   # metrics' partial sums), so that a preempted run resumes it instead of starting over.
   c.eval.progress_rows = 65536
@@ -231,29 +232,37 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
-
-
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises InputError naming the first bad field."""
+
   def need(cond, field, msg):
     if not cond:
       raise InputError(f"config.{field}: {msg}")
 
   need(c.data.dir, "data.dir", "no dataset directory given (--config.data.dir=PATH)")
-  need(c.data.tokenizer_dir or c.data.synthetic.enabled, "data.tokenizer_dir",
-       "no tokenizer directory given")
+  need(
+    c.data.tokenizer_dir or c.data.synthetic.enabled,
+    "data.tokenizer_dir",
+    "no tokenizer directory given",
+  )
   need(c.data.max_len >= 2, "data.max_len", f"must be >= 2, got {c.data.max_len}")
-  need(not c.data.synthetic.enabled
-       or c.data.synthetic.generator == synthetic.GENERATOR_VERSION, "data.synthetic.generator",
-       f"this astra_jax generates version {synthetic.GENERATOR_VERSION} of the synthetic data, "
-       f"not {c.data.synthetic.generator}")
+  need(
+    not c.data.synthetic.enabled or c.data.synthetic.generator == synthetic.GENERATOR_VERSION,
+    "data.synthetic.generator",
+    f"this astra_jax generates version {synthetic.GENERATOR_VERSION} of the synthetic data, "
+    f"not {c.data.synthetic.generator}",
+  )
   own_words = synthetic.SyntheticSpec.own_words
-  need(not c.data.synthetic.enabled or 0 <= c.data.synthetic.hidden_own_words <= own_words,
-       "data.synthetic.hidden_own_words",
-       f"must be in [0, {own_words}] (a label's own words), got "
-       f"{c.data.synthetic.hidden_own_words}")
-  need(c.data.layout in ("auto", "renee", "ngame", "json"), "data.layout",
-       f"unknown layout {c.data.layout!r}")
+  need(
+    not c.data.synthetic.enabled or 0 <= c.data.synthetic.hidden_own_words <= own_words,
+    "data.synthetic.hidden_own_words",
+    f"must be in [0, {own_words}] (a label's own words), got {c.data.synthetic.hidden_own_words}",
+  )
+  need(
+    c.data.layout in ("auto", "renee", "ngame", "json"),
+    "data.layout",
+    f"unknown layout {c.data.layout!r}",
+  )
   strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
   need(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   need(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
@@ -261,63 +270,119 @@ def validate(c: ml_collections.ConfigDict) -> None:
     # k_r = 0: hard negatives only, the paper's Figure 1 oracle and stale strategy (the
     # estimator then has no random term: the biased hard-only objective).
     need(c.negatives.k_r >= 0, "negatives.k_r", f"must be >= 0, got {c.negatives.k_r}")
-    need(c.negatives.k_h + c.negatives.k_r >= 1, "negatives.k_h",
-         f"k_h + k_r must be >= 1 (negatives per query), got {c.negatives.k_h} + "
-         f"{c.negatives.k_r}")
+    need(
+      c.negatives.k_h + c.negatives.k_r >= 1,
+      "negatives.k_h",
+      f"k_h + k_r must be >= 1 (negatives per query), got {c.negatives.k_h} + {c.negatives.k_r}",
+    )
   else:
-    need(c.negatives.k_r >= 1, "negatives.k_r",
-         f"must be >= 1, got {c.negatives.k_r} (0 only with strategy "
-         f"{', '.join(strategies.names(lambda s: s.allows_hard_only))}: hard negatives alone)")
+    need(
+      c.negatives.k_r >= 1,
+      "negatives.k_r",
+      f"must be >= 1, got {c.negatives.k_r} (0 only with strategy "
+      f"{', '.join(strategies.names(lambda s: s.allows_hard_only))}: hard negatives alone)",
+    )
   if strategy.hard_share is HardShare.CURRICULUM:
     # The hard share rises from k_h / (k_h + k_r) at tau_s: the batches keep k_r random
     # columns, and the total per query stays k_h + k_r.
     first = c.negatives.k_h / (c.negatives.k_h + c.negatives.k_r)
-    need(first <= c.negatives.curriculum_final_hard_fraction <= 1,
-         "negatives.curriculum_final_hard_fraction",
-         f"must be in [k_h / (k_h + k_r) = {first:.3g}, 1] (the curriculum's hard share "
-         f"rises from there), got {c.negatives.curriculum_final_hard_fraction}")
-  need(c.negatives.random_draws in ("per_query", "shared"), "negatives.random_draws",
-       f"use per_query or shared, got {c.negatives.random_draws!r}")
-  need(c.negatives.index in ("auto", "exact", "scann"), "negatives.index",
-       f"unknown index {c.negatives.index!r}; use auto, exact or scann")
-  need(c.negatives.scann_rows_per_query >= 0, "negatives.scann_rows_per_query",
-       f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}")
-  need(c.negatives.refresh_threads >= 0, "negatives.refresh_threads", "must be >= 0 (0: the "
-       "task's CPUs less the input threads)")
-  need(c.negatives.inject_fault in ("", "raise", "kill"), "negatives.inject_fault",
-       "use '', 'raise' or 'kill'")
-  for field in ("train.batch_size", "train.grad_accum_steps", "train.log_every_steps",
-                "train.input_threads", "eval.batch_size", "checkpoint.keep"):
+    need(
+      first <= c.negatives.curriculum_final_hard_fraction <= 1,
+      "negatives.curriculum_final_hard_fraction",
+      f"must be in [k_h / (k_h + k_r) = {first:.3g}, 1] (the curriculum's hard share "
+      f"rises from there), got {c.negatives.curriculum_final_hard_fraction}",
+    )
+  need(
+    c.negatives.random_draws in ("per_query", "shared"),
+    "negatives.random_draws",
+    f"use per_query or shared, got {c.negatives.random_draws!r}",
+  )
+  need(
+    c.negatives.index in ("auto", "exact", "scann"),
+    "negatives.index",
+    f"unknown index {c.negatives.index!r}; use auto, exact or scann",
+  )
+  need(
+    c.negatives.scann_rows_per_query >= 0,
+    "negatives.scann_rows_per_query",
+    f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}",
+  )
+  need(
+    c.negatives.refresh_threads >= 0,
+    "negatives.refresh_threads",
+    "must be >= 0 (0: the task's CPUs less the input threads)",
+  )
+  need(
+    c.negatives.inject_fault in ("", "raise", "kill"),
+    "negatives.inject_fault",
+    "use '', 'raise' or 'kill'",
+  )
+  for field in (
+    "train.batch_size",
+    "train.grad_accum_steps",
+    "train.log_every_steps",
+    "train.input_threads",
+    "eval.batch_size",
+    "checkpoint.keep",
+  ):
     section, name = field.split(".")
     need(c[section][name] >= 1, field, f"must be >= 1, got {c[section][name]}")
-  need(c.optim.classifier_update in ("sparse", "dense"), "optim.classifier_update",
-       f"use sparse or dense, got {c.optim.classifier_update!r}")
-  need(0 <= c.optim.classifier_momentum < 1, "optim.classifier_momentum",
-       f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}")
+  need(
+    c.optim.classifier_update in ("sparse", "dense"),
+    "optim.classifier_update",
+    f"use sparse or dense, got {c.optim.classifier_update!r}",
+  )
+  need(
+    0 <= c.optim.classifier_momentum < 1,
+    "optim.classifier_momentum",
+    f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}",
+  )
   need(c.train.epochs >= 1, "train.epochs", "must be >= 1")
   dense = c.optim.classifier_update == "dense" or strategy.dense_update_only
-  need(not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
-       "encoder.dtype", "float16 needs loss scaling, which only the sparse step does; the "
-       "dense update (optim.classifier_update=dense, or a dense-only strategy: " +
-       ", ".join(strategies.names(lambda s: s.dense_update_only)) + ") runs in "
-       "float32 or bfloat16")
-  need(c.optim.classifier_lr * c.optim.classifier_weight_decay < 1,
-       "optim.classifier_weight_decay", f"classifier_lr x classifier_weight_decay = "
-       f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
-       "by 1 - lr wd <= 0")
-  need(c.encoder.dtype in ("float32", "bfloat16", "float16"), "encoder.dtype",
-       f"unknown dtype {c.encoder.dtype!r}")
-  need(c.encoder.matmul_precision in MATMUL_PRECISIONS, "encoder.matmul_precision",
-       f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}")
+  need(
+    not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
+    "encoder.dtype",
+    "float16 needs loss scaling, which only the sparse step does; the "
+    "dense update (optim.classifier_update=dense, or a dense-only strategy: "
+    + ", ".join(strategies.names(lambda s: s.dense_update_only))
+    + ") runs in "
+    "float32 or bfloat16",
+  )
+  need(
+    c.optim.classifier_lr * c.optim.classifier_weight_decay < 1,
+    "optim.classifier_weight_decay",
+    f"classifier_lr x classifier_weight_decay = "
+    f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
+    "by 1 - lr wd <= 0",
+  )
+  need(
+    c.encoder.dtype in ("float32", "bfloat16", "float16"),
+    "encoder.dtype",
+    f"unknown dtype {c.encoder.dtype!r}",
+  )
+  need(
+    c.encoder.matmul_precision in MATMUL_PRECISIONS,
+    "encoder.matmul_precision",
+    f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}",
+  )
   need(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   need(c.eval.progress_rows >= 1, "eval.progress_rows", "must be >= 1")
   need(c.eval.final_max_rows >= 0, "eval.final_max_rows", "must be >= 0 (0: every test row)")
-  need(c.negatives.on_refresh_failure in ("continue", "fail"), "negatives.on_refresh_failure",
-       f"must be continue or fail, got {c.negatives.on_refresh_failure!r}")
-  need(c.eval.search in ("exact", "scann"), "eval.search",
-       f"must be exact or scann, got {c.eval.search!r}")
-  need(0 <= c.data.validation_fraction < 1, "data.validation_fraction",
-       f"must be in [0, 1), got {c.data.validation_fraction}")
+  need(
+    c.negatives.on_refresh_failure in ("continue", "fail"),
+    "negatives.on_refresh_failure",
+    f"must be continue or fail, got {c.negatives.on_refresh_failure!r}",
+  )
+  need(
+    c.eval.search in ("exact", "scann"),
+    "eval.search",
+    f"must be exact or scann, got {c.eval.search!r}",
+  )
+  need(
+    0 <= c.data.validation_fraction < 1,
+    "data.validation_fraction",
+    f"must be in [0, 1), got {c.data.validation_fraction}",
+  )
   need(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")
   need(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
   classifier_init.validate(c)
@@ -325,13 +390,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
   need(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
   need(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
   need(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")
-  need(c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0, "warmstart",
-       "lr and inverse_temperature must be > 0")
+  need(
+    c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0,
+    "warmstart",
+    "lr and inverse_temperature must be > 0",
+  )
   need(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
-  need(c.encoder.arch in architectures.names(), "encoder.arch",
-       f"unknown {c.encoder.arch!r}; use one of {', '.join(architectures.names())}")
-  need(c.encoder.ngram.orders >= 1 and c.encoder.ngram.hash_buckets >= 1, "encoder.ngram",
-       "orders and hash_buckets must be >= 1")
+  need(
+    c.encoder.arch in architectures.names(),
+    "encoder.arch",
+    f"unknown {c.encoder.arch!r}; use one of {', '.join(architectures.names())}",
+  )
+  need(
+    c.encoder.ngram.orders >= 1 and c.encoder.ngram.hash_buckets >= 1,
+    "encoder.ngram",
+    "orders and hash_buckets must be >= 1",
+  )
   need(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")
   encoder_source.check(c.encoder)
 

@@ -7,13 +7,19 @@ workers of an 8-GPU node would each start one thread per core beside the input p
 The budget is the task's share: SLURM_CPUS_PER_TASK where SLURM sets it, and never more than
 the CPUs this process may run on (`os.sched_getaffinity`, which cgroups and taskset narrow).
 """
+
 from __future__ import annotations
 
 import os
 
 # The variables the BLAS / OpenMP runtimes numpy and ScaNN load read once, at start-up.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                    "BLIS_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_VARIABLES = (
+  "OMP_NUM_THREADS",
+  "OPENBLAS_NUM_THREADS",
+  "MKL_NUM_THREADS",
+  "BLIS_NUM_THREADS",
+  "NUMEXPR_NUM_THREADS",
+)
 
 
 def task_cpus(environ=os.environ) -> int:

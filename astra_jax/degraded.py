@@ -5,6 +5,7 @@ checkpoint's progress record (so it survives resume) and ends in results.json as
 "degraded". All zeros: the run did what its config says. (No checkpoint is ever skipped:
 a save that cannot be written stops the run, see faults.py.)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,14 +23,15 @@ LATE_REFRESH_S = 1.0
 @dataclasses.dataclass
 class Degraded:
   """Counts of fallbacks; every field an int, a new field defaults to 0 for old records."""
-  refreshes_failed: int = 0        # the epoch kept the previous (or random) negatives
-  refreshes_late: int = 0          # training waited over LATE_REFRESH_S for a refresh
+
+  refreshes_failed: int = 0  # the epoch kept the previous (or random) negatives
+  refreshes_late: int = 0  # training waited over LATE_REFRESH_S for a refresh
   epochs_random_for_hard: int = 0  # the schedule wanted hard negatives, none existed
   epochs_without_their_refresh: int = 0  # the newest refresh due had failed: the epoch
-                                         # trained on older (or random) negatives
-  evals_on_subset: int = 0         # evaluations on the first test rows only (eval.max_test_rows,
-                                   # eval.final_max_rows)
-  checkpoints_set_aside: int = 0   # damaged at resume: moved to checkpoints/damaged/
+  # trained on older (or random) negatives
+  evals_on_subset: int = 0  # evaluations on the first test rows only (eval.max_test_rows,
+  # eval.final_max_rows)
+  checkpoints_set_aside: int = 0  # damaged at resume: moved to checkpoints/damaged/
 
   def note(self, field: str, message: str, *args) -> None:
     """Counts one fallback of kind `field` and logs `message % args` as a warning."""
@@ -51,8 +53,15 @@ class RefreshFailedStop(InputError):
   (the checkpoint before the epoch still lists the refresh, so a rerun retries it)."""
 
 
-def note_epoch_start(degraded: Degraded, hard_negatives, refreshes_before: int, epoch: int,
-                     pipelined: bool, split: dict, on_failure: str = "continue") -> None:
+def note_epoch_start(
+  degraded: Degraded,
+  hard_negatives,
+  refreshes_before: int,
+  epoch: int,
+  pipelined: bool,
+  split: dict,
+  on_failure: str = "continue",
+) -> None:
   """After HardNegatives.start_epoch: counts a failed or late refresh among the refreshes it
   added (from index `refreshes_before`), and hard negatives the schedule wanted but the
   epoch trains without (random ones in their place).
@@ -73,23 +82,37 @@ def note_epoch_start(degraded: Degraded, hard_negatives, refreshes_before: int, 
     if not stats.get("ok"):
       if on_failure == "fail":
         raise RefreshFailedStop(
-            f"negatives: the refresh for epoch {stats.get('epoch')} failed "
-            f"({stats.get('error')}); negatives.on_refresh_failure=fail stops the run. Rerun "
-            "the same command to retry it from the last checkpoint, or pass "
-            "--config.negatives.on_refresh_failure=continue to train on with the previous "
-            "negatives")
+          f"negatives: the refresh for epoch {stats.get('epoch')} failed "
+          f"({stats.get('error')}); negatives.on_refresh_failure=fail stops the run. Rerun "
+          "the same command to retry it from the last checkpoint, or pass "
+          "--config.negatives.on_refresh_failure=continue to train on with the previous "
+          "negatives"
+        )
       degraded.refreshes_failed += 1
     elif pipelined and stats.get("wait_s", 0.0) > LATE_REFRESH_S:
-      degraded.note("refreshes_late", "negatives: the refresh for epoch %d was late: "
-                    "training waited %.1fs for it", epoch, stats["wait_s"])
+      degraded.note(
+        "refreshes_late",
+        "negatives: the refresh for epoch %d was late: training waited %.1fs for it",
+        epoch,
+        stats["wait_s"],
+      )
   due = [r for r in hard_negatives.schedule.refresh_epochs if r <= epoch]
   if due and hard_negatives.current_epoch != due[-1]:
-    degraded.note("epochs_without_their_refresh", "negatives: epoch %d trains with %s: the "
-                  "refresh for epoch %d failed", epoch,
-                  "random negatives" if hard_negatives.current_epoch is None else
-                  f"the negatives of the refresh for epoch {hard_negatives.current_epoch}",
-                  due[-1])
+    degraded.note(
+      "epochs_without_their_refresh",
+      "negatives: epoch %d trains with %s: the refresh for epoch %d failed",
+      epoch,
+      "random negatives"
+      if hard_negatives.current_epoch is None
+      else f"the negatives of the refresh for epoch {hard_negatives.current_epoch}",
+      due[-1],
+    )
   wanted, _ = hard_negatives.schedule.split(epoch, True)
   if wanted and not split.num_hard:
-    degraded.note("epochs_random_for_hard", "negatives: epoch %d trains with random negatives "
-                  "in place of its %d hard ones (no hard negatives yet)", epoch, wanted)
+    degraded.note(
+      "epochs_random_for_hard",
+      "negatives: epoch %d trains with random negatives "
+      "in place of its %d hard ones (no hard negatives yet)",
+      epoch,
+      wanted,
+    )

@@ -6,6 +6,7 @@ libraries a `module load cuda` path shadowed, or a task confined to one GPU, fal
 fewer devices or to the CPU with only a warning; and a mesh of fewer devices than the run
 has (mesh.data=1) leaves GPUs idle. Both are one `error:` line here instead.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,15 +37,18 @@ def check_devices(devices, environ=os.environ) -> None:
   if len(gpus) != want:
     seen = f"{len(devices)} {devices[0].platform} device(s)" if devices else "no devices"
     raise InputError(
-        f"{EXPECT_VARIABLE}={want}: the launcher planned for {want} GPUs, jax sees {seen} "
-        f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): install "
-        "jax with CUDA (pip install -e '.[cuda12]'), keep `module load cuda` paths out of "
-        "LD_LIBRARY_PATH, and do not confine a task to one GPU (launch/README.md)")
+      f"{EXPECT_VARIABLE}={want}: the launcher planned for {want} GPUs, jax sees {seen} "
+      f"(CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): install "
+      "jax with CUDA (pip install -e '.[cuda12]'), keep `module load cuda` paths out of "
+      "LD_LIBRARY_PATH, and do not confine a task to one GPU (launch/README.md)"
+    )
 
 
 def check_mesh(mesh_size: int, environ=os.environ) -> None:
   """Raises InputError when the launcher planned for more GPUs than the mesh uses."""
   want = expected_gpus(environ)
   if want is not None and mesh_size != want:
-    raise InputError(f"config.mesh: the mesh uses {mesh_size} of the run's {want} GPUs; "
-                     "--config.mesh.data=-1 uses all of them")
+    raise InputError(
+      f"config.mesh: the mesh uses {mesh_size} of the run's {want} GPUs; "
+      "--config.mesh.data=-1 uses all of them"
+    )

@@ -5,6 +5,7 @@ auto): a SLURM job step with more than one task (jax reads the rest from SLURM's
 or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID set (any launcher; how the
 tests start two local CPU processes). CPU processes exchange collectives through gloo.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,7 @@ def requested(mode: str, environ=os.environ) -> bool:
   if mode not in ("auto", "on", "off"):
     raise InputError(f"config.mesh.distributed: use auto, on or off, got {mode!r}")
   if mode == "auto":
-    return (int(environ.get("SLURM_NTASKS", "1")) > 1 or
-            any(k in environ for k in _EXPLICIT))
+    return int(environ.get("SLURM_NTASKS", "1")) > 1 or any(k in environ for k in _EXPLICIT)
   return mode == "on"
 
 
@@ -36,13 +36,17 @@ def initialize_kwargs(environ=os.environ) -> dict:
   given = [k for k in _EXPLICIT if k in environ]
   if given and len(given) < len(_EXPLICIT):
     missing = ", ".join(k for k in _EXPLICIT if k not in environ)
-    raise InputError(f"{', '.join(given)} set without {missing}: a multi-process run needs "
-                     "all three (or none, under SLURM)")
+    raise InputError(
+      f"{', '.join(given)} set without {missing}: a multi-process run needs "
+      "all three (or none, under SLURM)"
+    )
   kwargs = {}
   if given:
-    kwargs = dict(coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
-                  num_processes=int(environ["JAX_NUM_PROCESSES"]),
-                  process_id=int(environ["JAX_PROCESS_ID"]))
+    kwargs = dict(
+      coordinator_address=environ["JAX_COORDINATOR_ADDRESS"],
+      num_processes=int(environ["JAX_NUM_PROCESSES"]),
+      process_id=int(environ["JAX_PROCESS_ID"]),
+    )
   visible = [d for d in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
   if "SLURM_LOCALID" in environ and len(visible) == 1:
     kwargs["local_device_ids"] = [0]

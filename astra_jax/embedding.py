@@ -1,5 +1,6 @@
 """E(x) of token rows outside the train step: evaluation, the refresh's inputs, the
 classifier's initialisation. Multi-process runs compute on each process's own copy."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -23,7 +24,7 @@ def embed(embed_fn: EmbedFn, enc_params, tokens, batch_size: int) -> np.ndarray:
   so that one compilation serves all)."""
   out = []
   for start in range(0, len(tokens), batch_size):
-    ids = np.asarray(tokens[start:start + batch_size], np.int32)
+    ids = np.asarray(tokens[start : start + batch_size], np.int32)
     m = len(ids)
     if m < batch_size:
       ids = np.pad(ids, ((0, batch_size - m), (0, 0)))
@@ -31,8 +32,9 @@ def embed(embed_fn: EmbedFn, enc_params, tokens, batch_size: int) -> np.ndarray:
   return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def embed_rows(embed_fn: EmbedFn, enc_params, tokens, rows: np.ndarray,
-               batch_size: int) -> np.ndarray:
+def embed_rows(
+  embed_fn: EmbedFn, enc_params, tokens, rows: np.ndarray, batch_size: int
+) -> np.ndarray:
   """E(x) of the given rows of `tokens`, in the rows' order (read in ascending order: a
   memory-mapped token file is read forward)."""
   order = np.argsort(rows)

@@ -7,6 +7,7 @@ SCORES.txt is a sparse score matrix in the repository's text format (`label:scor
 row). Filtered (row, label) pairs are removed from the predictions before the top-k is taken;
 the truth is left as it is. Prints P@k, nDCG@k, PSP@k, PSnDCG@k (x100) for k = 1, 3, 5.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,23 +26,29 @@ def ranked_from_scores(scores: xc_format.SparseRows, k: int) -> np.ndarray:
   for i in range(scores.num_rows):
     ids, s = scores.row(i), scores.row_values(i)
     order = np.lexsort((ids, -s))[:k]
-    out[i, :len(order)] = ids[order]
+    out[i, : len(order)] = ids[order]
   return out
 
 
-def evaluate_files(pred: str, truth: str, train: str, filter_path: str | None, A: float,
-                   B: float, ks=(1, 3, 5)) -> dict[str, float]:
+def evaluate_files(
+  pred: str, truth: str, train: str, filter_path: str | None, A: float, B: float, ks=(1, 3, 5)
+) -> dict[str, float]:
   truth_m = xc_format.read_sparse(truth)
   train_m = xc_format.read_sparse(train, truth_m.num_cols)
   pred_m = xc_format.read_sparse(pred, truth_m.num_cols)
   if pred_m.num_rows != truth_m.num_rows:
-    raise xc_format.XCFormatError(pred, None, f"{pred_m.num_rows} rows, but {truth} has "
-                                  f"{truth_m.num_rows}")
-  filt = (xc_format.read_filter(filter_path, truth_m.num_rows, truth_m.num_cols)
-          if filter_path else np.zeros((0, 2), np.int64))
+    raise xc_format.XCFormatError(
+      pred, None, f"{pred_m.num_rows} rows, but {truth} has {truth_m.num_rows}"
+    )
+  filt = (
+    xc_format.read_filter(filter_path, truth_m.num_rows, truth_m.num_cols)
+    if filter_path
+    else np.zeros((0, 2), np.int64)
+  )
   inv = metrics.inverse_propensity(train_m, A, B)
-  return evaluation.rank_filter_score(lambda k: ranked_from_scores(pred_m, k), truth_m, filt,
-                                      inv, tuple(ks))
+  return evaluation.rank_filter_score(
+    lambda k: ranked_from_scores(pred_m, k), truth_m, filt, inv, tuple(ks)
+  )
 
 
 def define_flags() -> None:

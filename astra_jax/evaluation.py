@@ -6,6 +6,7 @@ A ranker is asked for k labels per test row, k = max(ks) + the most filtered pai
 row, so that max(ks) remain after the filter removes its (row, label) pairs; then
 metrics.py scores the top max(ks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,13 @@ from astra_jax.embedding import EmbedFn, embed, host_local
 Ranker = Callable[[int], np.ndarray]  # k -> (n, >= k) label ids, best first (-1: none)
 
 
-def rank_filter_sums(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
-                     inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
+def rank_filter_sums(
+  rank: Ranker,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
   """metrics.row_sums of a ranking after the filter: the one scoring path.
 
   Args:
@@ -41,14 +47,21 @@ def rank_filter_sums(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
   return metrics.row_sums(ranked, truth, inv_prop, ks)
 
 
-def zero_sums(truth: SparseRows, inv_prop: np.ndarray | None,
-              ks: tuple[int, ...]) -> dict[str, float]:
+def zero_sums(
+  truth: SparseRows, inv_prop: np.ndarray | None, ks: tuple[int, ...]
+) -> dict[str, float]:
   """metrics.row_sums of no rows: every key the metrics have, each zero."""
   return metrics.row_sums(np.zeros((0, max(ks)), np.int64), truth.row_range(0, 0), inv_prop, ks)
 
 
-def ranked_rows_sums(ids: np.ndarray, first: int, truth: SparseRows, filter_pairs: np.ndarray,
-                     inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
+def ranked_rows_sums(
+  ids: np.ndarray,
+  first: int,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
   """`rank_filter_sums` of test rows [first, first + len(ids)) already ranked as `ids`
   (at least max(ks) + their most filtered pairs labels each); `filter_pairs` may hold other
   rows' pairs too (global row ids)."""
@@ -58,8 +71,13 @@ def ranked_rows_sums(ids: np.ndarray, first: int, truth: SparseRows, filter_pair
   return rank_filter_sums(lambda _: ids, truth.row_range(first, last), mine, inv_prop, ks)
 
 
-def rank_filter_score(rank: Ranker, truth: SparseRows, filter_pairs: np.ndarray,
-                      inv_prop: np.ndarray | None, ks: tuple[int, ...]) -> dict[str, float]:
+def rank_filter_score(
+  rank: Ranker,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
   """`rank_filter_sums` as metrics x100 (P@k, nDCG@k and, with inv_prop, PSP@k, PSnDCG@k)."""
   sums = rank_filter_sums(rank, truth, filter_pairs, inv_prop, ks)
   return metrics.as_percent(metrics.from_sums(sums, truth.num_rows, ks))
@@ -72,6 +90,7 @@ def popularity_ranker(train_labels: SparseRows, num_rows: int) -> Ranker:
   def rank(k: int) -> np.ndarray:
     top = np.argsort(-counts, kind="stable")[:k]
     return np.broadcast_to(top, (num_rows, len(top)))
+
   return rank
 
 
@@ -94,6 +113,7 @@ class ModelEvaluator:
     ks: the cut-offs.
     batch_size: query rows per compiled call.
   """
+
   search: sharded_topk.ShardedSearch
   embed_fn: EmbedFn
   encoder: Any
@@ -106,20 +126,37 @@ class ModelEvaluator:
   batch_size: int
 
   @classmethod
-  def for_model(cls, mesh: jax.sharding.Mesh, embed_fn: EmbedFn, params: dict,
-                data: dataset.XCData, config, inv_prop: np.ndarray | None) -> ModelEvaluator:
+  def for_model(
+    cls,
+    mesh: jax.sharding.Mesh,
+    embed_fn: EmbedFn,
+    params: dict,
+    data: dataset.XCData,
+    config,
+    inv_prop: np.ndarray | None,
+  ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1])
     texts = None
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
-      texts = embed(embed_fn, host_local(params["encoder"]), data.label_tokens,
-                    config.eval.batch_size)
+      texts = embed(
+        embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size
+      )
     search = sharded_topk.ShardedSearch(mesh, data.num_labels, config.eval.label_block, fusion)
-    return cls(search, embed_fn, params["encoder"], search.label_parts(w, texts),
-               data.test_tokens, data.test_labels, data.test_filter, inv_prop,
-               tuple(config.eval.ks), config.eval.batch_size)
+    return cls(
+      search,
+      embed_fn,
+      params["encoder"],
+      search.label_parts(w, texts),
+      data.test_tokens,
+      data.test_labels,
+      data.test_filter,
+      inv_prop,
+      tuple(config.eval.ks),
+      config.eval.batch_size,
+    )
 
   def block_sums(self, lo: int, hi: int) -> dict[str, float]:
     """metrics.row_sums of test rows [lo, hi), summed over every process."""
@@ -127,10 +164,12 @@ class ModelEvaluator:
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
     sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
-    for first, ids in self.search.search_rows(self.embed_fn, self.encoder, self.tokens, lo, hi,
-                                              k, self.label_parts, self.batch_size):
-      sums = metrics.add_sums(sums, ranked_rows_sums(ids, first, self.truth, block_filter,
-                                                     self.inv_prop, self.ks))
+    for first, ids in self.search.search_rows(
+      self.embed_fn, self.encoder, self.tokens, lo, hi, k, self.label_parts, self.batch_size
+    ):
+      sums = metrics.add_sums(
+        sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
+      )
     return distributed.sum_over_processes(sums)
 
   def score(self, num_rows: int | None = None) -> dict[str, float]:
@@ -140,26 +179,39 @@ class ModelEvaluator:
 
 
 # ----------------------------------------------------------------- training's evaluations
-def evaluate_model(mesh: jax.sharding.Mesh, embed_fn: EmbedFn, params: dict,
-                   data: dataset.XCData, config, inv_prop: np.ndarray,
-                   max_rows: int = 0) -> dict[str, float]:
+def evaluate_model(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  max_rows: int = 0,
+) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
   return ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop).score(n)
 
 
-def popularity_baseline(data: dataset.XCData, config, inv_prop: np.ndarray,
-                        num_rows: int | None = None) -> dict[str, float]:
+def popularity_baseline(
+  data: dataset.XCData, config, inv_prop: np.ndarray, num_rows: int | None = None
+) -> dict[str, float]:
   """Every test row (the first `num_rows`) gets the most frequent training labels (filter
   applied)."""
   n = data.test_labels.num_rows if num_rows is None else num_rows
   filt = data.test_filter[data.test_filter[:, 0] < n]
-  return rank_filter_score(popularity_ranker(data.train_labels, n), data.test_labels.head(n),
-                           filt, inv_prop, tuple(config.eval.ks))
+  return rank_filter_score(
+    popularity_ranker(data.train_labels, n),
+    data.test_labels.head(n),
+    filt,
+    inv_prop,
+    tuple(config.eval.ks),
+  )
 
 
-def knn_diagnostic(embed_fn: EmbedFn, params: dict, train_data: dataset.XCData,
-                   eval_data: dataset.XCData, config) -> dict[str, float]:
+def knn_diagnostic(
+  embed_fn: EmbedFn, params: dict, train_data: dataset.XCData, eval_data: dataset.XCData, config
+) -> dict[str, float]:
   """`eval.knn_diagnostic` > 0: {"kNN-E P@k": ...}, the vote of that many nearest original
   training rows under the encoder's own embeddings (knn.py); {} when off."""
   k = config.eval.knn_diagnostic
@@ -169,14 +221,14 @@ def knn_diagnostic(embed_fn: EmbedFn, params: dict, train_data: dataset.XCData,
   bs = config.eval.batch_size
   n_train = train_data.num_train_original
   keys = embed(embed_fn, enc, train_data.train_tokens[np.arange(n_train)], bs)
-  queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))],
-                  bs)
+  queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))], bs)
   neighbors, sims = knn.embedding_neighbors(queries, keys, k)
   train_labels = train_data.train_labels.head(n_train)
 
   def rank(k_out: int) -> np.ndarray:
     return knn.vote(neighbors, sims, train_labels, k_out)
-  m = rank_filter_score(rank, eval_data.test_labels, eval_data.test_filter, None,
-                        tuple(config.eval.ks))
-  return {f"kNN-E {name}": v for name, v in m.items() if name.startswith("P@")}
 
+  m = rank_filter_score(
+    rank, eval_data.test_labels, eval_data.test_filter, None, tuple(config.eval.ks)
+  )
+  return {f"kNN-E {name}": v for name, v in m.items() if name.startswith("P@")}

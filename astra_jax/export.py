@@ -17,6 +17,7 @@ The directory is written under a temporary name and renamed into place, so a cra
 leaves a half-written `model/` that a later run would trust. Re-exporting replaces the whole
 directory, including any ScaNN index cached inside it (it indexed the old W).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,12 +52,13 @@ class ModelNotFoundError(InputError, FileNotFoundError):
 class Model:
   """A trained model as `load_model` reads it from WORKDIR/model: the encoder (config,
   graph and parameters), W, the tokenizer's directory and the label texts."""
-  path: str                      # WORKDIR/model
-  model_id: str                  # changes on every export (keys cached indexes)
+
+  path: str  # WORKDIR/model
+  model_id: str  # changes on every export (keys cached indexes)
   encoder_cfg: EncoderShape
   graphdef: nnx.GraphDef
   encoder_params: nnx.State
-  classifier: np.ndarray         # (L, d) float32, memory-mapped
+  classifier: np.ndarray  # (L, d) float32, memory-mapped
   tokenizer_dir: str
   max_len: int
   pad_id: int
@@ -107,23 +109,37 @@ def copy_tokenizer(src: str, dst: str) -> None:
 
 
 def _flat_params(params: nnx.State) -> dict[str, np.ndarray]:
-  return {"/".join(map(str, path)): np.asarray(var.get_value(), np.float32)
-          for path, var in nnx.to_flat_state(params)}
+  return {
+    "/".join(map(str, path)): np.asarray(var.get_value(), np.float32)
+    for path, var in nnx.to_flat_state(params)
+  }
 
 
-def save_model(workdir: str, *, encoder_cfg: EncoderShape, encoder_params: nnx.State,
-               classifier: np.ndarray | str, tokenizer_dir: str, max_len: int, pad_id: int,
-               label_texts: list[str] | None = None, train_config: dict | None = None,
-               extra: dict | None = None) -> str:
+def save_model(
+  workdir: str,
+  *,
+  encoder_cfg: EncoderShape,
+  encoder_params: nnx.State,
+  classifier: np.ndarray | str,
+  tokenizer_dir: str,
+  max_len: int,
+  pad_id: int,
+  label_texts: list[str] | None = None,
+  train_config: dict | None = None,
+  extra: dict | None = None,
+) -> str:
   """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
   the path of a finished float32 .npy of it (write_classifier_rows), moved into the model."""
   from safetensors.numpy import save as safetensors_save
+
   rows_file = classifier if isinstance(classifier, str) else None
-  classifier = (np.load(rows_file, mmap_mode="r") if rows_file
-                else np.asarray(classifier, np.float32))
+  classifier = (
+    np.load(rows_file, mmap_mode="r") if rows_file else np.asarray(classifier, np.float32)
+  )
   if classifier.ndim != 2 or classifier.shape[1] != encoder_cfg.embed_dim:
-    raise ValueError(f"classifier shape {classifier.shape} does not match the encoder's "
-                     f"d={encoder_cfg.embed_dim}")
+    raise ValueError(
+      f"classifier shape {classifier.shape} does not match the encoder's d={encoder_cfg.embed_dim}"
+    )
   if label_texts is not None and len(label_texts) != len(classifier):
     raise ValueError(f"{len(label_texts)} label texts for {len(classifier)} classifier rows")
   dest = model_dir(workdir)
@@ -143,13 +159,19 @@ def save_model(workdir: str, *, encoder_cfg: EncoderShape, encoder_params: nnx.S
       xc_format.write_texts(os.path.join(tmp, "labels.txt"), label_texts)
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(train_config or {}, f, indent=1)
-    meta = {"format_version": FORMAT_VERSION, "model_id": uuid.uuid4().hex,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "encoder_arch": architectures.of_shape(encoder_cfg).name,
-            "encoder": dataclasses.asdict(encoder_cfg), "max_len": int(max_len),
-            "pad_id": int(pad_id), "num_labels": int(classifier.shape[0]),
-            "embed_dim": int(classifier.shape[1]), "label_texts": label_texts is not None,
-            **(extra or {})}
+    meta = {
+      "format_version": FORMAT_VERSION,
+      "model_id": uuid.uuid4().hex,
+      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+      "encoder_arch": architectures.of_shape(encoder_cfg).name,
+      "encoder": dataclasses.asdict(encoder_cfg),
+      "max_len": int(max_len),
+      "pad_id": int(pad_id),
+      "num_labels": int(classifier.shape[0]),
+      "embed_dim": int(classifier.shape[1]),
+      "label_texts": label_texts is not None,
+      **(extra or {}),
+    }
     with open(os.path.join(tmp, "model.json"), "w") as f:  # last: marks the model complete
       json.dump(meta, f, indent=1)
     replace_dir(tmp, dest)
@@ -179,27 +201,37 @@ def write_classifier_rows(classifier, num_labels: int, path: str) -> None:
     path: the .npy to write (replaced).
   """
   if distributed.is_leader():
-    np.lib.format.open_memmap(path, mode="w+", dtype=np.float32,
-                              shape=(num_labels, classifier.shape[1])).flush()
+    np.lib.format.open_memmap(
+      path, mode="w+", dtype=np.float32, shape=(num_labels, classifier.shape[1])
+    ).flush()
   distributed.barrier("export: classifier file created")
   out = np.load(path, mmap_mode="r+")
   # One writer per row: the first replica of each shard (data replicas hold copies).
-  shards = ([s for s in classifier.addressable_shards if s.replica_id == 0]
-            if isinstance(classifier, jax.Array) else [None])
+  shards = (
+    [s for s in classifier.addressable_shards if s.replica_id == 0]
+    if isinstance(classifier, jax.Array)
+    else [None]
+  )
   for shard in shards:
     start = 0 if shard is None else (shard.index[0].start or 0)
     if start >= num_labels:
       continue  # padding rows only
     rows = np.asarray(classifier if shard is None else shard.data, np.float32)
     stop = min(start + len(rows), num_labels)
-    out[start:stop] = rows[:stop - start]
+    out[start:stop] = rows[: stop - start]
   out.flush()
   del out
   distributed.barrier("export: classifier rows written")
 
 
-def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: dict,
-                       data: dataset.XCData, metrics: dict | None = None) -> str | None:
+def save_trained_model(
+  workdir: str,
+  config,
+  encoder_cfg: EncoderShape,
+  params: dict,
+  data: dataset.XCData,
+  metrics: dict | None = None,
+) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
   tokenizer and label texts of its dataset. Every process writes its own rows of W
   (write_classifier_rows); process 0 writes the rest."""
@@ -210,16 +242,25 @@ def save_trained_model(workdir: str, config, encoder_cfg: EncoderShape, params: 
   texts = label_texts_of(config.data, data.data_dir) if data.label_tokens is not None else None
   if texts is not None and config.data.get("label_subset", 0):  # the subset's, in its order
     from astra_jax.data.label_subset import sample_labels
+
     kept = sample_labels(len(texts), config.data.label_subset, config.data.label_subset_seed)
     texts = [texts[i] for i in kept]
-  return save_model(workdir, encoder_cfg=encoder_cfg, encoder_params=params["encoder"],
-                    classifier=rows_file,
-                    tokenizer_dir=config.data.tokenizer_dir, max_len=config.data.max_len,
-                    pad_id=data.pad_id, label_texts=texts,
-                    train_config=json.loads(config.to_json()),
-                    extra={"data_dir": os.path.abspath(data.data_dir),
-                           "test_metrics": metrics or {},
-                           "scoring": dict(config.get("scoring", {}))})
+  return save_model(
+    workdir,
+    encoder_cfg=encoder_cfg,
+    encoder_params=params["encoder"],
+    classifier=rows_file,
+    tokenizer_dir=config.data.tokenizer_dir,
+    max_len=config.data.max_len,
+    pad_id=data.pad_id,
+    label_texts=texts,
+    train_config=json.loads(config.to_json()),
+    extra={
+      "data_dir": os.path.abspath(data.data_dir),
+      "test_metrics": metrics or {},
+      "scoring": dict(config.get("scoring", {})),
+    },
+  )
 
 
 def load_model(workdir: str) -> Model:
@@ -235,23 +276,32 @@ def load_model(workdir: str) -> Model:
     InputError: a file of the model is unreadable or does not match model.json.
   """
   from safetensors.numpy import load_file
+
   path = model_dir(workdir)
   meta_path = os.path.join(path, "model.json")
   if not os.path.exists(meta_path):
-    why = ("the directory does not exist" if not os.path.isdir(workdir) else
-           f"{path} does not exist" if not os.path.isdir(path) else f"{meta_path} is missing")
+    why = (
+      "the directory does not exist"
+      if not os.path.isdir(workdir)
+      else f"{path} does not exist"
+      if not os.path.isdir(path)
+      else f"{meta_path} is missing"
+    )
     raise ModelNotFoundError(
-        f"no finished model in workdir {workdir!r}: {why}. A model is written at the end of "
-        f"training (python -m astra_jax.main --config=... --workdir={workdir}); a run that "
-        f"stopped early leaves none.")
+      f"no finished model in workdir {workdir!r}: {why}. A model is written at the end of "
+      f"training (python -m astra_jax.main --config=... --workdir={workdir}); a run that "
+      f"stopped early leaves none."
+    )
   try:
     with open(meta_path) as f:
       meta = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise InputError(f"{meta_path}: unreadable: {e}") from None
   if meta.get("format_version") != FORMAT_VERSION:
-    raise InputError(f"{meta_path}: format_version {meta.get('format_version')!r}, this code "
-                     f"reads {FORMAT_VERSION}")
+    raise InputError(
+      f"{meta_path}: format_version {meta.get('format_version')!r}, this code "
+      f"reads {FORMAT_VERSION}"
+    )
   try:
     cfg = architectures.shape_from_json(meta)
   except (TypeError, InputError) as e:
@@ -266,8 +316,9 @@ def load_model(workdir: str) -> Model:
     name = "/".join(map(str, p))
     if name not in tensors or tensors[name].shape != tuple(var.shape):
       got = tensors[name].shape if name in tensors else "missing"
-      raise InputError(f"{weights_path}: tensor {name!r} is {got}, model.json's encoder "
-                       f"wants {tuple(var.shape)}")
+      raise InputError(
+        f"{weights_path}: tensor {name!r} is {got}, model.json's encoder wants {tuple(var.shape)}"
+      )
     var.set_value(jnp.asarray(tensors[name], var.dtype))
   w_path = os.path.join(path, "classifier.npy")
   try:
@@ -275,12 +326,25 @@ def load_model(workdir: str) -> Model:
   except (OSError, ValueError) as e:
     raise InputError(f"{w_path}: cannot read: {e}") from None
   if w.shape != (meta["num_labels"], cfg.embed_dim) or w.dtype != np.float32:
-    raise InputError(f"{w_path}: {w.dtype} {w.shape}, model.json says float32 "
-                     f"({meta['num_labels']}, {cfg.embed_dim})")
+    raise InputError(
+      f"{w_path}: {w.dtype} {w.shape}, model.json says float32 "
+      f"({meta['num_labels']}, {cfg.embed_dim})"
+    )
   labels = None
   if meta.get("label_texts"):
     labels = xc_format.read_texts(os.path.join(path, "labels.txt"), "lines")
     if len(labels) != len(w):
       raise InputError(f"{path}/labels.txt: {len(labels)} lines for {len(w)} labels")
-  return Model(path, meta["model_id"], cfg, graphdef, params, w, os.path.join(path, "tokenizer"),
-               meta["max_len"], meta["pad_id"], labels, meta)
+  return Model(
+    path,
+    meta["model_id"],
+    cfg,
+    graphdef,
+    params,
+    w,
+    os.path.join(path, "tokenizer"),
+    meta["max_len"],
+    meta["pad_id"],
+    labels,
+    meta,
+  )

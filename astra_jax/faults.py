@@ -9,6 +9,7 @@ goes to a temporary name first and is renamed when complete (orbax's protocol fo
 checkpoints), so the last good checkpoint stays as it was and the same command resumes from it
 once space is freed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,9 +20,13 @@ import shutil
 from astra_jax import distributed
 
 # The errors a write meets when the disk, not the program, is at fault.
-DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-               errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
-               errno.EPERM: "operation not permitted"}
+DISK_ERRNOS = {
+  errno.ENOSPC: "no space left on the device",
+  errno.EDQUOT: "disk quota exceeded",
+  errno.EROFS: "read-only file system",
+  errno.EACCES: "permission denied",
+  errno.EPERM: "operation not permitted",
+}
 # TensorStore (orbax's writer) and a refresh worker's log keep only the error's text.
 _TEXTS = {os.strerror(code): code for code in DISK_ERRNOS}
 
@@ -32,12 +37,17 @@ class DiskFull(Exception):
   def __init__(self, path: str, nbytes: int | None, code: int):
     self.path, self.nbytes, self.code = path, nbytes, code
     self.free = free_bytes(path)
-    needed = (f"it needed about {human_bytes(nbytes)} (estimate)" if nbytes is not None
-              else "it needed an unknown amount")
+    needed = (
+      f"it needed about {human_bytes(nbytes)} (estimate)"
+      if nbytes is not None
+      else "it needed an unknown amount"
+    )
     free = f", {human_bytes(self.free)} free there" if self.free is not None else ""
-    action = ("free space" if code in (errno.ENOSPC, errno.EDQUOT) else "make it writable")
-    super().__init__(f"{path}: cannot write ({DISK_ERRNOS[code]}): {needed}{free}; {action} "
-                     "and rerun the same command to resume from the last checkpoint")
+    action = "free space" if code in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+    super().__init__(
+      f"{path}: cannot write ({DISK_ERRNOS[code]}): {needed}{free}; {action} "
+      "and rerun the same command to resume from the last checkpoint"
+    )
 
 
 def human_bytes(n: int) -> str:

@@ -8,6 +8,7 @@ trained state they belong to (a record of another state is ignored). A stop requ
 (SIGTERM) is honoured after a block, and the rerun starts after the last block recorded;
 the blocks, and so the sums, are the same as an uninterrupted run's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,10 @@ PROGRESS_FILE = "final_eval_progress.json"
 @dataclasses.dataclass
 class EvalProgress:
   """How far the final evaluation of one trained state got."""
-  global_step: int          # the trained state evaluated
-  rows_done: int            # test rows [0, rows_done) are in `sums`
-  sums: dict[str, float]    # metrics.row_sums over those rows
+
+  global_step: int  # the trained state evaluated
+  rows_done: int  # test rows [0, rows_done) are in `sums`
+  sums: dict[str, float]  # metrics.row_sums over those rows
 
   def save(self, path: str) -> None:
     with xc_format.atomic_text_writer(path) as f:
@@ -51,9 +53,15 @@ class EvalInterrupted(Exception):
   """A stop was requested during the final evaluation; its progress is recorded."""
 
 
-def evaluate(block_sums: Callable[[int, int], dict[str, float]], num_rows: int,
-             ks: tuple[int, ...], progress_rows: int, workdir: str, global_step: int,
-             stop_requested: Callable[[], bool]) -> dict[str, float]:
+def evaluate(
+  block_sums: Callable[[int, int], dict[str, float]],
+  num_rows: int,
+  ks: tuple[int, ...],
+  progress_rows: int,
+  workdir: str,
+  global_step: int,
+  stop_requested: Callable[[], bool],
+) -> dict[str, float]:
   """The test set's metrics (x100), resumed from `workdir`'s progress record.
 
   Args:
@@ -84,8 +92,9 @@ def evaluate(block_sums: Callable[[int, int], dict[str, float]], num_rows: int,
     if distributed.is_leader():
       progress.save(path)
     if hi < n and distributed.any_true([stop_requested()])[0]:
-      raise EvalInterrupted(f"final evaluation stopped after {hi} of {n} test rows "
-                            "(progress recorded)")
+      raise EvalInterrupted(
+        f"final evaluation stopped after {hi} of {n} test rows (progress recorded)"
+      )
   return metrics.as_percent(metrics.from_sums(progress.sums, n, ks))
 
 

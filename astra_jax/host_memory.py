@@ -25,6 +25,7 @@ benchmarks/step_vs_labels.py (shared random draws) took 4.2 ms at 1e7 on 4 KiB p
 2.25 ms on huge pages (1.4 ms at 1e4, where W sits in cache). On GPU, nothing to do;
 ASTRA_JAX_NO_HUGE_PAGES=1 turns it off.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -52,8 +53,10 @@ def keep_freed_memory() -> bool:
     return False
   # M_TRIM_THRESHOLD takes an int but is stored as size_t: -1 means "never trim" (a positive
   # int tops out at 2 GiB, below one step's temporaries).
-  ok = all(libc.mallopt(opt, value) == 1 for opt, value in
-           ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1)))
+  ok = all(
+    libc.mallopt(opt, value) == 1
+    for opt, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
+  )
   _done = ok
   return ok
 

@@ -6,6 +6,7 @@ those that carry l; labels are ranked by it. Over TF-IDF vectors this is the bas
 the encoder knows, beside what its classifiers W make of the same embeddings
 (`eval.knn_diagnostic`): a large gap says W, not E, is what is under-trained.
 """
+
 from __future__ import annotations
 
 import jax
@@ -15,8 +16,9 @@ import numpy as np
 from astra_jax.data.xc_format import SparseRows
 
 
-def vote(neighbors: np.ndarray, sims: np.ndarray, train_labels: SparseRows,
-         k_out: int) -> np.ndarray:
+def vote(
+  neighbors: np.ndarray, sims: np.ndarray, train_labels: SparseRows, k_out: int
+) -> np.ndarray:
   """Ranked labels from similarity-weighted votes of neighbours.
 
   Args:
@@ -52,8 +54,9 @@ def vote(neighbors: np.ndarray, sims: np.ndarray, train_labels: SparseRows,
   return out
 
 
-def embedding_neighbors(queries: np.ndarray, keys: np.ndarray, k: int,
-                        block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+def embedding_neighbors(
+  queries: np.ndarray, keys: np.ndarray, k: int, block: int = 1024
+) -> tuple[np.ndarray, np.ndarray]:
   """The k most cosine-similar keys of each query (exact, in query blocks).
 
   Args:
@@ -70,7 +73,7 @@ def embedding_neighbors(queries: np.ndarray, keys: np.ndarray, k: int,
   top = jax.jit(lambda q: jax.lax.top_k(normalise(q) @ keys_n.T, k))
   ids, sims = [], []
   for start in range(0, len(queries), block):
-    s, i = top(jnp.asarray(queries[start:start + block], jnp.float32))
+    s, i = top(jnp.asarray(queries[start : start + block], jnp.float32))
     sims.append(np.asarray(s)), ids.append(np.asarray(i))
   if not ids:
     return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)

@@ -20,6 +20,7 @@ L >> k_h.
 Reduction: sum over labels, mean over the batch (the paper's peers found mean-over-labels
 trains worse).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -50,6 +51,7 @@ class EstimatorTerms(NamedTuple):
   hard: (B, k_h) softplus(f_l) of each hard negative (0 where masked: missing, a positive).
   random: (B, k_r) softplus(f_r) times the draw's weight L_s / k_r (0 where masked).
   """
+
   positives: jax.Array
   hard: jax.Array
   random: jax.Array
@@ -63,8 +65,9 @@ class EstimatorTerms(NamedTuple):
     return self.hard.sum() + self.random.sum()
 
 
-def estimator_terms(scores: tuple[jax.Array, jax.Array, jax.Array],
-                    labels: LabelBatch) -> EstimatorTerms:
+def estimator_terms(
+  scores: tuple[jax.Array, jax.Array, jax.Array], labels: LabelBatch
+) -> EstimatorTerms:
   """The estimator of the module docstring from a batch's scores: the one place its terms
   are composed (the dense step through `batch_loss`, the sharded classifier kernel directly).
 
@@ -79,10 +82,11 @@ def estimator_terms(scores: tuple[jax.Array, jax.Array, jax.Array],
   """
   pos, hard, rand = scores
   return EstimatorTerms(
-      positives=positive_terms(pos, labels.pos_mask).sum(-1) * (
-          1.0 if labels.pos_weight is None else labels.pos_weight),
-      hard=negative_terms(hard, labels.hard_mask),
-      random=negative_terms(rand, labels.rand_mask) * labels.rand_weight)
+    positives=positive_terms(pos, labels.pos_mask).sum(-1)
+    * (1.0 if labels.pos_weight is None else labels.pos_weight),
+    hard=negative_terms(hard, labels.hard_mask),
+    random=negative_terms(rand, labels.rand_mask) * labels.rand_weight,
+  )
 
 
 def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
@@ -91,32 +95,38 @@ def score_rows(emb: jax.Array, rows: jax.Array) -> jax.Array:
   return emb @ rows.T if rows.ndim == 2 else jnp.einsum("bd,bkd->bk", emb, rows)
 
 
-def classifier_scores(embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch,
-                      scale: jax.Array | float = 1.0):
+def classifier_scores(
+  embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch, scale: jax.Array | float = 1.0
+):
   """The classifier forward pass over W = scale * classifier (L, d): scores of positives
   (B, k_p), hard negatives (B, k_h) and random negatives (B, k_r); random ids of shape
   (k_r,) are one draw shared by the batch. (The sparse step's W is scale * V; timing its
   forward with a traced scale also keeps XLA:CPU's gather fused as the step has it.)"""
   emb = embeddings.astype(jnp.float32)
-  return tuple(score_rows(emb, scale * classifier[ids].astype(jnp.float32))
-               for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids))
+  return tuple(
+    score_rows(emb, scale * classifier[ids].astype(jnp.float32))
+    for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids)
+  )
 
 
-def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], labels: LabelBatch
-               ) -> jax.Array:
+def batch_loss(scores: tuple[jax.Array, jax.Array, jax.Array], labels: LabelBatch) -> jax.Array:
   """Mean over the batch of the estimator, from `classifier_scores`."""
   return estimator_terms(scores, labels).per_query().mean()
 
 
-def sampled_bce(embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch
-                ) -> jax.Array:
+def sampled_bce(embeddings: jax.Array, classifier: jax.Array, labels: LabelBatch) -> jax.Array:
   """The estimator's batch mean. embeddings: (B, d); classifier: (L, d); labels: the
   sampler's LabelBatch (batch.py)."""
   return batch_loss(classifier_scores(embeddings, classifier, labels), labels)
 
 
-def full_bce_chunked(embeddings: jax.Array, classifier: jax.Array, pos_ids: jax.Array,
-                     pos_mask: jax.Array, block: int = 8192) -> jax.Array:
+def full_bce_chunked(
+  embeddings: jax.Array,
+  classifier: jax.Array,
+  pos_ids: jax.Array,
+  pos_mask: jax.Array,
+  block: int = 8192,
+) -> jax.Array:
   """Eq. 1 over all L labels (the Renée-style full-L baseline), mean over the batch, in
   label blocks: each block's scores are recomputed in the backward pass (jax.checkpoint),
   so memory is O(B x block) whatever L; time and the gradient w.r.t. W are O(L).
@@ -136,8 +146,11 @@ def full_bce_chunked(embeddings: jax.Array, classifier: jax.Array, pos_ids: jax.
     # Scattered, not compared: O(B x (block + P)) rather than O(B x block x P) for rows
     # with thousands of positives. Positives outside the block go to column `block`: dropped.
     here = pos_mask & (pos_ids >= b * block) & (pos_ids < (b + 1) * block)
-    target = jnp.zeros(s.shape, bool).at[rows, jnp.where(here, pos_ids - b * block, block)].set(
-        True, mode="drop")
+    target = (
+      jnp.zeros(s.shape, bool)
+      .at[rows, jnp.where(here, pos_ids - b * block, block)]
+      .set(True, mode="drop")
+    )
     per = jnp.where(target, jax.nn.softplus(-s), jax.nn.softplus(s))
     return jnp.where(ids[None, :] < L, per, 0.0).sum()
 

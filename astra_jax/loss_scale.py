@@ -6,13 +6,14 @@ the gradients are divided by S in float32. Dynamic scaling (the usual recipe): s
 good steps in a row S doubles. A static scale never changes and never skips. The state is
 a dict of two scalars, so it lives in the optimizer state and in checkpoints.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 
 
-def init(scale: float = 2.0 ** 15) -> dict:
+def init(scale: float = 2.0**15) -> dict:
   return {"scale": jnp.float32(scale), "good_steps": jnp.int32(0)}
 
 
@@ -24,6 +25,9 @@ def adjust(state: dict, finite: jax.Array, period: int = 2000, factor: float = 2
   """The next state after a step whose gradients were (not) all finite."""
   good = jnp.where(finite, state["good_steps"] + 1, 0)
   grow = good >= period
-  scale = jnp.where(finite, jnp.where(grow, state["scale"] * factor, state["scale"]),
-                    jnp.maximum(state["scale"] / factor, 1.0))
+  scale = jnp.where(
+    finite,
+    jnp.where(grow, state["scale"] * factor, state["scale"]),
+    jnp.maximum(state["scale"] / factor, 1.0),
+  )
   return {"scale": scale, "good_steps": jnp.where(grow, 0, good).astype(jnp.int32)}

@@ -1,7 +1,8 @@
 """Trains and evaluates one experiment; prints progress, evaluations and a results table.
 
-  python -m astra_jax.main --config=experiments/demo.py --workdir=DIR [--config.a.b=v]
+python -m astra_jax.main --config=experiments/demo.py --workdir=DIR [--config.a.b=v]
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,15 @@ from ml_collections import config_flags  # noqa: E402
 
 import jax  # noqa: E402
 
-from astra_jax import (checkpoint, cli, device_check, distributed, faults,  # noqa: E402
-                       metrics_table, train)
+from astra_jax import (  # noqa: E402
+  checkpoint,
+  cli,
+  device_check,
+  distributed,
+  faults,
+  metrics_table,
+  train,
+)
 from astra_jax.errors import InputError  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # SIGTERM/SIGINT: checkpoint written, rerun to resume
@@ -60,8 +68,9 @@ def main(argv):
     found = faults.disk_error_code(e)
     if found is None:
       raise
-    full = e if isinstance(e, faults.DiskFull) else faults.DiskFull(
-        found[1] or workdir, None, found[0])
+    full = (
+      e if isinstance(e, faults.DiskFull) else faults.DiskFull(found[1] or workdir, None, found[0])
+    )
     sys.exit(f"error: {full}")
   if distributed.is_leader():
     print(metrics_table.format_results(results, f"{workdir}/results.json"))

@@ -8,6 +8,7 @@ across nodes and the 'model' axis stays inside a node, so that W's per-step coll
 (the all-gather of embeddings and the psum of positive scores over 'model') use the node's
 NVLink, and only the encoder's gradient all-reduce crosses the network.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,6 +30,7 @@ def node_index(device) -> int:
 class _Slot:
   """A device as create_hybrid_device_mesh sees it, with its node as `slice_index` (the
   real devices are mapped back by id, so the same code serves stand-in devices)."""
+
   id: int
   process_index: int
   slice_index: int
@@ -56,21 +58,33 @@ def hybrid_grid(devices, data: int, model: int) -> np.ndarray | None:
     return None
   sizes = sorted({len(g) for g in groups})
   if len(sizes) > 1:
-    raise InputError(f"config.mesh: the devices' nodes hold {sizes} devices; a multi-node "
-                     "mesh needs the same number on every node (--gpus-per-node)")
+    raise InputError(
+      f"config.mesh: the devices' nodes hold {sizes} devices; a multi-node "
+      "mesh needs the same number on every node (--gpus-per-node)"
+    )
   per_node = sizes[0]
   if per_node % model:
-    raise InputError(f"config.mesh.model={model} must divide a node's {per_node} devices "
-                     f"({len(groups)} nodes): W's shards stay inside a node's NVLink domain; "
-                     f"use a divisor of {per_node}")
+    raise InputError(
+      f"config.mesh.model={model} must divide a node's {per_node} devices "
+      f"({len(groups)} nodes): W's shards stay inside a node's NVLink domain; "
+      f"use a divisor of {per_node}"
+    )
   if data * model != len(devices):
-    raise InputError(f"config.mesh: {data} x {model} needs {data * model} devices, have "
-                     f"{len(devices)}")
-  slots = [_Slot(d.id, d.process_index, i, d.device_kind, d.platform)
-           for i, group in enumerate(groups) for d in group]
-  grid = mesh_utils.create_hybrid_device_mesh((per_node // model, model), (len(groups), 1),
-                                              slots)
+    raise InputError(
+      f"config.mesh: {data} x {model} needs {data * model} devices, have {len(devices)}"
+    )
+  slots = [
+    _Slot(d.id, d.process_index, i, d.device_kind, d.platform)
+    for i, group in enumerate(groups)
+    for d in group
+  ]
+  grid = mesh_utils.create_hybrid_device_mesh((per_node // model, model), (len(groups), 1), slots)
   by_id = {d.id: d for d in devices}
-  logging.info("mesh: %d data x %d model over %d nodes of %d devices ('model' inside a node)",
-               data, model, len(groups), per_node)
+  logging.info(
+    "mesh: %d data x %d model over %d nodes of %d devices ('model' inside a node)",
+    data,
+    model,
+    len(groups),
+    per_node,
+  )
   return np.vectorize(lambda s: by_id[s.id], otypes=[object])(grid)

@@ -10,12 +10,14 @@ when every row has the same |y|. Test rows without labels stay in every denomina
 PS terms are 0 over 0: they change no PS ratio); a missing prediction (-1) is a miss.
 Values are fractions; `as_percent` reports x100 as papers do.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from astra_jax import rowsets
 from astra_jax.data.xc_format import SparseRows
+
 
 def inverse_propensity(train_labels: SparseRows, A: float, B: float) -> np.ndarray:
   n = train_labels.column_counts().astype(np.float64)
@@ -30,14 +32,22 @@ def _hits(pred: np.ndarray, truth: SparseRows) -> np.ndarray:
   return rowsets.member(pred, rows, labels)
 
 
-def compute(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
-            ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+def compute(
+  pred: np.ndarray,
+  truth: SparseRows,
+  inv_prop: np.ndarray | None = None,
+  ks: tuple[int, ...] = (1, 3, 5),
+) -> dict[str, float]:
   """pred: (n, >= max(ks)) label ids ranked best first (-1 = no prediction)."""
   return from_sums(row_sums(pred, truth, inv_prop, ks), truth.num_rows, ks)
 
 
-def row_sums(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = None,
-             ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+def row_sums(
+  pred: np.ndarray,
+  truth: SparseRows,
+  inv_prop: np.ndarray | None = None,
+  ks: tuple[int, ...] = (1, 3, 5),
+) -> dict[str, float]:
   """The sums over rows that every metric is made of, for these rows: so that the metrics
   of a test set can be computed a block of rows at a time (`from_sums` of their sums).
 
@@ -60,7 +70,7 @@ def row_sums(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray | None = 
     best = np.zeros((truth.num_rows, kmax))
     for i in range(truth.num_rows):
       w = np.sort(inv_prop[truth.row(i)])[::-1][:kmax]
-      best[i, :len(w)] = w
+      best[i, : len(w)] = w
   for k in ks:
     out[f"P@{k}"] = float(hits[:, :k].sum(1).sum())
     # DCG of min(|y_i|, k) ones; a row without labels gets k's (pyxclib's choice: its DCGs
@@ -82,8 +92,9 @@ def add_sums(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
   return {key: a.get(key, 0.0) + b[key] for key in b}
 
 
-def from_sums(sums: dict[str, float], num_rows: int,
-              ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
+def from_sums(
+  sums: dict[str, float], num_rows: int, ks: tuple[int, ...] = (1, 3, 5)
+) -> dict[str, float]:
   """The metrics (fractions) of `num_rows` rows from their `row_sums`."""
   n = max(num_rows, 1)
   out = {}

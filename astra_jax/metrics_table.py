@@ -1,4 +1,5 @@
 """Metric tables as the command-line tools print them (training's results, the evaluator)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -40,13 +41,16 @@ def format_results(results: Mapping, results_path: str) -> str:
   rows["label popularity"] = results["popularity_baseline"]
   if "tfidf_knn_baseline" in results:
     rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
-  knn_e = {k[len("kNN-E "):]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}
+  knn_e = {k[len("kNN-E ") :]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}
   if knn_e:  # eval.knn_diagnostic: the same encoder, ranked by a kNN vote instead of W
     rows["kNN over own E(x)"] = knn_e
-  return "\n".join([
+  return "\n".join(
+    [
       "",
       f"{results['num_labels']} labels, {results['num_train']} train / {results['num_test']} "
       f"test rows, {results['epochs']} epochs in {results['train_time_s']:.0f}s "
       f"(strategy {results['strategy']})",
       format_table(rows),
-      f"\nresults: {results_path}"])
+      f"\nresults: {results_path}",
+    ]
+  )

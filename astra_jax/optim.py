@@ -8,6 +8,7 @@ the momentum, m <- beta m + g + wd w, w <- w - lr m (torch's SGD with weight_dec
 densely that is O(L) per step; `classifier.py` (beta = 0) and `sparse_momentum.py` compute
 exactly the same update touching only the sampled rows.
 """
+
 from __future__ import annotations
 
 import jax
@@ -17,17 +18,26 @@ import optax
 def schedule(peak: float, warmup_steps: int, total_steps: int, end_fraction: float = 0.0):
   warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
   return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=warmup_steps,
-      decay_steps=max(total_steps, warmup_steps + 1), end_value=peak * end_fraction)
+    init_value=0.0,
+    peak_value=peak,
+    warmup_steps=warmup_steps,
+    decay_steps=max(total_steps, warmup_steps + 1),
+    end_value=peak * end_fraction,
+  )
 
 
 def encoder_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
   enc_lr = schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)
   # Decay on matrices only, as in BERT fine-tuning: not on biases or LayerNorm (1-d).
   # eps: 1e-8 unless the config sets it (configs written before the key had 1e-8).
-  encoder = optax.adamw(enc_lr, b1=0.9, b2=0.999, eps=optim_cfg.get("encoder_adam_eps", 1e-8),
-                        weight_decay=optim_cfg.encoder_weight_decay,
-                        mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p))
+  encoder = optax.adamw(
+    enc_lr,
+    b1=0.9,
+    b2=0.999,
+    eps=optim_cfg.get("encoder_adam_eps", 1e-8),
+    weight_decay=optim_cfg.encoder_weight_decay,
+    mask=lambda p: jax.tree.map(lambda x: x.ndim > 1, p),
+  )
   if optim_cfg.grad_clip_norm > 0:
     encoder = optax.chain(optax.clip_by_global_norm(optim_cfg.grad_clip_norm), encoder)
   return encoder
@@ -42,20 +52,26 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
   and as the reference the sparse update is tested against)."""
   encoder = encoder_optimizer(optim_cfg, total_steps)
   classifier = optax.chain(
-      optax.add_decayed_weights(optim_cfg.classifier_weight_decay),
-      optax.sgd(classifier_schedule(optim_cfg, total_steps),
-                momentum=optim_cfg.classifier_momentum or None))
+    optax.add_decayed_weights(optim_cfg.classifier_weight_decay),
+    optax.sgd(
+      classifier_schedule(optim_cfg, total_steps), momentum=optim_cfg.classifier_momentum or None
+    ),
+  )
 
   def labels(params):
-    return {"encoder": jax.tree.map(lambda _: "encoder", params["encoder"]),
-            "classifier": "classifier"}
+    return {
+      "encoder": jax.tree.map(lambda _: "encoder", params["encoder"]),
+      "classifier": "classifier",
+    }
 
   return optax.multi_transform({"encoder": encoder, "classifier": classifier}, labels)
 
 
 def learning_rates(optim_cfg, total_steps: int, step: int) -> tuple[float, float]:
-  return (float(schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)(step)),
-          float(schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)(step)))
+  return (
+    float(schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)(step)),
+    float(schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)(step)),
+  )
 
 
 def loss_scaling(config) -> str:
@@ -67,4 +83,4 @@ def loss_scaling(config) -> str:
 
 def initial_loss_scale(config) -> float:
   mode = loss_scaling(config)
-  return {"static": config.optim.loss_scale, "dynamic": 2.0 ** 15, "off": 1.0}[mode]
+  return {"static": config.optim.loss_scale, "dynamic": 2.0**15, "off": 1.0}[mode]

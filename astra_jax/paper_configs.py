@@ -8,6 +8,7 @@ names the paper's encoder (`encoder.paper_encoder`, read from `$ASTRA_MODELS_DIR
 `:synthetic[,SCALE]` variant trains a tiny random BERT on a stand-in (`synthetic_variant`).
 How each number translates, and where the paper is ambiguous: see docs/DESIGN.md, section 2.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,16 +28,22 @@ RENEE_ENCODER_DECAY_DEFAULT = 1e-2
 # The published config.json of each encoder a paper config names: the planner sizes a
 # missing one from it (training needs the files).
 PAPER_ENCODER_SHAPES = {
-    "sentence-transformers/msmarco-distilbert-base-v4": {
-        "model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
-        "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512},
+  "sentence-transformers/msmarco-distilbert-base-v4": {
+    "model_type": "distilbert",
+    "dim": 768,
+    "n_layers": 6,
+    "n_heads": 12,
+    "hidden_dim": 3072,
+    "vocab_size": 30522,
+    "max_position_embeddings": 512,
+  },
 }
 RENEE_CLASSIFIER_MOMENTUM = 0.9  # torch SGD's momentum in Renée's classifier optimizer
 # Training queries (all epochs together) a default synthetic stand-in processes: minutes
 # with the tiny BERT on 2 CPU cores (SS-20M's: 1,800-3,300 queries/s, 2 minutes).
 SYNTHETIC_QUERY_BUDGET = 400_000
 TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a random tiny
-                        # BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
+# BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
 # The paper's embedding dropout (0.7-0.85) regularises a pretrained 768-d encoder; on the
 # tiny random BERT's 64-d E(x) it leaves ~10 live coordinates and training collapses to
 # predicting the head label (LF-AmazonTitles-131K stand-in: P@1 0.9-11 at 0.85, 22-79 at 0.2
@@ -104,7 +111,7 @@ def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset
   c.data.dir = f"data/{name}"
   c.data.num_labels, c.data.num_train = ds.num_labels, ds.num_train
   c.data.max_len = ds.max_len
-  c.data.use_content = ds.text != "titles"   # json layout: title + content for full text
+  c.data.use_content = ds.text != "titles"  # json layout: title + content for full text
   c.data.augment_label_text = ds.label_features
   c.data.propensity_A, c.data.propensity_B = ds.propensity
   c.data.missing_hint = catalog.missing_hint(ds)
@@ -134,10 +141,21 @@ def positives_covered(mean_labels: float, k_p: int) -> float:
   return 1.0 - (1.0 - 1.0 / max(mean_labels, 1.0)) ** k_p
 
 
-def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
-                  encoder_lr: float, classifier_lr: float, dropout: float, warmup: int,
-                  weight_decay: float, k_r: int, k_h: int, k_p: int,
-                  source: str = "appendix tab:hyperparam") -> None:
+def set_table_row(
+  c: ml_collections.ConfigDict,
+  *,
+  batch_size: int,
+  epochs: int,
+  encoder_lr: float,
+  classifier_lr: float,
+  dropout: float,
+  warmup: int,
+  weight_decay: float,
+  k_r: int,
+  k_h: int,
+  k_p: int,
+  source: str = "appendix tab:hyperparam",
+) -> None:
   """One row of the appendix table (per-GPU values of a 16-GPU run), translated as
   docs/DESIGN.md, section 2, says; the dataset (`set_dataset`) must be set first, for k_p."""
   c.paper = ml_collections.ConfigDict()
@@ -160,8 +178,9 @@ def set_table_row(c: ml_collections.ConfigDict, *, batch_size: int, epochs: int,
   c.optim.classifier_lr = c.paper.get_ref("classifier_lr") * c.train.get_ref("batch_size")
   c.optim.encoder_lr = encoder_lr
   c.optim.warmup_steps = warmup
-  c.optim.classifier_weight_decay = (c.paper.get_ref("classifier_weight_decay") /
-                                     c.train.get_ref("batch_size"))
+  c.optim.classifier_weight_decay = c.paper.get_ref("classifier_weight_decay") / c.train.get_ref(
+    "batch_size"
+  )
   c.optim.classifier_momentum = c.paper.get_ref("classifier_momentum")
   c.encoder.embedding_dropout = dropout
   c.train.epochs = epochs
@@ -175,13 +194,13 @@ def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
   c.encoder.hf_dir = shared
   c.data.tokenizer_dir = shared
   c.optim.encoder_adam_eps = RENEE_ENCODER_ADAM_EPS
-  c.optim.encoder_weight_decay = RENEE_ENCODER_DECAY.get(c.data.name,
-                                                         RENEE_ENCODER_DECAY_DEFAULT)
+  c.optim.encoder_weight_decay = RENEE_ENCODER_DECAY.get(c.data.name, RENEE_ENCODER_DECAY_DEFAULT)
 
 
-def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
-                  ) -> ml_collections.ConfigDict:
-  """"" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in;
+def apply_variant(
+  c: ml_collections.ConfigDict, variant: str, config_file: str
+) -> ml_collections.ConfigDict:
+  """ "" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in;
   "full_labels" or "full_labels,NUM_TRAIN" -> the stand-in at the full label count."""
   kind, _, arg = variant.partition(",")
   if kind == "":
@@ -190,18 +209,23 @@ def apply_variant(c: ml_collections.ConfigDict, variant: str, config_file: str
     try:
       num_train = int(float(arg)) if arg else FULL_LABEL_NUM_TRAIN
     except ValueError:
-      raise ValueError(f"{config_file}:{variant}: NUM_TRAIN must be a number, e.g. "
-                       f"{config_file}:full_labels,200000") from None
+      raise ValueError(
+        f"{config_file}:{variant}: NUM_TRAIN must be a number, e.g. "
+        f"{config_file}:full_labels,200000"
+      ) from None
     return full_label_variant(c, num_train, config_file)
   if kind != "synthetic":
-    raise ValueError(f"{config_file}:{variant}: the variants are '' (the dataset), "
-                     f"'synthetic[,SCALE]' (its synthetic stand-in) and "
-                     f"'full_labels[,NUM_TRAIN]' (a stand-in at its full label count)")
+    raise ValueError(
+      f"{config_file}:{variant}: the variants are '' (the dataset), "
+      f"'synthetic[,SCALE]' (its synthetic stand-in) and "
+      f"'full_labels[,NUM_TRAIN]' (a stand-in at its full label count)"
+    )
   try:
     scale = float(arg) if arg else default_synthetic_scale(c)
   except ValueError:
-    raise ValueError(f"{config_file}:{variant}: the scale must be a number, e.g. "
-                     f"{config_file}:synthetic,0.01") from None
+    raise ValueError(
+      f"{config_file}:{variant}: the scale must be a number, e.g. {config_file}:synthetic,0.01"
+    ) from None
   return synthetic_variant(c, scale, config_file)
 
 
@@ -211,7 +235,7 @@ def default_synthetic_scale(c: ml_collections.ConfigDict) -> float:
   rows = ds.num_train + (ds.num_labels if c.data.augment_label_text else 0)
   x = SYNTHETIC_QUERY_BUDGET / (c.train.epochs * rows)
   exponent = math.floor(math.log10(x))
-  return min(1.0, float(f"{math.floor(x / 10.0 ** exponent)}e{exponent}"))
+  return min(1.0, float(f"{math.floor(x / 10.0**exponent)}e{exponent}"))
 
 
 def _unlink(cfg: ml_collections.ConfigDict, key: str, value) -> None:
@@ -220,8 +244,9 @@ def _unlink(cfg: ml_collections.ConfigDict, key: str, value) -> None:
   cfg[key] = value
 
 
-def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: str
-                      ) -> ml_collections.ConfigDict:
+def synthetic_variant(
+  c: ml_collections.ConfigDict, scale: float, config_file: str
+) -> ml_collections.ConfigDict:
   """The dataset's synthetic stand-in at `scale`.
 
   Kept: batch size, gradient accumulation, epochs, classifier lr, dropout, weight decay,
@@ -252,8 +277,10 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   rows = n + (L if c.data.augment_label_text else 0)
   if rows < c.train.batch_size:
     need = c.train.batch_size / (ds.num_train + (ds.num_labels if c.data.augment_label_text else 0))
-    raise ValueError(f"{config_file}:synthetic,{scale}: {rows} training rows are fewer than "
-                     f"the batch size {c.train.batch_size}; use a scale of at least {need:.2g}")
+    raise ValueError(
+      f"{config_file}:synthetic,{scale}: {rows} training rows are fewer than "
+      f"the batch size {c.train.batch_size}; use a scale of at least {need:.2g}"
+    )
   s = c.data.synthetic
   s.enabled = True
   s.num_labels, s.num_train = L, n
@@ -266,8 +293,8 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   c.data.num_labels, c.data.num_train = L, n
   c.data.max_len = 32
   c.data.missing_hint = ""
-  _unlink(c.encoder, "hf_dir", "")            # tiny random BERT (base config's fields)
-  _unlink(c.data, "tokenizer_dir", "")        # the generator's tokenizer
+  _unlink(c.encoder, "hf_dir", "")  # tiny random BERT (base config's fields)
+  _unlink(c.data, "tokenizer_dir", "")  # the generator's tokenizer
   c.encoder.dtype = "float32"
   c.optim.encoder_lr = TINY_ENCODER_LR
   c.encoder.embedding_dropout = TINY_EMBEDDING_DROPOUT
@@ -286,8 +313,9 @@ def synthetic_variant(c: ml_collections.ConfigDict, scale: float, config_file: s
   return c
 
 
-def full_label_variant(c: ml_collections.ConfigDict, num_train: int, config_file: str
-                       ) -> ml_collections.ConfigDict:
+def full_label_variant(
+  c: ml_collections.ConfigDict, num_train: int, config_file: str
+) -> ml_collections.ConfigDict:
   """The synthetic stand-in at the dataset's full label count with `num_train` queries:
   the label side (W, refreshes, evaluation, export) at the real size, the query side
   small enough for a CPU.
@@ -310,8 +338,10 @@ def full_label_variant(c: ml_collections.ConfigDict, num_train: int, config_file
   """
   ds = catalog.DATASETS[c.data.name]
   if num_train < c.train.batch_size:
-    raise ValueError(f"{config_file}:full_labels,{num_train}: fewer queries than the batch "
-                     f"size {c.train.batch_size}")
+    raise ValueError(
+      f"{config_file}:full_labels,{num_train}: fewer queries than the batch "
+      f"size {c.train.batch_size}"
+    )
   c = synthetic_variant(c, 1.0, config_file)
   s = c.data.synthetic
   s.num_train, s.num_test = num_train, FULL_LABEL_NUM_TEST

@@ -9,6 +9,7 @@
 Exact top-k computes scores one (query block x label block) tile at a time and merges them
 into a running top-k, so memory is O(qb x (lb + k)), never O(n x L).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,14 @@ def dot_scores(queries: jax.Array, rows: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels", "score"))
-def _topk_block(queries: jax.Array, w_blocks: jax.Array, k: int, label_block: int,
-                num_labels: int, score=dot_scores):
+def _topk_block(
+  queries: jax.Array,
+  w_blocks: jax.Array,
+  k: int,
+  label_block: int,
+  num_labels: int,
+  score=dot_scores,
+):
   """queries (qb, d); w_blocks (nb, lb, d) -> (scores (qb, k), ids (qb, k)); `score`
   (hashable: it is part of the compiled function) scores a query block against a label
   block."""
@@ -77,8 +84,14 @@ def _label_blocks(classifier, label_block: int) -> jax.Array:
   return w.reshape(nb, label_block, d)
 
 
-def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int = 1024,
-         label_block: int = 32768, score=dot_scores) -> tuple[np.ndarray, np.ndarray]:
+def topk(
+  embeddings: np.ndarray,
+  classifier: jax.Array,
+  k: int,
+  query_block: int = 1024,
+  label_block: int = 32768,
+  score=dot_scores,
+) -> tuple[np.ndarray, np.ndarray]:
   """Top-k labels for every row of `embeddings`: (scores, ids), best first.
 
   Args:
@@ -100,12 +113,12 @@ def topk(embeddings: np.ndarray, classifier: jax.Array, k: int, query_block: int
   scores = np.empty((n, k), np.float32)
   ids = np.empty((n, k), np.int32)
   for start in range(0, n, query_block):
-    q = np.asarray(embeddings[start:start + query_block], np.float32)
+    q = np.asarray(embeddings[start : start + query_block], np.float32)
     m = len(q)
     if m < query_block and n > query_block:  # keep one compiled shape
       q = np.pad(q, ((0, query_block - m), (0, 0)))
     s, i = _topk_block(jnp.asarray(q), w_blocks, k, label_block, L, score)
-    scores[start:start + m], ids[start:start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
+    scores[start : start + m], ids[start : start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids
 
 
@@ -114,8 +127,7 @@ def _bucket(n: int) -> int:
 
 
 def seq_buckets(max_len: int) -> tuple[int, ...]:
-  return tuple(sorted({min(2 ** i, max_len) for i in range(3, max_len.bit_length() + 1)}
-                      | {max_len}))
+  return tuple(sorted({min(2**i, max_len) for i in range(3, max_len.bit_length() + 1)} | {max_len}))
 
 
 def _chunks(n: int):
@@ -136,26 +148,25 @@ class ExactLabels:
     self.label_block = min(label_block, self.num_labels)
     self.w_blocks = _label_blocks(classifier, self.label_block)
 
-  def search(self, emb: np.ndarray, k: int,
-             score=dot_scores) -> tuple[np.ndarray, np.ndarray]:
+  def search(self, emb: np.ndarray, k: int, score=dot_scores) -> tuple[np.ndarray, np.ndarray]:
     k = min(k, self.num_labels)
     scores, ids = np.empty((len(emb), k), np.float32), np.empty((len(emb), k), np.int32)
     for start, end in _chunks(len(emb)):
       q = _pad_rows(np.asarray(emb[start:end], np.float32), _bucket(end - start))
-      s, i = _topk_block(jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels,
-                         score)
-      scores[start:end], ids[start:end] = np.asarray(s)[:end - start], np.asarray(i)[:end - start]
+      s, i = _topk_block(jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels, score)
+      scores[start:end], ids[start:end] = np.asarray(s)[: end - start], np.asarray(i)[: end - start]
     return scores, ids
 
 
 @dataclasses.dataclass
 class Predictions:
   """Row i answers texts[i]. A row with errors[i] set has ids -1 and scores nan."""
-  ids: np.ndarray                    # (n, k) int32, best first
-  scores: np.ndarray                 # (n, k) float32, <w_l, E(x)> (or the fused score)
-  labels: list[list[str]] | None     # label texts of ids (None: the model has none)
-  errors: list[str | None]           # why row i has no prediction
-  warnings: list[str | None]         # e.g. the text was truncated
+
+  ids: np.ndarray  # (n, k) int32, best first
+  scores: np.ndarray  # (n, k) float32, <w_l, E(x)> (or the fused score)
+  labels: list[list[str]] | None  # label texts of ids (None: the model has none)
+  errors: list[str | None]  # why row i has no prediction
+  warnings: list[str | None]  # e.g. the text was truncated
 
   def record(self, i: int) -> dict:
     """Row i as a JSON-ready dict: ids, scores[, labels][, warning] or error."""
@@ -188,8 +199,13 @@ def check_text(text) -> tuple[str | None, str | None, str | None]:
 class FusedExactLabels:
   """Exact search by the label-text fused score (score_fusion.py) over all L."""
 
-  def __init__(self, fusion: score_fusion.LabelTextFusion, classifier: np.ndarray,
-               label_text_embeddings: np.ndarray, label_block: int = 32768):
+  def __init__(
+    self,
+    fusion: score_fusion.LabelTextFusion,
+    classifier: np.ndarray,
+    label_text_embeddings: np.ndarray,
+    label_block: int = 32768,
+  ):
     self.inner = ExactLabels(fusion.label_rows(classifier, label_text_embeddings), label_block)
     self.fusion = fusion
 
@@ -210,8 +226,13 @@ class Predictor:
   tokenize, encode (to host embeddings), search.
   """
 
-  def __init__(self, model: export.Model, index: str = "scann", scann_knobs: dict | None = None,
-               rebuild_index: bool = False):
+  def __init__(
+    self,
+    model: export.Model,
+    index: str = "scann",
+    scann_knobs: dict | None = None,
+    rebuild_index: bool = False,
+  ):
     """Opens (or builds) the index; nothing is compiled yet (`warmup` compiles every bucket).
 
     Args:
@@ -232,20 +253,28 @@ class Predictor:
     self.seq_buckets = seq_buckets(model.max_len) if right else (model.max_len,)
     self.num_labels = len(model.classifier)
     if index == "scann" and self.num_labels < serve_index.MIN_ROWS:
-      logging.info("%d labels: exact search (ScaNN needs at least %d rows, and exact costs "
-                   "nothing here)", self.num_labels, serve_index.MIN_ROWS)
+      logging.info(
+        "%d labels: exact search (ScaNN needs at least %d rows, and exact costs nothing here)",
+        self.num_labels,
+        serve_index.MIN_ROWS,
+      )
       index = "exact"
     scoring = model.meta.get("scoring") or {}
     self.fusion = None
     if scoring.get("label_text_weight") and model.label_texts is not None:
       # The model ranks by the fused score (score_fusion.py), which needs every E(z_l) and
       # an exact pass over all L: the ScaNN index holds W alone.
-      self.fusion = score_fusion.LabelTextFusion(float(scoring["label_text_weight"]),
-                                                 float(scoring["label_text_scale"]),
-                                                 model.encoder_cfg.embed_dim)
+      self.fusion = score_fusion.LabelTextFusion(
+        float(scoring["label_text_weight"]),
+        float(scoring["label_text_scale"]),
+        model.encoder_cfg.embed_dim,
+      )
       if index == "scann":
-        logging.info("the model mixes label-text similarity into its scores "
-                     "(scoring.label_text_weight=%s): exact search", scoring["label_text_weight"])
+        logging.info(
+          "the model mixes label-text similarity into its scores "
+          "(scoring.label_text_weight=%s): exact search",
+          scoring["label_text_weight"],
+        )
         index = "exact"
     if index == "exact" and self.fusion is not None:
       texts = self.encode(self.to_tokens(model.label_texts)[0])
@@ -254,8 +283,9 @@ class Predictor:
       self.index = ExactLabels(model.classifier)
     elif index == "scann":
       params = serve_index.serving_params(self.num_labels, **(scann_knobs or {}))
-      self.index = serve_index.open_scann(model.path, model.model_id, model.classifier, params,
-                                          rebuild_index)
+      self.index = serve_index.open_scann(
+        model.path, model.model_id, model.classifier, params, rebuild_index
+      )
     else:
       raise InputError(f"index {index!r}: use scann or exact")
     self.index_kind = index
@@ -290,8 +320,13 @@ class Predictor:
     lengths: list[int | None] = [None] * len(texts)
     full = np.flatnonzero(tokens[:, -1] != pad)  # only rows filling max_len can be cut
     if len(full):
-      enc = self.tokenizer([texts[i] for i in full], truncation=False, verbose=False,
-                           return_attention_mask=False, return_token_type_ids=False)
+      enc = self.tokenizer(
+        [texts[i] for i in full],
+        truncation=False,
+        verbose=False,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+      )
       for i, ids in zip(full, enc["input_ids"]):
         if len(ids) > max_len:
           lengths[i] = len(ids)
@@ -309,9 +344,9 @@ class Predictor:
     for start, end in _chunks(len(tokens)):
       ids = np.asarray(tokens[start:end], np.int32)
       longest = int((ids != self.model.pad_id).sum(1).max())
-      ids = ids[:, :next(t for t in self.seq_buckets if t >= longest)]
+      ids = ids[:, : next(t for t in self.seq_buckets if t >= longest)]
       ids = _pad_rows(ids, _bucket(end - start))
-      out[start:end] = np.asarray(self._embed(self.model.encoder_params, ids))[:end - start]
+      out[start:end] = np.asarray(self._embed(self.model.encoder_params, ids))[: end - start]
     return out
 
   def warmup(self, k: int = 10) -> None:
@@ -420,16 +455,22 @@ def main(argv) -> None:
   if F.k < 1 or F.batch_size < 1:
     sys.exit("error: --k and --batch_size must be >= 1")
   try:
-    predictor = Predictor.from_workdir(F.workdir, "exact" if F.exact else "scann",
-                                       rebuild_index=F.rebuild_index)
+    predictor = Predictor.from_workdir(
+      F.workdir, "exact" if F.exact else "scann", rebuild_index=F.rebuild_index
+    )
     infile = open(F.input, "rb") if F.input else sys.stdin.buffer
     outfile = open(F.output, "wb") if F.output else sys.stdout.buffer
   except (InputError, OSError) as e:
     sys.exit(f"error: {e}")
   with infile, outfile:
     counts = run(predictor, infile, outfile, F.k, F.batch_size)
-  logging.info("%d lines: %d errors, %d warnings (%s index)", counts["lines"], counts["errors"],
-               counts["warnings"], predictor.index_kind)
+  logging.info(
+    "%d lines: %d errors, %d warnings (%s index)",
+    counts["lines"],
+    counts["errors"],
+    counts["warnings"],
+    predictor.index_kind,
+  )
 
 
 def cli_main() -> None:

@@ -24,6 +24,7 @@ metadata matches (source size and time, tokenizer, max_len) are not rebuilt, nor
 caches of unchanged files; a killed tokenization goes on from its last checkpoint (every
 2^20 rows); nothing else is left half-written (temporary names, renamed when whole).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,20 +44,34 @@ from astra_jax.model import pretrained
 
 # Files a data directory can use, by name (see data/dataset.py LAYOUTS).
 DATA_FILES = {name for layout in dataset.LAYOUTS.values() for name in layout} | {
-    "trn_X_Y.txt", "tst_X_Y.txt", dataset.FILTER_FILE, dataset.RENEE_FILTER_FILE,
-    "filter_labels_train.txt", "trn_filter_labels.txt"}
+  "trn_X_Y.txt",
+  "tst_X_Y.txt",
+  dataset.FILTER_FILE,
+  dataset.RENEE_FILTER_FILE,
+  "filter_labels_train.txt",
+  "trn_filter_labels.txt",
+}
 
 
 def _dataset_root(names: list[str]) -> str:
   """The directory prefix (within a zip or a tree) that holds the training texts."""
-  roots = sorted({n[:-len(trn)] for n in names for trn in
-                  (layout[0] for layout in dataset.LAYOUTS.values()) if n.endswith(trn)})
+  roots = sorted(
+    {
+      n[: -len(trn)]
+      for n in names
+      for trn in (layout[0] for layout in dataset.LAYOUTS.values())
+      if n.endswith(trn)
+    }
+  )
   if not roots:
-    raise InputError("no dataset in the download: expected one of "
-                     + ", ".join(layout[0] for layout in dataset.LAYOUTS.values()))
+    raise InputError(
+      "no dataset in the download: expected one of "
+      + ", ".join(layout[0] for layout in dataset.LAYOUTS.values())
+    )
   if len(roots) > 1:
-    raise InputError(f"several datasets in the download ({', '.join(r or '.' for r in roots)}); "
-                     f"point --src at one")
+    raise InputError(
+      f"several datasets in the download ({', '.join(r or '.' for r in roots)}); point --src at one"
+    )
   return roots[0]
 
 
@@ -77,7 +92,7 @@ def extract_zip(src: str, out: str) -> list[str]:
     infos = [i for i in z.infolist() if not i.is_dir() and not _mac_metadata(i.filename)]
     root = _dataset_root([i.filename for i in infos])
     for info in infos:
-      rel = info.filename[len(root):]
+      rel = info.filename[len(root) :]
       if not info.filename.startswith(root) or not _wanted(rel):
         continue
       dest = os.path.join(out, rel)
@@ -90,8 +105,9 @@ def extract_zip(src: str, out: str) -> list[str]:
         with z.open(info) as fin, open(tmp, "wb") as fout:
           shutil.copyfileobj(fin, fout, 1 << 20)
         os.replace(tmp, dest)
-        logging.info("prepare: extracted %s (%.0f MB, %.1fs)", rel, info.file_size / 1e6,
-                     time.time() - t0)
+        logging.info(
+          "prepare: extracted %s (%.0f MB, %.1fs)", rel, info.file_size / 1e6, time.time() - t0
+        )
       done.append(rel)
   return done
 
@@ -101,14 +117,18 @@ def link_tree(src: str, out: str) -> list[str]:
   names = []
   for dirpath, dirs, files in os.walk(src):
     # --out inside --src: not its own links again on a second run
-    dirs[:] = [x for x in dirs
-               if os.path.realpath(os.path.join(dirpath, x)) != os.path.realpath(out)]
-    names += [n for n in (os.path.relpath(os.path.join(dirpath, f), src).replace(os.sep, "/")
-                          for f in files) if not _mac_metadata(n)]
+    dirs[:] = [
+      x for x in dirs if os.path.realpath(os.path.join(dirpath, x)) != os.path.realpath(out)
+    ]
+    names += [
+      n
+      for n in (os.path.relpath(os.path.join(dirpath, f), src).replace(os.sep, "/") for f in files)
+      if not _mac_metadata(n)
+    ]
   root = _dataset_root(names)
   done = []
   for name in names:
-    rel = name[len(root):]
+    rel = name[len(root) :]
     if not name.startswith(root) or not _wanted(rel):
       continue
     dest, target = os.path.join(out, rel), os.path.abspath(os.path.join(src, name))
@@ -145,46 +165,58 @@ def prepare_synthetic(out: str, data_cfg) -> dataset.XCData:
   synthetic.ensure_generated(out, synthetic.spec_from_config(data_cfg.synthetic))
   with data_cfg.unlocked():
     data_cfg.dir = out
-    data_cfg.tokenizer_dir = pretrained.resolve(data_cfg.tokenizer_dir
-                                                or os.path.join(out, "tokenizer"))
+    data_cfg.tokenizer_dir = pretrained.resolve(
+      data_cfg.tokenizer_dir or os.path.join(out, "tokenizer")
+    )
   return dataset.load(data_cfg)
 
 
 def summary(data: dataset.XCData, cache_dir: str) -> str:
   """What was built: the dataset's sizes, then each cache's rows, size and build time (the
   label caches verified on the way)."""
-  lines = [f"{data.data_dir}: L = {data.num_labels:,} labels, {data.num_train_original:,} "
-           f"training rows, {data.test_labels.num_rows:,} test rows, label texts: "
-           f"{'yes' if data.label_tokens is not None else 'no'}, "
-           f"{len(data.test_filter):,} filtered test pairs"]
+  lines = [
+    f"{data.data_dir}: L = {data.num_labels:,} labels, {data.num_train_original:,} "
+    f"training rows, {data.test_labels.num_rows:,} test rows, label texts: "
+    f"{'yes' if data.label_tokens is not None else 'no'}, "
+    f"{len(data.test_filter):,} filtered test pairs"
+  ]
   for name in sorted(os.listdir(cache_dir)):
     if not name.endswith(".meta.json"):
       continue
-    stem = name[:-len(".meta.json")]
+    stem = name[: -len(".meta.json")]
     if stem.endswith(".labels"):
       meta = label_cache.verify(os.path.join(cache_dir, stem))
-      lines.append(f"  {stem}: {meta['rows']:,} rows, {meta['nnz']:,} positives over "
-                   f"{meta['cols']:,} labels, {meta['bytes'] / 1e6:,.1f} MB, parsed in "
-                   f"{meta['seconds']}s")
+      lines.append(
+        f"  {stem}: {meta['rows']:,} rows, {meta['nnz']:,} positives over "
+        f"{meta['cols']:,} labels, {meta['bytes'] / 1e6:,.1f} MB, parsed in "
+        f"{meta['seconds']}s"
+      )
       continue
     with open(os.path.join(cache_dir, name)) as f:
       meta = json.load(f)
     size = os.path.getsize(os.path.join(cache_dir, stem + ".tokens.npy"))
-    lines.append(f"  {stem}: {meta['rows']:,} rows x {meta['max_len']} tokens, "
-                 f"{meta['truncated_rows']:,} truncated, {size / 1e6:,.1f} MB, built in "
-                 f"{meta['seconds']}s")
+    lines.append(
+      f"  {stem}: {meta['rows']:,} rows x {meta['max_len']} tokens, "
+      f"{meta['truncated_rows']:,} truncated, {size / 1e6:,.1f} MB, built in "
+      f"{meta['seconds']}s"
+    )
   return "\n".join(lines)
 
 
 def define_flags() -> None:
   """The command line (defined on demand: importing this module defines no flags, so it
   can share a process with other CLIs, e.g. in tests)."""
-  config_flags.DEFINE_config_file("config", None, "experiment config (optional): its data fields "
-                                  "are the defaults", lock_config=False)
+  config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "experiment config (optional): its data fields are the defaults",
+    lock_config=False,
+  )
   flags.DEFINE_string("src", None, "the download: a .zip or a directory")
   flags.DEFINE_string("out", None, "the data directory to build (default: the config's data.dir)")
-  flags.DEFINE_string("tokenizer", None, "tokenizer name or directory (default: the config's, "
-                      "else all-MiniLM-L6-v2)")
+  flags.DEFINE_string(
+    "tokenizer", None, "tokenizer name or directory (default: the config's, else all-MiniLM-L6-v2)"
+  )
   flags.DEFINE_integer("max_len", None, "tokens per text (default: the config's, else 32)")
   flags.DEFINE_bool("use_content", None, "json layout: title + content (full-text datasets)")
 

@@ -7,6 +7,7 @@ Versions:
      "phases" and "degraded" possibly missing.
   1  every field of `Progress` and "version".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,6 +34,7 @@ class Progress:
   hard_negatives: the refresh manager's HardNegatives.state_dict().
   degraded: the fallbacks so far (degraded.py).
   """
+
   epoch: int = 0
   step: int = 0
   global_step: int = 0
@@ -60,8 +62,12 @@ class Progress:
     """
     version = record.get("version", 0)
     if version > VERSION:
-      raise InputError(f"checkpoint progress record version {version} is newer than this "
-                       f"code's {VERSION}: resume it with the code that wrote it")
+      raise InputError(
+        f"checkpoint progress record version {version} is newer than this "
+        f"code's {VERSION}: resume it with the code that wrote it"
+      )
     known = {f.name for f in dataclasses.fields(cls)} - {"degraded"}
-    return cls(**{k: v for k, v in record.items() if k in known},
-               degraded=Degraded.from_json(record.get("degraded")))
+    return cls(
+      **{k: v for k, v in record.items() if k in known},
+      degraded=Degraded.from_json(record.get("degraded")),
+    )

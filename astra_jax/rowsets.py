@@ -1,5 +1,6 @@
 """Per-row set operations on ranked id arrays, vectorised with sorted (row, id) keys (numpy
 only: the refresh worker uses them too)."""
+
 from __future__ import annotations
 
 import threading
@@ -20,6 +21,7 @@ _TABLE_PER_ID = 64
 class _Scratch(threading.local):
   """An all-False id table per thread for `member(..., reuse_table=True)`: a fresh np.zeros
   of L bytes costs its page faults on every call; the entries a call sets, it clears."""
+
   table = np.zeros(0, bool)
 
   def get(self, cells: int) -> np.ndarray:
@@ -31,8 +33,9 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
-           reuse_table: bool = False) -> np.ndarray:
+def member(
+  ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray, reuse_table: bool = False
+) -> np.ndarray:
   """mask[i, j] = ids[i, j] belongs to row i's set, the sets given as (row, id) pairs; ids is
   (rows, k), -1 = none.
 
@@ -63,8 +66,9 @@ def member(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
   return mask
 
 
-def _member_by_table(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
-                     width: int) -> np.ndarray:
+def _member_by_table(
+  ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray, width: int
+) -> np.ndarray:
   """`member` for ids in [0, width), through a (rows x width) byte table built and read a
   chunk of rows at a time."""
   n = ids.shape[0]
@@ -73,7 +77,7 @@ def _member_by_table(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
   set_rows, set_ids = set_rows[inside], set_ids[inside]
   # the set entries grouped by chunk (a stable radix sort of small chunk numbers)
   chunks = -(-n // chunk)
-  of_chunk = (set_rows // chunk).astype(np.uint16 if chunks < 2 ** 16 else np.int64)
+  of_chunk = (set_rows // chunk).astype(np.uint16 if chunks < 2**16 else np.int64)
   order = np.argsort(of_chunk, kind="stable")
   bounds = np.searchsorted(of_chunk[order], np.arange(chunks + 1))
   table = np.zeros(chunk * width, bool)
@@ -81,16 +85,17 @@ def _member_by_table(ids: np.ndarray, set_rows: np.ndarray, set_ids: np.ndarray,
   out = np.empty(ids.shape, bool)
   for c, lo in enumerate(range(0, n, chunk)):
     hi = min(lo + chunk, n)
-    sel = order[bounds[c]:bounds[c + 1]]
+    sel = order[bounds[c] : bounds[c + 1]]
     keys = (set_rows[sel] - lo) * width + set_ids[sel]
     table[keys] = True
-    out[lo:hi] = table[local[:hi - lo] + ids[lo:hi]]
+    out[lo:hi] = table[local[: hi - lo] + ids[lo:hi]]
     table[keys] = False
   return out
 
 
-def shared_member(shared: np.ndarray, num_rows: int, set_rows: np.ndarray,
-                  set_ids: np.ndarray) -> np.ndarray:
+def shared_member(
+  shared: np.ndarray, num_rows: int, set_rows: np.ndarray, set_ids: np.ndarray
+) -> np.ndarray:
   """mask[i, j] = shared[j] belongs to row i's set: `member` for one id list shared by all
   rows (a batch's random negatives). Looks the (few) set entries up among the sorted shared
   ids instead of every (row, shared id) pair among the set entries: O(n log K) for n set

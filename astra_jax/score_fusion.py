@@ -16,6 +16,7 @@ Scoring runs through the exact blocked kernels over rows [w_l | E(z_l)/|E(z_l)|]
 and queries [E(x) | E(x)/|E(x)|] (n, 2d): exact over all L, in bounded memory; training's
 evaluations on W's shards (sharded_topk.py), the Predictor on W in one piece (predict.py).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,7 @@ class LabelTextFusion:
     text_scale: s, the inverse temperature of the cosine similarity.
     dim: d, the embedding width (the rows carry 2d columns).
   """
+
   text_weight: float
   text_scale: float
   dim: int
@@ -55,8 +57,9 @@ class LabelTextFusion:
 
   def label_rows(self, classifier: np.ndarray, label_text_embeddings: np.ndarray) -> np.ndarray:
     """(L, 2d) [w_l | E(z_l)/|E(z_l)|]."""
-    return np.concatenate([np.asarray(classifier, np.float32), _unit(label_text_embeddings)],
-                          axis=1)
+    return np.concatenate(
+      [np.asarray(classifier, np.float32), _unit(label_text_embeddings)], axis=1
+    )
 
   def __call__(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
     d = self.dim

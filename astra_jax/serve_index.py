@@ -11,6 +11,7 @@ Scores of the returned candidates are recomputed exactly as <w_l, e> from W, so 
 and exact paths report the same numbers for the same labels; rows for which ScaNN returns
 fewer than k candidates (only with extreme knobs) are completed by exact search.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,9 @@ _SERIAL_MAX = 16  # up to this many queries, search in the calling thread (no po
 MIN_ROWS = 64
 
 
-def serving_params(num_rows: int, k: int = 10, num_leaves: int = 0, leaves_to_search: int = 0,
-                   reorder: int = 0) -> ScannParams:
+def serving_params(
+  num_rows: int, k: int = 10, num_leaves: int = 0, leaves_to_search: int = 0, reorder: int = 0
+) -> ScannParams:
   """Knobs for top-k prediction (zeros: scaled to L): ~2 sqrt(L) leaves like the miner, a
   fifth of them (at least 64) searched, max(10 k, 200) candidates re-ranked exactly, and a
   partitioner made for inner products: AVQ centres (eta 1) and SOAR spilling (lambda 1.5).
@@ -49,8 +51,14 @@ def serving_params(num_rows: int, k: int = 10, num_leaves: int = 0, leaves_to_se
   0.92), at a 20-30% longer build; re-ranking more than 200 added nothing."""
   leaves = num_leaves or int(min(max(2 * math.sqrt(num_rows), 16), 20000))
   search = leaves_to_search or max(min(leaves, 64), leaves // 5)
-  return ScannParams(leaves, min(search, leaves), reorder or max(10 * k, 200),
-                     min(num_rows, max(250_000, 50 * leaves)), avq=1.0, soar_lambda=1.5)
+  return ScannParams(
+    leaves,
+    min(search, leaves),
+    reorder or max(10 * k, 200),
+    min(num_rows, max(250_000, 50 * leaves)),
+    avq=1.0,
+    soar_lambda=1.5,
+  )
 
 
 class ScannLabels:
@@ -77,8 +85,10 @@ class ScannLabels:
       ids[short] = ExactIndex(self.w).search(q[short], k)
     scores = np.einsum("nkd,nd->nk", self.w[ids], q)  # exact <w_l, e> for the candidates
     order = np.argsort(-scores, axis=1, kind="stable")
-    return (np.take_along_axis(scores, order, 1).astype(np.float32),
-            np.take_along_axis(ids, order, 1).astype(np.int32))
+    return (
+      np.take_along_axis(scores, order, 1).astype(np.float32),
+      np.take_along_axis(ids, order, 1).astype(np.int32),
+    )
 
 
 def _read_meta(path: str) -> dict | None:
@@ -89,13 +99,18 @@ def _read_meta(path: str) -> dict | None:
     return None
 
 
-def open_scann(model_path: str, model_id: str, w: np.ndarray, params: ScannParams,
-               rebuild: bool = False) -> ScannLabels:
+def open_scann(
+  model_path: str, model_id: str, w: np.ndarray, params: ScannParams, rebuild: bool = False
+) -> ScannLabels:
   """The cached index in model_path/scann when it was built for this model and these knobs,
   else a new one (saved there for next time; a read-only model dir only logs a warning)."""
   path = os.path.join(model_path, INDEX_DIR)
-  want = {"model_id": model_id, "num_rows": int(w.shape[0]), "dim": int(w.shape[1]),
-          "params": dataclasses.asdict(params)}
+  want = {
+    "model_id": model_id,
+    "num_rows": int(w.shape[0]),
+    "dim": int(w.shape[1]),
+    "params": dataclasses.asdict(params),
+  }
   have = None if rebuild else _read_meta(path)
   if have is not None and {k: have.get(k) for k in want} == want:
     t0 = time.time()
@@ -111,13 +126,15 @@ def open_scann(model_path: str, model_id: str, w: np.ndarray, params: ScannParam
       return ScannLabels(index, w, True, have.get("build_s", 0.0))
     logging.info("the ScaNN index in %s changed while loading; building one", path)
   elif have is not None:
-    logging.info("the ScaNN index in %s was built for another model or other knobs; "
-                 "rebuilding", path)
+    logging.info(
+      "the ScaNN index in %s was built for another model or other knobs; rebuilding", path
+    )
   t0 = time.time()
   index = ScannIndex(np.asarray(w, np.float32), 10, params)
   build_s = round(time.time() - t0, 2)
-  logging.info("built a ScaNN index over %d x %d classifier rows in %.1fs (%s)", *w.shape,
-               build_s, params)
+  logging.info(
+    "built a ScaNN index over %d x %d classifier rows in %.1fs (%s)", *w.shape, build_s, params
+  )
   tmp = os.path.join(model_path, f".{INDEX_DIR}.tmp-{tmpnames.unique_suffix()}")
   try:
     shutil.rmtree(tmp, ignore_errors=True)
@@ -127,6 +144,7 @@ def open_scann(model_path: str, model_id: str, w: np.ndarray, params: ScannParam
     replace_dir(tmp, path)
   except OSError as e:
     shutil.rmtree(tmp, ignore_errors=True)
-    logging.warning("could not save the ScaNN index into %s (%s); it is rebuilt on every "
-                    "start", path, e)
+    logging.warning(
+      "could not save the ScaNN index into %s (%s); it is rebuilt on every start", path, e
+    )
   return ScannLabels(index, w, False, build_s)

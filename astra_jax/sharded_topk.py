@@ -20,6 +20,7 @@ masked), so the shard is never padded or copied.
 The label-text fusion (score_fusion.py) runs through the same kernel with E(z_l)/|E(z_l)|
 laid out like W, each tile's [w_l | E(z_l)/|E(z_l)|] assembled on the fly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,15 @@ from astra_jax.sharding import ALL
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
 
 
-def _tile_topk(queries: jax.Array, label_parts: tuple[jax.Array, ...], k: int, label_block: int,
-               first_id: jax.Array, num_labels: int, score) -> tuple[jax.Array, jax.Array]:
+def _tile_topk(
+  queries: jax.Array,
+  label_parts: tuple[jax.Array, ...],
+  k: int,
+  label_block: int,
+  first_id: jax.Array,
+  num_labels: int,
+  score,
+) -> tuple[jax.Array, jax.Array]:
   """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
   label arrays (each (R, .)), one tile of `label_block` rows at a time."""
   rows = label_parts[0].shape[0]
@@ -51,8 +59,9 @@ def _tile_topk(queries: jax.Array, label_parts: tuple[jax.Array, ...], k: int, l
     best_s, best_i = carry
     nominal = t * lb
     start = jnp.minimum(nominal, rows - lb)  # the last tile is moved back inside the shard
-    tile = jnp.concatenate([jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts],
-                           axis=1)
+    tile = jnp.concatenate(
+      [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
+    )
     s = score(queries, tile)
     ids = first_id + start + local
     # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
@@ -81,6 +90,7 @@ class ShardedSearch:
     label_block: W rows scored per tile on each device.
     fusion: the label-text fusion, or None for <w_l, E(x)>.
   """
+
   mesh: jax.sharding.Mesh
   num_labels: int
   label_block: int = 32768
@@ -100,8 +110,9 @@ class ShardedSearch:
     (search, encoder, k) for the process's life: every evaluation of a run reuses it."""
     return _kernel(self, encode, k)
 
-  def label_parts(self, classifier: jax.Array, label_texts: np.ndarray | None
-                  ) -> tuple[jax.Array, ...]:
+  def label_parts(
+    self, classifier: jax.Array, label_texts: np.ndarray | None
+  ) -> tuple[jax.Array, ...]:
     """The arrays the kernel scores: (W,) or (W, E(z_l)/|E(z_l)|), both split over 'model'."""
     if self.fusion is None:
       return (classifier,)
@@ -111,9 +122,17 @@ class ShardedSearch:
     texts = np.pad(texts, ((0, classifier.shape[0] - len(texts)), (0, 0)))
     return (classifier, unit_rows(texts, self.mesh))
 
-  def search_rows(self, encode: EncodeFn, enc_params, tokens, lo: int, hi: int, k: int,
-                  label_parts: tuple[jax.Array, ...], batch_size: int
-                  ) -> list[tuple[int, np.ndarray]]:
+  def search_rows(
+    self,
+    encode: EncodeFn,
+    enc_params,
+    tokens,
+    lo: int,
+    hi: int,
+    k: int,
+    label_parts: tuple[jax.Array, ...],
+    batch_size: int,
+  ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
     Args:
@@ -139,7 +158,7 @@ class ShardedSearch:
       def read(index, start=start, stop=stop):
         a = start + (index[0].start or 0)
         b = start + (q if index[0].stop is None else index[0].stop)
-        ids = np.asarray(tokens[min(a, stop):min(b, stop)], np.int32)
+        ids = np.asarray(tokens[min(a, stop) : min(b, stop)], np.int32)
         return np.pad(ids, ((0, (b - a) - len(ids)), (0, 0)))
 
       ids = jax.make_array_from_callback((q, tokens.shape[1]), sharding, read)
@@ -155,8 +174,12 @@ class ShardedSearch:
 @functools.lru_cache(maxsize=32)
 def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
   """ShardedSearch.kernel's compiled function."""
-  mesh, fusion, num_labels, label_block = (search.mesh, search.fusion, search.num_labels,
-                                           search.label_block)
+  mesh, fusion, num_labels, label_block = (
+    search.mesh,
+    search.fusion,
+    search.num_labels,
+    search.label_block,
+  )
   score = _dot if fusion is None else fusion
 
   def body(emb, *label_parts):
@@ -173,17 +196,25 @@ def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
     top_i = jnp.take_along_axis(cand_i, pos, axis=1)
     mine = emb.shape[0]
     start = jax.lax.axis_index("model") * mine
-    return (jax.lax.dynamic_slice_in_dim(top_s, start, mine),
-            jax.lax.dynamic_slice_in_dim(top_i, start, mine))
+    return (
+      jax.lax.dynamic_slice_in_dim(top_s, start, mine),
+      jax.lax.dynamic_slice_in_dim(top_i, start, mine),
+    )
 
   parts = 1 if fusion is None else 2
-  sharded = jax.shard_map(body, mesh=mesh, in_specs=(P(ALL),) + (P("model"),) * parts,
-                          out_specs=(P(ALL), P(ALL)), check_vma=False)
+  sharded = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P(ALL),) + (P("model"),) * parts,
+    out_specs=(P(ALL), P(ALL)),
+    check_vma=False,
+  )
   query_sharding = NamedSharding(mesh, P(ALL))
 
   def run(enc_params, ids, *label_parts):
     emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
     return sharded(emb, *label_parts)
+
   return jax.jit(run)
 
 
@@ -205,4 +236,5 @@ def unit_rows(x: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
   def unit(x):
     x = x.astype(jnp.float32)
     return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
   return unit(jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]))

@@ -6,6 +6,7 @@ parallel; W's rows are split over 'model' (shard s holds rows [s R, (s+1) R) of 
 matrix); the queries of one 'data' group are scored against every W shard of that group
 (the classifier kernel that does so: classifier.py).
 """
+
 from __future__ import annotations
 
 import jax
@@ -28,8 +29,7 @@ def _spec(axes: tuple, micro_axis: bool) -> P:
 def label_specs(labels: LabelBatch, micro_axis: bool = False) -> LabelBatch:
   """Each label array's PartitionSpec (None where the field is absent); `micro_axis`: the
   arrays carry the leading micro-batch axis (never split)."""
-  return LabelBatch(*(None if a is None else _spec(a, micro_axis)
-                      for a in label_axes(labels)))
+  return LabelBatch(*(None if a is None else _spec(a, micro_axis) for a in label_axes(labels)))
 
 
 def batch_specs(batch: TrainBatch) -> TrainBatch:
@@ -50,14 +50,15 @@ def make_mesh(data: int, model: int, devices=None) -> jax.sharding.Mesh:
   if data * model == 1:
     devices = devices[:1]
   elif data * model != n:
-    raise InputError(f"config.mesh: {data} x {model} needs {data * model} devices, have {n} "
-                     f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={data * model} "
-                     f"fakes them)")
+    raise InputError(
+      f"config.mesh: {data} x {model} needs {data * model} devices, have {n} "
+      f"(on CPU, XLA_FLAGS=--xla_force_host_platform_device_count={data * model} "
+      f"fakes them)"
+    )
   grid = mesh_topology.hybrid_grid(devices, data, model) if data * model > 1 else None
   if grid is not None:
     return jax.sharding.Mesh(grid, ALL, axis_types=(AxisType.Auto,) * 2)
-  return jax.make_mesh((data, model), ALL, axis_types=(AxisType.Auto,) * 2,
-                       devices=devices)
+  return jax.make_mesh((data, model), ALL, axis_types=(AxisType.Auto,) * 2, devices=devices)
 
 
 def padded_rows(num_labels: int, mesh: jax.sharding.Mesh) -> int:
@@ -80,8 +81,10 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
   """Encoder and optimizer state replicated, V (and the classifier's momentum state's
   per-row arrays) split by rows over 'model'."""
   rep = NamedSharding(mesh, P())
-  params = {"encoder": jax.device_put(params["encoder"], rep),
-            "classifier": jax.device_put(params["classifier"], NamedSharding(mesh, P("model")))}
+  params = {
+    "encoder": jax.device_put(params["encoder"], rep),
+    "classifier": jax.device_put(params["classifier"], NamedSharding(mesh, P("model"))),
+  }
   rest = {k: v for k, v in opt_state.items() if k != "momentum"}
   out = jax.device_put(rest, rep)
   if "momentum" in opt_state:
@@ -91,14 +94,14 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh):
 
 def shard_batch(batch: TrainBatch, mesh: jax.sharding.Mesh) -> TrainBatch:
   """Host arrays -> global arrays; each process only reads the slices its devices hold."""
+
   def put(x, spec):
-    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec),
-                                        lambda idx: x[idx])
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
+
   return jax.tree.map(put, batch, batch_specs(batch))
 
 
-def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int
-                       ) -> np.ndarray:
+def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int) -> np.ndarray:
   """(A, B/A) bool: the queries whose tokens this process's devices hold."""
   sharding = NamedSharding(mesh, _spec(INPUT_AXES, True))
   mask = np.zeros((micro_batches, micro_batch), bool)
@@ -110,5 +113,4 @@ def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch:
 def local_model_shards(mesh: jax.sharding.Mesh) -> list[int]:
   """The W shards ('model' indices) that live on this process's devices."""
   local = {d.id for d in jax.local_devices()}
-  return [m for m in range(mesh.shape["model"])
-          if any(d.id in local for d in mesh.devices[:, m])]
+  return [m for m in range(mesh.shape["model"]) if any(d.id in local for d in mesh.devices[:, m])]

@@ -4,6 +4,7 @@ On a profiled step the loop times the batch's transfer, then the first micro-bat
 encoder forward, classifier forward and loss as separately compiled functions, then the
 fused step it actually trains with; backward + update is the step minus those forwards.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,12 +27,19 @@ class StepProfiler:
   """Times `profile_steps` warm steps (the second epoch's when there is one: compilation and
   first-touch effects stay out). `phases` (seconds per phase) is saved in checkpoints."""
 
-  def __init__(self, graphdef, steps_per_epoch: int, epochs: int, profile_steps: int,
-               mesh: jax.sharding.Mesh | None = None):
+  def __init__(
+    self,
+    graphdef,
+    steps_per_epoch: int,
+    epochs: int,
+    profile_steps: int,
+    mesh: jax.sharding.Mesh | None = None,
+  ):
     self._encoder = jax.jit(lambda p, ids, key: nnx.merge(graphdef, p)(ids, dropout_key=key))
     # The classifier's forward as the step runs it: each shard scores its own rows.
-    self._scores = (jax.jit(loss.classifier_scores) if mesh is None
-                    else classifier.classifier_forward(mesh))
+    self._scores = (
+      jax.jit(loss.classifier_scores) if mesh is None else classifier.classifier_forward(mesh)
+    )
     self._loss = jax.jit(loss.batch_loss)
     first = steps_per_epoch + 2 if epochs > 1 else min(3, steps_per_epoch - 1)
     self._at = set(range(first, first + profile_steps))
@@ -41,8 +49,16 @@ class StepProfiler:
   def wants(self, global_step: int) -> bool:
     return global_step in self._at
 
-  def before_step(self, t_start: float, prep_s: float, batch: TrainBatch, encoder_params,
-                  classifier: jax.Array, w_scale: jax.Array, key: jax.Array) -> None:
+  def before_step(
+    self,
+    t_start: float,
+    prep_s: float,
+    batch: TrainBatch,
+    encoder_params,
+    classifier: jax.Array,
+    w_scale: jax.Array,
+    key: jax.Array,
+  ) -> None:
     """Times the transfer of `batch` (started at `t_start`) and the forward phases of its
     first micro-batch. w_scale: W = w_scale * classifier (the sparse step's V; traced, so
     the gather fuses as in the step)."""
@@ -71,7 +87,12 @@ class StepProfiler:
     if out["step"] is not None:
       fwd = sum(out[k] for k in ("encoder_forward", "classifier_forward", "loss"))
       out["backward_update"] = round(max(out["step"] - fwd, 0.0), 3)
-    return {"unit": "ms (median over profiled steps)", "steps_profiled": len(self.phases["step"]),
-            "batch_size": batch_size, **out, "mean_step_wall_ms": _median_ms(step_times),
-            "note": "step = the fused forward+backward+update actually used; backward_update ="
-                    " step - (encoder_forward + classifier_forward + loss)"}
+    return {
+      "unit": "ms (median over profiled steps)",
+      "steps_profiled": len(self.phases["step"]),
+      "batch_size": batch_size,
+      **out,
+      "mean_step_wall_ms": _median_ms(step_times),
+      "note": "step = the fused forward+backward+update actually used; backward_update ="
+      " step - (encoder_forward + classifier_forward + loss)",
+    }

@@ -8,6 +8,7 @@ differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L 
 and the reference the sparse step is tested against); its `scale` stays 1, its `step`
 counts every step (it never skips) and it has no momentum state of its own.
 """
+
 from __future__ import annotations
 
 import functools
@@ -39,6 +40,7 @@ class TrainState:
   momentum: the classifier's momentum state (sparse step with momentum), else None.
   dense: which step's optimizer state `opt` is (static: it fixes the checkpoint layout).
   """
+
   encoder: Any
   classifier: jax.Array
   opt: optax.OptState
@@ -60,6 +62,7 @@ StepFn = Callable[[TrainState, TrainBatch, jax.Array], tuple[TrainState, jax.Arr
 class Steps(NamedTuple):
   """The jitted steps of a run. mining: the `uptodate` step that mines k_h inside the step
   (used from tau_s on, when the schedule asks for hard negatives), else None."""
+
   train: StepFn
   mining: StepFn | None = None
 
@@ -68,9 +71,13 @@ class Steps(NamedTuple):
 
 
 # ------------------------------------------------------------------------------ state
-def init_sparse_state(tx_encoder: optax.GradientTransformation, params: dict,
-                      initial_loss_scale: float = 1.0, momentum_steps: int = 0,
-                      mesh: jax.sharding.Mesh | None = None) -> TrainState:
+def init_sparse_state(
+  tx_encoder: optax.GradientTransformation,
+  params: dict,
+  initial_loss_scale: float = 1.0,
+  momentum_steps: int = 0,
+  mesh: jax.sharding.Mesh | None = None,
+) -> TrainState:
   """The sparse step's state.
 
   Args:
@@ -87,17 +94,32 @@ def init_sparse_state(tx_encoder: optax.GradientTransformation, params: dict,
   momentum = None
   if momentum_steps:
     make = functools.partial(sparse_momentum.init, *params["classifier"].shape, momentum_steps)
-    momentum = make() if mesh is None else jax.jit(
-        make, out_shardings=sharding.momentum_shardings(mesh))()
-  return TrainState(params["encoder"], params["classifier"], tx_encoder.init(params["encoder"]),
-                    jnp.float32(1.0), jnp.int32(0), loss_scale.init(initial_loss_scale),
-                    momentum)
+    momentum = (
+      make() if mesh is None else jax.jit(make, out_shardings=sharding.momentum_shardings(mesh))()
+    )
+  return TrainState(
+    params["encoder"],
+    params["classifier"],
+    tx_encoder.init(params["encoder"]),
+    jnp.float32(1.0),
+    jnp.int32(0),
+    loss_scale.init(initial_loss_scale),
+    momentum,
+  )
 
 
 def init_dense_state(tx: optax.GradientTransformation, params: dict) -> TrainState:
   """The dense step's state: optax's over all of {"encoder", "classifier"}."""
-  return TrainState(params["encoder"], params["classifier"], tx.init(params), jnp.float32(1.0),
-                    jnp.int32(0), loss_scale.init(1.0), None, dense=True)
+  return TrainState(
+    params["encoder"],
+    params["classifier"],
+    tx.init(params),
+    jnp.float32(1.0),
+    jnp.int32(0),
+    loss_scale.init(1.0),
+    None,
+    dense=True,
+  )
 
 
 def shard_state(state: TrainState, mesh) -> TrainState:
@@ -129,22 +151,37 @@ def from_saved(like: TrainState, params: dict, opt_state: Any, global_step: int)
   """The state `saved_layout` wrote, of the same step as `like`; the dense step's applied
   steps are its global steps (it never skips one)."""
   if like.dense:
-    return like.replace(encoder=params["encoder"], classifier=params["classifier"],
-                        opt=opt_state, step=jnp.int32(global_step))
+    return like.replace(
+      encoder=params["encoder"],
+      classifier=params["classifier"],
+      opt=opt_state,
+      step=jnp.int32(global_step),
+    )
   return _from_sparse_opt_dict(params, opt_state)
 
 
 def _sparse_opt_dict(state: TrainState) -> dict:
-  opt = {"encoder": state.opt, "scale": state.scale, "step": state.step,
-         "loss_scale": state.loss_scale}
+  opt = {
+    "encoder": state.opt,
+    "scale": state.scale,
+    "step": state.step,
+    "loss_scale": state.loss_scale,
+  }
   if state.momentum is not None:
     opt["momentum"] = state.momentum
   return opt
 
 
 def _from_sparse_opt_dict(params: dict, opt: dict) -> TrainState:
-  return TrainState(params["encoder"], params["classifier"], opt["encoder"], opt["scale"],
-                    opt["step"], opt["loss_scale"], opt.get("momentum"))
+  return TrainState(
+    params["encoder"],
+    params["classifier"],
+    opt["encoder"],
+    opt["scale"],
+    opt["step"],
+    opt["loss_scale"],
+    opt.get("momentum"),
+  )
 
 
 # ------------------------------------------------------------------------------ steps
@@ -159,8 +196,11 @@ def mine_in_step(emb: jax.Array, w: jax.Array, labels: LabelBatch, k: int) -> La
   _, hard = jax.lax.top_k(scores, k)
   rand = labels.rand_ids if labels.per_query_random else labels.rand_ids[None]
   hit = (rand[:, :, None] == hard[:, None, :]).any(-1)
-  return labels._replace(hard_ids=hard.astype(jnp.int32), hard_mask=jnp.ones_like(hard, bool),
-                         rand_mask=labels.rand_mask & ~hit)
+  return labels._replace(
+    hard_ids=hard.astype(jnp.int32),
+    hard_mask=jnp.ones_like(hard, bool),
+    rand_mask=labels.rand_mask & ~hit,
+  )
 
 
 def encode(graphdef, enc_params, ids: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -175,8 +215,9 @@ def _micro_keys(key: jax.Array, n: int) -> jax.Array:
   return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(n))
 
 
-def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0,
-                    full_block: int = 0) -> StepFn:
+def make_train_step(
+  graphdef, tx: optax.GradientTransformation, uptodate_k: int = 0, full_block: int = 0
+) -> StepFn:
   """The dense step (one device): autodiff w.r.t. all of W and the optax chain of optim.py.
 
   Batch arrays are (A, B/A, ...): the gradients of the A micro-batches are summed before
@@ -198,8 +239,9 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
     emb, pooled = encode(graphdef, params["encoder"], batch.input_ids, key)
     labels = batch.labels
     if full_block:
-      value = loss.full_bce_chunked(emb, params["classifier"], labels.all_pos_ids,
-                                    labels.all_pos_ids >= 0, full_block)
+      value = loss.full_bce_chunked(
+        emb, params["classifier"], labels.all_pos_ids, labels.all_pos_ids >= 0, full_block
+      )
     else:
       if uptodate_k:
         labels = mine_in_step(pooled, params["classifier"], labels, uptodate_k)
@@ -220,16 +262,24 @@ def make_train_step(graphdef, tx: optax.GradientTransformation, uptodate_k: int 
     grads, (values, pooled) = jax.lax.scan(micro, zeros, (batch, _micro_keys(key, a)))
     updates, opt = tx.update(grads, state.opt, params)
     params = optax.apply_updates(params, updates)
-    state = state.replace(encoder=params["encoder"], classifier=params["classifier"], opt=opt,
-                          step=state.step + 1)
+    state = state.replace(
+      encoder=params["encoder"], classifier=params["classifier"], opt=opt, step=state.step + 1
+    )
     return state, values.sum(), pooled.reshape(-1, pooled.shape[-1])
 
   return train_step
 
 
-def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, lr_schedule,
-                           weight_decay: float, mesh, global_batch: int,
-                           loss_scaling: str = "off", momentum: float = 0.0) -> StepFn:
+def make_sparse_train_step(
+  graphdef,
+  tx_encoder: optax.GradientTransformation,
+  lr_schedule,
+  weight_decay: float,
+  mesh,
+  global_batch: int,
+  loss_scaling: str = "off",
+  momentum: float = 0.0,
+) -> StepFn:
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
   The encoder runs data-parallel under jit's partitioning; the classifier through
@@ -257,8 +307,11 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     the state donated.
   """
   grads_kernel = classifier.classifier_grads(mesh, global_batch)
-  update_kernel = (classifier.classifier_momentum_update(mesh, weight_decay, momentum)
-                   if momentum else classifier.classifier_update(mesh, weight_decay))
+  update_kernel = (
+    classifier.classifier_momentum_update(mesh, weight_decay, momentum)
+    if momentum
+    else classifier.classifier_update(mesh, weight_decay)
+  )
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):
@@ -268,15 +321,15 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
 
     def micro(acc, xs):
       mb, k = xs
-      emb, enc_vjp, pooled = jax.vjp(lambda p: encode(graphdef, p, mb.input_ids, k),
-                                     state.encoder, has_aux=True)
+      emb, enc_vjp, pooled = jax.vjp(
+        lambda p: encode(graphdef, p, mb.input_ids, k), state.encoder, has_aux=True
+      )
       value, d_emb, row_grads = grads_kernel(emb, v, scale, mb.labels, state.momentum)
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
       return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
 
     zeros = jax.tree.map(jnp.zeros_like, state.encoder)
-    g_enc, (values, row_grads, pooled) = jax.lax.scan(micro, zeros,
-                                                      (batch, _micro_keys(key, a)))
+    g_enc, (values, row_grads, pooled) = jax.lax.scan(micro, zeros, (batch, _micro_keys(key, a)))
     g_enc = jax.tree.map(lambda g: g / s, g_enc)
     value = values.sum()
     ok = jnp.bool_(True)
@@ -284,8 +337,8 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
       ok = loss_scale.all_finite((g_enc, row_grads)) & jnp.isfinite(value)
       # lr 0 alone would still add 0 * inf = nan to V
       row_grads = jax.tree.map(
-          lambda g: jnp.where(ok, g, 0.0) if jnp.issubdtype(g.dtype, jnp.floating) else g,
-          row_grads)
+        lambda g: jnp.where(ok, g, 0.0) if jnp.issubdtype(g.dtype, jnp.floating) else g, row_grads
+      )
     updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
     encoder = optax.apply_updates(state.encoder, updates)
     lr = jnp.where(ok, lr_schedule(state.step), 0.0)
@@ -295,12 +348,18 @@ def make_sparse_train_step(graphdef, tx_encoder: optax.GradientTransformation, l
     else:
       v, scale = update_kernel(v, scale, row_grads, lr)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-    new_loss_scale = (loss_scale.adjust(state.loss_scale, ok) if loss_scaling == "dynamic"
-                      else state.loss_scale)
-    state = state.replace(encoder=keep(encoder, state.encoder), classifier=v,
-                          opt=keep(enc_opt, state.opt), scale=scale,
-                          step=state.step + ok.astype(jnp.int32), loss_scale=new_loss_scale,
-                          momentum=momentum_state)
+    new_loss_scale = (
+      loss_scale.adjust(state.loss_scale, ok) if loss_scaling == "dynamic" else state.loss_scale
+    )
+    state = state.replace(
+      encoder=keep(encoder, state.encoder),
+      classifier=v,
+      opt=keep(enc_opt, state.opt),
+      scale=scale,
+      step=state.step + ok.astype(jnp.int32),
+      loss_scale=new_loss_scale,
+      momentum=momentum_state,
+    )
     return state, value, pooled.reshape(-1, pooled.shape[-1])
 
   return train_step

@@ -9,6 +9,7 @@ records training also writes to metrics.jsonl:
       every evaluation, at the global step of the epoch it follows (a tag allows no `@` and
       no space: `P@1` is written `P_at_1`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,8 @@ class EventLog:
 
   def __init__(self, logdir: str, steps_per_epoch: int):
     """Args:
-      logdir: where the event file goes (the workdir).
-      steps_per_epoch: places an evaluation after epoch e at global step e x this.
+    logdir: where the event file goes (the workdir).
+    steps_per_epoch: places an evaluation after epoch e at global step e x this.
     """
     self.logdir, self.steps_per_epoch = logdir, steps_per_epoch
     self._writer = None
@@ -51,13 +52,17 @@ class EventLog:
       step, scalars = record["step"], {f"train/{k}": record.get(k) for k in TRAIN_SCALARS}
     elif record["kind"] == "eval":
       step = record["epoch"] * self.steps_per_epoch
-      scalars = {f"{record['split']}/{metric_tag(k)}": v for k, v in record.items()
-                 if k not in EVAL_CONTEXT and k != "kind"}
+      scalars = {
+        f"{record['split']}/{metric_tag(k)}": v
+        for k, v in record.items()
+        if k not in EVAL_CONTEXT and k != "kind"
+      }
     else:
       return
     if self._writer is None:
       self._writer = SummaryWriter(
-          self.logdir, purge_step=step if record["kind"] == "train" else None)
+        self.logdir, purge_step=step if record["kind"] == "train" else None
+      )
     for tag, value in scalars.items():
       if isinstance(value, (int, float)):  # a non-finite loss is None: no point
         self._writer.add_scalar(tag, value, step)

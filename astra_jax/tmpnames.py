@@ -4,6 +4,7 @@ A workdir, a dataset's token cache or a model directory may sit on a file system
 several nodes share; process ids repeat across nodes (and across a container's restarts),
 so a name made from the PID alone can be another process's half-written file.
 """
+
 from __future__ import annotations
 
 import os

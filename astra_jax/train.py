@@ -4,6 +4,7 @@ This module builds a run's parts and reads top to bottom; the loop itself is tra
 the steps steps.py's, the evaluations evaluation.py's. Outputs in the workdir:
 results.json, time_breakup.json, metrics.jsonl (one JSON object per log line / evaluation).
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,9 +18,26 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from absl import logging
 from flax import nnx
 
-from astra_jax import (ann_eval, baselines, checkpoint, classifier_init, config_base, cpu_budget,
-                       device_check, distributed, evaluation, faults, final_eval, host_memory,
-                       metrics, optim, score_fusion, sharding, steps, warmstart)
+from astra_jax import (
+  ann_eval,
+  baselines,
+  checkpoint,
+  classifier_init,
+  config_base,
+  cpu_budget,
+  device_check,
+  distributed,
+  evaluation,
+  faults,
+  final_eval,
+  host_memory,
+  metrics,
+  optim,
+  score_fusion,
+  sharding,
+  steps,
+  warmstart,
+)
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.embedding import embed, make_embed_fn
@@ -58,9 +76,13 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
     distributed.barrier("tokenized data")
   if dc.get("label_subset", 0):
     data = label_subset.restrict(data, dc.label_subset, dc.label_subset_seed)
-    logging.info("label subset: %d labels (seed %d), %d training and %d test queries",
-                 data.num_labels, dc.label_subset_seed, data.num_train_original,
-                 data.test_labels.num_rows)
+    logging.info(
+      "label subset: %d labels (seed %d), %d training and %d test queries",
+      data.num_labels,
+      dc.label_subset_seed,
+      data.num_train_original,
+      data.test_labels.num_rows,
+    )
   return data
 
 
@@ -77,8 +99,10 @@ def load_splits(config: ml_collections.ConfigDict) -> tuple[dataset.XCData, data
 
 def uses_sparse_step(config: ml_collections.ConfigDict) -> bool:
   """The sparse ASTRA step, or the dense one (a dense-only strategy touches every label)."""
-  return (config.optim.classifier_update == "sparse"
-          and not strategies.get(config.negatives.strategy).dense_update_only)
+  return (
+    config.optim.classifier_update == "sparse"
+    and not strategies.get(config.negatives.strategy).dense_update_only
+  )
 
 
 def check_layout(config: ml_collections.ConfigDict, mesh, sparse: bool) -> int:
@@ -86,42 +110,61 @@ def check_layout(config: ml_collections.ConfigDict, mesh, sparse: bool) -> int:
   num_devices = mesh.devices.size
   device_check.check_mesh(num_devices)
   if num_devices > 1 and not sparse:
-    raise InputError("config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
-                     f"and a strategy that is not dense-only "
-                     f"({config.negatives.strategy} is)")
+    raise InputError(
+      "config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
+      f"and a strategy that is not dense-only "
+      f"({config.negatives.strategy} is)"
+    )
   accum = config.train.grad_accum_steps
   micro_batch = config.train.batch_size // accum
   if config.train.batch_size % accum or micro_batch % num_devices:
-    raise InputError(f"config.train.batch_size={config.train.batch_size} must split into "
-                     f"grad_accum_steps={accum} micro-batches divisible by the mesh's "
-                     f"{num_devices} devices")
+    raise InputError(
+      f"config.train.batch_size={config.train.batch_size} must split into "
+      f"grad_accum_steps={accum} micro-batches divisible by the mesh's "
+      f"{num_devices} devices"
+    )
   return micro_batch
 
 
-def make_state_and_steps(config: ml_collections.ConfigDict, graphdef, params: dict, mesh,
-                         total_steps: int, sparse: bool, steps_per_epoch: int
-                         ) -> tuple[steps.TrainState, steps.Steps]:
+def make_state_and_steps(
+  config: ml_collections.ConfigDict,
+  graphdef,
+  params: dict,
+  mesh,
+  total_steps: int,
+  sparse: bool,
+  steps_per_epoch: int,
+) -> tuple[steps.TrainState, steps.Steps]:
   """The train state laid out on the mesh and the run's jitted steps (for `uptodate` also
   the step that mines k_h in the step)."""
   nc, strategy = config.negatives, strategies.get(config.negatives.strategy)
   if sparse:
     tx = optim.encoder_optimizer(config.optim, total_steps)
     beta = config.optim.classifier_momentum
-    state = steps.shard_state(steps.init_sparse_state(
-        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0, mesh),
-        mesh)
+    state = steps.shard_state(
+      steps.init_sparse_state(
+        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0, mesh
+      ),
+      mesh,
+    )
     train_step = steps.make_sparse_train_step(
-        graphdef, tx, optim.classifier_schedule(config.optim, total_steps),
-        config.optim.classifier_weight_decay, mesh, config.train.batch_size,
-        optim.loss_scaling(config), beta)
+      graphdef,
+      tx,
+      optim.classifier_schedule(config.optim, total_steps),
+      config.optim.classifier_weight_decay,
+      mesh,
+      config.train.batch_size,
+      optim.loss_scaling(config),
+      beta,
+    )
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
     state = steps.init_dense_state(tx, params)
     train_step = steps.make_train_step(
-        graphdef, tx, 0, config.train.full_label_block if strategy.full_loss else 0)
+      graphdef, tx, 0, config.train.full_label_block if strategy.full_loss else 0
+    )
   # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
-  mining_step = (steps.make_train_step(graphdef, tx, nc.k_h) if strategy.mined_in_step
-                 else None)
+  mining_step = steps.make_train_step(graphdef, tx, nc.k_h) if strategy.mined_in_step else None
   return state, steps.Steps(train_step, mining_step)
 
 
@@ -131,8 +174,9 @@ def back_with_huge_pages(classifier: jax.Array) -> None:
   t = time.time()
   advised = host_memory.back_with_huge_pages(classifier)
   if advised:
-    logging.info("classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9,
-                 time.time() - t)
+    logging.info(
+      "classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9, time.time() - t
+    )
 
 
 def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
@@ -148,51 +192,88 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   except InputError as e:
     refused = e
   if distributed.any_true([refused is not None])[0]:
-    raise refused or InputError(f"{workdir}/config.json: another process refused this "
-                                "workdir's config")
+    raise refused or InputError(
+      f"{workdir}/config.json: another process refused this workdir's config"
+    )
 
 
-def make_hard_negatives(config: ml_collections.ConfigDict, schedule: NegativeSchedule,
-                        sampler: NegativeSampler, mesh, data: dataset.XCData, dim: int,
-                        workdir: str) -> HardNegatives:
+def make_hard_negatives(
+  config: ml_collections.ConfigDict,
+  schedule: NegativeSchedule,
+  sampler: NegativeSampler,
+  mesh,
+  data: dataset.XCData,
+  dim: int,
+  workdir: str,
+) -> HardNegatives:
   """The refresh manager for the W shards this process holds (each process mines its own)."""
   nc = config.negatives
   local_shards = sharding.local_model_shards(mesh)
   return HardNegatives(
-      schedule, workdir if jax.process_count() == 1 else
-      os.path.join(workdir, f"process{jax.process_index()}"),
-      data.train_labels, dim, nc.index,
-      {"num_leaves": nc.scann_leaves, "leaves_to_search": nc.scann_leaves_to_search,
-       "reorder": nc.scann_reorder, "rows_per_query": nc.scann_rows_per_query},
-      nc.recall_sample, config.train.seed, nc.inject_fault,
-      shards=sampler.shard_bounds[local_shards].tolist(), shard_ids=local_shards,
-      num_shards=mesh.shape["model"],
-      # One file of collected query embeddings for all processes (each holds them all).
-      queries_dir=os.path.join(workdir, "negatives"), writes_queries=distributed.is_leader(),
-      threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads))
+    schedule,
+    workdir if jax.process_count() == 1 else os.path.join(workdir, f"process{jax.process_index()}"),
+    data.train_labels,
+    dim,
+    nc.index,
+    {
+      "num_leaves": nc.scann_leaves,
+      "leaves_to_search": nc.scann_leaves_to_search,
+      "reorder": nc.scann_reorder,
+      "rows_per_query": nc.scann_rows_per_query,
+    },
+    nc.recall_sample,
+    config.train.seed,
+    nc.inject_fault,
+    shards=sampler.shard_bounds[local_shards].tolist(),
+    shard_ids=local_shards,
+    num_shards=mesh.shape["model"],
+    # One file of collected query embeddings for all processes (each holds them all).
+    queries_dir=os.path.join(workdir, "negatives"),
+    writes_queries=distributed.is_leader(),
+    threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads),
+  )
 
 
-def make_negatives_and_batches(config: ml_collections.ConfigDict, data: dataset.XCData, mesh,
-                               micro_batch: int, dim: int, workdir: str
-                               ) -> tuple[HardNegatives, TrainBatches]:
+def make_negatives_and_batches(
+  config: ml_collections.ConfigDict,
+  data: dataset.XCData,
+  mesh,
+  micro_batch: int,
+  dim: int,
+  workdir: str,
+) -> tuple[HardNegatives, TrainBatches]:
   """The refresh manager (the schedule's hard negatives) and the training batches (the
   sampler's positives, hard and random negatives, this process's token rows)."""
   nc = config.negatives
   schedule = NegativeSchedule.from_config(config)
   if schedule.index_over is IndexOver.LABEL_TEXT and data.label_tokens is None:
-    raise InputError(f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
-                     f"but {data.data_dir} has no label texts")
+    raise InputError(
+      f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
+      f"but {data.data_dir} has no label texts"
+    )
   sampler = NegativeSampler(
-      data.train_labels, nc.k_p, nc.k_h, nc.k_r, mesh.shape["model"],
-      per_query_random=nc.random_draws == "per_query",
-      all_positives=(max(1, data.train_labels.max_row_length())
-                     if schedule.strategy.needs_all_positives else 0))
+    data.train_labels,
+    nc.k_p,
+    nc.k_h,
+    nc.k_r,
+    mesh.shape["model"],
+    per_query_random=nc.random_draws == "per_query",
+    all_positives=(
+      max(1, data.train_labels.max_row_length()) if schedule.strategy.needs_all_positives else 0
+    ),
+  )
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
   accum = config.train.grad_accum_steps
-  batches = TrainBatches(data.train_tokens, sampler, config.train.batch_size, config.train.seed,
-                         config.train.prefetch, accum,
-                         sharding.process_token_rows(mesh, accum, micro_batch),
-                         config.train.input_threads)
+  batches = TrainBatches(
+    data.train_tokens,
+    sampler,
+    config.train.batch_size,
+    config.train.seed,
+    config.train.prefetch,
+    accum,
+    sharding.process_token_rows(mesh, accum, micro_batch),
+    config.train.input_threads,
+  )
   return hard_negatives, batches
 
 
@@ -203,13 +284,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   steps under a hang watchdog (`train.hang_timeout_s`, watchdog.py)."""
   config_base.validate(config)
   precision = config.encoder.matmul_precision
-  with (jax.default_matmul_precision(None if precision == "default" else precision),
-        HangWatchdog(config.train.hang_timeout_s, jax.process_index()) as hang_watchdog):
+  with (
+    jax.default_matmul_precision(None if precision == "default" else precision),
+    HangWatchdog(config.train.hang_timeout_s, jax.process_index()) as hang_watchdog,
+  ):
     return _train_and_evaluate(config, workdir, hang_watchdog)
 
 
-def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                        hang_watchdog: HangWatchdog) -> dict:
+def _train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, hang_watchdog: HangWatchdog
+) -> dict:
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
@@ -227,50 +311,99 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
   if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
-    raise InputError(f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
-                     f"the fused score needs label texts, and {data.data_dir} has none")
+    raise InputError(
+      f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
+      f"the fused score needs label texts, and {data.data_dir} has none"
+    )
   if config.warmstart.epochs:
     enc_params = warmstart.run(
-        config, graphdef, enc_params, data.train_tokens, data.label_tokens,
-        warmstart.training_pairs(data.train_labels, data.num_train_original), workdir)
+      config,
+      graphdef,
+      enc_params,
+      data.train_tokens,
+      data.label_tokens,
+      warmstart.training_pairs(data.train_labels, data.num_train_original),
+      workdir,
+    )
   embed_fn = make_embed_fn(graphdef)
   w_layout = NamedSharding(mesh, P("model"))
   if checkpoint.has_complete_step(workdir):
     # The resume replaces W by the checkpoint's: its start would be thrown away (from the
     # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
-    w = jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32),
-                out_shardings=w_layout)()
+    w = jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
   else:
     w = classifier_init.initial_classifier(
-        config, rows, d, seed, data.label_tokens,
-        lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size), w_layout)
+      config,
+      rows,
+      d,
+      seed,
+      data.label_tokens,
+      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
+      w_layout,
+    )
 
   # ---- negatives and batches
-  hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d,
-                                                       workdir)
+  hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d, workdir)
   steps_per_epoch = batches.steps_per_epoch
   total_steps = steps_per_epoch * config.train.epochs
 
   # ---- state, steps, trainer
-  state, run_steps = make_state_and_steps(config, graphdef, {"encoder": enc_params,
-                                                             "classifier": w},
-                                          mesh, total_steps, sparse, steps_per_epoch)
+  state, run_steps = make_state_and_steps(
+    config,
+    graphdef,
+    {"encoder": enc_params, "classifier": w},
+    mesh,
+    total_steps,
+    sparse,
+    steps_per_epoch,
+  )
   del w  # the state holds W from here
   # Propensities from the original training rows (label-text rows would add 1 to each n_l).
-  inv_prop = metrics.inverse_propensity(data.train_labels.head(data.num_train_original),
-                                        config.data.propensity_A, config.data.propensity_B)
+  inv_prop = metrics.inverse_propensity(
+    data.train_labels.head(data.num_train_original),
+    config.data.propensity_A,
+    config.data.propensity_B,
+  )
   leader = distributed.is_leader()  # writes the run's files; every process logs
-  log = TrainLog(os.path.join(workdir, "metrics.jsonl") if leader else os.devnull, config,
-                 batches, total_steps, tensorboard_dir=workdir if leader else None)
+  log = TrainLog(
+    os.path.join(workdir, "metrics.jsonl") if leader else os.devnull,
+    config,
+    batches,
+    total_steps,
+    tensorboard_dir=workdir if leader else None,
+  )
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
-  logging.info("encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
-               encoder.cfg.model_type, n_params, d, data.num_labels, d, steps_per_epoch,
-               config.train.epochs)
-  profiler = StepProfiler(graphdef, steps_per_epoch, config.train.epochs,
-                          config.train.profile_steps, mesh)
-  trainer = Trainer(RunParts(config, workdir, data, eval_data, inv_prop, embed_fn, mesh,
-                             batches, hard_negatives, run_steps, profiler, log, hang_watchdog),
-                    state)
+  logging.info(
+    "encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
+    encoder.cfg.model_type,
+    n_params,
+    d,
+    data.num_labels,
+    d,
+    steps_per_epoch,
+    config.train.epochs,
+  )
+  profiler = StepProfiler(
+    graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh
+  )
+  trainer = Trainer(
+    RunParts(
+      config,
+      workdir,
+      data,
+      eval_data,
+      inv_prop,
+      embed_fn,
+      mesh,
+      batches,
+      hard_negatives,
+      run_steps,
+      profiler,
+      log,
+      hang_watchdog,
+    ),
+    state,
+  )
 
   # ---- train: the same command with the same workdir resumes from the last checkpoint
   try:
@@ -281,8 +414,11 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     # and a restored checkpoint leave freed blocks no step reuses; main.py's malloc settings
     # would keep them resident for the whole run.
     released = host_memory.release_freed_memory()
-    logging.info("set-up: %.2f GB of freed memory released, %.2f GB resident", released / 1e9,
-                 host_memory.resident_bytes() / 1e9)
+    logging.info(
+      "set-up: %.2f GB of freed memory released, %.2f GB resident",
+      released / 1e9,
+      host_memory.resident_bytes() / 1e9,
+    )
     for epoch in range(trainer.progress.epoch, config.train.epochs):
       trainer.run_epoch(epoch)
   finally:
@@ -296,14 +432,16 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   final = trainer.final_evaluation()
   final.update(evaluation.knn_diagnostic(embed_fn, params, data, data, config))
   t_export = time.time()
-  with faults.writing(os.path.join(workdir, "model"),
-                      sum(x.nbytes for x in jax.tree.leaves(params))):
+  with faults.writing(
+    os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
+  ):
     save_trained_model(workdir, config, encoder.cfg, params, data, final)
   # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
   # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
   phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
-  logging.info("final evaluation %.1f s, export %.1f s", t_export - t_eval,
-               phase_spans["export"][1] - t_export)
+  logging.info(
+    "final evaluation %.1f s, export %.1f s", t_export - t_eval, phase_spans["export"][1] - t_export
+  )
   ann = None
   if config.eval.search == "scann":
     t_ann = time.time()
@@ -316,27 +454,39 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   trainer.record_eval(config.train.epochs, "test", final)
   breakup = profiler.breakup(progress.step_times, config.train.batch_size)
   results = {
-      "data_dir": os.path.abspath(data.data_dir), "strategy": config.negatives.strategy,
-      "num_labels": data.num_labels, "num_train": data.num_train_original,
-      "num_train_with_label_texts": data.train_labels.num_rows,
-      "num_test": data.test_labels.num_rows, "num_test_evaluated": trainer.final_rows,
-      "epochs": config.train.epochs,
-      "steps": progress.global_step, "train_time_s": round(progress.train_seconds, 2),
-      "skipped_steps": trainer.skipped_steps, "first_step_s": trainer.first_step_s,
-      "matmul_precision": config.encoder.matmul_precision,
-      "total_time_s": round(time.time() - t_start, 2), "phase_spans": phase_spans,
-      "metrics": final, **final,
-      "popularity_baseline": evaluation.popularity_baseline(data, config, inv_prop,
-                                                            trainer.final_rows),
-      **(baselines.for_training_run(config) if leader else {}),
-      "evaluations": progress.evals, "time_breakup": breakup,
-      "negatives": {**hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
-      "device": str(jax.devices()[0].platform), "num_devices": jax.device_count(),
-      "num_processes": jax.process_count(), "mesh": dict(mesh.shape),
-      "grad_accum_steps": config.train.grad_accum_steps,
-      "degraded": progress.degraded.to_json(), **({"ann_eval": ann} if ann else {}),
-      "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
-      "config": json.loads(config.to_json()),
+    "data_dir": os.path.abspath(data.data_dir),
+    "strategy": config.negatives.strategy,
+    "num_labels": data.num_labels,
+    "num_train": data.num_train_original,
+    "num_train_with_label_texts": data.train_labels.num_rows,
+    "num_test": data.test_labels.num_rows,
+    "num_test_evaluated": trainer.final_rows,
+    "epochs": config.train.epochs,
+    "steps": progress.global_step,
+    "train_time_s": round(progress.train_seconds, 2),
+    "skipped_steps": trainer.skipped_steps,
+    "first_step_s": trainer.first_step_s,
+    "matmul_precision": config.encoder.matmul_precision,
+    "total_time_s": round(time.time() - t_start, 2),
+    "phase_spans": phase_spans,
+    "metrics": final,
+    **final,
+    "popularity_baseline": evaluation.popularity_baseline(
+      data, config, inv_prop, trainer.final_rows
+    ),
+    **(baselines.for_training_run(config) if leader else {}),
+    "evaluations": progress.evals,
+    "time_breakup": breakup,
+    "negatives": {**hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
+    "device": str(jax.devices()[0].platform),
+    "num_devices": jax.device_count(),
+    "num_processes": jax.process_count(),
+    "mesh": dict(mesh.shape),
+    "grad_accum_steps": config.train.grad_accum_steps,
+    "degraded": progress.degraded.to_json(),
+    **({"ann_eval": ann} if ann else {}),
+    "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
+    "config": json.loads(config.to_json()),
   }
   if leader:
     write_json(os.path.join(workdir, "time_breakup.json"), breakup)
@@ -350,4 +500,3 @@ def write_json(path: str, record: dict) -> None:
   text = json.dumps(record, indent=1)
   with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
     f.write(text)
-

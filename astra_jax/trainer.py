@@ -4,6 +4,7 @@ train.py builds the pieces (data, encoder, mesh, sampler, refresh manager, steps
 `Trainer.run_epoch` for each epoch, then `Trainer.final_evaluation`. The Trainer owns what
 changes as training goes: the state, the progress record (progress.py) and the checkpoints.
 """
+
 from __future__ import annotations
 
 import collections
@@ -15,8 +16,16 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from astra_jax import (checkpoint, distributed, evaluation, faults, final_eval, host_memory,
-                       sharding, steps)
+from astra_jax import (
+  checkpoint,
+  distributed,
+  evaluation,
+  faults,
+  final_eval,
+  host_memory,
+  sharding,
+  steps,
+)
 from astra_jax.data import dataset
 from astra_jax.data.pipeline import TrainBatches
 from astra_jax.degraded import note_epoch_start
@@ -38,11 +47,12 @@ _FOLD_BELOW_SCALE = 1e-2
 @dataclasses.dataclass
 class RunParts:
   """What a run trains with and does not change while it trains (train.py builds it)."""
+
   config: ml_collections.ConfigDict
   workdir: str
-  data: dataset.XCData            # the training split (and the final evaluation's test set)
-  eval_data: dataset.XCData       # the periodic evaluations' split (validation or test)
-  inv_prop: np.ndarray            # inverse propensities of the training labels
+  data: dataset.XCData  # the training split (and the final evaluation's test set)
+  eval_data: dataset.XCData  # the periodic evaluations' split (validation or test)
+  inv_prop: np.ndarray  # inverse propensities of the training labels
   embed_fn: EmbedFn
   mesh: jax.sharding.Mesh
   batches: TrainBatches
@@ -68,13 +78,19 @@ class Trainer:
     self.progress = Progress()
     self.first_step_s: float | None = None
     self.base_key = jax.random.key(self.config.train.seed + 2)
-    self.ckpt = (checkpoint.Checkpoints(parts.workdir, self.config.checkpoint.keep)
-                 if self.config.checkpoint.enabled else None)
+    self.ckpt = (
+      checkpoint.Checkpoints(parts.workdir, self.config.checkpoint.keep)
+      if self.config.checkpoint.enabled
+      else None
+    )
     self.stop = checkpoint.StopSignal()
     parts.hard_negatives.stop_requested = lambda: bool(self.stop.received)
-    self.policy = checkpoint.SavePolicy(self.stop, self.config.checkpoint.every_steps,
-                                        self.config.checkpoint.every_minutes,
-                                        self.config.train.log_every_steps)
+    self.policy = checkpoint.SavePolicy(
+      self.stop,
+      self.config.checkpoint.every_steps,
+      self.config.checkpoint.every_minutes,
+      self.config.train.log_every_steps,
+    )
     self._resume_step = 0  # > 0: the first epoch run resumes inside, at this step
     self._epoch_t0 = 0.0
 
@@ -101,8 +117,12 @@ class Trainer:
     if self.progress.phases is not None:
       self.parts.profiler.phases = self.progress.phases
     self._resume_step = self.progress.step
-    logging.info("resuming at epoch %d step %d (global step %d)", self.progress.epoch,
-                 self.progress.step, self.progress.global_step)
+    logging.info(
+      "resuming at epoch %d step %d (global step %d)",
+      self.progress.epoch,
+      self.progress.step,
+      self.progress.global_step,
+    )
 
   @property
   def skipped_steps(self) -> int:
@@ -127,15 +147,17 @@ class Trainer:
     # queueing unboundedly many steps (and their batches) when the input is faster.
     inflight = collections.deque()
     for step, (host, prep_s) in enumerate(
-        p.batches.epoch(epoch, hard, first_step, split), start=first_step):
+      p.batches.epoch(epoch, hard, first_step, split), start=first_step
+    ):
       p.hang_watchdog.kick(f"in epoch {epoch} step {step + 1}")
       key = jax.random.fold_in(self.base_key, prog.global_step)
       profiling = p.profiler.wants(prog.global_step)
       t0 = time.perf_counter()
       batch = sharding.shard_batch(host.batch, p.mesh)
       if profiling:
-        p.profiler.before_step(t0, prep_s, batch, self.state.encoder, self.state.classifier,
-                               self.state.scale, key)
+        p.profiler.before_step(
+          t0, prep_s, batch, self.state.encoder, self.state.classifier, self.state.scale, key
+        )
       self.state, value, pooled = step_fn(self.state, batch, key)
       if self.first_step_s is None:
         value.block_until_ready()
@@ -169,8 +191,9 @@ class Trainer:
       self._periodic_evaluation(epoch)
     self._checkpoint_after_epoch(epoch)
 
-  def _start_negatives(self, epoch: int, first_step: int
-                       ) -> tuple[np.ndarray | None, NegativeSplit]:
+  def _start_negatives(
+    self, epoch: int, first_step: int
+  ) -> tuple[np.ndarray | None, NegativeSplit]:
     """Swaps in the epoch's hard negatives (HardNegatives.start_epoch) and records them:
     (hard (N, c) or None, the sampler's split)."""
     p, prog = self.parts, self.progress
@@ -186,24 +209,41 @@ class Trainer:
     refreshes, pipelined = len(hard_negatives.refreshes), epoch in hard_negatives.pending
     try:
       hard, split = hard_negatives.start_epoch(
-          epoch, self._label_vectors, self._embed_train_rows,
-          resumed_rows=p.batches.rows_before(epoch, first_step) if resumed else None)
+        epoch,
+        self._label_vectors,
+        self._embed_train_rows,
+        resumed_rows=p.batches.rows_before(epoch, first_step) if resumed else None,
+      )
     except RefreshInterrupted:  # the checkpoint at (epoch, 0) lists the refresh as pending
-      raise self._preempted(f"at the start of epoch {epoch} (waiting for its hard-negative "
-                            "refresh)") from None
+      raise self._preempted(
+        f"at the start of epoch {epoch} (waiting for its hard-negative refresh)"
+      ) from None
     if not resumed:
-      note_epoch_start(prog.degraded, hard_negatives, refreshes, epoch, pipelined, split,
-                       self.config.negatives.on_refresh_failure)
-      prog.negatives_per_epoch.append({
-          "epoch": epoch, "hard": split.num_hard, "random": split.num_random,
-          "source": hard_negatives.current_epoch if hard is not None else None})
+      note_epoch_start(
+        prog.degraded,
+        hard_negatives,
+        refreshes,
+        epoch,
+        pipelined,
+        split,
+        self.config.negatives.on_refresh_failure,
+      )
+      prog.negatives_per_epoch.append(
+        {
+          "epoch": epoch,
+          "hard": split.num_hard,
+          "random": split.num_random,
+          "source": hard_negatives.current_epoch if hard is not None else None,
+        }
+      )
     return hard, split
 
   def _collection_bytes(self) -> int:
     """The disk a collection epoch's refresh inputs take: queries and the label vectors."""
     p = self.parts
-    return 4 * p.hard_negatives.dim * (p.data.train_labels.num_rows
-                                       + self.state.classifier.shape[0])
+    return (
+      4 * p.hard_negatives.dim * (p.data.train_labels.num_rows + self.state.classifier.shape[0])
+    )
 
   # ----------------------------------------------------- the refresh's inputs
   def _label_vectors(self) -> np.ndarray:
@@ -213,36 +253,58 @@ class Trainer:
     bounds = p.hard_negatives.shards
     if p.hard_negatives.schedule.index_over is IndexOver.LABEL_TEXT:
       rows = np.concatenate([np.arange(lo, hi) for lo, hi in bounds])
-      return embed(p.embed_fn, host_local(self.state.encoder), p.data.label_tokens[rows],
-                   self.config.eval.batch_size)
+      return embed(
+        p.embed_fn,
+        host_local(self.state.encoder),
+        p.data.label_tokens[rows],
+        self.config.eval.batch_size,
+      )
     held = dict(distributed.local_row_shards(self.state.classifier))  # first row -> rows
-    return np.concatenate([held[lo][:hi - lo] for lo, hi in bounds])
+    return np.concatenate([held[lo][: hi - lo] for lo, hi in bounds])
 
   def _embed_train_rows(self, rows: np.ndarray) -> np.ndarray:
     """E(x) of training rows under the current encoder."""
     p = self.parts
-    return embed_rows(p.embed_fn, host_local(self.state.encoder), p.data.train_tokens, rows,
-                      self.config.eval.batch_size)
+    return embed_rows(
+      p.embed_fn,
+      host_local(self.state.encoder),
+      p.data.train_tokens,
+      rows,
+      self.config.eval.batch_size,
+    )
 
   # ---------------------------------------------------------------- evaluation
   def _periodic_evaluation(self, epoch: int) -> None:
     p, cfg, prog = self.parts, self.config, self.progress
     if 0 < cfg.eval.max_test_rows < p.eval_data.test_labels.num_rows:
-      prog.degraded.note("evals_on_subset", "eval after epoch %d on the first %d of %d test "
-                         "rows (eval.max_test_rows)", epoch + 1, cfg.eval.max_test_rows,
-                         p.eval_data.test_labels.num_rows)
-    m = evaluation.evaluate_model(p.mesh, p.embed_fn, self.state.params, p.eval_data, cfg,
-                                  p.inv_prop, cfg.eval.max_test_rows)
+      prog.degraded.note(
+        "evals_on_subset",
+        "eval after epoch %d on the first %d of %d test rows (eval.max_test_rows)",
+        epoch + 1,
+        cfg.eval.max_test_rows,
+        p.eval_data.test_labels.num_rows,
+      )
+    m = evaluation.evaluate_model(
+      p.mesh, p.embed_fn, self.state.params, p.eval_data, cfg, p.inv_prop, cfg.eval.max_test_rows
+    )
     m.update(evaluation.knn_diagnostic(p.embed_fn, self.state.params, p.data, p.eval_data, cfg))
     self.record_eval(epoch + 1, "validation" if p.eval_data is not p.data else "test", m)
-    logging.info("eval after epoch %d: %s", epoch + 1,
-                 ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")))
+    logging.info(
+      "eval after epoch %d: %s",
+      epoch + 1,
+      ", ".join(f"{k} {v:.2f}" for k, v in m.items() if k.startswith("P@")),
+    )
 
   def record_eval(self, epoch: int, split: str, metrics: dict[str, float]) -> None:
     """Appends an evaluation to the progress record and metrics.jsonl."""
-    self.progress.evals.append({"epoch": epoch,
-                                "train_time_s": round(self.progress.train_seconds, 2),
-                                "split": split, **metrics})
+    self.progress.evals.append(
+      {
+        "epoch": epoch,
+        "train_time_s": round(self.progress.train_seconds, 2),
+        "split": split,
+        **metrics,
+      }
+    )
     self.parts.log.write(kind="eval", **self.progress.evals[-1])
 
   @property
@@ -255,33 +317,44 @@ class Trainer:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
     stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
     p, cfg = self.parts, self.config
-    evaluator = evaluation.ModelEvaluator.for_model(p.mesh, p.embed_fn, self.state.params,
-                                                    p.data, cfg, p.inv_prop)
+    evaluator = evaluation.ModelEvaluator.for_model(
+      p.mesh, p.embed_fn, self.state.params, p.data, cfg, p.inv_prop
+    )
     n = self.final_rows
     if n < p.data.test_labels.num_rows:
-      self.progress.degraded.note("evals_on_subset", "final evaluation on the first %d of %d "
-                                  "test rows (eval.final_max_rows)", n,
-                                  p.data.test_labels.num_rows)
+      self.progress.degraded.note(
+        "evals_on_subset",
+        "final evaluation on the first %d of %d test rows (eval.final_max_rows)",
+        n,
+        p.data.test_labels.num_rows,
+      )
     stop = checkpoint.StopSignal()
     try:
-      return final_eval.evaluate(evaluator.block_sums, n,
-                                 tuple(cfg.eval.ks), cfg.eval.progress_rows, p.workdir,
-                                 self.progress.global_step, lambda: bool(stop.received))
+      return final_eval.evaluate(
+        evaluator.block_sums,
+        n,
+        tuple(cfg.eval.ks),
+        cfg.eval.progress_rows,
+        p.workdir,
+        self.progress.global_step,
+        lambda: bool(stop.received),
+      )
     except final_eval.EvalInterrupted as e:
       raise self._preempted(f"({e})", stop) from None
     finally:
       stop.restore()
 
   # --------------------------------------------------------------- checkpoints
-  def _save(self, epoch: int, step: int, metrics: dict | None = None,
-            wait: bool = False) -> None:
+  def _save(self, epoch: int, step: int, metrics: dict | None = None, wait: bool = False) -> None:
     """A checkpoint that resumes at (epoch, step); step 0 = before the epoch starts."""
     prog = self.progress
     prog.epoch, prog.step = epoch, step
     record = dataclasses.replace(
-        prog, phases=self.parts.profiler.phases,
-        hard_negatives=self.parts.hard_negatives.state_dict(),
-        train_seconds=prog.train_seconds + (time.time() - self._epoch_t0 if step else 0.0))
+      prog,
+      phases=self.parts.profiler.phases,
+      hard_negatives=self.parts.hard_negatives.state_dict(),
+      train_seconds=prog.train_seconds + (time.time() - self._epoch_t0 if step else 0.0),
+    )
     params, opt_state = steps.saved_layout(self.state)
     self.ckpt.save(prog.global_step, params, opt_state, record.to_json(), metrics)
     if wait:
@@ -306,18 +379,27 @@ class Trainer:
     stop_now = distributed.any_true([bool(self.stop.received)])[0]
     if self.ckpt is not None:  # after the last epoch too: a rerun then only evaluates
       fresh = evals and evals[-1]["epoch"] == epoch + 1
-      self._save(epoch + 1, 0, {"P@5": evals[-1]["P@5"]} if fresh and "P@5" in evals[-1]
-                 else None, wait=stop_now)
+      self._save(
+        epoch + 1,
+        0,
+        {"P@5": evals[-1]["P@5"]} if fresh and "P@5" in evals[-1] else None,
+        wait=stop_now,
+      )
     if stop_now and epoch + 1 < self.config.train.epochs:
       raise self._preempted(f"after epoch {epoch}")
 
-  def _preempted(self, where: str, stop: checkpoint.StopSignal | None = None
-                 ) -> checkpoint.Preempted:
+  def _preempted(
+    self, where: str, stop: checkpoint.StopSignal | None = None
+  ) -> checkpoint.Preempted:
     stop = stop or self.stop
     return checkpoint.Preempted(
-        f"stopped by signal {stop.received} {where}; "
-        + ("checkpoint written; rerun the same command to resume" if self.ckpt is not None
-           else "no checkpoint (checkpoint.enabled=False)"))
+      f"stopped by signal {stop.received} {where}; "
+      + (
+        "checkpoint written; rerun the same command to resume"
+        if self.ckpt is not None
+        else "no checkpoint (checkpoint.enabled=False)"
+      )
+    )
 
   def close(self) -> None:
     """Signal handlers back, refresh workers and checkpoint writes finished."""

@@ -14,6 +14,7 @@ restores its result instead of training it again. The stage is replicated: on a 
 device (and process) computes the same step, which is cheap next to the classifier stage
 and keeps the stage free of sharding rules.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +30,11 @@ from absl import logging
 from flax import nnx
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Pairs:
   """Every (training row, positive label) pair of the original training rows."""
-  rows: np.ndarray    # (n,) int64 training-row index
+
+  rows: np.ndarray  # (n,) int64 training-row index
   labels: np.ndarray  # (n,) int32 label id
 
 
@@ -51,8 +52,9 @@ def training_pairs(train_labels, num_rows: int) -> Pairs:
   return Pairs(rows.astype(np.int64), labels.astype(np.int32))
 
 
-def in_batch_softmax_loss(queries: jax.Array, texts: jax.Array, labels: jax.Array,
-                          inverse_temperature: float) -> jax.Array:
+def in_batch_softmax_loss(
+  queries: jax.Array, texts: jax.Array, labels: jax.Array, inverse_temperature: float
+) -> jax.Array:
   """Mean cross-entropy of each query against the batch's label texts, its own text the
   target; another pair of the batch with the same label is no negative (masked out).
 
@@ -76,8 +78,9 @@ def _make_step(graphdef, optimizer: optax.GradientTransformation, inverse_temper
   def loss_fn(params, q_ids, z_ids, labels, key):
     model = nnx.merge(graphdef, params)
     kq, kz = jax.random.split(key)
-    return in_batch_softmax_loss(model.pooled(q_ids, kq), model.pooled(z_ids, kz), labels,
-                                 inverse_temperature)
+    return in_batch_softmax_loss(
+      model.pooled(q_ids, kq), model.pooled(z_ids, kz), labels, inverse_temperature
+    )
 
   @jax.jit
   def step(params, opt_state, q_ids, z_ids, labels, key):
@@ -88,8 +91,15 @@ def _make_step(graphdef, optimizer: optax.GradientTransformation, inverse_temper
   return step
 
 
-def run(config, graphdef, enc_params: nnx.State, train_tokens, label_tokens: np.ndarray | None,
-        pairs: Pairs, workdir: str) -> nnx.State:
+def run(
+  config,
+  graphdef,
+  enc_params: nnx.State,
+  train_tokens,
+  label_tokens: np.ndarray | None,
+  pairs: Pairs,
+  workdir: str,
+) -> nnx.State:
   """Trains the encoder for `config.warmstart.epochs` siamese epochs (resuming, or restoring
   a finished stage, from WORKDIR/warmstart) and returns its parameters.
 
@@ -107,47 +117,66 @@ def run(config, graphdef, enc_params: nnx.State, train_tokens, label_tokens: np.
     InputError: the dataset has no label texts, or too few pairs for one batch.
   """
   from astra_jax.errors import InputError
+
   ws = config.warmstart
   if label_tokens is None:
-    raise InputError(f"config.warmstart.epochs={ws.epochs}: the siamese stage pairs queries "
-                     f"with label texts, and {config.data.dir} has none")
+    raise InputError(
+      f"config.warmstart.epochs={ws.epochs}: the siamese stage pairs queries "
+      f"with label texts, and {config.data.dir} has none"
+    )
   batch = ws.batch_size
   steps_per_epoch = len(pairs.rows) // batch
   if steps_per_epoch < 1:
-    raise InputError(f"config.warmstart.batch_size={batch}: only {len(pairs.rows)} "
-                     f"(query, label) pairs")
+    raise InputError(
+      f"config.warmstart.batch_size={batch}: only {len(pairs.rows)} (query, label) pairs"
+    )
   total = steps_per_epoch * ws.epochs
-  schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, min(ws.warmup_steps, total // 2),
-                                                total)
+  schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, min(ws.warmup_steps, total // 2), total)
   optimizer = optax.adam(schedule)
   step = _make_step(graphdef, optimizer, ws.inverse_temperature)
   opt_state = optimizer.init(enc_params)
   manager = ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, "warmstart")),
-      options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True))
+    os.path.abspath(os.path.join(workdir, "warmstart")),
+    options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
+  )
   done = manager.latest_step() or 0
   if done:
     target = {"params": enc_params, "opt_state": opt_state}
     restored = manager.restore(done, args=ocp.args.StandardRestore(target))
     enc_params, opt_state = restored["params"], restored["opt_state"]
-    logging.info("warm start: resumed after epoch %d of %d (%s)", done, ws.epochs,
-                 os.path.join(workdir, "warmstart"))
+    logging.info(
+      "warm start: resumed after epoch %d of %d (%s)",
+      done,
+      ws.epochs,
+      os.path.join(workdir, "warmstart"),
+    )
   key = jax.random.key(config.train.seed + 7)
   for epoch in range(done, ws.epochs):
     order = np.random.default_rng([config.train.seed, epoch]).permutation(len(pairs.rows))
     start, losses = time.time(), []
     for s in range(steps_per_epoch):
-      take = np.sort(order[s * batch:(s + 1) * batch])
+      take = np.sort(order[s * batch : (s + 1) * batch])
       q = np.asarray(train_tokens[pairs.rows[take]], np.int32)
       z = np.asarray(label_tokens[pairs.labels[take]], np.int32)
-      enc_params, opt_state, loss = step(enc_params, opt_state, q, z, pairs.labels[take],
-                                         jax.random.fold_in(key, epoch * steps_per_epoch + s))
+      enc_params, opt_state, loss = step(
+        enc_params,
+        opt_state,
+        q,
+        z,
+        pairs.labels[take],
+        jax.random.fold_in(key, epoch * steps_per_epoch + s),
+      )
       losses.append(loss)
-    logging.info("warm start epoch %d/%d: in-batch softmax loss %.4f | %d pairs/s",
-                 epoch + 1, ws.epochs, float(np.mean(jax.device_get(losses))),
-                 steps_per_epoch * batch / max(time.time() - start, 1e-9))
-    manager.save(epoch + 1, args=ocp.args.StandardSave({"params": enc_params,
-                                                        "opt_state": opt_state}))
+    logging.info(
+      "warm start epoch %d/%d: in-batch softmax loss %.4f | %d pairs/s",
+      epoch + 1,
+      ws.epochs,
+      float(np.mean(jax.device_get(losses))),
+      steps_per_epoch * batch / max(time.time() - start, 1e-9),
+    )
+    manager.save(
+      epoch + 1, args=ocp.args.StandardSave({"params": enc_params, "opt_state": opt_state})
+    )
     manager.wait_until_finished()
   manager.close()
   return enc_params

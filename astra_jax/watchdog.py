@@ -11,6 +11,7 @@ Two layers, because a hang may hold the GIL: a Python thread that prints the mes
 the stacks, and behind it `faulthandler.dump_traceback_later`, which needs no GIL and
 dumps and exits a minute later if the Python thread could not run.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -57,12 +58,14 @@ class HangWatchdog:
     self.last, self.what = now, what
     # Re-arming faulthandler starts a thread: done at most every half grace period, so
     # the fallback still fires at least half a grace period after the Python watchdog.
-    if self._thread is not None and (not self.armed or
-                                     now - self._fallback_armed >= self._rearm_every):
+    if self._thread is not None and (
+      not self.armed or now - self._fallback_armed >= self._rearm_every
+    ):
       self._fallback_armed = now
       try:
-        faulthandler.dump_traceback_later(self.timeout_s + _FALLBACK_GRACE_S, exit=True,
-                                          file=self.stream)
+        faulthandler.dump_traceback_later(
+          self.timeout_s + _FALLBACK_GRACE_S, exit=True, file=self.stream
+        )
       except (ValueError, OSError, AttributeError):  # a stream without a file descriptor
         pass
     self.armed = True
@@ -89,14 +92,18 @@ class HangWatchdog:
       self._wake.wait(min(max(left, 0.01), 5.0))
 
   def _fire(self, idle: float) -> None:
-    print(f"error: process {self.rank} made no progress for {idle:.0f} s while {self.what} "
-          f"(train.hang_timeout_s={self.timeout_s:g}): a step or a collective is hung, e.g. "
-          "another process died or stalls; every thread's stack follows", file=self.stream,
-          flush=True)
+    print(
+      f"error: process {self.rank} made no progress for {idle:.0f} s while {self.what} "
+      f"(train.hang_timeout_s={self.timeout_s:g}): a step or a collective is hung, e.g. "
+      "another process died or stalls; every thread's stack follows",
+      file=self.stream,
+      flush=True,
+    )
     try:
       faulthandler.dump_traceback(file=self.stream, all_threads=True)
     except (ValueError, OSError, AttributeError):
       import traceback
+
       for ident, frame in sys._current_frames().items():
         print(f"\nthread {ident}:", file=self.stream)
         traceback.print_stack(frame, file=self.stream)

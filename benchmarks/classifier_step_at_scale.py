@@ -16,6 +16,7 @@ ones:
   w_bytes         W itself (L x d float32)
 One JSON line per (L, random_draws). Medians of --steps timed calls after 3 warm-ups.
 """
+
 import statistics
 import time
 
@@ -68,16 +69,23 @@ def measure(L: int, per_query: bool) -> dict:
 
   step = jax.jit(step, donate_argnums=(0, 1))
   rng = np.random.default_rng(0)
-  w = jax.jit(lambda k: 0.02 * jax.random.normal(k, (L, FLAGS.d), jnp.float32))(
-      jax.random.key(0))
+  w = jax.jit(lambda k: 0.02 * jax.random.normal(k, (L, FLAGS.d), jnp.float32))(jax.random.key(0))
   emb = jnp.asarray(rng.normal(size=(B, FLAGS.d)), jnp.float32)
   batch = classifier_bench.make_batch(L, rng, per_query, B, FLAGS.k_p, FLAGS.k_h, FLAGS.k_r)
   one = jnp.float32(1.0)
   fwd, loss_fn = jax.jit(loss.classifier_scores), jax.jit(loss.batch_loss)
-  row = {"num_labels": L, "batch_size": B, "d": FLAGS.d, "k_p": FLAGS.k_p, "k_h": FLAGS.k_h,
-         "k_r": FLAGS.k_r, "random_draws": "per_query" if per_query else "shared",
-         "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
-         "w_bytes": int(w.size * 4)}
+  row = {
+    "num_labels": L,
+    "batch_size": B,
+    "d": FLAGS.d,
+    "k_p": FLAGS.k_p,
+    "k_h": FLAGS.k_h,
+    "k_r": FLAGS.k_r,
+    "random_draws": "per_query" if per_query else "shared",
+    "device": str(jax.devices()[0].device_kind),
+    "jax": jax.__version__,
+    "w_bytes": int(w.size * 4),
+  }
   row["clf_forward_ms"] = median_ms(lambda: fwd(emb, w, batch, one), FLAGS.steps)
   scores = fwd(emb, w, batch, one)
   row["loss_ms"] = median_ms(lambda: loss_fn(scores, batch), FLAGS.steps)

@@ -23,6 +23,7 @@ RssAnon: the process's own memory, without page cache), bytes (files written), a
 mb_per_s / mb_per_cpu_s for the parse, rows_per_s for tokenization. The machine may be
 shared: cpu_seconds tells a phase's own work from waiting for a core.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,13 +49,13 @@ flags.DEFINE_string("phase", "", "internal: run one phase in this process")
 flags.DEFINE_bool("keep", False, "keep the generated data and caches")
 FLAGS = flags.FLAGS
 
-NUM_LABELS = 19_049_952       # SS-20M
-MEAN_EXTRA_LABELS = 25        # 1 + Poisson(25): mean 26 labels per row
-WORDS_PER_TEXT = 30           # + [CLS] and [SEP]: 32 tokens
+NUM_LABELS = 19_049_952  # SS-20M
+MEAN_EXTRA_LABELS = 25  # 1 + Poisson(25): mean 26 labels per row
+WORDS_PER_TEXT = 30  # + [CLS] and [SEP]: 32 tokens
 MAX_LEN = 32
 VOCAB = 8000
 CHUNK_ROWS = 100_000
-UNIQUE_ROWS = 1_000_000       # see generate
+UNIQUE_ROWS = 1_000_000  # see generate
 PHASES = ("generate", "parse_labels", "open_labels", "tokenize", "prepare_rest", "open_cached")
 
 
@@ -89,7 +90,7 @@ def _label_lines(rng: np.random.Generator, n: int) -> tuple[bytes, int]:
   start = end - width
   for d in range(int(digits.max())):
     has = digits > d
-    out[start[has] + digits[has] - 1 - d] = (ids[has] // 10 ** d) % 10 + ord("0")
+    out[start[has] + digits[has] - 1 - d] = (ids[has] // 10**d) % 10 + ord("0")
   for j, ch in enumerate(b":1.0"):
     out[start + digits + j] = ch
   last = np.ones(len(row), bool)
@@ -128,9 +129,11 @@ def generate(d: str, rows: int) -> dict:
         nnz += pairs * (n // unique) if split == "trn" else 0
     for path, header in zip(paths, (True, False)):
       _repeat_body(path, n // unique - 1, header)
-  return {"nnz": nnz, "mean_labels": round(nnz / rows, 2),
-          "bytes": sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)
-                       if f.endswith(".txt"))}
+  return {
+    "nnz": nnz,
+    "mean_labels": round(nnz / rows, 2),
+    "bytes": sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.endswith(".txt")),
+  }
 
 
 def _repeat_body(path: str, times: int, header: bool) -> None:
@@ -154,22 +157,31 @@ def _repeat_body(path: str, times: int, header: bool) -> None:
 class _DataConfig(dict):
   """`config.data`'s fields that dataset.load reads (attribute access and .get, as a
   ConfigDict): no ml_collections, so the phases run wherever numpy and tokenizers do."""
+
   __getattr__ = dict.__getitem__
 
 
 def _data_config(d: str) -> _DataConfig:
-  return _DataConfig(dir=d, cache_dir=os.path.join(d, "astra_cache"), layout="renee",
-                     tokenizer_dir=os.path.join(d, "tokenizer"), max_len=MAX_LEN,
-                     use_content=False, augment_label_text=False, filter_file="",
-                     missing_hint="")
+  return _DataConfig(
+    dir=d,
+    cache_dir=os.path.join(d, "astra_cache"),
+    layout="renee",
+    tokenizer_dir=os.path.join(d, "tokenizer"),
+    max_len=MAX_LEN,
+    use_content=False,
+    augment_label_text=False,
+    filter_file="",
+    missing_hint="",
+  )
 
 
 def _cache_files(d: str) -> dict[str, int]:
   cache = os.path.join(d, "astra_cache")
   if not os.path.isdir(cache):
     return {}
-  return {f: os.stat(os.path.join(cache, f)).st_mtime_ns for f in os.listdir(cache)
-          if f.endswith(".npy")}
+  return {
+    f: os.stat(os.path.join(cache, f)).st_mtime_ns for f in os.listdir(cache) if f.endswith(".npy")
+  }
 
 
 def run_phase(phase: str, d: str, rows: int) -> dict:
@@ -180,9 +192,13 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
     src = os.path.join(d, "trn_X_Y.txt")
     labels = label_cache.cached_labels(src, cache)
     meta = json.load(open(label_cache.cache_stem(src, cache) + ".meta.json"))
-    return {"nnz": labels.nnz, "source_bytes": meta["source_bytes"], "bytes": meta["bytes"],
-            "mb_per_s": meta["source_bytes"] / 1e6 / meta["seconds"],
-            "mb_per_cpu_s": meta["source_bytes"] / 1e6 / meta["cpu_seconds"]}
+    return {
+      "nnz": labels.nnz,
+      "source_bytes": meta["source_bytes"],
+      "bytes": meta["bytes"],
+      "mb_per_s": meta["source_bytes"] / 1e6 / meta["seconds"],
+      "mb_per_cpu_s": meta["source_bytes"] / 1e6 / meta["cpu_seconds"],
+    }
   if phase == "open_labels":
     before = _cache_files(d)
     t0 = time.time()
@@ -193,10 +209,12 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
     return {"open_seconds": open_s, **_label_reads(labels)}
   if phase == "tokenize":
     t0 = time.time()
-    tokens = tokenize.cached_tokens(os.path.join(d, "trn_X.txt"), cache,
-                                    os.path.join(d, "tokenizer"), MAX_LEN)
+    tokens = tokenize.cached_tokens(
+      os.path.join(d, "trn_X.txt"), cache, os.path.join(d, "tokenizer"), MAX_LEN
+    )
     return {"rows_per_s": len(tokens) / (time.time() - t0), "bytes": tokens.nbytes}
   from astra_jax.data import dataset
+
   if phase == "prepare_rest":
     data = dataset.load(_data_config(d))
     return {"test_rows": data.test_labels.num_rows}
@@ -215,6 +233,7 @@ def _label_reads(labels) -> dict:
   """What a training process reads from the label cache: counts, then 200 batches of 512
   rows' positives as the sampler draws them."""
   from astra_jax.negatives.sampler import NegativeSampler
+
   t0 = time.time()
   np.argsort(-labels.column_counts())[:5]
   counts_s = time.time() - t0
@@ -230,6 +249,7 @@ def _training_reads(data) -> dict:
   then batches of positives and their tokens, as the sampler draws them."""
   from astra_jax import metrics
   from astra_jax.negatives.sampler import NegativeSampler
+
   t0 = time.time()
   metrics.inverse_propensity(data.train_labels.head(data.num_train_original), 0.55, 1.5)
   np.argsort(-data.train_labels.column_counts())[:5]
@@ -269,10 +289,15 @@ def _child(phase: str, d: str, rows: int) -> None:
   anon = _AnonPeak()
   t0, cpu0 = time.time(), time.process_time()
   result = run_phase(phase, d, rows)
-  row = {"phase": phase, "rows": rows, "seconds": time.time() - t0,
-         "cpu_seconds": time.process_time() - cpu0,
-         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-         "peak_anon_bytes": anon.finish(), **result}
+  row = {
+    "phase": phase,
+    "rows": rows,
+    "seconds": time.time() - t0,
+    "cpu_seconds": time.process_time() - cpu0,
+    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "peak_anon_bytes": anon.finish(),
+    **result,
+  }
   print("PHASE " + json.dumps(row), flush=True)
 
 
@@ -282,15 +307,21 @@ def main(argv):
   if FLAGS.phase:
     return _child(FLAGS.phase, d, FLAGS.rows)
   for phase in PHASES:
-    cmd = [sys.executable, os.path.abspath(__file__), f"--rows={FLAGS.rows}", f"--dir={d}",
-           f"--phase={phase}"]
+    cmd = [
+      sys.executable,
+      os.path.abspath(__file__),
+      f"--rows={FLAGS.rows}",
+      f"--dir={d}",
+      f"--phase={phase}",
+    ]
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     if proc.returncode:
       sys.exit(f"error: phase {phase} failed (exit {proc.returncode})")
     line = next(l for l in proc.stdout.splitlines() if l.startswith("PHASE "))
-    jsonl.emit(json.loads(line[len("PHASE "):]), FLAGS.out, digits=3)
+    jsonl.emit(json.loads(line[len("PHASE ") :]), FLAGS.out, digits=3)
   if not FLAGS.keep:
     import shutil
+
     shutil.rmtree(d)
 
 

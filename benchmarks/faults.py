@@ -8,6 +8,7 @@ status, whether a traceback appeared, and whether the final metrics equal the un
 run's. Every file of a checkpoint is tried by tests/test_faults.py's check of `damage`;
 here `--files` random files of the latest checkpoint go through a whole resume.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,14 @@ from astra_jax import checkpoint  # noqa: E402
 
 
 def run(workdir: str, data: str, *extra: str) -> tuple[int, str]:
-  p = subprocess.run(_cmd(workdir, data) + list(extra), cwd=ROOT, env=_env(), text=True,
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  p = subprocess.run(
+    _cmd(workdir, data) + list(extra),
+    cwd=ROOT,
+    env=_env(),
+    text=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+  )
   return p.returncode, p.stdout
 
 
@@ -39,15 +46,22 @@ def latest_step(workdir: str) -> int:
 
 
 def outcome(name: str, workdir: str, rc: int, out: str, want: dict | None) -> dict:
-  lines = [l for l in out.splitlines()
-           if re.match(r"^W\d{4} .*(damaged|negatives:|eval after)", l) or l.startswith("error:")]
+  lines = [
+    l
+    for l in out.splitlines()
+    if re.match(r"^W\d{4} .*(damaged|negatives:|eval after)", l) or l.startswith("error:")
+  ]
   resumed = re.search(r"resumed from .*/checkpoints/(\d+)", out)
   results = os.path.join(workdir, "results.json")
   metrics = json.load(open(results))["metrics"] if rc == 0 and os.path.exists(results) else None
-  return {"fault": name, "exit": rc, "traceback": "Traceback" in out,
-          "lines": [re.sub(r"^W\S+ \S+ \S+ ", "", l)[:160] for l in lines],
-          "resumed_from": int(resumed.group(1)) if resumed else None,
-          "metrics_equal": None if want is None or metrics is None else metrics == want}
+  return {
+    "fault": name,
+    "exit": rc,
+    "traceback": "Traceback" in out,
+    "lines": [re.sub(r"^W\S+ \S+ \S+ ", "", l)[:160] for l in lines],
+    "resumed_from": int(resumed.group(1)) if resumed else None,
+    "metrics_equal": None if want is None or metrics is None else metrics == want,
+  }
 
 
 def main() -> None:
@@ -85,25 +99,39 @@ def main() -> None:
   for source, where in ((ref, "finished"), (mid, "stopped")):
     files = sorted(f for f, size in checkpoint.step_files(step_dir(source)).items() if size)
     for rel in rng.sample(files, min(args.files, len(files))):
+
       def truncate(wd, rel=rel):
         path = os.path.join(step_dir(wd), rel)
         os.truncate(path, rng.randrange(os.path.getsize(path)))
+
       trial(f"{where}: {rel} truncated", source, truncate)
-    trial(f"{where}: commit marker deleted", source,
-          lambda wd: os.remove(os.path.join(step_dir(wd), checkpoint.COMMIT_MARKER)))
+    trial(
+      f"{where}: commit marker deleted",
+      source,
+      lambda wd: os.remove(os.path.join(step_dir(wd), checkpoint.COMMIT_MARKER)),
+    )
+
   def every_checkpoint(wd):
     for d in os.listdir(os.path.join(wd, "checkpoints")):
       os.remove(os.path.join(wd, "checkpoints", d, "state", "_METADATA"))
+
   trial("finished: every checkpoint damaged", ref, every_checkpoint, expect=None)
-  trial("stopped: refresh fails (injected)", mid, lambda wd: None,
-        "--config.negatives.inject_fault=raise", expect=None)
+  trial(
+    "stopped: refresh fails (injected)",
+    mid,
+    lambda wd: None,
+    "--config.negatives.inject_fault=raise",
+    expect=None,
+  )
   with open(os.path.join(args.out, "faults.json"), "w") as f:
     json.dump(rows, f, indent=1)
   print("| fault | exit | traceback | resumed from | metrics = uninterrupted | lines |")
   print("|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['fault']} | {r['exit']} | {r['traceback']} | {r['resumed_from']} | "
-          f"{r['metrics_equal']} | {len(r['lines'])}: {'; '.join(r['lines'])[:120]} |")
+    print(
+      f"| {r['fault']} | {r['exit']} | {r['traceback']} | {r['resumed_from']} | "
+      f"{r['metrics_equal']} | {len(r['lines'])}: {'; '.join(r['lines'])[:120]} |"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ costlier phase). One JSON line per (config, threads): ms_per_batch (wall time ov
 --batches batches / their number: what the device waits for when its step is faster),
 prepare_ms (median time of one batch in one thread), speedup over one thread.
 """
+
 import os
 import statistics
 import time
@@ -27,8 +28,11 @@ from astra_jax.negatives.sampler import NegativeSampler
 
 import jsonl  # benchmarks/jsonl.py
 
-flags.DEFINE_list("configs", ["experiments/lf_amazontitles_131k.py", "experiments/ss20m.py"],
-                  "experiment configs whose shapes to use")
+flags.DEFINE_list(
+  "configs",
+  ["experiments/lf_amazontitles_131k.py", "experiments/ss20m.py"],
+  "experiment configs whose shapes to use",
+)
 flags.DEFINE_list("threads", ["1", "2"], "train.input_threads values")
 flags.DEFINE_integer("rows", 100_000, "synthetic training rows")
 flags.DEFINE_integer("batches", 24, "batches timed per (config, threads), after 2 warm-up")
@@ -40,8 +44,12 @@ def synthetic_inputs(c, rows: int, rng: np.random.Generator):
   ds = catalog.DATASETS[c.data.name]
   counts = 1 + rng.poisson(ds.labels_per_point - 1, rows)
   indptr = np.concatenate([[0], np.cumsum(counts)])
-  labels = SparseRows(indptr, rng.integers(0, ds.num_labels, indptr[-1]).astype(np.int32),
-                      np.ones(indptr[-1], np.float32), ds.num_labels)
+  labels = SparseRows(
+    indptr,
+    rng.integers(0, ds.num_labels, indptr[-1]).astype(np.int32),
+    np.ones(indptr[-1], np.float32),
+    ds.num_labels,
+  )
   tokens = rng.integers(0, 30_000, (rows, c.data.max_len), dtype=np.int32)
   return tokens, labels
 
@@ -53,16 +61,24 @@ def main(_):
     c = config_base.load_config(path)
     nc, shards = c.negatives, c.mesh.model
     tokens, labels = synthetic_inputs(c, F.rows, rng)
-    sampler = NegativeSampler(labels, nc.k_p, nc.k_h, nc.k_r, shards,
-                              per_query_random=nc.random_draws == "per_query")
+    sampler = NegativeSampler(
+      labels, nc.k_p, nc.k_h, nc.k_r, shards, per_query_random=nc.random_draws == "per_query"
+    )
     lo, hi = sampler.shard_bounds[:, 0], sampler.shard_bounds[:, 1]
-    hard = np.concatenate([rng.integers(l, h, (F.rows, nc.k_h), dtype=np.int32)
-                           for l, h in zip(lo, hi)], 1)
+    hard = np.concatenate(
+      [rng.integers(l, h, (F.rows, nc.k_h), dtype=np.int32) for l, h in zip(lo, hi)], 1
+    )
     base = None
     for threads in (int(t) for t in F.threads):
-      batches = TrainBatches(tokens, sampler, c.train.batch_size, seed=0,
-                             prefetch=max(4, 2 * threads),
-                             micro_batches=c.train.grad_accum_steps, threads=threads)
+      batches = TrainBatches(
+        tokens,
+        sampler,
+        c.train.batch_size,
+        seed=0,
+        prefetch=max(4, 2 * threads),
+        micro_batches=c.train.grad_accum_steps,
+        threads=threads,
+      )
       it = batches.epoch(1, hard)
       for _ in range(2):
         next(it)
@@ -72,13 +88,26 @@ def main(_):
       wall = (time.perf_counter() - t0) / F.batches
       it.close()
       base = base or wall
-      jsonl.emit({"config": os.path.basename(path), "dataset": c.data.name,
-                  "batch_size": c.train.batch_size,
-                  "micro_batches": c.train.grad_accum_steps, "k_p": nc.k_p, "k_h": nc.k_h,
-                  "k_r": nc.k_r, "shards": shards, "random_draws": nc.random_draws,
-                  "threads": threads, "ms_per_batch": 1000 * wall,
-                  "prepare_ms": 1000 * statistics.median(prep), "speedup": base / wall,
-                  "cpus": os.cpu_count()}, F.out, digits=2)
+      jsonl.emit(
+        {
+          "config": os.path.basename(path),
+          "dataset": c.data.name,
+          "batch_size": c.train.batch_size,
+          "micro_batches": c.train.grad_accum_steps,
+          "k_p": nc.k_p,
+          "k_h": nc.k_h,
+          "k_r": nc.k_r,
+          "shards": shards,
+          "random_draws": nc.random_draws,
+          "threads": threads,
+          "ms_per_batch": 1000 * wall,
+          "prepare_ms": 1000 * statistics.median(prep),
+          "speedup": base / wall,
+          "cpus": os.cpu_count(),
+        },
+        F.out,
+        digits=2,
+      )
 
 
 if __name__ == "__main__":

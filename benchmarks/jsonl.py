@@ -1,4 +1,5 @@
 """The benchmarks' output: one JSON object per line on stdout and appended to --out."""
+
 from __future__ import annotations
 
 import json

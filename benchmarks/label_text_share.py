@@ -12,6 +12,7 @@ embeddings is then as aligned with the loss as one on the classifiers.
 One JSON line per workdir: workdir, data_dir, classifier_P@1, classifier_P@5,
 label_text_P@1, label_text_P@5, ratio_P@1.
 """
+
 import json
 import os
 
@@ -23,8 +24,12 @@ from astra_jax.data import xc_format
 
 import jsonl  # benchmarks/jsonl.py
 
-flags.DEFINE_list("workdirs", None, "finished runs (each holding model/ and config.json) "
-                  "on data in the one-text-per-line layout (tst_X.txt, Y.txt)")
+flags.DEFINE_list(
+  "workdirs",
+  None,
+  "finished runs (each holding model/ and config.json) "
+  "on data in the one-text-per-line layout (tst_X.txt, Y.txt)",
+)
 flags.DEFINE_string("out", None, "append JSON lines here")
 
 
@@ -33,10 +38,10 @@ def ranked(queries: np.ndarray, rows: np.ndarray, filter_pairs: np.ndarray) -> n
   k = min(5 + metrics.max_filtered_per_row(filter_pairs), len(rows))
   out = np.empty((len(queries), k), np.int64)
   for start in range(0, len(queries), 1024):  # (1024, L) scores at a time
-    scores = queries[start:start + 1024] @ rows.T
+    scores = queries[start : start + 1024] @ rows.T
     top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
-    out[start:start + 1024] = np.take_along_axis(top, order, 1)
+    out[start : start + 1024] = np.take_along_axis(top, order, 1)
   return metrics.remove_filtered(out, filter_pairs, 5)
 
 
@@ -49,8 +54,11 @@ def measure(workdir: str) -> dict:
   labels = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "Y.txt")))[0])
   truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"), len(labels))
   filter_path = os.path.join(d, data["filter_file"])
-  filter_pairs = (xc_format.read_filter(filter_path, truth.num_rows, len(labels))
-                  if os.path.exists(filter_path) else np.zeros((0, 2), np.int64))
+  filter_pairs = (
+    xc_format.read_filter(filter_path, truth.num_rows, len(labels))
+    if os.path.exists(filter_path)
+    else np.zeros((0, 2), np.int64)
+  )
   row = {"workdir": workdir, "data_dir": d}
   for name, rows in (("classifier", np.asarray(p.model.classifier)), ("label_text", labels)):
     m = metrics.as_percent(metrics.compute(ranked(queries, rows, filter_pairs), truth, ks=(1, 5)))

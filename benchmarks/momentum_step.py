@@ -7,6 +7,7 @@ momentum state's table holds 2,000 steps (an epoch). Both steps run interleaved,
 machine's load reaches them alike. One JSON line per L: num_labels, plain_ms and
 momentum_ms (medians after 20 warm-up steps), and each compiled step's temporary bytes.
 """
+
 import functools
 import statistics
 import time
@@ -45,8 +46,7 @@ def main(argv):
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def momentum(v, state, emb, batch):
     _, d_emb, rg = grads(emb, v, jnp.float32(1.0), batch, state)
-    v, state = momentum_update(v, state, jax.tree.map(lambda x: x[None], rg),
-                               jnp.float32(LR), True)
+    v, state = momentum_update(v, state, jax.tree.map(lambda x: x[None], rg), jnp.float32(LR), True)
     return v, state, d_emb
 
   for L in (int(float(x)) for x in FLAGS.num_labels):
@@ -54,12 +54,15 @@ def main(argv):
     emb = jnp.asarray(rng.normal(size=(B, D)), jnp.float32)
     batch = make_batch(L, rng)
     w = lambda L=L: 0.02 * jax.random.normal(jax.random.key(0), (L, D))
-    cases = {"plain": (plain, [w(), jnp.float32(1.0)]),
-             "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)])}
+    cases = {
+      "plain": (plain, [w(), jnp.float32(1.0)]),
+      "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)]),
+    }
     row = {"num_labels": L, "beta": FLAGS.beta}
     for name, (fn, state) in cases.items():
-      row[f"{name}_temp_bytes"] = int(fn.lower(*state, emb, batch).compile()
-                                      .memory_analysis().temp_size_in_bytes)
+      row[f"{name}_temp_bytes"] = int(
+        fn.lower(*state, emb, batch).compile().memory_analysis().temp_size_in_bytes
+      )
     times = {name: [] for name in cases}
     for i in range(FLAGS.steps + 20):
       for name, (fn, state) in cases.items():

@@ -29,6 +29,7 @@ rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copie
 centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), build_s,
 search_ms_per_query, exact_ms_per_query.
 """
+
 import dataclasses
 import time
 
@@ -44,12 +45,22 @@ flags.DEFINE_integer("d", 64, "row dimension")
 flags.DEFINE_integer("k", 50, "hard negatives per query (recall@k)")
 flags.DEFINE_integer("num_queries", 1000, "queries searched and checked against exact search")
 flags.DEFINE_integer("topic_rows", 1000, "rows per topic (see the module docstring)")
-flags.DEFINE_float("topic_scale", 0.2, "scale of the topic centres: smaller puts topics closer, "
-                   "so a query's top-k reaches into neighbouring topics")
-flags.DEFINE_list("rows_per_query", ["16000", "32000", "64000", "128000"],
-                  "rows scored per query: the settings measured")
-flags.DEFINE_list("partitioner", ["avq_soar", "plain"], "avq_soar (AVQ centres + SOAR spilling, "
-                  "as the serving index) and/or plain k-means leaves")
+flags.DEFINE_float(
+  "topic_scale",
+  0.2,
+  "scale of the topic centres: smaller puts topics closer, "
+  "so a query's top-k reaches into neighbouring topics",
+)
+flags.DEFINE_list(
+  "rows_per_query",
+  ["16000", "32000", "64000", "128000"],
+  "rows scored per query: the settings measured",
+)
+flags.DEFINE_list(
+  "partitioner",
+  ["avq_soar", "plain"],
+  "avq_soar (AVQ centres + SOAR spilling, as the serving index) and/or plain k-means leaves",
+)
 flags.DEFINE_integer("leaf_rows", 0, "rows per leaf (0: index.LEAF_ROWS)")
 flags.DEFINE_integer("seed", 0, "data seed")
 flags.DEFINE_string("vectors", None, "(L, d) float32 .npy of label vectors (instead of generated)")
@@ -69,8 +80,11 @@ def label_vectors(L: int, d: int, topic_rows: int, rng: np.random.Generator) -> 
     local = np.arange(n)
     topics = rng.standard_normal((-(-n // topic_rows), d), np.float32)
     groups = rng.standard_normal((-(-n // 8), d), np.float32)
-    out[s:s + n] = (FLAGS.topic_scale * topics[local // topic_rows] + 0.5 * groups[local // 8] +
-                    0.3 * rng.standard_normal((n, d), np.float32))
+    out[s : s + n] = (
+      FLAGS.topic_scale * topics[local // topic_rows]
+      + 0.5 * groups[local // 8]
+      + 0.3 * rng.standard_normal((n, d), np.float32)
+    )
   return out
 
 
@@ -89,8 +103,9 @@ def label_sets(rng: np.random.Generator):
   if FLAGS.vectors:
     w = np.load(FLAGS.vectors, mmap_mode="r")
     all_queries = np.load(FLAGS.queries, mmap_mode="r")
-    pick = np.sort(rng.choice(len(all_queries), min(FLAGS.num_queries, len(all_queries)),
-                              replace=False))
+    pick = np.sort(
+      rng.choice(len(all_queries), min(FLAGS.num_queries, len(all_queries)), replace=False)
+    )
     yield len(w), np.ascontiguousarray(w, np.float32), np.asarray(all_queries[pick], np.float32)
     return
   for L in (int(float(x)) for x in FLAGS.num_labels):
@@ -110,33 +125,49 @@ def main(argv):
       partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
-      params = index_lib.scann_defaults(L, FLAGS.k, leaf_rows=FLAGS.leaf_rows,
-                                        rows_per_query=budgets[-1], **partition)
+      params = index_lib.scann_defaults(
+        L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=budgets[-1], **partition
+      )
       t0 = time.time()
       index = index_lib.ScannIndex(w, FLAGS.k, params)
       build_s = time.time() - t0
       for rows in budgets:
-        search = index_lib.scann_defaults(L, FLAGS.k, leaf_rows=FLAGS.leaf_rows,
-                                          rows_per_query=rows, **partition).num_leaves_to_search
+        search = index_lib.scann_defaults(
+          L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=rows, **partition
+        ).num_leaves_to_search
         params = dataclasses.replace(params, num_leaves_to_search=search)
         t0 = time.time()
         got, _ = index.searcher.search_batched_parallel(
-            q, final_num_neighbors=FLAGS.k, pre_reorder_num_neighbors=params.reorder,
-            leaves_to_search=search)
+          q,
+          final_num_neighbors=FLAGS.k,
+          pre_reorder_num_neighbors=params.reorder,
+          leaves_to_search=search,
+        )
         search_ms = 1000 * (time.time() - t0) / len(q)
-        recall = float(np.mean([len(np.intersect1d(a, b)) / FLAGS.k
-                                for a, b in zip(got, exact)]))
-        jsonl.emit({"num_labels": L, "d": w.shape[1], "source": FLAGS.vectors or "generated",
-                    "k": FLAGS.k, "num_queries": len(q),
-                    "topic_rows": FLAGS.topic_rows, "topic_scale": FLAGS.topic_scale,
-                    "partitioner": partitioner, "num_leaves": params.num_leaves,
-                    "leaves_to_search": search,
-                    "rows_scored_per_query": index_lib.rows_scored_per_query(L, params),
-                    "centroids_scored_per_query": params.num_leaves, "reorder": params.reorder,
-                    "training_sample_size": params.training_sample_size,
-                    "recall": round(recall, 4), "build_s": round(build_s, 2),
-                    "search_ms_per_query": round(search_ms, 4),
-                    "exact_ms_per_query": round(exact_ms, 3)}, FLAGS.out)
+        recall = float(np.mean([len(np.intersect1d(a, b)) / FLAGS.k for a, b in zip(got, exact)]))
+        jsonl.emit(
+          {
+            "num_labels": L,
+            "d": w.shape[1],
+            "source": FLAGS.vectors or "generated",
+            "k": FLAGS.k,
+            "num_queries": len(q),
+            "topic_rows": FLAGS.topic_rows,
+            "topic_scale": FLAGS.topic_scale,
+            "partitioner": partitioner,
+            "num_leaves": params.num_leaves,
+            "leaves_to_search": search,
+            "rows_scored_per_query": index_lib.rows_scored_per_query(L, params),
+            "centroids_scored_per_query": params.num_leaves,
+            "reorder": params.reorder,
+            "training_sample_size": params.training_sample_size,
+            "recall": round(recall, 4),
+            "build_s": round(build_s, 2),
+            "search_ms_per_query": round(search_ms, 4),
+            "exact_ms_per_query": round(exact_ms, 3),
+          },
+          FLAGS.out,
+        )
       del index
 
 

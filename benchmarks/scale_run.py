@@ -26,6 +26,7 @@ build_s, search_s, wait_s}], step_time_s (median wall seconds per step of the re
 run), resume_metrics_equal, metrics, popularity_baseline, kill_after_checkpoint_step,
 resumed_from_step, steps_per_epoch, predictions (the first query's top labels).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,11 +49,18 @@ flags.DEFINE_integer("num_labels", 0, "labels (0: the config's)")
 flags.DEFINE_integer("num_train", 0, "training queries (0: the config's)")
 flags.DEFINE_integer("num_test", 0, "test queries (0: the config's)")
 flags.DEFINE_integer("epochs", 3, "training epochs")
-flags.DEFINE_integer("tau_s", 2, "first epoch with mined hard negatives (its refresh runs over "
-                     "every training row, pipelined during the epoch before)")
+flags.DEFINE_integer(
+  "tau_s",
+  2,
+  "first epoch with mined hard negatives (its refresh runs over "
+  "every training row, pipelined during the epoch before)",
+)
 flags.DEFINE_list("set", [], "further config overrides, e.g. train.batch_size=256")
-flags.DEFINE_string("work_dir", None, "where data and workdirs go (default: "
-                    "workdir/scale_run/L<num_labels>_N<num_train>)")
+flags.DEFINE_string(
+  "work_dir",
+  None,
+  "where data and workdirs go (default: workdir/scale_run/L<num_labels>_N<num_train>)",
+)
 flags.DEFINE_bool("reference", True, "also train without interruption and compare metrics")
 flags.DEFINE_integer("predict_queries", 5, "test queries given to predict")
 flags.DEFINE_float("poll_s", 0.5, "seconds between memory samples")
@@ -65,10 +73,11 @@ REFRESH_WORKER_MODULE = "astra_jax.negatives.refresh"
 @dataclasses.dataclass
 class Phase:
   """What one phase's process tree used."""
+
   seconds: float
-  peak_rss_bytes: int                  # the largest peak of any process but the worker
-  refresh_worker_peak_rss_bytes: int   # the refresh worker's, 0 if none ran
-  samples: list                        # (time, trainer RSS bytes) every poll
+  peak_rss_bytes: int  # the largest peak of any process but the worker
+  refresh_worker_peak_rss_bytes: int  # the refresh worker's, 0 if none ran
+  samples: list  # (time, trainer RSS bytes) every poll
 
 
 def _status_bytes(pid: int, field: str) -> int:
@@ -161,8 +170,11 @@ def run_phase(name: str, argv: list[str], log_path: str, until=None) -> Phase:
     sys.exit(f"error: {name} failed (exit code {proc.returncode}); {log_path} ends:\n{tail}")
   if until is not None and not killed:
     sys.exit(f"error: {name} ended before the kill point; see {log_path}")
-  print(f"scale_run: {name}: {seconds:.1f} s, peak RSS {sampler.peak / 1e9:.2f} GB, refresh "
-        f"worker {sampler.worker_peak / 1e9:.2f} GB", flush=True)
+  print(
+    f"scale_run: {name}: {seconds:.1f} s, peak RSS {sampler.peak / 1e9:.2f} GB, refresh "
+    f"worker {sampler.worker_peak / 1e9:.2f} GB",
+    flush=True,
+  )
   return Phase(round(seconds, 1), sampler.peak, sampler.worker_peak, sampler.samples)
 
 
@@ -179,8 +191,11 @@ def complete_checkpoints(workdir: str) -> list[int]:
   root = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(root):
     return []
-  return sorted(int(n) for n in os.listdir(root)
-                if n.isdigit() and checkpoint.damage(os.path.join(root, n)) is None)
+  return sorted(
+    int(n)
+    for n in os.listdir(root)
+    if n.isdigit() and checkpoint.damage(os.path.join(root, n)) is None
+  )
 
 
 def keep_refresh_inputs(workdir: str, epoch: int, dest: str) -> None:
@@ -208,7 +223,7 @@ def load_config(spec: str, overrides: list[str]):
     for p in parents:
       node = node[p]
     old = node[leaf]
-    node[leaf] = (value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value))
+    node[leaf] = value.lower() in ("1", "true") if isinstance(old, bool) else type(old)(value)
   return c
 
 
@@ -219,8 +234,7 @@ def main(argv):
   py = sys.executable
   size = []
   if FLAGS.num_labels:
-    size += [f"data.synthetic.num_labels={FLAGS.num_labels}",
-             f"data.num_labels={FLAGS.num_labels}"]
+    size += [f"data.synthetic.num_labels={FLAGS.num_labels}", f"data.num_labels={FLAGS.num_labels}"]
   if FLAGS.num_train:
     size += [f"data.synthetic.num_train={FLAGS.num_train}", f"data.num_train={FLAGS.num_train}"]
   if FLAGS.num_test:
@@ -233,37 +247,53 @@ def main(argv):
   data_overrides = size + [f"data.dir={data_dir}"] + FLAGS.set
   steps_per_epoch = N // config.train.batch_size
   if steps_per_epoch < 4:
-    sys.exit(f"error: --num_train={N} gives {steps_per_epoch} steps per epoch at batch "
-             f"{config.train.batch_size}; the kill needs at least 4 (--set=train.batch_size=...)")
+    sys.exit(
+      f"error: --num_train={N} gives {steps_per_epoch} steps per epoch at batch "
+      f"{config.train.batch_size}; the kill needs at least 4 (--set=train.batch_size=...)"
+    )
   mid = max(1, steps_per_epoch // 2)
   train_overrides = data_overrides + [
-      f"train.epochs={FLAGS.epochs}", f"negatives.tau_s={FLAGS.tau_s}",
-      f"negatives.tau_r={FLAGS.epochs}", f"checkpoint.every_steps={mid}",
-      "checkpoint.every_minutes=0"]
+    f"train.epochs={FLAGS.epochs}",
+    f"negatives.tau_s={FLAGS.tau_s}",
+    f"negatives.tau_r={FLAGS.epochs}",
+    f"checkpoint.every_steps={mid}",
+    "checkpoint.every_minutes=0",
+  ]
   as_flags = lambda items: [f"--config.{x}" for x in items]
   phases: dict[str, Phase] = {}
 
   phases["prepare"] = run_phase(
-      "prepare", [py, "-m", "astra_jax.prepare", f"--config={FLAGS.config}",
-                  *as_flags(data_overrides)], os.path.join(work, "prepare.log"))
+    "prepare",
+    [py, "-m", "astra_jax.prepare", f"--config={FLAGS.config}", *as_flags(data_overrides)],
+    os.path.join(work, "prepare.log"),
+  )
 
   # The kill: as soon as the mid-epoch checkpoint of epoch tau_s (its hard negatives
   # swapped in) is complete; the run has gone on meanwhile, so the resume repeats steps.
   killed_dir = os.path.join(work, "killed")
-  train = lambda workdir: [py, "-m", "astra_jax.main", f"--config={FLAGS.config}",
-                           f"--workdir={workdir}", *as_flags(train_overrides)]
+  train = lambda workdir: [
+    py,
+    "-m",
+    "astra_jax.main",
+    f"--config={FLAGS.config}",
+    f"--workdir={workdir}",
+    *as_flags(train_overrides),
+  ]
   kill_step = FLAGS.tau_s * steps_per_epoch + mid
+
   def past_checkpoint() -> bool:  # the steps run between its save and the kill are redone
     return kill_step in complete_checkpoints(killed_dir)
 
   if os.path.exists(killed_dir):
     shutil.rmtree(killed_dir)
-  phases["train_killed"] = run_phase("train_killed", train(killed_dir),
-                                     os.path.join(work, "train_killed.log"), past_checkpoint)
+  phases["train_killed"] = run_phase(
+    "train_killed", train(killed_dir), os.path.join(work, "train_killed.log"), past_checkpoint
+  )
   resumed_from = max(complete_checkpoints(killed_dir), default=0)
   keep_refresh_inputs(killed_dir, FLAGS.tau_s, os.path.join(work, "refresh_inputs"))
-  phases["train_resumed"] = run_phase("train_resumed", train(killed_dir),
-                                      os.path.join(work, "train_resumed.log"))
+  phases["train_resumed"] = run_phase(
+    "train_resumed", train(killed_dir), os.path.join(work, "train_resumed.log")
+  )
   with open(os.path.join(killed_dir, "results.json")) as f:
     results = json.load(f)
   samples = phases["train_resumed"].samples
@@ -277,9 +307,19 @@ def main(argv):
       dst.write(line)
   predictions_path = os.path.join(work, "predictions.jsonl")
   phases["predict"] = run_phase(
-      "predict", [py, "-m", "astra_jax.predict", f"--workdir={killed_dir}", "--exact",
-                  f"--input={queries_path}", f"--output={predictions_path}", "--k=5"],
-      os.path.join(work, "predict.log"))
+    "predict",
+    [
+      py,
+      "-m",
+      "astra_jax.predict",
+      f"--workdir={killed_dir}",
+      "--exact",
+      f"--input={queries_path}",
+      f"--output={predictions_path}",
+      "--k=5",
+    ],
+    os.path.join(work, "predict.log"),
+  )
   with open(predictions_path) as f:
     predictions = [json.loads(line) for line in f]
 
@@ -290,31 +330,59 @@ def main(argv):
       generator = json.load(f)
     breakup = results.get("time_breakup") or {}
     record = {
-        "num_labels": results["num_labels"], "num_train": results["num_train"],
-        "num_test": results["num_test"], "epochs": results["epochs"],
-        "steps": results["steps"], "batch_size": config.train.batch_size,
-        "config": FLAGS.config, "overrides": train_overrides,
-        "phases": {name: {"seconds": p.seconds, "peak_rss_bytes": p.peak_rss_bytes,
-                          "refresh_worker_peak_rss_bytes": p.refresh_worker_peak_rss_bytes}
-                   for name, p in phases.items()},
-        "generator_seconds": generator.get("seconds"),
-        "train_time_s": results["train_time_s"],
-        "step_time_s": (breakup["mean_step_wall_ms"] / 1000
-                        if breakup.get("mean_step_wall_ms") is not None else None),
-        "time_breakup": breakup,
-        "refreshes": [{k: r.get(k) for k in ("epoch", "ok", "recall", "build_s", "search_s",
-                                             "wait_s", "num_queries", "num_labels", "error")}
-                      for r in results["negatives"]["refreshes"]],
-        "scann_rows_per_query": config.negatives.scann_rows_per_query,
-        "kill_after_checkpoint_step": kill_step, "resumed_from_step": resumed_from,
-        "steps_per_epoch": steps_per_epoch,
-        "resume_metrics_equal": (results["metrics"] == reference["metrics"]
-                                 if reference is not None else None),
-        "reference_metrics": reference["metrics"] if reference is not None else None,
-        "metrics": results["metrics"],
-        "popularity_baseline": results["popularity_baseline"],
-        "predictions": predictions[:1],
-        "work_dir": work,
+      "num_labels": results["num_labels"],
+      "num_train": results["num_train"],
+      "num_test": results["num_test"],
+      "epochs": results["epochs"],
+      "steps": results["steps"],
+      "batch_size": config.train.batch_size,
+      "config": FLAGS.config,
+      "overrides": train_overrides,
+      "phases": {
+        name: {
+          "seconds": p.seconds,
+          "peak_rss_bytes": p.peak_rss_bytes,
+          "refresh_worker_peak_rss_bytes": p.refresh_worker_peak_rss_bytes,
+        }
+        for name, p in phases.items()
+      },
+      "generator_seconds": generator.get("seconds"),
+      "train_time_s": results["train_time_s"],
+      "step_time_s": (
+        breakup["mean_step_wall_ms"] / 1000
+        if breakup.get("mean_step_wall_ms") is not None
+        else None
+      ),
+      "time_breakup": breakup,
+      "refreshes": [
+        {
+          k: r.get(k)
+          for k in (
+            "epoch",
+            "ok",
+            "recall",
+            "build_s",
+            "search_s",
+            "wait_s",
+            "num_queries",
+            "num_labels",
+            "error",
+          )
+        }
+        for r in results["negatives"]["refreshes"]
+      ],
+      "scann_rows_per_query": config.negatives.scann_rows_per_query,
+      "kill_after_checkpoint_step": kill_step,
+      "resumed_from_step": resumed_from,
+      "steps_per_epoch": steps_per_epoch,
+      "resume_metrics_equal": (
+        results["metrics"] == reference["metrics"] if reference is not None else None
+      ),
+      "reference_metrics": reference["metrics"] if reference is not None else None,
+      "metrics": results["metrics"],
+      "popularity_baseline": results["popularity_baseline"],
+      "predictions": predictions[:1],
+      "work_dir": work,
     }
     with open(FLAGS.out, "w") as f:
       json.dump(record, f, indent=1)
@@ -325,13 +393,18 @@ def main(argv):
     reference_dir = os.path.join(work, "reference")
     if os.path.exists(reference_dir):
       shutil.rmtree(reference_dir)
-    phases["train_reference"] = run_phase("train_reference", train(reference_dir),
-                                          os.path.join(work, "train_reference.log"))
+    phases["train_reference"] = run_phase(
+      "train_reference", train(reference_dir), os.path.join(work, "train_reference.log")
+    )
     with open(os.path.join(reference_dir, "results.json")) as f:
       reference = json.load(f)
     record = write_record(reference)
-  print(json.dumps({k: record[k] for k in ("num_labels", "phases", "refreshes",
-                                           "resume_metrics_equal")}, indent=1))
+  print(
+    json.dumps(
+      {k: record[k] for k in ("num_labels", "phases", "refreshes", "resume_metrics_equal")},
+      indent=1,
+    )
+  )
   if not FLAGS.keep:
     shutil.rmtree(work)
 

@@ -16,6 +16,7 @@ confusable rows around shared centres). Then, through the same Predictor the CLI
     random rows of W (the text queries' embeddings are unrelated to a synthetic W).
 Query texts are 3-12 random words of the tokenizer's vocabulary. Writes one JSON object.
 """
+
 import dataclasses
 import json
 import os
@@ -88,15 +89,18 @@ def time_single(p: predict.Predictor, texts, k: int) -> dict:
 def time_batched(p: predict.Predictor, texts, k: int, batch_size: int, batches: int) -> dict:
   parts = {"total": [], "tokenize": [], "encoder": [], "index": []}
   for b in range(batches):
-    chunk = texts[b * batch_size:(b + 1) * batch_size]
+    chunk = texts[b * batch_size : (b + 1) * batch_size]
     t0 = time.perf_counter()
     p.predict(chunk, k)
     parts["total"].append(time.perf_counter() - t0)
     parts["tokenize"].append(p.timings["tokenize_s"])
     parts["encoder"].append(p.timings["encode_s"])
     parts["index"].append(p.timings["search_s"])
-  out = {"batch_size": batch_size, "batches": batches,
-         "queries_per_s": round(batch_size / float(np.median(parts["total"])), 1)}
+  out = {
+    "batch_size": batch_size,
+    "batches": batches,
+    "queries_per_s": round(batch_size / float(np.median(parts["total"])), 1),
+  }
   for name, xs in parts.items():
     out[f"{name}_ms_per_batch"] = _ms(xs, 50)
   return out
@@ -117,8 +121,15 @@ def one_config(L: int, d: int, F, root: str, rng) -> list[dict]:
   w = classifier_rows(L, d, rng)
   wd = os.path.join(root, f"L{L}_d{d}")
   t0 = time.time()
-  export.save_model(wd, encoder_cfg=cfg, encoder_params=params, classifier=w,
-                    tokenizer_dir=hf_dir, max_len=F.max_len, pad_id=0)
+  export.save_model(
+    wd,
+    encoder_cfg=cfg,
+    encoder_params=params,
+    classifier=w,
+    tokenizer_dir=hf_dir,
+    max_len=F.max_len,
+    pad_id=0,
+  )
   export_s = time.time() - t0
   planted = planted_queries(w, F.recall_queries, rng)
   del w
@@ -132,8 +143,13 @@ def one_config(L: int, d: int, F, root: str, rng) -> list[dict]:
     t0 = time.time()
     p.warmup(F.k)
     warmup_s = time.time() - t0
-    row = {"num_labels": L, "dim": d, "index": kind, "start_s": round(start_s, 2),
-           "compile_warmup_s": round(warmup_s, 2)}
+    row = {
+      "num_labels": L,
+      "dim": d,
+      "index": kind,
+      "start_s": round(start_s, 2),
+      "compile_warmup_s": round(warmup_s, 2),
+    }
     if kind == "scann":
       row["build_s"] = p.index.build_s
       row["scann_params"] = dataclasses.asdict(p.index.index.params)
@@ -141,14 +157,15 @@ def one_config(L: int, d: int, F, root: str, rng) -> list[dict]:
       again = predict.Predictor.from_workdir(wd, kind)
       row["restart_s"], row["restart_loaded_index"] = round(time.time() - t0, 2), again.index.loaded
       del again
-    row["single"] = time_single(p, texts[:F.single if kind == "scann" else F.single_exact], F.k)
+    row["single"] = time_single(p, texts[: F.single if kind == "scann" else F.single_exact], F.k)
     row["batched"] = time_batched(p, texts, F.k, F.batch_size, F.batches)
     _, found[kind] = p.index.search(planted, F.k)
     results.append(row)
     logging.info("%s", json.dumps(row))
     del p
-  recall = float(np.mean([len(np.intersect1d(a, b)) / F.k
-                          for a, b in zip(found["scann"], found["exact"])]))
+  recall = float(
+    np.mean([len(np.intersect1d(a, b)) / F.k for a, b in zip(found["scann"], found["exact"])])
+  )
   results[0]["recall_at_10_vs_exact"] = round(recall, 4)
   results[0]["export_s"] = round(export_s, 2)
   shutil.rmtree(wd, ignore_errors=True)
@@ -159,14 +176,20 @@ def main(_):
   F = flags.FLAGS
   rng = np.random.default_rng(0)
   root = tempfile.mkdtemp(prefix="serve_latency_", dir=F.tmp)
-  out = {"machine": {"cpus": os.cpu_count(),
-                     "processor": platform.processor() or platform.machine(),
-                     "jax": jax.__version__, "device": jax.devices()[0].platform},
-         "encoder": f"all-MiniLM-L6-v2 (6 layers, hidden 384), max_len {F.max_len}; "
-                    "d=64 adds a bottleneck",
-         "k": F.k, "note": "ms are wall-clock per call; encoder = tokens -> embeddings on the "
-                           "host, index = top-k search (+ exact re-scoring for ScaNN)",
-         "results": []}
+  out = {
+    "machine": {
+      "cpus": os.cpu_count(),
+      "processor": platform.processor() or platform.machine(),
+      "jax": jax.__version__,
+      "device": jax.devices()[0].platform,
+    },
+    "encoder": f"all-MiniLM-L6-v2 (6 layers, hidden 384), max_len {F.max_len}; "
+    "d=64 adds a bottleneck",
+    "k": F.k,
+    "note": "ms are wall-clock per call; encoder = tokens -> embeddings on the "
+    "host, index = top-k search (+ exact re-scoring for ScaNN)",
+    "results": [],
+  }
   try:
     for L in map(int, F.num_labels):
       for d in map(int, F.dims):

@@ -8,6 +8,7 @@ knobs) and scores both with the training evaluation's metrics (filter file appli
 reports training's own final test metrics (results.json) next to the exact path's, which
 should agree: the same tokenization, encoder and W. Writes one JSON object.
 """
+
 import dataclasses
 import json
 import os
@@ -29,8 +30,9 @@ flags.mark_flags_as_required(["workdir"])
 def test_split(cfg: dict, n: int):
   d, dc = cfg["data"]["dir"], cfg["data"]
   layout = dc["layout"] if dc["layout"] != "auto" else dataset.detect_layout(d)
-  texts = xc_format.read_texts(os.path.join(d, dataset.LAYOUTS[layout][1]), "auto",
-                               dc["use_content"])
+  texts = xc_format.read_texts(
+    os.path.join(d, dataset.LAYOUTS[layout][1]), "auto", dc["use_content"]
+  )
   if layout == "json":
     num_labels = sum(1 for _ in xc_format._lines(os.path.join(d, dataset.LAYOUTS["json"][2])))
     truth = xc_format.read_json_labels(os.path.join(d, dataset.LAYOUTS["json"][1]), num_labels)
@@ -70,15 +72,18 @@ def main(_):
     with open(res_path) as f:
       trained = {k: v for k, v in json.load(f)["metrics"].items() if k.startswith(("P@", "nDCG@"))}
   result = {
-      "workdir": os.path.abspath(F.workdir), "num_test": len(texts), "k": F.k,
-      "num_labels": len(p.model.classifier),
-      "scann_params": dataclasses.asdict(p.index.index.params),
-      "exact": {k: v for k, v in exact.items() if k != "ids"},
-      "scann": {k: v for k, v in scann.items() if k != "ids"},
-      "scann_minus_exact": {k: round(scann["metrics"][k] - exact["metrics"][k], 3)
-                            for k in exact["metrics"]},
-      f"overlap@{F.k}": round(float(overlap), 4),
-      "training_final_eval": trained,
+    "workdir": os.path.abspath(F.workdir),
+    "num_test": len(texts),
+    "k": F.k,
+    "num_labels": len(p.model.classifier),
+    "scann_params": dataclasses.asdict(p.index.index.params),
+    "exact": {k: v for k, v in exact.items() if k != "ids"},
+    "scann": {k: v for k, v in scann.items() if k != "ids"},
+    "scann_minus_exact": {
+      k: round(scann["metrics"][k] - exact["metrics"][k], 3) for k in exact["metrics"]
+    },
+    f"overlap@{F.k}": round(float(overlap), 4),
+    "training_final_eval": trained,
   }
   text = json.dumps(result, indent=1)
   print(text)

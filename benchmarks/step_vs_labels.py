@@ -26,6 +26,7 @@ steps), steps_timed, temp_bytes (XLA's temporary allocation for the compiled ste
 huge_page_bytes (W's bytes on transparent huge pages, as the trainer does on the CPU
 backend: host_memory.py).
 """
+
 import functools
 import statistics
 import time
@@ -45,16 +46,30 @@ from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
 import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
-flags.DEFINE_list("strategies", ["astra", "astra_shared", "astra_dense", "full", "rows_touch"],
-                  "which steps to time")
+flags.DEFINE_list(
+  "strategies",
+  ["astra", "astra_shared", "astra_dense", "full", "rows_touch"],
+  "which steps to time",
+)
 flags.DEFINE_integer("full_max_labels", 1_000_000, "largest L for the full-L baseline")
-flags.DEFINE_integer("dense_max_labels", 1_000_000,
-                     "largest L for astra_dense (its dense W gradient; every case's W stays "
-                     "alive, and at 1e7 a dense case alone holds ~8 GB)")
-flags.DEFINE_integer("steps", 100, "timed steps per (strategy, L) and round, after 3 "
-                     "warm-up steps; fewer where a round would pass --round_seconds")
-flags.DEFINE_integer("rounds", 3, "passes over every (strategy, L): the machine's load drifts, "
-                     "and each case gets a share of every period")
+flags.DEFINE_integer(
+  "dense_max_labels",
+  1_000_000,
+  "largest L for astra_dense (its dense W gradient; every case's W stays "
+  "alive, and at 1e7 a dense case alone holds ~8 GB)",
+)
+flags.DEFINE_integer(
+  "steps",
+  100,
+  "timed steps per (strategy, L) and round, after 3 "
+  "warm-up steps; fewer where a round would pass --round_seconds",
+)
+flags.DEFINE_integer(
+  "rounds",
+  3,
+  "passes over every (strategy, L): the machine's load drifts, "
+  "and each case gets a share of every period",
+)
 flags.DEFINE_float("round_seconds", 10.0, "time budget of one case in one round")
 flags.DEFINE_string("out", None, "append JSON lines here")
 
@@ -81,8 +96,13 @@ class Case:
   def __init__(self, strategy: str, L: int, rng: np.random.Generator):
     self.strategy, self.L = strategy, L
     astra = classifier_bench.astra_step()
-    self.fn = {"astra": astra, "astra_shared": astra, "astra_dense": astra_dense_step,
-               "full": classifier_bench.full_step, "rows_touch": rows_touch}[strategy]
+    self.fn = {
+      "astra": astra,
+      "astra_shared": astra,
+      "astra_dense": astra_dense_step,
+      "full": classifier_bench.full_step,
+      "rows_touch": rows_touch,
+    }[strategy]
     self.w = 0.02 * jax.random.normal(jax.random.key(0), (L, D), jnp.float32)
     self.huge = host_memory.back_with_huge_pages(self.w)
     self.scale = jnp.float32(1.0)
@@ -104,26 +124,42 @@ class Case:
     self.times += [self.step(i) for i in range(n)]
 
   def row(self) -> dict:
-    return {"strategy": self.strategy, "num_labels": self.L,
-            "step_ms": round(1000 * statistics.median(self.times), 3), "temp_bytes": self.temp,
-            "huge_page_bytes": self.huge, "steps_timed": len(self.times), "d": D,
-            "batch_size": B, "k_p": KP, "k_h": KH, "k_r": KR,
-            "device": jax.devices()[0].platform}
+    return {
+      "strategy": self.strategy,
+      "num_labels": self.L,
+      "step_ms": round(1000 * statistics.median(self.times), 3),
+      "temp_bytes": self.temp,
+      "huge_page_bytes": self.huge,
+      "steps_timed": len(self.times),
+      "d": D,
+      "batch_size": B,
+      "k_p": KP,
+      "k_h": KH,
+      "k_r": KR,
+      "device": jax.devices()[0].platform,
+    }
 
 
 def main(_):
   F = flags.FLAGS
   rng = np.random.default_rng(0)
-  cases = [Case(strategy, L, rng) for L in (int(float(x)) for x in F.num_labels)
-           for strategy in F.strategies
-           if not (strategy == "full" and L > F.full_max_labels)
-           and not (strategy == "astra_dense" and L > F.dense_max_labels)]
+  cases = [
+    Case(strategy, L, rng)
+    for L in (int(float(x)) for x in F.num_labels)
+    for strategy in F.strategies
+    if not (strategy == "full" and L > F.full_max_labels)
+    and not (strategy == "astra_dense" and L > F.dense_max_labels)
+  ]
   for r in range(F.rounds):
     for case in cases:
       case.run_round(F.steps, F.round_seconds)
-    print(f"round {r + 1}/{F.rounds}: " + ", ".join(
-        f"{c.strategy}@{c.L:.0e} {1000 * statistics.median(c.times):.2f} ms" for c in cases),
-        flush=True)
+    print(
+      f"round {r + 1}/{F.rounds}: "
+      + ", ".join(
+        f"{c.strategy}@{c.L:.0e} {1000 * statistics.median(c.times):.2f} ms" for c in cases
+      ),
+      flush=True,
+    )
   for case in cases:
     jsonl.emit(case.row(), F.out)
 

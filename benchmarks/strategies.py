@@ -6,6 +6,7 @@ r"""The negative-sampling ablation (paper table tab:rq3) on one config, one line
 Every strategy trains from the same seed on the same data with the same number of
 negatives per query; each line: strategy, P@1, P@3, P@5, PSP@5, train_time_s, refreshes.
 """
+
 import os
 
 from absl import app, flags, logging
@@ -29,15 +30,21 @@ def main(_):
     config = F.config.copy_and_resolve_references()
     config.negatives.strategy = strategy
     r = train.train_and_evaluate(config, os.path.join(F.workdir, strategy.replace("+", "_")))
-    row = {"strategy": strategy, **{k: r[k] for k in ("P@1", "P@3", "P@5", "PSP@5")},
-           "train_time_s": r["train_time_s"], "num_labels": r["num_labels"],
-           "epochs": r["epochs"], "refreshes": r["negatives"]["refreshes"]}
+    row = {
+      "strategy": strategy,
+      **{k: r[k] for k in ("P@1", "P@3", "P@5", "PSP@5")},
+      "train_time_s": r["train_time_s"],
+      "num_labels": r["num_labels"],
+      "epochs": r["epochs"],
+      "refreshes": r["negatives"]["refreshes"],
+    }
     rows.append(row)
     jsonl.emit(row, F.out)
   print("\n| strategy | P@1 | P@5 | train s |\n|---|---|---|---|")
   for row in rows:
-    print(f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} "
-          f"| {row['train_time_s']:.0f} |")
+    print(
+      f"| {row['strategy']} | {row['P@1']:.2f} | {row['P@5']:.2f} | {row['train_time_s']:.0f} |"
+    )
 
 
 if __name__ == "__main__":

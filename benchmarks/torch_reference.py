@@ -10,6 +10,7 @@ the pooled embedding, backward, torch.optim.AdamW. bfloat16/float16 run under au
 (float16 with a GradScaler), as mixed precision is used in PyTorch. Writes one JSON line per
 part (matmul, torch_encoder) with train_step.py's keys and FLOP formula.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -60,11 +61,17 @@ def main(_):
   a = torch.randn(n, n, device=dev, dtype=dtype if dev == "cuda" else torch.float32)
   b = torch.randn_like(a)
   mm_ms = median_ms(lambda: a @ b, max(F.steps, 10))
-  mm_rate = 2 * n ** 3 / 1e9 / mm_ms * 1e3
+  mm_rate = 2 * n**3 / 1e9 / mm_ms * 1e3
 
-  cfg = transformers.BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=F.num_layers,
-                                num_attention_heads=12, intermediate_size=1536,
-                                hidden_act="gelu", max_position_embeddings=512)
+  cfg = transformers.BertConfig(
+    vocab_size=30522,
+    hidden_size=384,
+    num_hidden_layers=F.num_layers,
+    num_attention_heads=12,
+    intermediate_size=1536,
+    hidden_act="gelu",
+    max_position_embeddings=512,
+  )
   model = transformers.BertModel(cfg, add_pooling_layer=False).to(dev).train()
   opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
   scaler = torch.amp.GradScaler(dev, enabled=F.dtype == "float16")
@@ -92,13 +99,27 @@ def main(_):
   layers = F.num_layers
   gflop = EncoderConfig(num_layers=layers).train_step_gflop(bsz, t)  # train_step.py's count
   name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-  base = {"device": name, "platform": dev, "dtype": F.dtype, "batch_size": bsz, "seq_len": t,
-          "num_layers": layers, "torch": torch.__version__,
-          "transformers": transformers.__version__,
-          "threads": torch.get_num_threads(), "tf32": F.tf32}
-  rows = [{"part": "matmul", "step_ms": mm_ms, "model_gflop": 2 * n ** 3 / 1e9, "gflops": mm_rate},
-          {"part": "torch_encoder", "step_ms": enc_ms, "model_gflop": gflop,
-           "gflops": gflop / enc_ms * 1e3}]
+  base = {
+    "device": name,
+    "platform": dev,
+    "dtype": F.dtype,
+    "batch_size": bsz,
+    "seq_len": t,
+    "num_layers": layers,
+    "torch": torch.__version__,
+    "transformers": transformers.__version__,
+    "threads": torch.get_num_threads(),
+    "tf32": F.tf32,
+  }
+  rows = [
+    {"part": "matmul", "step_ms": mm_ms, "model_gflop": 2 * n**3 / 1e9, "gflops": mm_rate},
+    {
+      "part": "torch_encoder",
+      "step_ms": enc_ms,
+      "model_gflop": gflop,
+      "gflops": gflop / enc_ms * 1e3,
+    },
+  ]
   for row in rows:
     row["share_of_matmul"] = row["gflops"] / mm_rate
     row.update(base)

@@ -31,6 +31,7 @@ device, dtype and the shapes; pipeline adds wait_ms / wait_share (time the step 
 blocked on the prefetch queue, per step / of wall time) and prepare_ms (the host thread's
 time to build one batch, overlapped with the step).
 """
+
 from __future__ import annotations
 
 import collections
@@ -55,8 +56,9 @@ from astra_jax.model.encoder import Encoder, EncoderConfig
 
 import jsonl  # benchmarks/jsonl.py
 
-flags.DEFINE_list("parts", ["matmul", "encoder", "astra_d384", "astra_d64", "pipeline"],
-                  "what to time")
+flags.DEFINE_list(
+  "parts", ["matmul", "encoder", "astra_d384", "astra_d64", "pipeline"], "what to time"
+)
 flags.DEFINE_string("dtype", "float32", "encoder compute dtype: float32 | bfloat16 | float16")
 flags.DEFINE_integer("batch_size", 256, "queries per step")
 flags.DEFINE_integer("seq_len", 32, "tokens per query")
@@ -65,8 +67,12 @@ flags.DEFINE_integer("num_layers", 6, "encoder layers (6 = MiniLM-L6)")
 flags.DEFINE_integer("k_p", 7, "positives per query")
 flags.DEFINE_integer("k_h", 50, "hard negatives per query")
 flags.DEFINE_integer("k_r", 400, "uniform random negatives per query")
-flags.DEFINE_enum("random_draws", "per_query", ["per_query", "shared"],
-                  "random negatives drawn per query (the trainer's default) or once per batch")
+flags.DEFINE_enum(
+  "random_draws",
+  "per_query",
+  ["per_query", "shared"],
+  "random negatives drawn per query (the trainer's default) or once per batch",
+)
 flags.DEFINE_integer("matmul_n", 2048, "matmul size")
 flags.DEFINE_integer("steps", 10, "timed steps per part")
 flags.DEFINE_string("out", None, "append JSON lines here")
@@ -104,7 +110,7 @@ def matmul() -> tuple:
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(F.dtype))
   b = jax.random.normal(jax.random.key(1), (n, n), jnp.dtype(F.dtype))
   f = jax.jit(lambda a, b: a @ b)
-  return (lambda: f(a, b)), 2 * n ** 3 / 1e9
+  return (lambda: f(a, b)), 2 * n**3 / 1e9
 
 
 def tokens(rng: np.random.Generator, vocab: int) -> np.ndarray:
@@ -136,19 +142,23 @@ def encoder_step(cfg: EncoderConfig):
   def run():
     state[0], state[1] = step(state[0], state[1], ids, jax.random.key(1))
     return state[0]
+
   return run
 
 
 def label_batch(rng: np.random.Generator, L: int) -> LabelBatch:
   b = F.batch_size
-  return LabelBatch(pos_ids=rng.integers(0, L, (1, b, F.k_p)).astype(np.int32),
-                    pos_mask=np.ones((1, b, F.k_p), bool),
-                    hard_ids=rng.integers(0, L, (1, b, F.k_h)).astype(np.int32),
-                    hard_mask=np.ones((1, b, F.k_h), bool),
-                    rand_ids=rng.integers(0, L, (1, b, F.k_r) if F.random_draws == "per_query"
-                                          else (1, F.k_r)).astype(np.int32),
-                    rand_mask=np.ones((1, b, F.k_r), bool),
-                    rand_weight=np.full((1, F.k_r), L / F.k_r, np.float32))
+  return LabelBatch(
+    pos_ids=rng.integers(0, L, (1, b, F.k_p)).astype(np.int32),
+    pos_mask=np.ones((1, b, F.k_p), bool),
+    hard_ids=rng.integers(0, L, (1, b, F.k_h)).astype(np.int32),
+    hard_mask=np.ones((1, b, F.k_h), bool),
+    rand_ids=rng.integers(
+      0, L, (1, b, F.k_r) if F.random_draws == "per_query" else (1, F.k_r)
+    ).astype(np.int32),
+    rand_mask=np.ones((1, b, F.k_r), bool),
+    rand_weight=np.full((1, F.k_r), L / F.k_r, np.float32),
+  )
 
 
 def astra_setup(cfg: EncoderConfig):
@@ -160,10 +170,18 @@ def astra_setup(cfg: EncoderConfig):
   w = 0.02 * jax.random.normal(jax.random.key(2), (L, cfg.embed_dim), jnp.float32)
   params = {"encoder": enc_params, "classifier": w}
   scaling = "dynamic" if F.dtype == "float16" else "off"
-  state = steps.shard_state(steps.init_sparse_state(
-      tx, params, 2.0 ** 15 if scaling == "dynamic" else 1.0), mesh)
-  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 1000),
-                                      oc.classifier_weight_decay, mesh, F.batch_size, scaling)
+  state = steps.shard_state(
+    steps.init_sparse_state(tx, params, 2.0**15 if scaling == "dynamic" else 1.0), mesh
+  )
+  step = steps.make_sparse_train_step(
+    graphdef,
+    tx,
+    optim.classifier_schedule(oc, 1000),
+    oc.classifier_weight_decay,
+    mesh,
+    F.batch_size,
+    scaling,
+  )
   return mesh, state, step
 
 
@@ -182,6 +200,7 @@ def astra_step(cfg: EncoderConfig):
     state[0], value, _ = step(state[0], batches[i % 4], jax.random.key(i))
     state[1] = i + 1
     return value
+
   return run
 
 
@@ -191,18 +210,24 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   from astra_jax.data.pipeline import TrainBatches
   from astra_jax.data.xc_format import SparseRows
   from astra_jax.negatives.sampler import NegativeSampler
+
   mesh, state, step = astra_setup(cfg)
   rng = np.random.default_rng(0)
   n = F.batch_size * (F.steps + 3)
   L = F.num_labels
   counts = rng.integers(1, 2 * F.k_p, n)
   indices = np.concatenate([rng.choice(L, c, replace=False) for c in counts]).astype(np.int32)
-  labels = SparseRows(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), indices,
-                      np.ones(len(indices), np.float32), L)
+  labels = SparseRows(
+    np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+    indices,
+    np.ones(len(indices), np.float32),
+    L,
+  )
   tok = np.concatenate([tokens(rng, cfg.vocab_size) for _ in range(F.steps + 3)])
   hard = rng.integers(0, L, (n, F.k_h)).astype(np.int32)
-  sampler = NegativeSampler(labels, F.k_p, F.k_h, F.k_r,
-                            per_query_random=F.random_draws == "per_query")
+  sampler = NegativeSampler(
+    labels, F.k_p, F.k_h, F.k_r, per_query_random=F.random_draws == "per_query"
+  )
   batches = TrainBatches(tok, sampler, F.batch_size, 0)
   waits, n_steps, t_start, prep = 0.0, 0, None, []
   inflight = collections.deque()
@@ -223,14 +248,24 @@ def pipeline_wait(cfg: EncoderConfig) -> dict:
   jax.block_until_ready(state)
   wall = time.perf_counter() - t_start
   waits = batches.wait_seconds - waits
-  return {"step_ms": 1000 * wall / n_steps, "wait_ms": 1000 * waits / n_steps,
-          "wait_share": waits / wall, "prepare_ms": 1000 * statistics.median(prep)}
+  return {
+    "step_ms": 1000 * wall / n_steps,
+    "wait_ms": 1000 * waits / n_steps,
+    "wait_share": waits / wall,
+    "prepare_ms": 1000 * statistics.median(prep),
+  }
 
 
 def main(_):
-  base = {"device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
-          "dtype": F.dtype, "batch_size": F.batch_size, "seq_len": F.seq_len,
-          "num_layers": F.num_layers, "jax": jax.__version__}
+  base = {
+    "device": jax.devices()[0].device_kind,
+    "platform": jax.devices()[0].platform,
+    "dtype": F.dtype,
+    "batch_size": F.batch_size,
+    "seq_len": F.seq_len,
+    "num_layers": F.num_layers,
+    "jax": jax.__version__,
+  }
   rows, runs = {}, {}
   for part in F.parts:
     if part in ("matmul", "pipeline"):
@@ -242,9 +277,15 @@ def main(_):
     elif part in ("astra_d384", "astra_d64"):
       cfg = encoder_config(0 if part == "astra_d384" else 64)
       runs[part] = astra_step(cfg)
-      rows[part] = {"part": part, "num_labels": F.num_labels, "d": cfg.embed_dim,
-                    "k_p": F.k_p, "k_h": F.k_h, "k_r": F.k_r,
-                    "model_gflop": model_gflop(cfg, classifier=True)}
+      rows[part] = {
+        "part": part,
+        "num_labels": F.num_labels,
+        "d": cfg.embed_dim,
+        "k_p": F.k_p,
+        "k_h": F.k_h,
+        "k_r": F.k_r,
+        "model_gflop": model_gflop(cfg, classifier=True),
+      }
     else:
       raise app.UsageError(f"unknown part {part!r}")
   for run in runs.values():  # compile and warm up
@@ -266,12 +307,24 @@ def main(_):
   runs.clear()
   if "pipeline" in F.parts:
     p = pipeline_wait(encoder_config(64))
-    rows["pipeline"] = {"part": "pipeline", "num_labels": F.num_labels, "d": 64,
-                        "model_gflop": model_gflop(encoder_config(64), classifier=True), **p}
+    rows["pipeline"] = {
+      "part": "pipeline",
+      "num_labels": F.num_labels,
+      "d": 64,
+      "model_gflop": model_gflop(encoder_config(64), classifier=True),
+      **p,
+    }
   out = []
   if "matmul" in F.parts:
-    out.append({"part": "matmul", "step_ms": mm_ms, "model_gflop": mm_gflop, "n": F.matmul_n,
-                "gflops_samples": [round(mm_gflop / m * 1e3, 1) for m in mm_samples]})
+    out.append(
+      {
+        "part": "matmul",
+        "step_ms": mm_ms,
+        "model_gflop": mm_gflop,
+        "n": F.matmul_n,
+        "gflops_samples": [round(mm_gflop / m * 1e3, 1) for m in mm_samples],
+      }
+    )
   out += [rows[p] for p in F.parts if p in rows]
   enc = rows.get("encoder", {}).get("step_ms")
   for row in out:

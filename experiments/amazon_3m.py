@@ -27,6 +27,7 @@ V100-32GB free in fp32 with DistilBERT and the classifier's momentum (a velocity
 as W; python -m astra_jax.plan). One device (the paper's single-V100 timings);
 --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -34,9 +35,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "Amazon-3M")
-  paper_configs.set_table_row(c, batch_size=16, epochs=60, encoder_lr=4e-5, classifier_lr=0.01,
-                              dropout=0.75, warmup=10000, weight_decay=1e-3, k_r=400, k_h=50,
-                              k_p=50)
+  paper_configs.set_table_row(
+    c,
+    batch_size=16,
+    epochs=60,
+    encoder_lr=4e-5,
+    classifier_lr=0.01,
+    dropout=0.75,
+    warmup=10000,
+    weight_decay=1e-3,
+    k_r=400,
+    k_h=50,
+    k_p=50,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 16
   c.mesh.data, c.mesh.model = 1, 1

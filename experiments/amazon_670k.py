@@ -27,6 +27,7 @@ classifier lr 0.01 x 256. Gradient accumulation 4: the smallest that leaves a qu
 V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -34,9 +35,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "Amazon-670K")
-  paper_configs.set_table_row(c, batch_size=16, epochs=70, encoder_lr=4e-5, classifier_lr=0.01,
-                              dropout=0.8, warmup=10000, weight_decay=1e-3, k_r=400, k_h=50,
-                              k_p=7)
+  paper_configs.set_table_row(
+    c,
+    batch_size=16,
+    epochs=70,
+    encoder_lr=4e-5,
+    classifier_lr=0.01,
+    dropout=0.8,
+    warmup=10000,
+    weight_decay=1e-3,
+    k_r=400,
+    k_h=50,
+    k_p=7,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.model = 1, 1

@@ -4,6 +4,7 @@
 
 Runs end to end in a few minutes on 2 CPU cores.
 """
+
 import os
 
 from astra_jax.config_base import base_config
@@ -11,8 +12,9 @@ from astra_jax.config_base import base_config
 
 def get_config():
   c = base_config()
-  c.data.dir = os.path.join(os.environ.get("ASTRA_DATA", os.path.expanduser("~/.cache/astra_jax")),
-                            "demo")
+  c.data.dir = os.path.join(
+    os.environ.get("ASTRA_DATA", os.path.expanduser("~/.cache/astra_jax")), "demo"
+  )
   c.data.synthetic.enabled = True
   c.data.synthetic.num_labels = 2000
   c.data.synthetic.num_train = 20000

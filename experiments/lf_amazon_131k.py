@@ -27,6 +27,7 @@ classifier lr 0.05 x 512. Gradient accumulation 4: the smallest that leaves a qu
 V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -34,9 +35,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "LF-Amazon-131K")
-  paper_configs.set_table_row(c, batch_size=32, epochs=100, encoder_lr=1e-4, classifier_lr=0.05,
-                              dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
-                              k_p=7)
+  paper_configs.set_table_row(
+    c,
+    batch_size=32,
+    epochs=100,
+    encoder_lr=1e-4,
+    classifier_lr=0.05,
+    dropout=0.75,
+    warmup=5000,
+    weight_decay=1e-4,
+    k_r=100,
+    k_h=15,
+    k_p=7,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.model = 1, 1

@@ -24,6 +24,7 @@ smallest that leaves a quarter of a V100-32GB free in fp32 with DistilBERT (pyth
 astra_jax.plan). One device (the
 paper's single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -31,9 +32,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "LF-AmazonTitles-131K")
-  paper_configs.set_table_row(c, batch_size=32, epochs=75, encoder_lr=1e-5, classifier_lr=0.05,
-                              dropout=0.85, warmup=3000, weight_decay=1e-4, k_r=400, k_h=50,
-                              k_p=7)
+  paper_configs.set_table_row(
+    c,
+    batch_size=32,
+    epochs=75,
+    encoder_lr=1e-5,
+    classifier_lr=0.05,
+    dropout=0.85,
+    warmup=3000,
+    weight_decay=1e-4,
+    k_r=400,
+    k_h=50,
+    k_p=7,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.model = 1, 1

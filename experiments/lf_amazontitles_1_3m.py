@@ -26,6 +26,7 @@ classifier lr 0.01 x 1,024. Gradient accumulation 4: the smallest that leaves a 
 V100-32GB free in fp32 with DistilBERT (python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -33,9 +34,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "LF-AmazonTitles-1.3M")
-  paper_configs.set_table_row(c, batch_size=64, epochs=100, encoder_lr=3e-6, classifier_lr=0.01,
-                              dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
-                              k_p=79)
+  paper_configs.set_table_row(
+    c,
+    batch_size=64,
+    epochs=100,
+    encoder_lr=3e-6,
+    classifier_lr=0.01,
+    dropout=0.75,
+    warmup=5000,
+    weight_decay=1e-4,
+    k_r=100,
+    k_h=15,
+    k_p=79,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 4
   c.mesh.data, c.mesh.model = 1, 1

@@ -29,6 +29,7 @@ a V100-32GB free in fp32 with DistilBERT and the classifier's momentum (a veloci
 as W; python -m astra_jax.plan). One device (the paper's
 single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -36,9 +37,19 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "LF-Wikipedia-500K")
-  paper_configs.set_table_row(c, batch_size=128, epochs=40, encoder_lr=1e-4, classifier_lr=0.002,
-                              dropout=0.7, warmup=2500, weight_decay=1e-3, k_r=200, k_h=30,
-                              k_p=13)
+  paper_configs.set_table_row(
+    c,
+    batch_size=128,
+    epochs=40,
+    encoder_lr=1e-4,
+    classifier_lr=0.002,
+    dropout=0.7,
+    warmup=2500,
+    weight_decay=1e-3,
+    k_r=200,
+    k_h=30,
+    k_p=13,
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.train.grad_accum_steps = 64
   c.mesh.data, c.mesh.model = 1, 1

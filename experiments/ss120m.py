@@ -28,6 +28,7 @@ third of it free (python -m astra_jax.plan; raise train.grad_accum_steps for lar
 batches or fewer GPUs). Encoder: DistilBERT (see lf_amazontitles_131k.py for where it is
 looked for; without it, an error).
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -35,10 +36,20 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "SS-120M")
-  paper_configs.set_table_row(c, batch_size=128, epochs=10, encoder_lr=3e-6, classifier_lr=0.01,
-                              dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
-                              k_p=16, source="not in the paper: LF-AmazonTitles-1.3M's row, "
-                              "batch 128 per GPU, 10 epochs, k_p 16")
+  paper_configs.set_table_row(
+    c,
+    batch_size=128,
+    epochs=10,
+    encoder_lr=3e-6,
+    classifier_lr=0.01,
+    dropout=0.75,
+    warmup=5000,
+    weight_decay=1e-4,
+    k_r=100,
+    k_h=15,
+    k_p=16,
+    source="not in the paper: LF-AmazonTitles-1.3M's row, batch 128 per GPU, 10 epochs, k_p 16",
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.encoder.bottleneck_dim = 64
   c.train.grad_accum_steps = 1

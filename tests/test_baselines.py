@@ -1,6 +1,7 @@
 """astra_jax.baselines: popularity by hand, TF-IDF kNN against a dense reference, and the
 README's floors on the real debian-recommends-20k when $ASTRA_TEST_DATA names a directory
 that holds debian-recommends-20k.tar.gz."""
+
 import os
 import subprocess
 import sys
@@ -29,8 +30,15 @@ def _write(d, train, train_y, test, test_y, labels, num_labels):
 
 def test_popularity_by_hand(tmp_path):
   # Label counts 2: 3 rows, 0: 2 rows, 1: 1 row -> every query gets [2, 0, 1].
-  _write(tmp_path, ["a", "b", "c"], [[2, 0], [2, 0], [2, 1]], ["x", "y"], [[1], [2, 0]],
-         ["l0", "l1", "l2"], 3)
+  _write(
+    tmp_path,
+    ["a", "b", "c"],
+    [[2, 0], [2, 0], [2, 1]],
+    ["x", "y"],
+    [[1], [2, 0]],
+    ["l0", "l1", "l2"],
+    3,
+  )
   m = baselines.popularity(baselines.load_texts(str(tmp_path)), ks=(1, 3))
   assert m["P@1"] == pytest.approx(50.0) and m["P@3"] == pytest.approx(100 * 3 / 6)
 
@@ -38,6 +46,7 @@ def test_popularity_by_hand(tmp_path):
 def test_tfidf_knn_matches_a_dense_reference(tmp_path):
   pytest.importorskip("sklearn")
   from sklearn.feature_extraction.text import TfidfVectorizer
+
   rng = np.random.default_rng(0)
   words = "emacs python perl ruby lib dev doc tools gtk qt data fonts".split()
   text = lambda: " ".join(rng.choice(words, 3))
@@ -59,19 +68,33 @@ def test_tfidf_knn_matches_a_dense_reference(tmp_path):
   assert got["P@1"] == pytest.approx(100 * hits / len(test), abs=1e-3)  # as_percent rounds
 
 
-@pytest.mark.skipif(not (REAL_DATA and os.path.exists(REAL_DATA)),
-                    reason="no debian-recommends-20k.tar.gz in $ASTRA_TEST_DATA")
+@pytest.mark.skipif(
+  not (REAL_DATA and os.path.exists(REAL_DATA)),
+  reason="no debian-recommends-20k.tar.gz in $ASTRA_TEST_DATA",
+)
 def test_cli_reproduces_the_real_data_floors(tmp_path):
   pytest.importorskip("sklearn")
   with tarfile.open(REAL_DATA) as tar:
     tar.extractall(tmp_path, filter="data")
-  data = next(os.path.dirname(os.path.join(r, f)) for r, _, fs in os.walk(tmp_path)
-              for f in fs if f == "trn_X_Y.txt")
-  r = subprocess.run([sys.executable, "-m", "astra_jax.baselines", f"--data={data}"],
-                     cwd=REPO, capture_output=True, text=True, timeout=600)
+  data = next(
+    os.path.dirname(os.path.join(r, f))
+    for r, _, fs in os.walk(tmp_path)
+    for f in fs
+    if f == "trn_X_Y.txt"
+  )
+  r = subprocess.run(
+    [sys.executable, "-m", "astra_jax.baselines", f"--data={data}"],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
-  rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
-          for line in r.stdout.splitlines() if line.startswith("| ") and "P@1" not in line}
+  rows = {
+    line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
+    for line in r.stdout.splitlines()
+    if line.startswith("| ") and "P@1" not in line
+  }
   # The README beside the data (measured independently of this code).
   assert rows["label popularity"] == pytest.approx([6.64, 5.52, 4.33], abs=0.01)
   assert rows["TF-IDF kNN (char 2-4, k=20)"][0] == pytest.approx(34.66, abs=0.5)

@@ -1,5 +1,6 @@
 """Checkpoints: exact resume after SIGTERM and SIGKILL, restore onto other meshes, refusal
 of a workdir holding another config."""
+
 import copy
 import json
 import os
@@ -21,8 +22,14 @@ from astra_jax.errors import InputError
 
 
 def _start(demo, workdir, data_dir):
-  return subprocess.Popen(demo.command(workdir, data_dir), cwd=demo.cwd, env=demo.env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  return subprocess.Popen(
+    demo.command(workdir, data_dir),
+    cwd=demo.cwd,
+    env=demo.env,
+    text=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+  )
 
 
 def _wait_for_checkpoint(workdir, proc, after=()):
@@ -69,7 +76,8 @@ def test_sigterm_and_sigkill_then_resume_give_the_uninterrupted_metrics(tmp_path
 
 @pytest.mark.slow
 def test_a_crash_while_the_epoch_end_save_is_in_flight_resumes_the_refreshes(
-    tmp_path, monkeypatch, small_synthetic):
+  tmp_path, monkeypatch, small_synthetic
+):
   """The epoch-end save is asynchronous; the next refresh deletes the hard negatives and
   refresh inputs the previous checkpoint names. A crash before the save finishes must still
   leave a checkpoint whose files exist (tau_r = 1: a refresh at every epoch from 2)."""
@@ -143,8 +151,11 @@ def test_checkpoint_moves_between_meshes(tmp_path, small_synthetic):
     ck.close()
     assert progress["global_step"] == 30
     assert p["classifier"].shape == (rows, 64)
-    saved[shape] = (np.asarray(p["classifier"])[:300], float(o["scale"]),
-                    jax.tree.leaves(jax.device_get(p["encoder"])))
+    saved[shape] = (
+      np.asarray(p["classifier"])[:300],
+      float(o["scale"]),
+      jax.tree.leaves(jax.device_get(p["encoder"])),
+    )
     if shape == (1, 8):  # and training continues from it
       r = train.train_and_evaluate(c, str(wd))
       assert r["steps"] == 51 and r["P@1"] > 30
@@ -193,17 +204,20 @@ def test_synthetic_data_of_another_generator_is_another_run(tmp_path, small_synt
 
 
 def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(
-    tmp_path, small_synthetic):
+  tmp_path, small_synthetic
+):
   c = small_synthetic()
   saved = json.loads(c.to_json())
   del saved["data"]["synthetic"]["hidden_own_words"]  # recorded before the key existed
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
   c.data.synthetic.hidden_own_words = 1  # other data: another run
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
-      ("data.synthetic.hidden_own_words", 0, 1)]
+    ("data.synthetic.hidden_own_words", 0, 1)
+  ]
   del saved["optim"]["classifier_momentum"]  # a run recorded without it had none
   assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
-      ("data.synthetic.hidden_own_words", 0, 1)]
+    ("data.synthetic.hidden_own_words", 0, 1)
+  ]
 
 
 def test_keeps_the_last_n_and_the_best_by_p5(tmp_path):
@@ -226,7 +240,10 @@ def test_save_policy_by_steps_minutes_and_signal(monkeypatch):
     monkeypatch.setattr(checkpoint.time, "time", lambda: now[0])
     by_steps = checkpoint.SavePolicy(stop, every_steps=3, every_minutes=0, log_every_steps=10)
     assert [by_steps.decide(g, g - 1) for g in range(1, 7)] == [
-        (False, False), (False, False), (True, False)] * 2
+      (False, False),
+      (False, False),
+      (True, False),
+    ] * 2
     by_time = checkpoint.SavePolicy(stop, every_steps=0, every_minutes=2, log_every_steps=10)
     now[0] += 119
     assert by_time.decide(1, 0) == (False, False)
@@ -244,16 +261,19 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
   stop = checkpoint.StopSignal()
   try:
     calls = []
+
     def any_true(flags):  # another process saw a stop signal
       calls.append(flags)
       return [True, False]
+
     monkeypatch.setattr(checkpoint.jax, "process_count", lambda: 2)
     monkeypatch.setattr(checkpoint.distributed, "any_true", any_true)
     policy = checkpoint.SavePolicy(stop, every_steps=0, every_minutes=30, log_every_steps=4)
     decisions = [policy.decide(g, g - 1) for g in range(1, 9)]
     # This process received nothing; it stops with the others after steps 4 and 8.
     assert decisions == [(False, False)] * 3 + [(True, True)] + [(False, False)] * 3 + [
-        (True, True)]
+      (True, True)
+    ]
     assert calls == [[False, False]] * 2
   finally:
     stop.restore()
@@ -273,14 +293,15 @@ def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
 
 def test_has_complete_step_needs_every_commit_marker(tmp_path):
   from astra_jax import checkpoint as ck
-  assert not ck.has_complete_step(str(tmp_path))           # no checkpoints/ at all
+
+  assert not ck.has_complete_step(str(tmp_path))  # no checkpoints/ at all
   step = tmp_path / "checkpoints" / "12"
   for where in ("", *ck.ITEMS):
     (step / where).mkdir(parents=True, exist_ok=True)
   (step / ck.COMMIT_MARKER).write_text("")
-  assert not ck.has_complete_step(str(tmp_path))           # the items' markers missing
+  assert not ck.has_complete_step(str(tmp_path))  # the items' markers missing
   for where in ck.ITEMS:
     (step / where / ck.COMMIT_MARKER).write_text("")
   assert ck.has_complete_step(str(tmp_path))
-  (tmp_path / "checkpoints" / "damaged").mkdir()           # not a step
+  (tmp_path / "checkpoints" / "damaged").mkdir()  # not a step
   assert ck.has_complete_step(str(tmp_path))

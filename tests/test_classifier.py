@@ -1,6 +1,7 @@
 """The loss is defined once: the sharded classifier kernel and the dense reference (autodiff
 of loss.sampled_bce w.r.t. E(x) and all of W) give the same loss and gradients, and both
 compose the estimator through loss.estimator_terms."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,12 +19,15 @@ def _case(num_shards: int, per_query: bool, seed: int = 0):
   grouped by shard as the per-shard indexes return them; L = 22 leaves the last of 4
   shards short (padded rows)."""
   rng = np.random.default_rng(seed)
-  labels = SparseRows.from_lists([list(rng.choice(L, rng.integers(1, 6), replace=False))
-                                  for _ in range(B)], L)
-  sampler = NegativeSampler(labels, k_p=K_P, k_h=K_H, k_r=K_R, num_shards=num_shards,
-                            per_query_random=per_query)
-  hard = np.concatenate([lo + rng.integers(0, hi - lo, (B, K_H))
-                         for lo, hi in sampler.shard_bounds], 1)
+  labels = SparseRows.from_lists(
+    [list(rng.choice(L, rng.integers(1, 6), replace=False)) for _ in range(B)], L
+  )
+  sampler = NegativeSampler(
+    labels, k_p=K_P, k_h=K_H, k_r=K_R, num_shards=num_shards, per_query_random=per_query
+  )
+  hard = np.concatenate(
+    [lo + rng.integers(0, hi - lo, (B, K_H)) for lo, hi in sampler.shard_bounds], 1
+  )
   batch = sampler(np.arange(B), rng, hard)
   emb = rng.normal(0, 0.7, (B, D)).astype(np.float32)
   w = rng.normal(0, 1.0, (L, D)).astype(np.float32)
@@ -39,14 +43,16 @@ def _dense_w_grad(row_grads: dict, num_shards: int, rows_per_shard: int) -> np.n
     part = {k: np.split(v, num_shards)[s] for k, v in g.items()}
     ids = s * rows_per_shard + np.minimum(part["ids"], rows_per_shard)
     ids[part["ids"] >= rows_per_shard] = len(dw) - 1
-    np.add.at(dw, ids.reshape(-1),
-              (part["coef"][..., None] * part["queries"][:, None]).reshape(-1, D))
+    np.add.at(
+      dw, ids.reshape(-1), (part["coef"][..., None] * part["queries"][:, None]).reshape(-1, D)
+    )
     np.add.at(dw, s * rows_per_shard + part["shared_ids"], part["shared_grads"])
   return dw[:L]
 
 
-@pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((1, 1), True),
-                                             ((2, 4), False), ((2, 4), True)])
+@pytest.mark.parametrize(
+  "shape,per_query", [((1, 1), False), ((1, 1), True), ((2, 4), False), ((2, 4), True)]
+)
 def test_kernel_equals_the_dense_reference(shape, per_query):
   mesh = sharding.make_mesh(*shape)
   emb, w, batch = _case(shape[1], per_query)
@@ -54,12 +60,12 @@ def test_kernel_equals_the_dense_reference(shape, per_query):
 
   rows = sharding.padded_rows(L, mesh)
   v = jnp.concatenate([w, jnp.zeros((rows - L, D), w.dtype)])
-  got, got_d_emb, row_grads = classifier.classifier_grads(mesh, B)(
-      emb, v, jnp.float32(1.0), batch)
+  got, got_d_emb, row_grads = classifier.classifier_grads(mesh, B)(emb, v, jnp.float32(1.0), batch)
   np.testing.assert_allclose(float(got), float(value), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(got_d_emb), np.asarray(d_emb), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(_dense_w_grad(row_grads, shape[1], rows // shape[1]),
-                             np.asarray(d_w), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+    _dense_w_grad(row_grads, shape[1], rows // shape[1]), np.asarray(d_w), rtol=1e-5, atol=1e-6
+  )
 
 
 def test_both_paths_compose_the_estimator_in_loss_estimator_terms(monkeypatch):
@@ -68,14 +74,13 @@ def test_both_paths_compose_the_estimator_in_loss_estimator_terms(monkeypatch):
   mesh = sharding.make_mesh(2, 4)
   emb, w, batch = _case(4, per_query=True)
   v = jnp.concatenate([w, jnp.zeros((sharding.padded_rows(L, mesh) - L, D), w.dtype)])
-  kernel = lambda: float(classifier.classifier_grads(mesh, B)(emb, v, jnp.float32(1.0),
-                                                               batch)[0])
+  kernel = lambda: float(classifier.classifier_grads(mesh, B)(emb, v, jnp.float32(1.0), batch)[0])
   dense = lambda: float(loss.sampled_bce(emb, w, batch))
   before = dense(), kernel()
-  hard_only = loss.estimator_terms((jnp.zeros((B, K_P)), loss.classifier_scores(emb, w, batch)[1],
-                                    jnp.zeros((B, K_R * 4))),
-                                   batch._replace(pos_mask=jnp.zeros((B, K_P), bool),
-                                                  rand_mask=jnp.zeros((B, K_R * 4), bool)))
+  hard_only = loss.estimator_terms(
+    (jnp.zeros((B, K_P)), loss.classifier_scores(emb, w, batch)[1], jnp.zeros((B, K_R * 4))),
+    batch._replace(pos_mask=jnp.zeros((B, K_P), bool), rand_mask=jnp.zeros((B, K_R * 4), bool)),
+  )
   hard_mean = float(hard_only.hard.sum() / B)
   assert hard_mean > 0.1
 
@@ -90,8 +95,7 @@ def test_both_paths_compose_the_estimator_in_loss_estimator_terms(monkeypatch):
   monkeypatch.setattr(loss, "estimator_terms", doubled_hard)
   after = dense(), kernel()
   assert len(calls) >= 2
-  np.testing.assert_allclose(np.array(after) - np.array(before), [hard_mean, hard_mean],
-                             rtol=1e-5)
+  np.testing.assert_allclose(np.array(after) - np.array(before), [hard_mean, hard_mean], rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])

@@ -1,4 +1,5 @@
 """classifier.init: the Gaussian rows as before, or each label's normalised text embedding."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,10 +27,14 @@ def test_label_text_rows_are_scaled_unit_embeddings_and_padding_is_zero():
   label_tokens = np.array([[1, 2], [3, 0], [5, 5]])
   # A stand-in encoder: E(z) = (sum of ids, count of nonzero ids, 0).
   embed_rows = lambda t: np.stack([t.sum(1), (t > 0).sum(1), 0 * t[:, 0]], 1).astype(float)
-  w = np.asarray(classifier_init.initial_classifier(_config("label_text", 2.0), 4, 3, 0,
-                                                    label_tokens, embed_rows))
-  expect = 2.0 * np.array([[3, 2, 0] / np.sqrt(13), [3, 1, 0] / np.sqrt(10),
-                           [10, 2, 0] / np.sqrt(104)])
+  w = np.asarray(
+    classifier_init.initial_classifier(
+      _config("label_text", 2.0), 4, 3, 0, label_tokens, embed_rows
+    )
+  )
+  expect = 2.0 * np.array(
+    [[3, 2, 0] / np.sqrt(13), [3, 1, 0] / np.sqrt(10), [10, 2, 0] / np.sqrt(104)]
+  )
   np.testing.assert_allclose(w[:3], expect, rtol=1e-6)
   np.testing.assert_array_equal(w[3], 0)
 
@@ -48,6 +53,7 @@ def test_w_is_born_split_over_model_with_the_unsplit_rows(init, monkeypatch):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from astra_jax import sharding
+
   mesh = sharding.make_mesh(2, 4, jax.devices()[:8])
   label_tokens = np.arange(22).reshape(11, 2)
   calls = []
@@ -55,10 +61,10 @@ def test_w_is_born_split_over_model_with_the_unsplit_rows(init, monkeypatch):
   def embed_rows(t):
     calls.append(len(t))
     return np.stack([t.sum(1), t[:, 0], np.ones(len(t))], 1).astype(float)
+
   target = NamedSharding(mesh, P("model"))
   monkeypatch.setattr(classifier_init, "_EMBED_CHUNK", 2)
-  w = classifier_init.initial_classifier(_config(init), 12, 3, 5, label_tokens, embed_rows,
-                                         target)
+  w = classifier_init.initial_classifier(_config(init), 12, 3, 5, label_tokens, embed_rows, target)
   assert w.sharding.is_equivalent_to(target, 2)
   # Each shard computed where it lives (4 shards of 3 rows, the last one 2 labels + padding),
   # its label texts embedded 2 at a time.

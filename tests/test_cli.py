@@ -1,6 +1,7 @@
 """The command-line tools as users call them: each tool's --help lists exactly its own flags
 (run as `python -m astra_jax.<tool>` and as its console_scripts entry point), every flag a
 documented command uses exists, and a stray flag is an error, not silently accepted."""
+
 import configparser
 import glob
 import importlib
@@ -18,15 +19,30 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = {"third_party_logs"}  # cli.run gives every tool this one
 # Each tool's flags, as its documentation describes them.
 TOOL_FLAGS = {
-    "main": {"config", "workdir"},
-    "evaluate": {"pred", "truth", "train", "filter", "A", "B", "out", "k"},
-    "predict": {"workdir", "input", "output", "k", "exact", "batch_size", "rebuild_index"},
-    "prepare": {"config", "src", "out", "tokenizer", "max_len", "use_content"},
-    "plan": {"config", "mesh", "gpu", "num_gpus", "gpus_per_node", "processes_per_node", "json",
-             "check"},
-    "reproduce": {"table", "workdir", "scale", "epochs", "out", "seeds"},
-    "baselines": {"data", "layout", "use_content", "split", "validation_fraction",
-                  "validation_seed", "output"},
+  "main": {"config", "workdir"},
+  "evaluate": {"pred", "truth", "train", "filter", "A", "B", "out", "k"},
+  "predict": {"workdir", "input", "output", "k", "exact", "batch_size", "rebuild_index"},
+  "prepare": {"config", "src", "out", "tokenizer", "max_len", "use_content"},
+  "plan": {
+    "config",
+    "mesh",
+    "gpu",
+    "num_gpus",
+    "gpus_per_node",
+    "processes_per_node",
+    "json",
+    "check",
+  },
+  "reproduce": {"table", "workdir", "scale", "epochs", "out", "seeds"},
+  "baselines": {
+    "data",
+    "layout",
+    "use_content",
+    "split",
+    "validation_fraction",
+    "validation_seed",
+    "output",
+  },
 }
 # Where users read the commands: the README, docs/, the launchers, the experiment configs and
 # the tools' own docstrings.
@@ -34,8 +50,9 @@ DOCUMENTED = ["README.md", "docs/*.md", "launch/*", "experiments/*.py", "astra_j
 
 
 def _run(args: list[str], timeout: int = 120) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                        timeout=timeout)
+  return subprocess.run(
+    [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+  )
 
 
 def _listed_flags(help_text: str) -> set[str]:
@@ -67,8 +84,15 @@ def test_training_defines_no_other_tools_flags():
 
 
 def test_a_stray_flag_is_an_error(tmp_path):
-  r = _run(["-m", "astra_jax.main", "--config=experiments/demo.py", f"--workdir={tmp_path}",
-            "--out=results.json"])
+  r = _run(
+    [
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/demo.py",
+      f"--workdir={tmp_path}",
+      "--out=results.json",
+    ]
+  )
   lines = [l for l in r.stderr.splitlines() if l.strip() and not l.startswith("[transformers]")]
   assert r.returncode == 1 and lines == ["error: Unknown command line flag 'out'"], r.stderr
   assert not os.listdir(tmp_path)  # nothing ran
@@ -82,9 +106,15 @@ def test_a_stray_argument_is_an_error():
 def test_console_scripts_are_the_tools():
   scripts = _entry_points()
   modules = {target.split(":")[0] for target in scripts.values()}
-  assert modules == {"astra_jax.main", "astra_jax.evaluate", "astra_jax.predict",
-                     "astra_jax.prepare", "astra_jax.plan.__main__",
-                     "astra_jax.reproduce.__main__", "astra_jax.baselines"}
+  assert modules == {
+    "astra_jax.main",
+    "astra_jax.evaluate",
+    "astra_jax.predict",
+    "astra_jax.prepare",
+    "astra_jax.plan.__main__",
+    "astra_jax.reproduce.__main__",
+    "astra_jax.baselines",
+  }
   for target in scripts.values():
     module, function = target.split(":")
     assert callable(getattr(importlib.import_module(module), function)), target
@@ -94,8 +124,10 @@ def test_console_scripts_are_the_tools():
 def test_console_script_help_lists_the_tools_flags(script, tool):
   # What pip's generated wrapper does: a __main__ without a docstring, argv[0] the script.
   module, function = _entry_points()[script].split(":")
-  code = (f"import sys; sys.argv = [{script!r}, '--help']\n"
-          f"from {module} import {function}\nsys.exit({function}())")
+  code = (
+    f"import sys; sys.argv = [{script!r}, '--help']\n"
+    f"from {module} import {function}\nsys.exit({function}())"
+  )
   r = _run(["-c", code])
   assert _listed_flags(r.stdout) == TOOL_FLAGS[tool] | SHARED, r.stdout
   assert f"python -m astra_jax.{tool}" in r.stdout  # the tool's usage text
@@ -144,8 +176,13 @@ def test_console_keeps_our_info_lines_and_every_warning():
 def test_third_party_info_lines_come_back_with_the_flag(tmp_path):
   # jax logs its TPU probe at INFO when the devices are first asked for, before the missing
   # data stops the run: hidden by default, printed with --third_party_logs.
-  args = ["-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
-          f"--config.data.dir={tmp_path / 'none'}", f"--workdir={tmp_path / 'wd'}"]
+  args = [
+    "-m",
+    "astra_jax.main",
+    "--config=experiments/xc_text.py:tiny",
+    f"--config.data.dir={tmp_path / 'none'}",
+    f"--workdir={tmp_path / 'wd'}",
+  ]
   quiet, verbose = _run(args), _run(args + ["--third_party_logs"])
   for r in (quiet, verbose):
     assert r.returncode == 1 and "error: no dataset found" in r.stderr, r.stderr[-2000:]

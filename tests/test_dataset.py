@@ -25,8 +25,9 @@ def test_json_layout_with_label_text_augmentation(tmp_path, json_dataset):
 
 
 def test_missing_dataset_lists_expected_layouts(tmp_path):
-  with pytest.raises(dataset.MissingDataError,
-                     match=r"trn_X\.txt.*raw_data/train\.raw\.txt.*trn\.json\.gz"):
+  with pytest.raises(
+    dataset.MissingDataError, match=r"trn_X\.txt.*raw_data/train\.raw\.txt.*trn\.json\.gz"
+  ):
     dataset.load(_cfg(tmp_path, "").data)
 
 

@@ -23,8 +23,9 @@ def minilm(minilm_dir):
 
 
 def _ids(tok, sentences, max_len=16):
-  return np.asarray(tok(sentences, padding="max_length", max_length=max_len,
-                        truncation=True)["input_ids"], np.int32)
+  return np.asarray(
+    tok(sentences, padding="max_length", max_length=max_len, truncation=True)["input_ids"], np.int32
+  )
 
 
 def test_minilm_matches_independent_numpy_forward(minilm, minilm_dir):
@@ -44,7 +45,7 @@ def test_minilm_model_card_similarity(minilm):
   s = ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."]
   e = np.asarray(model(jnp.asarray(_ids(tok, s))))
   e = e / np.linalg.norm(e, axis=1, keepdims=True)
-  want = np.array([[1, .6660, .1046], [.6660, 1, .1411], [.1046, .1411, 1]])
+  want = np.array([[1, 0.6660, 0.1046], [0.6660, 1, 0.1411], [0.1046, 0.1411, 1]])
   np.testing.assert_allclose(e @ e.T, want, atol=6e-5)
 
 
@@ -56,13 +57,24 @@ def test_padding_does_not_change_embedding(minilm):
 
 
 def _tiny_distilbert(tmp_path):
-  cfg = {"model_type": "distilbert", "vocab_size": 50, "dim": 16, "n_layers": 2, "n_heads": 2,
-         "hidden_dim": 32, "max_position_embeddings": 20, "activation": "gelu", "pad_token_id": 0}
+  cfg = {
+    "model_type": "distilbert",
+    "vocab_size": 50,
+    "dim": 16,
+    "n_layers": 2,
+    "n_heads": 2,
+    "hidden_dim": 32,
+    "max_position_embeddings": 20,
+    "activation": "gelu",
+    "pad_token_id": 0,
+  }
   rng = np.random.default_rng(0)
-  t = {"distilbert.embeddings.word_embeddings.weight": (50, 16),
-       "distilbert.embeddings.position_embeddings.weight": (20, 16),
-       "distilbert.embeddings.LayerNorm.weight": (16,),
-       "distilbert.embeddings.LayerNorm.bias": (16,)}
+  t = {
+    "distilbert.embeddings.word_embeddings.weight": (50, 16),
+    "distilbert.embeddings.position_embeddings.weight": (20, 16),
+    "distilbert.embeddings.LayerNorm.weight": (16,),
+    "distilbert.embeddings.LayerNorm.bias": (16,),
+  }
   for i in range(2):
     p = f"distilbert.transformer.layer.{i}."
     for n in ("q_lin", "k_lin", "v_lin", "out_lin"):
@@ -83,15 +95,19 @@ def test_distilbert_loads_and_matches_numpy(tmp_path):
   model = Encoder(EncoderConfig.from_hf(str(tmp_path)), nnx.Rngs(0))
   load_hf_weights(model, str(tmp_path))
   ids = np.array([[5, 7, 9, 11, 0, 0], [3, 4, 0, 0, 0, 0]], np.int32)
-  np.testing.assert_allclose(np.asarray(model(jnp.asarray(ids))),
-                             numpy_bert.forward(tensors, cfg, ids), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(
+    np.asarray(model(jnp.asarray(ids))), numpy_bert.forward(tensors, cfg, ids), rtol=1e-4, atol=1e-5
+  )
 
 
 def test_weights_that_do_not_match_config_are_named(tmp_path):
   _tiny_distilbert(tmp_path)
   bad = EncoderConfig.from_hf(str(tmp_path), hidden_size=32, num_heads=2)
-  with pytest.raises(WeightsError, match=r"model\.safetensors: tensor '.*' has shape \(16,\), "
-                                         r"the config wants \(32,\)"):
+  with pytest.raises(
+    WeightsError,
+    match=r"model\.safetensors: tensor '.*' has shape \(16,\), "
+    r"the config wants \(32,\)",
+  ):
     load_hf_weights(Encoder(bad, nnx.Rngs(0)), str(tmp_path))
   (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
   with pytest.raises(WeightsError, match="cannot read"):
@@ -99,9 +115,16 @@ def test_weights_that_do_not_match_config_are_named(tmp_path):
 
 
 def test_bottleneck_and_dropout():
-  cfg = EncoderConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2,
-                      intermediate_size=32, max_position=16, bottleneck_dim=4,
-                      embedding_dropout=0.5)
+  cfg = EncoderConfig(
+    vocab_size=30,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=32,
+    max_position=16,
+    bottleneck_dim=4,
+    embedding_dropout=0.5,
+  )
   model = Encoder(cfg, nnx.Rngs(0))
   assert "bias" not in nnx.state(model.bottleneck, nnx.Param)
   ids = jnp.array([[1, 2, 3, 0]], jnp.int32)
@@ -147,19 +170,31 @@ def test_dropout_sites_follow_hf(monkeypatch, model_type, hidden_sites):
   # DistilBERT (TransformerBlock: sa_layer_norm(attention + x)) only the embeddings and the
   # FFN output. Both drop the attention probabilities.
   from astra_jax.model import encoder as encoder_lib
+
   calls = []
   real = encoder_lib._dropout
-  monkeypatch.setattr(encoder_lib, "_dropout",
-                      lambda x, rate, key: calls.append((x.ndim, rate)) or real(x, rate, key))
-  cfg = EncoderConfig(vocab_size=30, hidden_size=16, num_layers=1, num_heads=2,
-                      intermediate_size=32, max_position=16, model_type=model_type,
-                      hidden_dropout=0.1, attention_dropout=0.2, embedding_dropout=0.0)
+  monkeypatch.setattr(
+    encoder_lib, "_dropout", lambda x, rate, key: calls.append((x.ndim, rate)) or real(x, rate, key)
+  )
+  cfg = EncoderConfig(
+    vocab_size=30,
+    hidden_size=16,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=32,
+    max_position=16,
+    model_type=model_type,
+    hidden_dropout=0.1,
+    attention_dropout=0.2,
+    embedding_dropout=0.0,
+  )
   Encoder(cfg, nnx.Rngs(0))(jnp.array([[1, 2, 3, 0]], jnp.int32), dropout_key=jax.random.key(0))
   assert calls.count((3, 0.1)) == hidden_sites and calls.count((4, 0.2)) == 1
 
 
 def test_dropout_keeps_the_expectation():
   from astra_jax.model.encoder import _dropout
+
   x = jnp.full((200_000,), 3.0)
   y = np.asarray(_dropout(x, 0.3, jax.random.key(5)))
   assert set(np.unique(y)) <= {0.0, np.float32(3.0 / 0.7)}
@@ -171,18 +206,34 @@ def test_train_step_flops_by_hand():
   2*2*1*2^2*2 (QK^T, PV) = 160 FLOP, +2*1*2*3 = 12 with a bottleneck to 3; step = 3x."""
   cfg = EncoderConfig(hidden_size=2, intermediate_size=4, num_layers=1, num_heads=1)
   assert cfg.train_step_gflop(1, 2) * 1e9 == pytest.approx(480)
-  assert cfg.__class__(**{**cfg.__dict__, "bottleneck_dim": 3}).train_step_gflop(1, 2) * 1e9 \
-      == pytest.approx(516)
+  assert cfg.__class__(**{**cfg.__dict__, "bottleneck_dim": 3}).train_step_gflop(
+    1, 2
+  ) * 1e9 == pytest.approx(516)
   # all-MiniLM-L6-v2 at 256 x 32 tokens: the 529 GFLOP of benchmarks/train_step.py.
   assert EncoderConfig().train_step_gflop(256, 32) == pytest.approx(529.086283776)
 
 
 def test_every_parameter_has_an_hf_name():
-  for model_type, cfg in (("bert", EncoderConfig(vocab_size=10, hidden_size=8, num_layers=2,
-                                                  num_heads=2, intermediate_size=8)),
-                          ("distilbert", EncoderConfig(model_type="distilbert", vocab_size=10,
-                                                       hidden_size=8, num_layers=2, num_heads=2,
-                                                       intermediate_size=8, type_vocab_size=0))):
-    names = [hf_name(p, model_type) for p, _ in nnx.to_flat_state(
-        nnx.state(Encoder(cfg, nnx.Rngs(0)), nnx.Param))]
+  for model_type, cfg in (
+    (
+      "bert",
+      EncoderConfig(vocab_size=10, hidden_size=8, num_layers=2, num_heads=2, intermediate_size=8),
+    ),
+    (
+      "distilbert",
+      EncoderConfig(
+        model_type="distilbert",
+        vocab_size=10,
+        hidden_size=8,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=8,
+        type_vocab_size=0,
+      ),
+    ),
+  ):
+    names = [
+      hf_name(p, model_type)
+      for p, _ in nnx.to_flat_state(nnx.state(Encoder(cfg, nnx.Rngs(0)), nnx.Param))
+    ]
     assert len(set(names)) == len(names) and all(names)

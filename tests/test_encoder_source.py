@@ -1,6 +1,7 @@
 """The paper's encoder or a loud error: a paper config never trains another encoder silently,
 a model directory without weights is an error unless load_weights=False, and results.json's
 record of the encoder (name, parameters, sha256 of the weights)."""
+
 import hashlib
 import json
 import os
@@ -15,8 +16,15 @@ from astra_jax.model import encoder_source
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIG = "experiments/lf_amazontitles_131k.py"
-DISTILBERT = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
-              "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512}
+DISTILBERT = {
+  "model_type": "distilbert",
+  "dim": 768,
+  "n_layers": 6,
+  "n_heads": 12,
+  "hidden_dim": 3072,
+  "vocab_size": 30522,
+  "max_position_embeddings": 512,
+}
 
 
 def _paper_config(models_dir, monkeypatch):
@@ -27,15 +35,32 @@ def _paper_config(models_dir, monkeypatch):
 def test_paper_config_without_its_encoder_stops_with_one_line(tmp_path):
   models = tmp_path / "models"
   models.mkdir()
-  r = subprocess.run([sys.executable, "-m", "astra_jax.main", f"--config={PAPER_CONFIG}",
-                      f"--workdir={tmp_path / 'wd'}"], cwd=REPO, capture_output=True, text=True,
-                     timeout=120, env={**os.environ, "ASTRA_MODELS_DIR": str(models)})
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      f"--config={PAPER_CONFIG}",
+      f"--workdir={tmp_path / 'wd'}",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, "ASTRA_MODELS_DIR": str(models)},
+  )
   assert r.returncode != 0
   errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
   assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
   msg = errors[0]
-  for part in (str(models / "msmarco-distilbert-base-v4"), "config.json", "model.safetensors",
-               "tokenizer", "safe_serialization=True", "--config.encoder.hf_dir=all-MiniLM-L6-v2"):
+  for part in (
+    str(models / "msmarco-distilbert-base-v4"),
+    "config.json",
+    "model.safetensors",
+    "tokenizer",
+    "safe_serialization=True",
+    "--config.encoder.hf_dir=all-MiniLM-L6-v2",
+  ):
     assert part in msg, part
   assert not (tmp_path / "wd" / "results.json").exists()
 
@@ -55,8 +80,11 @@ def test_config_without_weights_is_an_error_unless_load_weights_false(tmp_path, 
   enc.mkdir()
   (enc / "config.json").write_text(json.dumps(DISTILBERT))
   c = _paper_config(tmp_path, monkeypatch)
-  with pytest.raises(InputError, match=r"has config.json but no model.safetensors.*"
-                                       r"--config.encoder.load_weights=False"):
+  with pytest.raises(
+    InputError,
+    match=r"has config.json but no model.safetensors.*"
+    r"--config.encoder.load_weights=False",
+  ):
     config_base.validate(c)
   c.encoder.load_weights = False
   config_base.validate(c)
@@ -65,6 +93,7 @@ def test_config_without_weights_is_an_error_unless_load_weights_false(tmp_path, 
 
 def test_identity_records_the_weights_hash(tmp_path):
   import ml_collections
+
   (tmp_path / "config.json").write_text(json.dumps(DISTILBERT))
   weights = tmp_path / "model.safetensors"
   weights.write_bytes(b"not really weights, but bytes to hash")

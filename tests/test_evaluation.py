@@ -1,5 +1,6 @@
 """The one rank -> filter -> score path every evaluation goes through, on a hand-computed
 case."""
+
 import numpy as np
 import pytest
 
@@ -35,14 +36,19 @@ def test_sums_of_blocks_are_the_scores_of_the_whole():
   ranked = np.stack([rng.permutation(20)[:8] for _ in range(10)])
   filter_pairs = np.array([[1, ranked[1, 0]], [7, ranked[7, 2]]])
   inv_prop = 1 + rng.random(20)
-  whole = evaluation.rank_filter_score(lambda k: ranked[:, :k], truth, filter_pairs, inv_prop,
-                                       (1, 3, 5))
+  whole = evaluation.rank_filter_score(
+    lambda k: ranked[:, :k], truth, filter_pairs, inv_prop, (1, 3, 5)
+  )
   sums = {}
   for lo, hi in ((0, 4), (4, 10)):
     in_block = filter_pairs[(filter_pairs[:, 0] >= lo) & (filter_pairs[:, 0] < hi)]
-    block = evaluation.rank_filter_sums(lambda k, lo=lo, hi=hi: ranked[lo:hi, :k],
-                                        truth.row_range(lo, hi),
-                                        in_block - [lo, 0], inv_prop, (1, 3, 5))
+    block = evaluation.rank_filter_sums(
+      lambda k, lo=lo, hi=hi: ranked[lo:hi, :k],
+      truth.row_range(lo, hi),
+      in_block - [lo, 0],
+      inv_prop,
+      (1, 3, 5),
+    )
     sums = {key: sums.get(key, 0.0) + v for key, v in block.items()}
 
   assert metrics.as_percent(metrics.from_sums(sums, 10, (1, 3, 5))) == pytest.approx(whole)

@@ -2,6 +2,7 @@
 survived (the run resumes from what is whole and ends with the uninterrupted run's metrics)
 or named in one line; none ends in a traceback. (benchmarks/faults.py tries every file of
 a checkpoint.)"""
+
 import errno
 import hashlib
 import json
@@ -21,8 +22,15 @@ from astra_jax.errors import InputError
 
 
 def _run(demo, workdir, data_dir, *extra):
-  p = subprocess.run(demo.command(workdir, data_dir) + list(extra), cwd=demo.cwd, env=demo.env,
-                     text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+  p = subprocess.run(
+    demo.command(workdir, data_dir) + list(extra),
+    cwd=demo.cwd,
+    env=demo.env,
+    text=True,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    timeout=600,
+  )
   return p.returncode, p.stdout
 
 
@@ -110,7 +118,8 @@ def test_when_no_checkpoint_restores_the_run_stops_naming_the_workdir(tmp_path):
 
 @pytest.mark.slow
 def test_a_truncated_file_or_a_missing_commit_marker_resumes_from_the_previous_checkpoint(
-    reference, tmp_path, demo_command):
+  reference, tmp_path, demo_command
+):
   ref, data = reference
   wd = tmp_path / "wd"
   shutil.copytree(ref, wd)
@@ -140,13 +149,18 @@ def test_a_truncated_file_or_a_missing_commit_marker_resumes_from_the_previous_c
 # -------------------------------------------------------------------------- a full disk
 def _mount_tmpfs(path, size: str) -> bool:
   os.makedirs(path, exist_ok=True)
-  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                        capture_output=True).returncode == 0
+  return (
+    subprocess.run(
+      ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode
+    == 0
+  )
 
 
 @pytest.mark.slow
 def test_a_full_disk_stops_in_one_line_and_the_same_command_finishes_once_space_is_freed(
-    reference, tmp_path, demo_command):
+  reference, tmp_path, demo_command
+):
   ref, data = reference
   disk = tmp_path / "disk"
   if not _mount_tmpfs(disk, "40m"):
@@ -169,15 +183,19 @@ def test_a_full_disk_stops_in_one_line_and_the_same_command_finishes_once_space_
     os.remove(filler)
     rc, out = _run(demo_command, wd, data)
     assert rc == 0, out[-3000:]
-    assert (json.load(open(wd / "results.json"))["metrics"]
-            == json.load(open(ref / "results.json"))["metrics"])
+    assert (
+      json.load(open(wd / "results.json"))["metrics"]
+      == json.load(open(ref / "results.json"))["metrics"]
+    )
   finally:
     subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def test_disk_errors_are_recognised_through_the_libraries_that_wrap_them(tmp_path):
-  wrapped = ValueError('RESOURCE_EXHAUSTED: Error writing "x": Failed to write 9 bytes to '
-                       f'file 9: {os.strerror(errno.ENOSPC)} [OS error: 28]')
+  wrapped = ValueError(
+    'RESOURCE_EXHAUSTED: Error writing "x": Failed to write 9 bytes to '
+    f"file 9: {os.strerror(errno.ENOSPC)} [OS error: 28]"
+  )
   assert faults.disk_error_code(RuntimeError("save failed").with_traceback(None)) is None
   try:
     try:
@@ -187,8 +205,11 @@ def test_disk_errors_are_recognised_through_the_libraries_that_wrap_them(tmp_pat
   except RuntimeError as e:
     assert faults.disk_error_code(e) == (errno.ENOSPC, None)
   ro = OSError(errno.EROFS, os.strerror(errno.EROFS), str(tmp_path / "a.json"))
-  with pytest.raises(faults.DiskFull, match=r"a\.json: cannot write \(read-only file "
-                     r"system\): it needed about 1\.5 KB \(estimate\).*make it writable"):
+  with pytest.raises(
+    faults.DiskFull,
+    match=r"a\.json: cannot write \(read-only file "
+    r"system\): it needed about 1\.5 KB \(estimate\).*make it writable",
+  ):
     with faults.writing(str(tmp_path), 1500):
       raise ro
   with pytest.raises(KeyError):  # anything else passes through
@@ -196,14 +217,18 @@ def test_disk_errors_are_recognised_through_the_libraries_that_wrap_them(tmp_pat
       raise KeyError("x")
 
 
-def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(tmp_path,
-                                                                              monkeypatch):
+def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(
+  tmp_path, monkeypatch
+):
   ck = _tiny_checkpoints(tmp_path, steps=(1,))
   before = _digests(tmp_path / "checkpoints")
   monkeypatch.setattr(faults, "free_bytes", lambda path: 1000)  # a nearly full disk
   params = {"encoder": {"w": jax.numpy.arange(1000.0)}, "classifier": jax.numpy.ones((50, 8))}
-  with pytest.raises(faults.DiskFull, match=r"checkpoints/2: cannot write .* needed about "
-                     r"1\.1 MB \(estimate\), 1\.0 KB free"):
+  with pytest.raises(
+    faults.DiskFull,
+    match=r"checkpoints/2: cannot write .* needed about "
+    r"1\.1 MB \(estimate\), 1\.0 KB free",
+  ):
     ck.save(2, params, {"scale": jax.numpy.float32(2)}, {"step": 2})
   ck.close()
   assert _digests(tmp_path / "checkpoints") == before
@@ -212,7 +237,8 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(t
 # ------------------------------------------------------------------- no silent fallback
 @pytest.mark.slow
 def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_written(
-    tmp_path, monkeypatch, small_synthetic):
+  tmp_path, monkeypatch, small_synthetic
+):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="raise")  # epoch 2's fails
   c.train.epochs, c.train.eval_every_epochs, c.eval.max_test_rows = 3, 1, 100
   wd = tmp_path / "wd"
@@ -232,9 +258,13 @@ def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_wri
   assert [x["ok"] for x in r["negatives"]["refreshes"]] == [False]
   # Epoch 2 trains with random negatives in place of hard ones, two periodic evaluations on
   # 100 of 500 test rows; counted in the first run, kept through the rerun's resume.
-  assert r["degraded"] == {**Degraded().to_json(), "refreshes_failed": 1,
-                           "epochs_random_for_hard": 1, "epochs_without_their_refresh": 1,
-                           "evals_on_subset": 2}
+  assert r["degraded"] == {
+    **Degraded().to_json(),
+    "refreshes_failed": 1,
+    "epochs_random_for_hard": 1,
+    "epochs_without_their_refresh": 1,
+    "evals_on_subset": 2,
+  }
   assert json.load(open(wd / "results.json"))["degraded"] == r["degraded"]
 
 
@@ -245,6 +275,7 @@ def test_a_degraded_record_of_an_older_checkpoint_reads_as_zeros():
 
 class _Schedule:
   """Refreshes due at epochs 2 and 3; an epoch wants 4 hard negatives."""
+
   refresh_epochs = (2, 3)
 
   def split(self, epoch, have):
@@ -260,23 +291,29 @@ class _Negatives:
 def test_every_epoch_without_its_refresh_is_counted_and_fail_stops_in_one_line():
   from astra_jax.degraded import RefreshFailedStop, note_epoch_start
   from astra_jax.negatives.schedule import NegativeSplit
+
   failed = {"epoch": 2, "ok": False, "error": "killed by signal 9"}
   d = Degraded()
   # Epoch 2's refresh failed (random negatives in place of hard ones); epoch 3's too, with
   # no older negatives; epoch 4 still lacks its newest (epoch 3's) refresh.
   note_epoch_start(d, _Negatives([failed], None), 0, 2, True, NegativeSplit(0, 8, 8))
-  note_epoch_start(d, _Negatives([failed, dict(failed, epoch=3)], None), 1, 3, True,
-                   NegativeSplit(0, 8, 8))
-  note_epoch_start(d, _Negatives([failed, dict(failed, epoch=3)], None), 2, 4, False,
-                   NegativeSplit(0, 8, 8))
-  assert (d.refreshes_failed, d.epochs_without_their_refresh, d.epochs_random_for_hard) == (
-      2, 3, 3)
+  note_epoch_start(
+    d, _Negatives([failed, dict(failed, epoch=3)], None), 1, 3, True, NegativeSplit(0, 8, 8)
+  )
+  note_epoch_start(
+    d, _Negatives([failed, dict(failed, epoch=3)], None), 2, 4, False, NegativeSplit(0, 8, 8)
+  )
+  assert (d.refreshes_failed, d.epochs_without_their_refresh, d.epochs_random_for_hard) == (2, 3, 3)
   # A later refresh that succeeded ends the count; an epoch before any refresh is not one.
   ok = {"epoch": 3, "ok": True, "wait_s": 0.0}
   note_epoch_start(d, _Negatives([ok], 3), 0, 3, True, NegativeSplit(4, 4, 4))
   note_epoch_start(d, _Negatives([], None), 0, 1, False, NegativeSplit(0, 8, 8))
   assert d.epochs_without_their_refresh == 3
-  with pytest.raises(RefreshFailedStop, match=r"the refresh for epoch 2 failed \(killed by "
-                     r"signal 9\); negatives.on_refresh_failure=fail stops the run"):
-    note_epoch_start(Degraded(), _Negatives([failed], None), 0, 2, True,
-                     NegativeSplit(0, 8, 8), on_failure="fail")
+  with pytest.raises(
+    RefreshFailedStop,
+    match=r"the refresh for epoch 2 failed \(killed by "
+    r"signal 9\); negatives.on_refresh_failure=fail stops the run",
+  ):
+    note_epoch_start(
+      Degraded(), _Negatives([failed], None), 0, 2, True, NegativeSplit(0, 8, 8), on_failure="fail"
+    )

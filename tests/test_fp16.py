@@ -1,6 +1,7 @@
 """float16 with dynamic loss scaling: a step the scaling skips (non-finite loss or
 gradients) is counted and logged, and stops the run only when a whole log window is
 skipped; encoder.matmul_precision is applied and recorded."""
+
 import json
 from types import SimpleNamespace
 
@@ -9,6 +10,7 @@ import pytest
 
 from astra_jax import config_base, sharding, train, train_log
 from astra_jax.negatives.schedule import NegativeSplit
+
 
 def _fp16_config(small_synthetic):
   c = small_synthetic()
@@ -29,8 +31,9 @@ def _overflow_at(monkeypatch, steps):
   def shard_batch(batch, mesh):
     if calls[0] in steps:
       labels = batch.labels
-      batch = batch._replace(labels=labels._replace(
-          rand_weight=np.full_like(labels.rand_weight, np.inf)))
+      batch = batch._replace(
+        labels=labels._replace(rand_weight=np.full_like(labels.rand_weight, np.inf))
+      )
     calls[0] += 1
     return original(batch, mesh)
 
@@ -70,25 +73,35 @@ def test_train_log_counts_skipped_steps_per_window(tmp_path):
   log = train_log.TrainLog(str(tmp_path / "metrics.jsonl"), c, batches, total_steps=12)
   negatives = NegativeSplit(num_hard=0, num_random=8, random_columns=8)
   log.start(0, skipped_total=2)  # two skipped before this epoch (a resumed run)
-  log.report(epoch=0, step=3, global_step=4, loss_value=float("inf"), negatives=negatives,
-             skipped_total=3)
-  log.report(epoch=0, step=7, global_step=8, loss_value=0.5, negatives=negatives,
-             skipped_total=3)
+  log.report(
+    epoch=0, step=3, global_step=4, loss_value=float("inf"), negatives=negatives, skipped_total=3
+  )
+  log.report(epoch=0, step=7, global_step=8, loss_value=0.5, negatives=negatives, skipped_total=3)
   first, second = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert (first["loss"], first["skipped_steps"]) == (None, 1)
   assert second["loss"] == 0.5 and "skipped_steps" not in second
   with pytest.raises(FloatingPointError, match="all 4 steps"):
-    log.report(epoch=0, step=11, global_step=12, loss_value=float("nan"), negatives=negatives,
-               skipped_total=7)
+    log.report(
+      epoch=0,
+      step=11,
+      global_step=12,
+      loss_value=float("nan"),
+      negatives=negatives,
+      skipped_total=7,
+    )
 
 
 def test_matmul_precision_is_validated_and_kept_by_old_workdirs():
   from astra_jax import checkpoint
+
   c = config_base.base_config()
   c.data.dir, c.data.tokenizer_dir = "/x", "/y"
   c.encoder.matmul_precision = "tf32"
-  with pytest.raises(ValueError, match=r"config.encoder.matmul_precision: use one of default, "
-                                       r"high, highest, got 'tf32'"):
+  with pytest.raises(
+    ValueError,
+    match=r"config.encoder.matmul_precision: use one of default, "
+    r"high, highest, got 'tf32'",
+  ):
     config_base.validate(c)
   # A workdir recorded before the key existed resumes with its default.
   now = json.loads(config_base.base_config().to_json())

@@ -1,5 +1,6 @@
 """host_memory.keep_freed_memory: a large block freed and allocated again is not faulted in
 again (glibc only; in a fresh process, as the setting must precede any threads)."""
+
 import os
 import platform
 import subprocess
@@ -29,8 +30,9 @@ def test_freed_blocks_are_reused_without_page_faults(opt_out):
   env.pop("ASTRA_JAX_SYSTEM_MALLOC", None)
   if opt_out:
     env["ASTRA_JAX_SYSTEM_MALLOC"] = "1"
-  out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                       text=True, check=True).stdout.split()
+  out = subprocess.run(
+    [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, check=True
+  ).stdout.split()
   applied, faults = out[0] == "True", int(out[1])
   # glibc's defaults: each 64 MiB block is mapped and faulted in afresh (the kernel may
   # fault several pages at once: at least one fault per MiB); kept: nothing to fault.

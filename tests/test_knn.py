@@ -1,4 +1,5 @@
 """k-NN label votes (knn.py) against hand-computed votes and a brute-force search."""
+
 import numpy as np
 
 from astra_jax import knn
@@ -21,6 +22,7 @@ def test_embedding_neighbors_match_brute_force_cosine():
   q, keys = rng.normal(size=(37, 8)), rng.normal(size=(50, 8))
   ids, sims = knn.embedding_neighbors(q, keys, 5, block=16)
   cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (
-      keys / np.linalg.norm(keys, axis=1, keepdims=True)).T
+    keys / np.linalg.norm(keys, axis=1, keepdims=True)
+  ).T
   np.testing.assert_array_equal(ids, np.argsort(-cos, axis=1)[:, :5])
   np.testing.assert_allclose(sims, np.sort(cos, axis=1)[:, ::-1][:, :5], rtol=1e-5, atol=1e-6)

@@ -1,5 +1,6 @@
 """The chunked label reader against an independent parser, the binary label cache, the
 virtual label-text rows, and resumable streaming tokenization."""
+
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ def reference(text: str) -> tuple[list[list[tuple[int, float]]], int]:
   lines = text.replace("\r\n", "\n").split("\n")
   rows, cols = map(int, lines[0].split())
   out = []
-  for line in lines[1:1 + rows]:
+  for line in lines[1 : 1 + rows]:
     first = {}
     for token in line.split():
       label, _, value = token.partition(":")
@@ -35,8 +36,9 @@ def random_file(rng, rows: int, cols: int, values: tuple[str, ...], quirks: bool
     ids = rng.integers(0, cols, rng.integers(0, 7))
     if not quirks:
       ids = np.unique(ids)
-    tokens = [f"{i}:{rng.choice(values)}" if not quirks or rng.random() > 0.1 else f"{i}"
-              for i in ids]
+    tokens = [
+      f"{i}:{rng.choice(values)}" if not quirks or rng.random() > 0.1 else f"{i}" for i in ids
+    ]
     sep = str(rng.choice([" ", "  ", "\t"])) if quirks else " "
     lines.append(sep.join(tokens) + ("\r" if quirks and rng.random() < 0.2 else ""))
   trailing = "\n\n" if quirks else "\n"
@@ -48,11 +50,17 @@ def as_pairs(m: SparseRows) -> list[list[tuple[int, float]]]:
 
 
 @pytest.mark.parametrize("block_bytes", [16, 100, 1 << 20])
-@pytest.mark.parametrize("seed, values, quirks", [
-    (0, ("1",), False), (1, ("1.0", "1.000000"), False), (2, ("0.5", "1", ".25", "3."), False),
-    (3, ("1.0", "0.5"), True), (4, ("1",), True)])
-def test_reader_matches_a_plain_parser(tmp_path, monkeypatch, block_bytes, seed, values,
-                                       quirks):
+@pytest.mark.parametrize(
+  "seed, values, quirks",
+  [
+    (0, ("1",), False),
+    (1, ("1.0", "1.000000"), False),
+    (2, ("0.5", "1", ".25", "3."), False),
+    (3, ("1.0", "0.5"), True),
+    (4, ("1",), True),
+  ],
+)
+def test_reader_matches_a_plain_parser(tmp_path, monkeypatch, block_bytes, seed, values, quirks):
   monkeypatch.setattr(label_cache._LabelCounter, "BATCH", 64)  # counts over many batches
   text = random_file(np.random.default_rng(seed), 300, 50, values, quirks)
   path = tmp_path / "trn_X_Y.txt"
@@ -63,16 +71,20 @@ def test_reader_matches_a_plain_parser(tmp_path, monkeypatch, block_bytes, seed,
   assert (got.values is None) == all(v == 1.0 for row in want for _, v in row)
   cached = label_cache.cached_labels(str(path), str(tmp_path / "cache"))
   assert as_pairs(cached) == want
-  np.testing.assert_array_equal(cached.column_counts(),
-                                np.bincount([l for row in want for l, _ in row], minlength=cols))
+  np.testing.assert_array_equal(
+    cached.column_counts(), np.bincount([l for row in want for l, _ in row], minlength=cols)
+  )
   assert cached.max_row_length() == max(len(r) for r in want)
 
 
 def test_well_formed_blocks_take_the_vectorised_path(tmp_path, monkeypatch):
   path = tmp_path / "trn_X_Y.txt"
   path.write_text(random_file(np.random.default_rng(5), 500, 1000, ("1.0",), False))
-  monkeypatch.setattr(sparse_reader.SparseFileReader, "_parse_lines",
-                      lambda *a: pytest.fail("the line parser ran on a well-formed block"))
+  monkeypatch.setattr(
+    sparse_reader.SparseFileReader,
+    "_parse_lines",
+    lambda *a: pytest.fail("the line parser ran on a well-formed block"),
+  )
   reader = sparse_reader.SparseFileReader(path, block_bytes=256)
   assert sum(len(b.lengths) for b in reader.blocks()) == 500
 
@@ -84,7 +96,9 @@ def test_unsorted_and_repeated_labels_in_the_vectorised_path(tmp_path):
   assert [m.row(i).tolist() for i in range(3)] == [[2, 5, 9], [], [1, 7]] and m.values is None
 
 
-@pytest.mark.parametrize("text, line, message", [
+@pytest.mark.parametrize(
+  "text, line, message",
+  [
     ("2 5\n0:1\n", None, "header says 2 rows, file has 1"),
     ("1 5\n0:1\n1:1\n", 3, "more rows than the header's 1"),
     ("2 5\n0:1\n3:1 5:1\n", 3, "label id 5 out of range"),
@@ -94,7 +108,8 @@ def test_unsorted_and_repeated_labels_in_the_vectorised_path(tmp_path):
     ("2 5\n0:1\n3:1..0\n", 3, "malformed pair '3:1..0'"),
     ("1 5\n0:1\n\n\n" + "\n" * 40 + "2:1\n", 45, "more rows than the header's 1"),
     ("two 5\n", 1, "bad header"),
-])
+  ],
+)
 def test_the_cache_gives_the_readers_errors(tmp_path, monkeypatch, text, line, message):
   monkeypatch.setattr(sparse_reader, "BLOCK_BYTES", 8)  # errors in a later block, too
   path = tmp_path / "trn_X_Y.txt"
@@ -124,12 +139,22 @@ def test_cache_is_built_once_and_rebuilt_when_the_source_changes(tmp_path):
 def test_processes_racing_for_one_cache_build_it_once(tmp_path):
   path, cache = tmp_path / "trn_X_Y.txt", tmp_path / "cache"
   path.write_text(random_file(np.random.default_rng(6), 20000, 100, ("1",), False))
-  code = ("import sys; from astra_jax.data import label_cache as c; build = c.build\n"
-          "def counted(*a, **k): print('built', file=sys.stderr); return build(*a, **k)\n"
-          "c.build = counted; print(c.cached_labels(sys.argv[1], sys.argv[2]).nnz)")
-  procs = [subprocess.Popen([sys.executable, "-c", code, str(path), str(cache)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO)) for _ in range(3)]
+  code = (
+    "import sys; from astra_jax.data import label_cache as c; build = c.build\n"
+    "def counted(*a, **k): print('built', file=sys.stderr); return build(*a, **k)\n"
+    "c.build = counted; print(c.cached_labels(sys.argv[1], sys.argv[2]).nnz)"
+  )
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", code, str(path), str(cache)],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      cwd=REPO,
+      env=dict(os.environ, PYTHONPATH=REPO),
+    )
+    for _ in range(3)
+  ]
   outs = [p.communicate() for p in procs]
   assert all(p.returncode == 0 for p in procs), outs
   assert len({o for o, _ in outs}) == 1
@@ -186,8 +211,9 @@ def test_tokenization_streams_and_resumes_after_a_kill(tmp_path, word_tokenizer,
   words = ["red", "apple", "green", "pear"]
   rng = np.random.default_rng(0)
   src.write_text("\n".join(" ".join(rng.choice(words, rng.integers(0, 6))) for _ in range(50)))
-  whole = tokenize.tokenize_texts(xc_format.read_texts(src), tokenize.load_tokenizer(
-      word_tokenizer), 4)
+  whole = tokenize.tokenize_texts(
+    xc_format.read_texts(src), tokenize.load_tokenizer(word_tokenizer), 4
+  )
   monkeypatch.setattr(tokenize, "_BATCH", 4)
   monkeypatch.setattr(tokenize, "_CHECKPOINT_ROWS", 8)
   real, calls, killed = tokenize.tokenize_texts, [], []
@@ -206,5 +232,8 @@ def test_tokenization_streams_and_resumes_after_a_kill(tmp_path, word_tokenizer,
   tokens = tokenize.cached_tokens(str(src), str(tmp_path / "c"), word_tokenizer, 4)
   assert sum(calls) == 50 - 16  # resumed after the last checkpoint (16 rows)
   np.testing.assert_array_equal(tokens, whole)
-  assert sorted(os.listdir(tmp_path / "c")) == ["trn_X.L4.lock", "trn_X.L4.meta.json",
-                                                "trn_X.L4.tokens.npy"]
+  assert sorted(os.listdir(tmp_path / "c")) == [
+    "trn_X.L4.lock",
+    "trn_X.L4.meta.json",
+    "trn_X.L4.tokens.npy",
+  ]

@@ -1,5 +1,6 @@
 """The sampled BCE estimator against independent truth: a hand-computed case and the full-L
 BCE it must be unbiased for (value and gradient w.r.t. the query embedding)."""
+
 import math
 
 import jax
@@ -22,10 +23,15 @@ def test_hand_computed_case():
   w = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
   # scores: [1, 2, 3, 0, -1.5]; positive {0}; hard {1, 0(positive: masked)}; random draws
   # {2, 0(positive), 4} with weight 10.
-  batch = LabelBatch(pos_ids=jnp.array([[0, 3]]), pos_mask=jnp.array([[True, False]]),
-                     hard_ids=jnp.array([[1, 0]]), hard_mask=jnp.array([[True, False]]),
-                     rand_ids=jnp.array([2, 0, 4]), rand_mask=jnp.array([[True, False, True]]),
-                     rand_weight=10.0)
+  batch = LabelBatch(
+    pos_ids=jnp.array([[0, 3]]),
+    pos_mask=jnp.array([[True, False]]),
+    hard_ids=jnp.array([[1, 0]]),
+    hard_mask=jnp.array([[True, False]]),
+    rand_ids=jnp.array([2, 0, 4]),
+    rand_mask=jnp.array([[True, False, True]]),
+    rand_weight=10.0,
+  )
   want = sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
 
@@ -35,13 +41,18 @@ def test_hand_computed_case_with_per_query_draws():
   emb = jnp.array([[1.0, 2.0], [0.0, -1.0]])
   w = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0]])
   # scores, query 0: [1, 2, 3, 0, -1.5]; query 1: [0, -1, -1, -0.5, 1].
-  batch = LabelBatch(pos_ids=jnp.array([[0], [4]]), pos_mask=jnp.array([[True], [True]]),
-                     hard_ids=jnp.array([[1], [3]]), hard_mask=jnp.array([[True], [True]]),
-                     rand_ids=jnp.array([[2, 4], [1, 4]]),
-                     rand_mask=jnp.array([[True, True], [True, False]]),  # 4 is query 1's positive
-                     rand_weight=jnp.array([10.0, 10.0]))
-  want = ((sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))) +
-          (sp(-1.0) + sp(-0.5) + 10.0 * sp(-1.0))) / 2
+  batch = LabelBatch(
+    pos_ids=jnp.array([[0], [4]]),
+    pos_mask=jnp.array([[True], [True]]),
+    hard_ids=jnp.array([[1], [3]]),
+    hard_mask=jnp.array([[True], [True]]),
+    rand_ids=jnp.array([[2, 4], [1, 4]]),
+    rand_mask=jnp.array([[True, True], [True, False]]),  # 4 is query 1's positive
+    rand_weight=jnp.array([10.0, 10.0]),
+  )
+  want = (
+    (sp(-1.0) + sp(2.0) + 10.0 * (sp(3.0) + sp(-1.5))) + (sp(-1.0) + sp(-0.5) + 10.0 * sp(-1.0))
+  ) / 2
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), want, rtol=1e-6)
 
 
@@ -55,9 +66,15 @@ def test_full_bce_hand_computed():
 def test_stable_for_large_scores():
   emb = jnp.array([[100.0]])
   w = jnp.array([[1.0], [-1.0]])
-  batch = LabelBatch(pos_ids=jnp.array([[1]]), pos_mask=jnp.array([[True]]),
-                     hard_ids=jnp.array([[0]]), hard_mask=jnp.array([[True]]),
-                     rand_ids=jnp.array([0]), rand_mask=jnp.array([[False]]), rand_weight=2.0)
+  batch = LabelBatch(
+    pos_ids=jnp.array([[1]]),
+    pos_mask=jnp.array([[True]]),
+    hard_ids=jnp.array([[0]]),
+    hard_mask=jnp.array([[True]]),
+    rand_ids=jnp.array([0]),
+    rand_mask=jnp.array([[False]]),
+    rand_weight=2.0,
+  )
   np.testing.assert_allclose(loss.sampled_bce(emb, w, batch), 200.0, rtol=1e-6)
   g = jax.grad(lambda e: loss.sampled_bce(e, w, batch))(emb)
   assert np.all(np.isfinite(g))
@@ -90,8 +107,9 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
   bounds = [(s * R, (s + 1) * R) for s in range(num_shards)]
   if num_shards > 1:  # hard negatives grouped by shard: shard s's block from its rows
     hard = np.concatenate([np.where(hard >= 0, lo + hard % R, -1) for lo, _ in bounds], 1)
-  sampler = NegativeSampler(labels, k_p=3, k_h=k_h, k_r=k_r, num_shards=num_shards,
-                            per_query_random=per_query)
+  sampler = NegativeSampler(
+    labels, k_p=3, k_h=k_h, k_r=k_r, num_shards=num_shards, per_query_random=per_query
+  )
   rows = np.arange(2)
   rng = np.random.default_rng(1)
   draws = [sampler(rows, rng, hard) for _ in range(M)]
@@ -105,8 +123,9 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
     return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
   values = np.asarray(jax.vmap(per_query, (None, 0))(jnp.asarray(emb), stacked))  # (M, 2)
-  grads = np.asarray(jax.vmap(jax.jacrev(lambda e, b: per_query(e, b).sum()), (None, 0))(
-      jnp.asarray(emb), stacked))  # (M, 2, d)
+  grads = np.asarray(
+    jax.vmap(jax.jacrev(lambda e, b: per_query(e, b).sum()), (None, 0))(jnp.asarray(emb), stacked)
+  )  # (M, 2, d)
 
   full, s, t = _full_bce_rows(w, emb, labels)
   sig = 1 / (1 + np.exp(-s))
@@ -117,10 +136,10 @@ def test_estimator_is_unbiased_value_and_gradient(num_shards, per_query):
     # sum_s L_s^2 Var_{l in s}[g(l)] / (k_r M) -- from the full score vector, not the samples.
     excluded = t[i] | np.isin(np.arange(L), hard[i][hard[i] >= 0])
     g = np.where(excluded, 0.0, np.logaddexp(0, s[i]))
-    sd = np.sqrt(sum(R ** 2 * g[lo:hi].var() for lo, hi in bounds) / (k_r * M))
+    sd = np.sqrt(sum(R**2 * g[lo:hi].var() for lo, hi in bounds) / (k_r * M))
     assert abs(values[:, i].mean() - full[i]) < 5 * sd, (values[:, i].mean(), full[i], sd)
     G = np.where(excluded, 0.0, sig[i])[:, None] * w  # (L, d) per-label gradient terms
-    sd_g = np.sqrt(sum(R ** 2 * G[lo:hi].var(0) for lo, hi in bounds) / (k_r * M))
+    sd_g = np.sqrt(sum(R**2 * G[lo:hi].var(0) for lo, hi in bounds) / (k_r * M))
     np.testing.assert_array_less(np.abs(grads[:, i].mean(0) - full_grad[i]), 5 * sd_g + 1e-6)
   # The estimator is not trivially exact: single draws do vary.
   assert values[:, 0].std() > 0.1
@@ -147,8 +166,9 @@ def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
     return loss.estimator_terms((pos, hrd, rnd), b).per_query()
 
   values = np.asarray(jax.vmap(values_of, (None, 0))(jnp.asarray(emb), stacked))  # (M, 2)
-  grads = np.asarray(jax.vmap(jax.jacrev(lambda e, b: values_of(e, b).sum()), (None, 0))(
-      jnp.asarray(emb), stacked))  # (M, 2, d)
+  grads = np.asarray(
+    jax.vmap(jax.jacrev(lambda e, b: values_of(e, b).sum()), (None, 0))(jnp.asarray(emb), stacked)
+  )  # (M, 2, d)
   full, s, t = _full_bce_rows(w, emb, labels)
   sig = 1 / (1 + np.exp(-s))
   full_grad = np.where(t, -(1 - sig), sig) @ w.astype(np.float64)
@@ -160,8 +180,9 @@ def test_estimator_is_unbiased_with_more_positives_than_k_p(per_query):
     np.testing.assert_array_less(np.abs(grads[:, i].mean(0) - full_grad[i]), 5 * se_g + 1e-6)
   # The batch mean through batch_loss (the trainer's path) weights the positives too.
   b0 = jax.tree.map(jnp.asarray, draws[0])
-  np.testing.assert_allclose(loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), b0),
-                             values[0].mean(), rtol=1e-5)
+  np.testing.assert_allclose(
+    loss.sampled_bce(jnp.asarray(emb), jnp.asarray(w), b0), values[0].mean(), rtol=1e-5
+  )
 
 
 def test_weight_matches_the_paper_before_tau_s():
@@ -178,12 +199,14 @@ def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
   from astra_jax.data.xc_format import SparseRows
   from astra_jax.negatives.sampler import NegativeSampler
   from astra_jax.steps import mine_in_step
+
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
   w = rng.normal(size=(20, 4)).astype(np.float32)
   positives = [{0, 5, 9, 13}, {1}, set()]
-  labels = SparseRows(np.array([0, 4, 5, 5]), np.array([0, 5, 9, 13, 1], np.int32),
-                      np.ones(5, np.float32), 20)
+  labels = SparseRows(
+    np.array([0, 4, 5, 5]), np.array([0, 5, 9, 13, 1], np.int32), np.ones(5, np.float32), 20
+  )
   sampler = NegativeSampler(labels, k_p=2, k_h=3, k_r=20, all_positives=4)
   batch = sampler(np.arange(3), rng, num_random=20)
   assert batch.pos_mask[0].sum() == 2  # two of row 0's four positives are not in pos_ids
@@ -201,16 +224,31 @@ def test_chunked_full_bce_equals_dense_reference():
   emb = jnp.asarray(rng.normal(size=(5, 5)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(23, 5)), jnp.float32)  # not a multiple of the block
   # blocks of 6: [0, 6), [6, 12), [12, 18), [18, 23); row 4: both edges of every block, -1s
-  pos_ids = jnp.array([[1, 7, 0, 0, 0, 0, 0], [22, 0, 0, 0, 0, 0, 0], [0] * 7,
-                       [3, 4, 5, 0, 0, 0, 0], [5, 6, 11, 12, 17, 18, -1]])
-  pos_mask = jnp.array([[True, True] + [False] * 5, [True] + [False] * 6, [False] * 7,
-                        [True] * 3 + [False] * 4, [True] * 6 + [False]])
+  pos_ids = jnp.array(
+    [
+      [1, 7, 0, 0, 0, 0, 0],
+      [22, 0, 0, 0, 0, 0, 0],
+      [0] * 7,
+      [3, 4, 5, 0, 0, 0, 0],
+      [5, 6, 11, 12, 17, 18, -1],
+    ]
+  )
+  pos_mask = jnp.array(
+    [
+      [True, True] + [False] * 5,
+      [True] + [False] * 6,
+      [False] * 7,
+      [True] * 3 + [False] * 4,
+      [True] * 6 + [False],
+    ]
+  )
   targets = np.zeros((5, 23))
   for i in range(5):
     targets[i, np.asarray(pos_ids[i])[np.asarray(pos_mask[i])]] = 1
   want = loss.full_bce(emb, w, jnp.asarray(targets))
-  np.testing.assert_allclose(loss.full_bce_chunked(emb, w, pos_ids, pos_mask, block=6), want,
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    loss.full_bce_chunked(emb, w, pos_ids, pos_mask, block=6), want, rtol=1e-6
+  )
   g = jax.grad(loss.full_bce_chunked, argnums=(0, 1))(emb, w, pos_ids, pos_mask, 6)
   g_ref = jax.grad(loss.full_bce, argnums=(0, 1))(emb, w, jnp.asarray(targets))
   for a, b in zip(g, g_ref):

@@ -1,5 +1,6 @@
 """Meshes over several nodes: the hybrid grid keeps 'model' inside a node, is validated,
 and trains (on CPU, with the 8 fake devices split into two stand-in nodes)."""
+
 import dataclasses
 import json
 
@@ -10,9 +11,11 @@ import pytest
 from astra_jax import checkpoint, mesh_topology, sharding, train
 from astra_jax.errors import InputError
 
+
 @dataclasses.dataclass(frozen=True)
 class FakeGpu:
   """What a GPU device of a two-node run reports (one process per GPU)."""
+
   id: int
   process_index: int
   slice_index: int
@@ -33,8 +36,12 @@ def test_jax_make_mesh_refuses_two_nodes_and_the_hybrid_grid_keeps_model_in_a_no
   assert grid.shape == (4, 4)
   # Node 0's devices fill the first two data rows, node 1's the last two; every row (one
   # W shard group) is on one node, in device-id order (what jax does within a GPU node).
-  assert [[d.id for d in row] for row in grid] == [[0, 1, 2, 3], [4, 5, 6, 7],
-                                                  [8, 9, 10, 11], [12, 13, 14, 15]]
+  assert [[d.id for d in row] for row in grid] == [
+    [0, 1, 2, 3],
+    [4, 5, 6, 7],
+    [8, 9, 10, 11],
+    [12, 13, 14, 15],
+  ]
   for row in grid:
     assert len({d.slice_index for d in row}) == 1
   # model = a whole node: one data row per node.
@@ -43,8 +50,11 @@ def test_jax_make_mesh_refuses_two_nodes_and_the_hybrid_grid_keeps_model_in_a_no
 
 
 def test_hybrid_grid_errors_and_the_single_node_case():
-  with pytest.raises(InputError, match=r"config.mesh.model=3 must divide a node's 8 devices "
-                                       r"\(2 nodes\)"):
+  with pytest.raises(
+    InputError,
+    match=r"config.mesh.model=3 must divide a node's 8 devices "
+    r"\(2 nodes\)",
+  ):
     mesh_topology.hybrid_grid(two_nodes(), 16 // 3, 3)
   uneven = two_nodes()[:-1]
   with pytest.raises(InputError, match=r"nodes hold \[7, 8\] devices"):

@@ -1,6 +1,7 @@
 """Metrics against two hand-computed golden cases (the second with test rows of different
 |y|) and a naive per-row implementation written from pyxclib's definitions (loops, no
 vectorisation, nothing shared with astra_jax.metrics)."""
+
 import math
 import subprocess
 import sys
@@ -14,18 +15,29 @@ from astra_jax.data.xc_format import SparseRows
 
 TRAIN = [[0, 1], [0], [0, 2], [0, 1], [3], [0, 4]]
 TEST = [[0, 2], [3, 4], []]
-SCORES = [{0: .9, 1: .8, 2: .1}, {0: .2, 3: .7, 4: .6}, {0: .5, 1: .4, 2: .3}]
-GOLDEN = {"P": [.6667, .5, .4444], "nDCG": [.6667, .5377, .6399], "PSP": [.9097, .7382, 1.0],
-          "PSnDCG": [.9097, .7784, .9372]}
+SCORES = [{0: 0.9, 1: 0.8, 2: 0.1}, {0: 0.2, 3: 0.7, 4: 0.6}, {0: 0.5, 1: 0.4, 2: 0.3}]
+GOLDEN = {
+  "P": [0.6667, 0.5, 0.4444],
+  "nDCG": [0.6667, 0.5377, 0.6399],
+  "PSP": [0.9097, 0.7382, 1.0],
+  "PSnDCG": [0.9097, 0.7784, 0.9372],
+}
 # The second golden case: test rows with 1, 4 and 2 labels, where PSnDCG's per-row
 # normaliser matters (a ratio of plain means gives .6453, .6004, .5349 at k = 1, 2, 3).
 TEST_MIXED = [[0], [1, 2, 3, 4], [3, 4]]
-GOLDEN_MIXED = {"P": [.6667, .5, .3333], "nDCG": [.6667, .6667, .5885],
-                "PSP": [.6453, .5850, .4845], "PSnDCG": [.6453, .6453, .5621]}
+GOLDEN_MIXED = {
+  "P": [0.6667, 0.5, 0.3333],
+  "nDCG": [0.6667, 0.6667, 0.5885],
+  "PSP": [0.6453, 0.5850, 0.4845],
+  "PSnDCG": [0.6453, 0.6453, 0.5621],
+}
 
 
-@pytest.mark.parametrize("test_rows,golden", [(TEST, GOLDEN), (TEST_MIXED, GOLDEN_MIXED)],
-                         ids=["same_sizes", "mixed_sizes"])
+@pytest.mark.parametrize(
+  "test_rows,golden",
+  [(TEST, GOLDEN), (TEST_MIXED, GOLDEN_MIXED)],
+  ids=["same_sizes", "mixed_sizes"],
+)
 def test_golden_case(test_rows, golden):
   train = SparseRows.from_lists(TRAIN, 5)
   inv = metrics.inverse_propensity(train, 0.55, 1.5)
@@ -72,8 +84,12 @@ def naive(pred, truth, train, A, B, k):
       psn_num += sum(h * w[l] / math.log2(r + 2) for r, (h, l) in enumerate(zip(hits, top))) / idcg
       psn_den += sum(b / math.log2(r + 2) for r, b in enumerate(best)) / idcg
   t = len(truth)
-  return {f"P@{k}": p / t, f"nDCG@{k}": nd / t, f"PSP@{k}": psp_num / psp_den,
-          f"PSnDCG@{k}": psn_num / psn_den}
+  return {
+    f"P@{k}": p / t,
+    f"nDCG@{k}": nd / t,
+    f"PSP@{k}": psp_num / psp_den,
+    f"PSnDCG@{k}": psn_num / psn_den,
+  }
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -117,20 +133,41 @@ def _golden_files(tmp_path, with_filter=False, test_rows=TEST):
 
 def test_evaluate_files_golden(tmp_path):
   d = _golden_files(tmp_path)
-  m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
-                              str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))
+  m = evaluate.evaluate_files(
+    str(d / "scores.txt"),
+    str(d / "tst_X_Y.txt"),
+    str(d / "trn_X_Y.txt"),
+    None,
+    0.55,
+    1.5,
+    ks=(1, 2, 3),
+  )
   assert m["P@1"] == pytest.approx(66.67, abs=0.01)
   assert m["PSnDCG@2"] == pytest.approx(77.84, abs=0.01)
   _golden_files(tmp_path, test_rows=TEST_MIXED)
-  m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
-                              str(d / "trn_X_Y.txt"), None, 0.55, 1.5, ks=(1, 2, 3))
+  m = evaluate.evaluate_files(
+    str(d / "scores.txt"),
+    str(d / "tst_X_Y.txt"),
+    str(d / "trn_X_Y.txt"),
+    None,
+    0.55,
+    1.5,
+    ks=(1, 2, 3),
+  )
   for name, values in GOLDEN_MIXED.items():
     for k, v in zip((1, 2, 3), values):
       assert m[f"{name}@{k}"] == pytest.approx(100 * v, abs=0.01), (name, k)
   # Filtering (0, 0) removes row 0's top prediction: its ranking becomes 1, 2.
   _golden_files(tmp_path, with_filter=True)
-  m = evaluate.evaluate_files(str(d / "scores.txt"), str(d / "tst_X_Y.txt"),
-                              str(d / "trn_X_Y.txt"), str(d / "filter.txt"), 0.55, 1.5, ks=(1, 2))
+  m = evaluate.evaluate_files(
+    str(d / "scores.txt"),
+    str(d / "tst_X_Y.txt"),
+    str(d / "trn_X_Y.txt"),
+    str(d / "filter.txt"),
+    0.55,
+    1.5,
+    ks=(1, 2),
+  )
   assert m["P@1"] == pytest.approx(100 / 3, abs=0.01)  # only row 1 hits at rank 1
   assert m["P@2"] == pytest.approx(100 * (0.5 + 1.0) / 3, abs=0.01)
 
@@ -138,19 +175,41 @@ def test_evaluate_files_golden(tmp_path):
 def test_evaluate_cli(tmp_path):
   d = _golden_files(tmp_path)
   out = d / "m.json"
-  r = subprocess.run([sys.executable, "-m", "astra_jax.evaluate", f"--pred={d}/scores.txt",
-                      f"--truth={d}/tst_X_Y.txt", f"--train={d}/trn_X_Y.txt", f"--out={out}"],
-                     capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.evaluate",
+      f"--pred={d}/scores.txt",
+      f"--truth={d}/tst_X_Y.txt",
+      f"--train={d}/trn_X_Y.txt",
+      f"--out={out}",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 0, r.stderr
   assert "P@1" in r.stdout and "66.67" in r.stdout
   import json
+
   m = json.loads(out.read_text())
   assert set(m) >= {"P@1", "nDCG@3", "PSP@5", "PSnDCG@5"}
   assert m["PSP@1"] == pytest.approx(90.97, abs=0.01)
   (d / "scores.txt").write_text("3 5\n0:0.9\n1:x\n\n")
-  r = subprocess.run([sys.executable, "-m", "astra_jax.evaluate", f"--pred={d}/scores.txt",
-                      f"--truth={d}/tst_X_Y.txt", f"--train={d}/trn_X_Y.txt"],
-                     capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.evaluate",
+      f"--pred={d}/scores.txt",
+      f"--truth={d}/tst_X_Y.txt",
+      f"--train={d}/trn_X_Y.txt",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode != 0 and "scores.txt:3: malformed pair '1:x'" in r.stderr
 
 
@@ -158,11 +217,26 @@ def test_evaluate_cli_mixed_sizes(tmp_path):
   # The second golden case through the command line, every metric at k = 1, 2, 3.
   d = _golden_files(tmp_path, test_rows=TEST_MIXED)
   out = d / "m.json"
-  r = subprocess.run([sys.executable, "-m", "astra_jax.evaluate", f"--pred={d}/scores.txt",
-                      f"--truth={d}/tst_X_Y.txt", f"--train={d}/trn_X_Y.txt", f"--out={out}",
-                      "--k=1", "--k=2", "--k=3"], capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.evaluate",
+      f"--pred={d}/scores.txt",
+      f"--truth={d}/tst_X_Y.txt",
+      f"--train={d}/trn_X_Y.txt",
+      f"--out={out}",
+      "--k=1",
+      "--k=2",
+      "--k=3",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode == 0, r.stderr
   import json
+
   m = json.loads(out.read_text())
   for name, values in GOLDEN_MIXED.items():
     for k, v in zip((1, 2, 3), values):

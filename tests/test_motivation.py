@@ -1,5 +1,6 @@
 """The paper's Figure 1 setting: a label subset, hard-only negatives (k_r = 0), the encoder
 started from an exported model, and the motivation table's runs."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -27,9 +28,19 @@ def _data(augmented: bool) -> XCData:
   train_tokens = RowConcat(tokens, label_tokens) if augmented else tokens
   train_labels = WithLabelRows(labels) if augmented else labels
   test_tokens = 500 + np.arange(len(TEST_ROWS) * 3, dtype=np.int32).reshape(-1, 3)
-  return XCData("d", L, train_tokens, train_labels, test_tokens,
-                SparseRows.from_lists(TEST_ROWS, L), label_tokens,
-                np.array([[0, 2], [1, 6], [2, 3]]), 0, 2000, n)
+  return XCData(
+    "d",
+    L,
+    train_tokens,
+    train_labels,
+    test_tokens,
+    SparseRows.from_lists(TEST_ROWS, L),
+    label_tokens,
+    np.array([[0, 2], [1, 6], [2, 3]]),
+    0,
+    2000,
+    n,
+  )
 
 
 def _restricted(rows, kept):
@@ -53,8 +64,9 @@ def test_label_subset_keeps_every_query_with_a_kept_positive(augmented):
   assert [sub.train_labels.row(i).tolist() for i in range(n)] == train_lists
   assert [sub.test_labels.row(i).tolist() for i in range(len(test_ids))] == test_lists
   np.testing.assert_array_equal(sub.train_tokens[np.arange(n)], data.train_tokens[train_ids])
-  np.testing.assert_array_equal(sub.test_tokens[np.arange(len(test_ids))],
-                                data.test_tokens[test_ids])
+  np.testing.assert_array_equal(
+    sub.test_tokens[np.arange(len(test_ids))], data.test_tokens[test_ids]
+  )
   np.testing.assert_array_equal(sub.label_tokens, data.label_tokens[kept])
   if augmented:  # one label-text row per kept label, after the queries
     assert sub.train_labels.num_rows == n + 3
@@ -62,8 +74,11 @@ def test_label_subset_keeps_every_query_with_a_kept_positive(augmented):
     np.testing.assert_array_equal(sub.train_tokens[np.arange(n, n + 3)], data.label_tokens[kept])
   # Filter pairs: those of kept test rows and kept labels, renumbered.
   rank = {l: i for i, l in enumerate(kept)}
-  want = [[test_ids.index(r), rank[l]] for r, l in data.test_filter.tolist()
-          if r in test_ids and l in rank]
+  want = [
+    [test_ids.index(r), rank[l]]
+    for r, l in data.test_filter.tolist()
+    if r in test_ids and l in rank
+  ]
   assert sub.test_filter.tolist() == want
 
 
@@ -98,8 +113,7 @@ def test_uptodate_with_no_random_negatives_is_the_hard_only_loss():
   weight 1 (no random term), computed by hand from the dense scores."""
   rng = np.random.default_rng(0)
   labels = SparseRows.from_lists([[0, 3], [5], [1, 2, 6]], L)
-  sampler = NegativeSampler(labels, k_p=3, k_h=2, k_r=0, per_query_random=True,
-                            all_positives=3)
+  sampler = NegativeSampler(labels, k_p=3, k_h=2, k_r=0, per_query_random=True, all_positives=3)
   batch = sampler(np.arange(3), rng, num_random=0)
   assert batch.rand_ids.shape == (3, 0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)
@@ -123,9 +137,15 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
   tok = tmp_path / "tok"
   tok.mkdir()
   (tok / "vocab.txt").write_text("a\n")
-  export.save_model(str(tmp_path / "run"), encoder_cfg=trained.cfg, encoder_params=params,
-                    classifier=np.zeros((3, 16), np.float32), tokenizer_dir=str(tok),
-                    max_len=8, pad_id=0)
+  export.save_model(
+    str(tmp_path / "run"),
+    encoder_cfg=trained.cfg,
+    encoder_params=params,
+    classifier=np.zeros((3, 16), np.float32),
+    tokenizer_dir=str(tok),
+    max_len=8,
+    pad_id=0,
+  )
   c.encoder.init_from_workdir = str(tmp_path / "run")
   started = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
   want = dict(nnx.to_flat_state(params))
@@ -136,8 +156,10 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
   # ... which a fresh encoder of that seed is not
   c.encoder.init_from_workdir = ""
   fresh = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
-  assert any(not np.array_equal(np.asarray(v.get_value()), np.asarray(want[k].get_value()))
-             for k, v in nnx.to_flat_state(nnx.state(fresh, nnx.Param)))
+  assert any(
+    not np.array_equal(np.asarray(v.get_value()), np.asarray(want[k].get_value()))
+    for k, v in nnx.to_flat_state(nnx.state(fresh, nnx.Param))
+  )
   c.encoder.init_from_workdir = str(tmp_path / "run")
   c.encoder.hidden_size, c.encoder.intermediate_size = 32, 64
   with pytest.raises(InputError, match="init_from_workdir"):
@@ -150,8 +172,11 @@ def test_motivation_table_runs(tmp_path):
   assert [r.name for r in rest] == ["uptodate", "stale", "astra", "full"]
   pre = pretrain.config()
   assert pre.data.label_subset == 0 and pre.encoder.init_from_workdir == ""
-  want = {"uptodate": ("uptodate", 200, 0), "stale": ("w_hard", 200, 0),
-          "astra": ("random+w_hard", 200, 200)}
+  want = {
+    "uptodate": ("uptodate", 200, 0),
+    "stale": ("w_hard", 200, 0),
+    "astra": ("random+w_hard", 200, 200),
+  }
   for r in rest:
     c = r.config()
     c.data.tokenizer_dir = "t"  # filled in when a run starts
@@ -170,11 +195,20 @@ def test_motivation_table_runs(tmp_path):
 
 def test_motivation_table_and_plot_from_hand_made_results(tmp_path):
   pytest.importorskip("matplotlib")
-  curves = {"uptodate": [50.0, 70.0], "stale": [40.0, 45.0], "astra": [48.0, 68.0],
-            "full": [55.0, 72.0]}
-  results = {n: {"P@1": c[-1], "train_time_s": 10.0 * (i + 1),
-                 "evaluations": [{"epoch": e + 1, "P@1": p} for e, p in enumerate(c)]}
-             for i, (n, c) in enumerate(curves.items())}
+  curves = {
+    "uptodate": [50.0, 70.0],
+    "stale": [40.0, 45.0],
+    "astra": [48.0, 68.0],
+    "full": [55.0, 72.0],
+  }
+  results = {
+    n: {
+      "P@1": c[-1],
+      "train_time_s": 10.0 * (i + 1),
+      "evaluations": [{"epoch": e + 1, "P@1": p} for e, p in enumerate(c)],
+    }
+    for i, (n, c) in enumerate(curves.items())
+  }
   rows = reproduce.plot_motivation(results, str(tmp_path / "m.png"))
   assert rows[0] == ["epoch", "uptodate P@1", "stale P@1", "astra P@1", "full P@1"]
   assert rows[1] == ["1", "50.00", "40.00", "48.00", "55.00"]

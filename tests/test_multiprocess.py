@@ -1,6 +1,7 @@
 """Two local CPU processes (jax.distributed over gloo, 2 devices each) train exactly like
 one process with the same 4 devices: the same batches, per-host token reads, per-host
 mining over each host's W shards, the same metrics."""
+
 import json
 import os
 import socket
@@ -15,27 +16,47 @@ pytestmark = pytest.mark.slow
 
 
 def _overrides(data_dir):
-  return [f"--config.data.dir={data_dir}", "--config.data.synthetic.num_labels=300",
-          "--config.data.synthetic.num_train=1500", "--config.data.synthetic.num_test=300",
-          # Few large steps: over gloo on these 2 cores a step's cross-process all-reduce of
-          # the encoder gradients takes ~1 s whatever the batch (8 steps per epoch here).
-          "--config.train.epochs=3", "--config.train.batch_size=256",
-          "--config.train.profile_steps=0", "--config.optim.warmup_steps=4",
-          "--config.negatives.tau_s=2", "--config.negatives.tau_r=1",
-          "--config.negatives.k_h=4", "--config.negatives.k_r=32",
-          "--config.negatives.index=exact", "--config.mesh.data=1", "--config.mesh.model=4"]
+  return [
+    f"--config.data.dir={data_dir}",
+    "--config.data.synthetic.num_labels=300",
+    "--config.data.synthetic.num_train=1500",
+    "--config.data.synthetic.num_test=300",
+    # Few large steps: over gloo on these 2 cores a step's cross-process all-reduce of
+    # the encoder gradients takes ~1 s whatever the batch (8 steps per epoch here).
+    "--config.train.epochs=3",
+    "--config.train.batch_size=256",
+    "--config.train.profile_steps=0",
+    "--config.optim.warmup_steps=4",
+    "--config.negatives.tau_s=2",
+    "--config.negatives.tau_r=1",
+    "--config.negatives.k_h=4",
+    "--config.negatives.k_r=32",
+    "--config.negatives.index=exact",
+    "--config.mesh.data=1",
+    "--config.mesh.model=4",
+  ]
 
 
 def _env(devices, **extra):
   env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **extra)
+  env.update(
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    PYTHONPATH=ROOT,
+    JAX_PLATFORMS="cpu",
+    **extra,
+  )
   return env
 
 
 def _main(workdir, data_dir):
-  return [sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
-          f"--workdir={workdir}", *_overrides(data_dir)]
+  return [
+    sys.executable,
+    "-m",
+    "astra_jax.main",
+    "--config=experiments/demo.py",
+    f"--workdir={workdir}",
+    *_overrides(data_dir),
+  ]
 
 
 def _losses(workdir):
@@ -51,16 +72,27 @@ def _free_port():
 
 def _pair(cmd):
   port = _free_port()
-  return [(cmd, _env(2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                     JAX_PROCESS_ID=str(i))) for i in range(2)]
+  return [
+    (
+      cmd,
+      _env(
+        2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)
+      ),
+    )
+    for i in range(2)
+  ]
 
 
 def test_two_processes_train_like_one(tmp_path):
   # The one-process reference runs beside the pair (its own copy of the same seeded data).
   runs = [(_main(tmp_path / "one", tmp_path / "data_one"), _env(4))]
   runs += _pair(_main(tmp_path / "two", tmp_path / "data_two"))
-  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True) for cmd, env in runs]
+  procs = [
+    subprocess.Popen(
+      cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for cmd, env in runs
+  ]
   outs = [p.communicate(timeout=600)[0] for p in procs]
   for p, out in zip(procs, outs):
     assert p.returncode == 0, out[-3000:]
@@ -80,14 +112,18 @@ def test_two_processes_train_like_one(tmp_path):
   for i, (lo, hi) in enumerate([(0, 150), (150, 300)]):
     hard = np.load(tmp_path / "two" / f"process{i}" / "negatives" / "hard_epoch2.npy")
     assert hard.shape == (1800, 2 * 4) and hard.min() >= lo and hard.max() < hi
-    np.testing.assert_array_equal(hard, ref[:, 8 * i:8 * (i + 1)])
+    np.testing.assert_array_equal(hard, ref[:, 8 * i : 8 * (i + 1)])
 
   # The same workdir with another config: both processes stop with process 0's one line
   # (not one of them at a collective's timeout).
-  procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-           for cmd, env in _pair(_main(tmp_path / "two", tmp_path / "data_two")
-                                 + ["--config.negatives.k_r=16"])]
+  procs = [
+    subprocess.Popen(
+      cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    for cmd, env in _pair(
+      _main(tmp_path / "two", tmp_path / "data_two") + ["--config.negatives.k_r=16"]
+    )
+  ]
   for p in procs:
     err = p.communicate(timeout=120)[1]
     lines = [l for l in err.splitlines() if l.startswith("error:")]

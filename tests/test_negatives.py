@@ -1,4 +1,5 @@
 """Hard-negative mining, the Algorithm-1 schedule and the refresh worker."""
+
 import os
 import signal
 import time
@@ -8,8 +9,14 @@ import pytest
 
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker, load_labels,
-                                         run_job, save_labels)
+from astra_jax.negatives.refresh import (
+  RefreshFailed,
+  RefreshJob,
+  RefreshWorker,
+  load_labels,
+  run_job,
+  save_labels,
+)
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 from astra_jax.negatives.strategies import IndexOver, get as strategy
 
@@ -37,8 +44,10 @@ def test_mined_negatives_never_contain_positives(backend):
   exact_top = index_lib.ExactIndex(w).search(q, 40)
   # Positives: many of each query's own top labels (the hard case for filling k), plus
   # some random ones; one row with none.
-  rows = [sorted(set(exact_top[i, :rng.integers(0, 30)]) | set(rng.integers(0, 3000, 3)))
-          for i in range(300)]
+  rows = [
+    sorted(set(exact_top[i, : rng.integers(0, 30)]) | set(rng.integers(0, 3000, 3)))
+    for i in range(300)
+  ]
   rows[0] = []
   labels = SparseRows.from_lists(rows, 3000)
   k = 10
@@ -77,7 +86,8 @@ def test_scann_padding_survives_strict_promotion(monkeypatch):
 
   def strict_where(cond, *values):
     if any(isinstance(v, int) and v < 0 for v in values) and any(
-        isinstance(v, np.ndarray) and v.dtype.kind == "u" for v in values):
+      isinstance(v, np.ndarray) and v.dtype.kind == "u" for v in values
+    ):
       raise OverflowError("Python integer -1 out of bounds for uint32")
     return real_where(cond, *values)
 
@@ -103,7 +113,9 @@ def test_scann_defaults_scale_with_labels():
   assert big.reorder >= 200 and index_lib.scann_defaults(10_000, 50, num_leaves=7).num_leaves == 7
 
 
-@pytest.mark.parametrize("tau_s, tau_r, epochs, refreshes, sources", [
+@pytest.mark.parametrize(
+  "tau_s, tau_r, epochs, refreshes, sources",
+  [
     # Algorithm 1: random before tau_s; a refresh at every epoch t >= tau_s with
     # t mod tau_r = 0 (and at tau_s, whose hard negatives Algorithm 1 uses), whose negatives
     # are used until the next refresh.
@@ -113,15 +125,18 @@ def test_scann_defaults_scale_with_labels():
     (2, 3, 9, [2, 3, 6], [None, None, 2, 3, 3, 3, 6, 6, 6]),
     (0, 1, 3, [0, 1, 2], [0, 1, 2]),
     (4, 10, 6, [4], [None] * 4 + [4, 4]),
-])
+  ],
+)
 def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
-  s = NegativeSchedule(strategy("random+w_hard"), k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r,
-                       epochs=epochs)
+  s = NegativeSchedule(
+    strategy("random+w_hard"), k_h=5, k_r=20, tau_s=tau_s, tau_r=tau_r, epochs=epochs
+  )
   assert s.refresh_epochs == refreshes
   assert [s.source(e) for e in range(epochs)] == sources
   for e in range(epochs):
-    assert s.split(e, have_hard=s.source(e) is not None) == ((5, 20) if s.source(e) is not None
-                                                             else (0, 25))
+    assert s.split(e, have_hard=s.source(e) is not None) == (
+      (5, 20) if s.source(e) is not None else (0, 25)
+    )
   # Embeddings for the refresh of epoch r are collected during epoch r - 2.
   for r in refreshes:
     assert s.collect_epoch(r) == (r - 2 if r >= 2 else None)
@@ -130,16 +145,26 @@ def test_schedule_follows_algorithm_1(tau_s, tau_r, epochs, refreshes, sources):
 
 
 def test_strategies_keep_the_number_of_negatives():
-  for name in ("random", "random+w_hard", "random+e_hard", "w_hard", "e_hard", "curriculum",
-               "curriculum+e_hard", "uptodate"):
+  for name in (
+    "random",
+    "random+w_hard",
+    "random+e_hard",
+    "w_hard",
+    "e_hard",
+    "curriculum",
+    "curriculum+e_hard",
+    "uptodate",
+  ):
     s = NegativeSchedule(strategy(name), k_h=10, k_r=40, tau_s=2, tau_r=2, epochs=8)
     for e in range(8):
       h, r = s.split(e, have_hard=True)
       assert h + r == 50 and h <= max(s.mined_k(), 10)
   assert NegativeSchedule(strategy("w_hard"), 10, 40, 2, 2, 8).split(3, True) == (50, 0)
   # The curriculum's hard share: 10/50 at tau_s = 2, 0.5 x 50 at the last epoch (7).
-  for name, over in (("curriculum", IndexOver.CLASSIFIER),
-                     ("curriculum+e_hard", IndexOver.LABEL_TEXT)):
+  for name, over in (
+    ("curriculum", IndexOver.CLASSIFIER),
+    ("curriculum+e_hard", IndexOver.LABEL_TEXT),
+  ):
     c = NegativeSchedule(strategy(name), 10, 40, 2, 2, 8)
     assert [c.split(e, True)[0] for e in range(8)] == [0, 0, 10, 13, 16, 19, 22, 25]
     assert c.index_over == over and c.mined_k() == 25
@@ -154,14 +179,23 @@ def test_strategies_keep_the_number_of_negatives():
 def _job_inputs(tmp_path, epoch=3, k=8, backend="exact", fault=""):
   w, rng = clustered(2000)
   q = rng.normal(size=(500, 32)).astype(np.float32)
-  labels = SparseRows.from_lists([list(rng.choice(2000, 3, replace=False)) for _ in range(500)],
-                                 2000)
+  labels = SparseRows.from_lists(
+    [list(rng.choice(2000, 3, replace=False)) for _ in range(500)], 2000
+  )
   np.save(tmp_path / "w.npy", w)
   np.save(tmp_path / "q.npy", q)
   save_labels(str(tmp_path / "labels.npz"), labels)
-  return RefreshJob(epoch, str(tmp_path / "w.npy"), str(tmp_path / "q.npy"),
-                    str(tmp_path / "labels.npz"), str(tmp_path / f"out{epoch}.npy"),
-                    str(tmp_path / f"stats{epoch}.json"), k, backend, fault=fault)
+  return RefreshJob(
+    epoch,
+    str(tmp_path / "w.npy"),
+    str(tmp_path / "q.npy"),
+    str(tmp_path / "labels.npz"),
+    str(tmp_path / f"out{epoch}.npy"),
+    str(tmp_path / f"stats{epoch}.json"),
+    k,
+    backend,
+    fault=fault,
+  )
 
 
 @pytest.mark.parametrize("backend", ["exact", "scann"])
@@ -171,15 +205,21 @@ def test_worker_gives_the_same_negatives_as_a_synchronous_refresh(tmp_path, back
   worker.start(job, str(tmp_path / "job.json"))
   stats = worker.wait()
   pipelined = np.load(job.out_path)
-  sync_job = RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
-                           "stats_path": str(tmp_path / "sync.json")})
+  sync_job = RefreshJob(
+    **{
+      **job.__dict__,
+      "out_path": str(tmp_path / "sync.npy"),
+      "stats_path": str(tmp_path / "sync.json"),
+    }
+  )
   run_job(sync_job)
   np.testing.assert_array_equal(pipelined, np.load(sync_job.out_path))
   assert stats["epoch"] == 3 and stats["build_s"] >= 0 and 0 <= stats["recall"] <= 1
 
 
-@pytest.mark.parametrize("fault, message", [("raise", "exit code 1"),
-                                            ("kill", "killed by signal 9")])
+@pytest.mark.parametrize(
+  "fault, message", [("raise", "exit code 1"), ("kill", "killed by signal 9")]
+)
 def test_failing_worker_is_reported_and_writes_nothing(tmp_path, fault, message):
   job = _job_inputs(tmp_path, fault=fault)
   worker = RefreshWorker()
@@ -204,12 +244,18 @@ def test_one_index_per_shard_equals_brute_force_per_shard(tmp_path):
   for s, (lo, hi) in enumerate(job.shards):
     scores = q @ w[lo:hi].T
     for i in range(0, 500, 37):
-      pos = set(labels.indices[labels.indptr[i]:labels.indptr[i + 1]])
+      pos = set(labels.indices[labels.indptr[i] : labels.indptr[i + 1]])
       ranked = [lo + l for l in np.argsort(-scores[i], kind="stable") if lo + l not in pos][:8]
-      assert set(got[i, 8 * s:8 * (s + 1)]) == set(ranked)
+      assert set(got[i, 8 * s : 8 * (s + 1)]) == set(ranked)
   np.save(tmp_path / "w1.npy", w[700:])
-  local = RefreshJob(**{**job.__dict__, "vectors_path": str(tmp_path / "w1.npy"),
-                        "shards": [[700, 2000]], "out_path": str(tmp_path / "local.npy")})
+  local = RefreshJob(
+    **{
+      **job.__dict__,
+      "vectors_path": str(tmp_path / "w1.npy"),
+      "shards": [[700, 2000]],
+      "out_path": str(tmp_path / "local.npy"),
+    }
+  )
   run_job(local)
   np.testing.assert_array_equal(np.load(local.out_path), got[:, 8:])
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # nothing half written
@@ -219,15 +265,20 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   """A checkpoint's hard negatives are found by file name in the (moved) workdir, and ones
   mined for another number of W shards are not used (their blocks are per old shard)."""
   from astra_jax.negatives.manager import HardNegatives
-  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
-                      np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=1, tau_r=1,
-                              epochs=4)
+
+  labels = SparseRows(
+    np.arange(0, 21, 2, dtype=np.int64),
+    np.arange(20, dtype=np.int32) % 12,
+    np.ones(20, np.float32),
+    12,
+  )
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=1, tau_r=1, epochs=4)
 
   def manager(workdir, shards):
     bounds = [[s * 12 // shards, (s + 1) * 12 // shards] for s in range(shards)]
-    return HardNegatives(schedule, str(workdir), labels, dim=4, backend="exact", shards=bounds,
-                         num_shards=shards)
+    return HardNegatives(
+      schedule, str(workdir), labels, dim=4, backend="exact", shards=bounds, num_shards=shards
+    )
 
   a = manager(tmp_path / "a", 2)
   mined = np.tile(np.array([[0, 1, 6, 7]], np.int32), (10, 1))
@@ -250,10 +301,16 @@ def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
   """A refresh manager over 10 queries (2 positives each) and 12 label rows, exact search:
   (a factory of managers on one workdir, W's rows, the queries' embeddings)."""
   from astra_jax.negatives.manager import HardNegatives
-  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
-                      np.ones(20, np.float32), 12)
-  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=2, tau_r=tau_r,
-                              epochs=epochs)
+
+  labels = SparseRows(
+    np.arange(0, 21, 2, dtype=np.int64),
+    np.arange(20, dtype=np.int32) % 12,
+    np.ones(20, np.float32),
+    12,
+  )
+  schedule = NegativeSchedule(
+    strategy("random+w_hard"), k_h=2, k_r=4, tau_s=2, tau_r=tau_r, epochs=epochs
+  )
   rng = np.random.default_rng(0)
   w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
   make = lambda: HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
@@ -265,6 +322,7 @@ def test_at_most_the_negatives_in_use_and_the_ones_being_mined_are_on_disk(tmp_p
   only the file in use is left; while a worker mines, that file and its output. A
   checkpoint taken before a swap names the replaced file: it resumes by mining again."""
   from astra_jax.negatives.refresh import RefreshFailed
+
   make, vectors, embed = _tiny_refresh(tmp_path, tau_r=1, epochs=5)
   m = make()
   hard_files = lambda: sorted(f for f in os.listdir(m.dir) if f.startswith("hard_"))
@@ -321,12 +379,18 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   """A curriculum's batches keep all mined columns per shard; the split says how many of
   them (and of the random columns) train: the sampler masks the rest."""
   from astra_jax.negatives.manager import HardNegatives
-  labels = SparseRows(np.arange(0, 21, 2, dtype=np.int64), np.arange(20, dtype=np.int32) % 12,
-                      np.ones(20, np.float32), 12)
+
+  labels = SparseRows(
+    np.arange(0, 21, 2, dtype=np.int64),
+    np.arange(20, dtype=np.int32) % 12,
+    np.ones(20, np.float32),
+    12,
+  )
   # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
   schedule = NegativeSchedule(strategy("curriculum"), k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
-  m = HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact",
-                    shards=[[0, 6], [6, 12]], num_shards=2)
+  m = HardNegatives(
+    schedule, str(tmp_path), labels, dim=4, backend="exact", shards=[[0, 6], [6, 12]], num_shards=2
+  )
   mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))
   m._commit(1, mined)
   for epoch, h, r in ((2, 2, 4), (3, 3, 3)):
@@ -364,6 +428,7 @@ def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(t
   the next one (the copy overlaps it), flush() stores the one in flight (a checkpoint's
   memmap holds every step so far), and rows no step saw are embedded at the epoch's end."""
   import jax.numpy as jnp
+
   make, vectors, embed = _tiny_refresh(tmp_path, tau_r=2, epochs=3)
   m = make()
   m.start_epoch(0, vectors, embed)  # epoch 0 collects for the refresh of epoch 2
@@ -402,8 +467,13 @@ def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_p
   assert environ[b"OPENBLAS_NUM_THREADS"] == environ[b"OMP_NUM_THREADS"] == b"2"
   stats = worker.wait()
   assert stats["epoch"] == job.epoch
-  reference = RefreshJob(**{**job.__dict__, "out_path": str(tmp_path / "sync.npy"),
-                            "stats_path": str(tmp_path / "sync.json")})
+  reference = RefreshJob(
+    **{
+      **job.__dict__,
+      "out_path": str(tmp_path / "sync.npy"),
+      "stats_path": str(tmp_path / "sync.json"),
+    }
+  )
   run_job(reference)
   np.testing.assert_array_equal(np.load(job.out_path), np.load(reference.out_path))
 
@@ -411,10 +481,18 @@ def test_a_refresh_worker_survives_the_jobs_sigterm_from_its_first_instant(tmp_p
 def test_refresh_worker_offers_itself_to_the_oom_killer_first():
   import subprocess
   import sys
-  r = subprocess.run([sys.executable, "-c",
-                      "from astra_jax.negatives import refresh\n"
-                      "assert refresh.prefer_as_oom_victim()\n"
-                      "print(open('/proc/self/oom_score_adj').read().strip())"],
-                     capture_output=True, text=True, timeout=60)
+
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      "from astra_jax.negatives import refresh\n"
+      "assert refresh.prefer_as_oom_victim()\n"
+      "print(open('/proc/self/oom_score_adj').read().strip())",
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert r.returncode == 0, r.stderr[-1000:]
   assert r.stdout.strip() == "1000"

@@ -1,4 +1,5 @@
 """The encoder registry and the hashed n-gram bag encoder."""
+
 import dataclasses
 import re
 
@@ -23,12 +24,12 @@ def test_hashed_ngrams_by_hand():
   assert grams.shape == mask.shape == (2, 15)
   uni, bi, tri = slice(0, 6), slice(6, 11), slice(11, 15)
   np.testing.assert_array_equal(mask[0, uni], [1, 1, 1, 1, 0, 0])
-  np.testing.assert_array_equal(mask[0, bi], [1, 1, 1, 0, 0])   # (5,6) (6,5) (5,6)
-  np.testing.assert_array_equal(mask[0, tri], [1, 1, 0, 0])     # (5,6,5) (6,5,6)
+  np.testing.assert_array_equal(mask[0, bi], [1, 1, 1, 0, 0])  # (5,6) (6,5) (5,6)
+  np.testing.assert_array_equal(mask[0, tri], [1, 1, 0, 0])  # (5,6,5) (6,5,6)
   np.testing.assert_array_equal(mask[1], [1] + [0] * 14)
   g = grams[0]
-  assert g[0] == g[2] and g[1] == g[3]            # the same token, the same bucket
-  assert g[6] == g[8] and g[6] != g[7]            # (5,6) twice, (6,5) differs
+  assert g[0] == g[2] and g[1] == g[3]  # the same token, the same bucket
+  assert g[6] == g[8] and g[6] != g[7]  # (5,6) twice, (6,5) differs
   assert g[11] != g[12]
   assert len({g[0], g[1], g[6], g[7], g[11], g[12]}) == 6  # orders never share a bucket here
   assert grams[1, 0] not in g[:4]
@@ -96,18 +97,24 @@ class _TokenMean(QueryHead, nnx.Module):
 
 @pytest.fixture
 def token_mean_arch():
-  arch = architectures.register(architectures.Architecture(
-      name="token_mean", shape_cls=_TokenMeanShape, module=f"{__name__}:_TokenMean",
+  arch = architectures.register(
+    architectures.Architecture(
+      name="token_mean",
+      shape_cls=_TokenMeanShape,
+      module=f"{__name__}:_TokenMean",
       shape_from_config=lambda c, vocab, pad: _TokenMeanShape(vocab, c.encoder.hidden_size, pad),
       param_count=lambda s: s.vocab_size * s.hidden_size,
-      activation_bytes=lambda s, b, t: (4 * b * t * s.hidden_size, "b T H 4")))
+      activation_bytes=lambda s, b, t: (4 * b * t * s.hidden_size, "b T H 4"),
+    )
+  )
   yield arch
   del architectures._REGISTRY[arch.name]
 
 
 @pytest.mark.slow
-def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_mean_arch,
-                                                                load_config):
+def test_a_registered_architecture_trains_exports_and_predicts(
+  tmp_path, token_mean_arch, load_config
+):
   c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
   c.data.synthetic.num_labels, c.data.synthetic.num_train = 60, 400
@@ -124,8 +131,9 @@ def test_a_registered_architecture_trains_exports_and_predicts(tmp_path, token_m
   p = predict.Predictor.from_workdir(str(tmp_path / "wd"), index="exact")
   texts = ["a b c", "some other query"]
   tokens = p.to_tokens(texts)[0]
-  table = np.asarray(dict(nnx.to_flat_state(model.encoder_params))[("table", "embedding")]
-                     .get_value())
+  table = np.asarray(
+    dict(nnx.to_flat_state(model.encoder_params))[("table", "embedding")].get_value()
+  )
   mask = tokens != model.pad_id
   emb = (table[tokens] * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
   want = np.argsort(-(emb @ np.asarray(model.classifier).T), axis=1, kind="stable")[:, :3]

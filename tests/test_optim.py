@@ -7,9 +7,17 @@ from astra_jax import optim
 
 
 def cfg(**kw):
-  c = ml_collections.ConfigDict(dict(encoder_lr=1e-3, classifier_lr=0.1, warmup_steps=10,
-                                     encoder_weight_decay=0.0, classifier_weight_decay=0.01,
-                                     classifier_momentum=0.0, grad_clip_norm=0.0))
+  c = ml_collections.ConfigDict(
+    dict(
+      encoder_lr=1e-3,
+      classifier_lr=0.1,
+      warmup_steps=10,
+      encoder_weight_decay=0.0,
+      classifier_weight_decay=0.01,
+      classifier_momentum=0.0,
+      grad_clip_norm=0.0,
+    )
+  )
   c.update(kw)
   return c
 
@@ -18,7 +26,7 @@ def test_schedule_warmup_then_cosine():
   s = optim.schedule(1.0, warmup_steps=10, total_steps=110)
   assert float(s(0)) == 0.0 and float(s(5)) == pytest.approx(0.5)
   assert float(s(10)) == pytest.approx(1.0)
-  assert float(s(60)) == pytest.approx(0.5, abs=1e-6)   # half-way through the cosine
+  assert float(s(60)) == pytest.approx(0.5, abs=1e-6)  # half-way through the cosine
   assert float(s(110)) == pytest.approx(0.0, abs=1e-7)
 
 
@@ -52,8 +60,10 @@ def test_adam_for_encoder_sgd_with_decay_for_classifier():
     if step < 5:
       continue
     # SGD + decoupled decay: -lr * (g + wd * w), lr = 0.1 * 5/10
-    np.testing.assert_allclose(updates["classifier"], -0.05 * (np.array([[0.3, -0.1]]) +
-                                                               0.01 * np.array([[1.0, 2.0]])),
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+      updates["classifier"],
+      -0.05 * (np.array([[0.3, -0.1]]) + 0.01 * np.array([[1.0, 2.0]])),
+      rtol=1e-5,
+    )
     # Adam with a constant gradient: m_hat / sqrt(v_hat) = sign(g), so update = -lr * sign(g)
     np.testing.assert_allclose(updates["encoder"]["a"], -0.5e-3 * np.sign([0.5, -4.0]), rtol=1e-4)

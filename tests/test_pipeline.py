@@ -76,6 +76,7 @@ def test_early_exit_stops_the_thread():
 def _assert_threads_end(prefix):
   import threading
   import time
+
   alive = lambda: [t for t in threading.enumerate() if t.name.startswith(prefix)]
   deadline = time.time() + 30
   while alive() and time.time() < deadline:
@@ -87,6 +88,7 @@ def test_several_threads_hand_over_the_same_batches_in_order(monkeypatch):
   """Three threads, where early steps take longest (so later ones finish first): the same
   batches, in the same order, as one thread."""
   import time
+
   one = [x for x, _ in make(n=120).epoch(1)]
   b = make(n=120, threads=3)
   make_batch = b.make_batch

@@ -1,6 +1,7 @@
 """The memory planner against hand counts and against what jax allocates; the dataset
 configs (all variants) load and validate; the SS-20M missing-data message; the SS-20M
 synthetic stand-in trains end to end."""
+
 import copy
 import glob
 import json
@@ -52,8 +53,8 @@ def test_byte_counts_equal_hand_counts():
   assert p.encoder["params"] == params == 612_288
   assert item(p, "encoder parameters") == 4 * params
   assert item(p, "Adam m, v") == 8 * params
-  assert item(p, "W shard") == 334 * 64 * 4          # ceil(1000 / 3) rows of d = 64
-  assert item(p, "classifier optimizer state") == 8   # sparse: a scale and a step
+  assert item(p, "W shard") == 334 * 64 * 4  # ceil(1000 / 3) rows of d = 64
+  assert item(p, "classifier optimizer state") == 8  # sparse: a scale and a step
   assert item(p, "W snapshot") == 334 * 64 * 4
   assert item(p, "query embeddings being collected") == 6000 * 64 * 4  # + label texts
   assert p.negatives["k_h_per_shard"] == 50 and p.batch["encoder_queries_per_device"] == 11
@@ -70,31 +71,51 @@ def test_node_plan_equals_hand_counts():
   label texts) of 32 tokens, 12,500 positives, 4,000 test rows with 10,000 positives."""
   c = small_config(labels=1000, model=2)
   p = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
-  assert p.node == {"num_gpus": 4, "gpus_per_node": 2, "processes_per_node": 2, "nodes": 2,
-                    "shards_per_process": 1}
+  assert p.node == {
+    "num_gpus": 4,
+    "gpus_per_node": 2,
+    "processes_per_node": 2,
+    "nodes": 2,
+    "shards_per_process": 1,
+  }
   assert p.negatives["k_h_per_shard"] == 50 and p.negatives["index"] == "exact"
-  index = 500 * 64 * 4 + 4096 * 500 * 4 * 2          # the shard + a score block, twice
-  worker = index + 500 * 64 * 4                       # + its W snapshot
-  trainer = 500 * 64 * 4                              # its shard's rows, copied for a refresh
-  label_cache = 5001 * 8 + 12_500 * 4 + 1000 * 4      # indptr, indices, counts
+  index = 500 * 64 * 4 + 4096 * 500 * 4 * 2  # the shard + a score block, twice
+  worker = index + 500 * 64 * 4  # + its W snapshot
+  trainer = 500 * 64 * 4  # its shard's rows, copied for a refresh
+  label_cache = 5001 * 8 + 12_500 * 4 + 1000 * 4  # indptr, indices, counts
   negatives, collection = 6000 * 50 * 4, 6000 * 64 * 4
   assert plan.resident(p.worker_items) == worker
   assert plan.resident(p.trainer_items) == trainer
   # The node: its two processes and two workers, the shared files once, each process's own.
   assert by_name(p.node_items, "token memmaps") == 6000 * 32 * 4
   assert by_name(p.node_items, "label cache") == label_cache
-  assert p.node_total == (2 * trainer + 2 * worker + 6000 * 32 * 4 + label_cache
-                          + 2 * negatives + 2 * negatives + collection) == 40_734_008
+  assert (
+    p.node_total
+    == (
+      2 * trainer
+      + 2 * worker
+      + 6000 * 32 * 4
+      + label_cache
+      + 2 * negatives
+      + 2 * negatives
+      + collection
+    )
+    == 40_734_008
+  )
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
   # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
   # snapshot per process), 2 negatives generations
   # per process, (3 kept + best + one being written) checkpoints, the export.
   params = 612_288
-  checkpoint = 12 * params + 1000 * 64 * 4            # parameters, Adam m and v, W
+  checkpoint = 12 * params + 1000 * 64 * 4  # parameters, Adam m and v, W
   assert [i.bytes for i in p.disk_items] == [
-      10_000 * 32 * 4, label_cache + 4001 * 8 + 10_000 * 4,
-      2 * (collection + 2 * 500 * 64 * 4), 2 * 2 * negatives, 5 * checkpoint,
-      4 * params + 1000 * 64 * 4]
+    10_000 * 32 * 4,
+    label_cache + 4001 * 8 + 10_000 * 4,
+    2 * (collection + 2 * 500 * 64 * 4),
+    2 * 2 * negatives,
+    5 * checkpoint,
+    4 * params + 1000 * 64 * 4,
+  ]
   assert p.disk_total == 50_552_448
   # Preparation: the measured bounded peak; 22,500 "ddd:1 " pairs of 7 bytes to parse.
   assert p.prep_peak == plan.PARSE_PEAK_BYTES
@@ -115,14 +136,27 @@ def test_one_process_for_the_node_mines_for_every_shard():
 
 @pytest.mark.parametrize("path,gpus", [("experiments/ss20m.py", 2), ("experiments/ss120m.py", 8)])
 def test_paper_scale_node_reports_name_every_structure(path, gpus):
-  text = plan.format_plan(plan.plan_config(load_config(path), "v100-32gb", num_gpus=gpus,
-                                           gpus_per_node=gpus))
-  for name in ("preparation, one builder per node", "label parse", "tokenization",
-               "CPU min to parse", "each refresh worker", "each training process",
-               "the node in training", f"x {gpus} processes", "label cache (once per node)",
-               "token memmaps (once per node)", "query-embedding collection",
-               "hard negatives being mined", "refresh inputs", "2 generations",
-               "checkpoints: the last 3", "export"):
+  text = plan.format_plan(
+    plan.plan_config(load_config(path), "v100-32gb", num_gpus=gpus, gpus_per_node=gpus)
+  )
+  for name in (
+    "preparation, one builder per node",
+    "label parse",
+    "tokenization",
+    "CPU min to parse",
+    "each refresh worker",
+    "each training process",
+    "the node in training",
+    f"x {gpus} processes",
+    "label cache (once per node)",
+    "token memmaps (once per node)",
+    "query-embedding collection",
+    "hard negatives being mined",
+    "refresh inputs",
+    "2 generations",
+    "checkpoints: the last 3",
+    "export",
+  ):
     assert name in text, name
 
 
@@ -157,6 +191,7 @@ def test_byte_counts_equal_what_jax_allocates():
   from flax import nnx
 
   from astra_jax import optim, sharding
+
   c = small_config(labels=1001, model=4)
   p = plan.plan_config(c, "h100-80gb")
   encoder = factory.build_encoder(c, vocab_size=8005, pad_id=0, seed=0)
@@ -179,6 +214,7 @@ def test_activation_plan_covers_what_xla_keeps():
   from flax import nnx
 
   from astra_jax import steps
+
   c = config_base.base_config()  # the tiny BERT: hidden 64, 2 layers x 2 heads, ffn 128
   c.data.max_len = 48
   encoder = factory.build_encoder(c, vocab_size=1000, pad_id=0, seed=0)
@@ -204,13 +240,21 @@ def test_suggestions_when_it_does_not_fit():
 
 
 def test_cli_json_without_jax(tmp_path):
-  code = ("import sys; sys.argv = ['astra-plan', '--config=experiments/ss20m.py', "
-          "'--gpu=v100-32gb', '--num_gpus=2', '--json']\n"
-          "from astra_jax.plan import __main__ as p\ntry:\n  p.cli_main()\n"
-          "except SystemExit:\n  pass\n"
-          "assert 'jax' not in sys.modules, 'the planner imported jax'\n")
-  r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                     timeout=120, env={**os.environ, "ASTRA_MODELS_DIR": str(tmp_path)})
+  code = (
+    "import sys; sys.argv = ['astra-plan', '--config=experiments/ss20m.py', "
+    "'--gpu=v100-32gb', '--num_gpus=2', '--json']\n"
+    "from astra_jax.plan import __main__ as p\ntry:\n  p.cli_main()\n"
+    "except SystemExit:\n  pass\n"
+    "assert 'jax' not in sys.modules, 'the planner imported jax'\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+    env={**os.environ, "ASTRA_MODELS_DIR": str(tmp_path)},
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   out = json.loads(r.stdout)
   assert out["mesh"] == {"data": 1, "model": 2, "devices": 2}
@@ -252,12 +296,12 @@ def test_paper_table_translation():
   assert lr_wd(c) == pytest.approx(0.05 * 1e-4)
   assert c.optim.classifier_momentum == 0.9  # Renée's SGD momentum
   assert (c.data.max_len, c.data.propensity_A, c.data.propensity_B) == (32, 0.6, 2.6)
-  c.mesh.model = 4                     # per-shard negatives keep the per-query totals
+  c.mesh.model = 4  # per-shard negatives keep the per-query totals
   assert (c.negatives.k_h, c.negatives.k_r) == (200, 1600)
-  c.train.batch_size = 128             # the classifier's per-example step is kept
+  c.train.batch_size = 128  # the classifier's per-example step is kept
   assert c.optim.classifier_lr == pytest.approx(0.05 * 128)
   assert lr_wd(c) == pytest.approx(0.05 * 1e-4)
-  c.encoder.hf_dir = "/elsewhere"      # the tokenizer follows the encoder
+  c.encoder.hf_dir = "/elsewhere"  # the tokenizer follows the encoder
   assert c.data.tokenizer_dir == "/elsewhere"
   w = load_config("experiments/lf_wikipedia_500k.py")
   assert (w.data.max_len, w.data.propensity_A, w.data.propensity_B) == (256, 0.5, 0.4)
@@ -266,10 +310,12 @@ def test_paper_table_translation():
   assert (s.encoder.bottleneck_dim, s.mesh.model, s.train.grad_accum_steps) == (64, 2, 2)
   assert (s.data.propensity_A, s.data.propensity_B) == (0.55, 1.5)
   # Stand-ins: the paper's share of the labels as negatives, at least 64, at most L/2.
-  for path, scale, k in (("lf_amazontitles_131k.py", 0.01, (8, 64)),  # 1% of 800 + 6,400
-                         ("lf_amazon_131k.py", 0.01, (8, 56)),  # 1% of 240 + 1,600: 18 -> 64
-                         ("ss20m.py", 2e-5, (8, 56)),  # 240 + 1,600 (one CPU device)
-                         ("amazon_670k.py", 1e-3, (7, 57))):  # 800 + 6,400: 7.2 -> 64
+  for path, scale, k in (
+    ("lf_amazontitles_131k.py", 0.01, (8, 64)),  # 1% of 800 + 6,400
+    ("lf_amazon_131k.py", 0.01, (8, 56)),  # 1% of 240 + 1,600: 18 -> 64
+    ("ss20m.py", 2e-5, (8, 56)),  # 240 + 1,600 (one CPU device)
+    ("amazon_670k.py", 1e-3, (7, 57)),
+  ):  # 800 + 6,400: 7.2 -> 64
     sc = load_config(f"experiments/{path}", f"synthetic,{scale}")
     assert (sc.negatives.k_h, sc.negatives.k_r) == k, path
     assert sc.optim.classifier_momentum == 0.0 and sc.paper.classifier_momentum == 0.9
@@ -283,23 +329,40 @@ def test_paper_table_translation():
 
 def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
   missing = tmp_path / "SS-20M"
-  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/ss20m.py",
-                      f"--config.data.dir={missing}", f"--workdir={tmp_path / 'wd'}",
-                      "--config.encoder.hf_dir=all-MiniLM-L6-v2"],
-                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/ss20m.py",
+      f"--config.data.dir={missing}",
+      f"--workdir={tmp_path / 'wd'}",
+      "--config.encoder.hf_dir=all-MiniLM-L6-v2",
+    ],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert r.returncode != 0
   lines = [l for l in r.stderr.splitlines() if l.strip()]
   assert len(lines) == 1, r.stderr
   msg = lines[0]
   assert msg.startswith("error: no dataset found in") and str(missing) in msg
-  for name in ("trn_X_Y.txt", "tst_X_Y.txt", "trn_X.txt", "trn.json.gz",
-               "python -m astra_jax.main --config=experiments/ss20m.py:synthetic"):
+  for name in (
+    "trn_X_Y.txt",
+    "tst_X_Y.txt",
+    "trn_X.txt",
+    "trn.json.gz",
+    "python -m astra_jax.main --config=experiments/ss20m.py:synthetic",
+  ):
     assert name in msg, name
 
 
 @pytest.mark.slow
 def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   from astra_jax import train
+
   c = load_config("experiments/ss20m.py", "synthetic,2e-5")
   assert (c.data.synthetic.num_labels, c.data.synthetic.num_train) == (381, 2924)
   assert c.data.synthetic.mean_labels == 26.0 and c.encoder.bottleneck_dim == 64
@@ -308,7 +371,7 @@ def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   # + 381 label texts in 6 steps of 256 per epoch.
   c.data.synthetic.num_train, c.train.batch_size = 1200, 256
   c.train.epochs, c.train.profile_steps, c.train.eval_every_epochs = 2, 0, 0
-  c.negatives.tau_s = c.negatives.tau_r = 1   # one refresh, so hard negatives are used
+  c.negatives.tau_s = c.negatives.tau_r = 1  # one refresh, so hard negatives are used
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   assert (r["num_labels"], r["num_train"], r["num_train_with_label_texts"]) == (381, 1200, 1581)
   assert [e["hard"] for e in r["negatives"]["per_epoch"]] == [0, c.negatives.k_h]
@@ -319,8 +382,15 @@ def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   assert r["encoder"]["parameters"] > 0
 
 
-DISTILBERT = {"model_type": "distilbert", "dim": 768, "n_layers": 6, "n_heads": 12,
-              "hidden_dim": 3072, "vocab_size": 30522, "max_position_embeddings": 512}
+DISTILBERT = {
+  "model_type": "distilbert",
+  "dim": 768,
+  "n_layers": 6,
+  "n_heads": 12,
+  "hidden_dim": 3072,
+  "vocab_size": 30522,
+  "max_position_embeddings": 512,
+}
 
 
 @pytest.mark.parametrize("path", sorted(PAPER_CONFIGS))
@@ -332,6 +402,7 @@ def test_paper_configs_leave_a_quarter_of_a_v100_free(path, tmp_path, monkeypatc
   monkeypatch.setenv("ASTRA_MODELS_DIR", str(tmp_path))
   c = load_config(path)
   assert c.encoder.paper_encoder.endswith("msmarco-distilbert-base-v4")
+
   def free(accum):
     c2 = copy.deepcopy(c)
     c2.train.grad_accum_steps = accum
@@ -350,14 +421,14 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   s = c.data.synthetic
   assert s.enabled and s.num_labels == catalog.DATASETS["SS-20M"].num_labels == 19_049_952
   assert (s.num_train, s.num_test, c.data.num_train) == (200_000, 10_000, 200_000)
-  assert s.mean_labels == 26.0                 # the dataset's statistics, as :synthetic
+  assert s.mean_labels == 26.0  # the dataset's statistics, as :synthetic
   assert c.encoder.arch == "ngram_bag"
   assert (c.encoder.hidden_size, c.encoder.bottleneck_dim) == (64, 0)
-  assert not c.data.augment_label_text         # 19M label rows would swamp 2e5 queries
+  assert not c.data.augment_label_text  # 19M label rows would swamp 2e5 queries
   assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
   assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
   assert c.negatives.scann_leaves == 19_049_952 // 4000 and c.classifier.init == "label_text"
-  c.data.synthetic.num_labels = 10_000_000     # the leaves follow the label count
+  c.data.synthetic.num_labels = 10_000_000  # the leaves follow the label count
   assert c.negatives.scann_leaves == 2500
   assert (c.mesh.data, c.mesh.model) == (1, 1)
   # SS-20M's 5,000 warmup steps of 146M queries: the same share of 200,000.

@@ -72,8 +72,10 @@ def test_training_exports_a_self_contained_model(trained):
   assert np.load(os.path.join(m, "classifier.npy")).shape == (200, 64)
   assert open(os.path.join(m, "labels.txt")).read() == open(os.path.join(data, "Y.txt")).read()
   for name in os.listdir(os.path.join(data, "tokenizer")):
-    assert (open(os.path.join(m, "tokenizer", name), "rb").read() ==
-            open(os.path.join(data, "tokenizer", name), "rb").read())
+    assert (
+      open(os.path.join(m, "tokenizer", name), "rb").read()
+      == open(os.path.join(data, "tokenizer", name), "rb").read()
+    )
   assert json.load(open(os.path.join(m, "config.json")))["train"]["epochs"] == 2
   assert not [f for f in os.listdir(wd) if f.startswith(".model")]  # no temporaries left
   # every file readable as the umask allows (safetensors' save_file would make it 0600)
@@ -97,6 +99,7 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   ranking over the exported W: the predictor's exact path must give the same top-k."""
   wd, data = trained
   from safetensors.numpy import load_file
+
   texts = _test_texts(data, 12)
   tokens = np.load(os.path.join(data, "astra_cache", "tst_X.L24.tokens.npy"))[:12]
   np.testing.assert_array_equal(exact.to_tokens(texts)[0], tokens)
@@ -106,8 +109,12 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   for name, t in load_file(os.path.join(wd, "model", "encoder.safetensors")).items():
     path = name.split("/")
     hf[hf_name(path, "bert")] = t.T if path[-1] == "kernel" else t
-  cfg = {"hidden_size": enc["hidden_size"], "num_attention_heads": enc["num_heads"],
-         "num_hidden_layers": enc["num_layers"], "layer_norm_eps": enc["layer_norm_eps"]}
+  cfg = {
+    "hidden_size": enc["hidden_size"],
+    "num_attention_heads": enc["num_heads"],
+    "num_hidden_layers": enc["num_layers"],
+    "layer_norm_eps": enc["layer_norm_eps"],
+  }
   emb = numpy_bert.forward(hf, cfg, tokens, meta["pad_id"])
   w = np.load(os.path.join(wd, "model", "classifier.npy")).astype(np.float64)
   dense = emb @ w.T
@@ -165,8 +172,9 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   # Predictor and this one reload it.
   again = predict.Predictor.from_workdir(wd)
   assert again.index.loaded and scann.index.loaded
-  assert mtimes == {f: os.stat(os.path.join(index_dir, f)).st_mtime_ns
-                    for f in os.listdir(index_dir)}
+  assert mtimes == {
+    f: os.stat(os.path.join(index_dir, f)).st_mtime_ns for f in os.listdir(index_dir)
+  }
   texts = _test_texts(trained[1], 50)
   np.testing.assert_array_equal(again.predict(texts).ids, scann.predict(texts).ids)
   # Other knobs: rebuilt and saved for them.
@@ -201,6 +209,7 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
 def test_scann_build_is_deterministic(trained, exact):
   from astra_jax.negatives.index import ScannIndex
   from astra_jax.serve_index import serving_params
+
   w = np.load(os.path.join(trained[0], "model", "classifier.npy"))
   emb = exact.encode(exact.to_tokens(_test_texts(trained[1], 100))[0])
   params = serving_params(len(w), leaves_to_search=3)
@@ -216,8 +225,10 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
   assert out.errors[1] == out.errors[2] == "empty query"
   assert out.errors[3].startswith("not valid UTF-8") and "byte 0" in out.errors[3]
   assert out.errors[5] == "expected a string, got int"
-  assert out.errors[4] is None and "truncated to the trained max_len of 24 tokens (had 15002)" \
-      in out.warnings[4]
+  assert (
+    out.errors[4] is None
+    and "truncated to the trained max_len of 24 tokens (had 15002)" in out.warnings[4]
+  )
   for i in (1, 2, 3, 5):
     assert (out.ids[i] == -1).all() and out.record(i) == {"error": out.errors[i]}
   alone = exact.predict(good, k=3)
@@ -234,11 +245,21 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
 def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   wd, data = trained
   queries = _test_texts(data, 20)
-  lines = [q.encode() for q in queries[:10]] + [b"", b"caf\xe9 bad", b"x " * 3000] + \
-          [q.encode() for q in queries[10:]]
+  lines = (
+    [q.encode() for q in queries[:10]]
+    + [b"", b"caf\xe9 bad", b"x " * 3000]
+    + [q.encode() for q in queries[10:]]
+  )
   (tmp_path / "q.txt").write_bytes(b"\n".join(lines) + b"\n")
-  cmd = [sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=5",
-         f"--input={tmp_path / 'q.txt'}", "--batch_size=7"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "astra_jax.predict",
+    f"--workdir={wd}",
+    "--k=5",
+    f"--input={tmp_path / 'q.txt'}",
+    "--batch_size=7",
+  ]
   r = subprocess.run(cmd, cwd=repo_root, capture_output=True, timeout=300)
   assert r.returncode == 0, r.stderr[-3000:]
   got = [json.loads(l) for l in r.stdout.decode().splitlines()]
@@ -256,9 +277,13 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   assert got[10]["error"] == "empty query" and "UTF-8" in got[11]["error"]
   assert "truncated" in got[12]["warning"]
   # stdin, exact search: the same labels as the exact API.
-  r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=3",
-                      "--exact"], cwd=repo_root, input=b"\n".join(lines[:3]), capture_output=True,
-                     timeout=300)
+  r = subprocess.run(
+    [sys.executable, "-m", "astra_jax.predict", f"--workdir={wd}", "--k=3", "--exact"],
+    cwd=repo_root,
+    input=b"\n".join(lines[:3]),
+    capture_output=True,
+    timeout=300,
+  )
   assert r.returncode == 0, r.stderr[-3000:]
   ex = predict.Predictor.from_workdir(wd, index="exact").predict(lines[:3], k=3)
   assert [json.loads(l)["ids"] for l in r.stdout.decode().splitlines()] == ex.ids.tolist()
@@ -271,8 +296,13 @@ def test_workdir_without_a_finished_model(tmp_path, repo_root):
   (tmp_path / "model" / "classifier.npy").write_bytes(b"")  # but a hand-made one can
   with pytest.raises(export.ModelNotFoundError, match=r"model\.json is missing"):
     predict.Predictor.from_workdir(str(tmp_path))
-  r = subprocess.run([sys.executable, "-m", "astra_jax.predict", f"--workdir={tmp_path}"],
-                     cwd=repo_root, input=b"q\n", capture_output=True, timeout=300)
+  r = subprocess.run(
+    [sys.executable, "-m", "astra_jax.predict", f"--workdir={tmp_path}"],
+    cwd=repo_root,
+    input=b"q\n",
+    capture_output=True,
+    timeout=300,
+  )
   assert r.returncode == 1 and b"error: no finished model in workdir" in r.stderr
   assert str(tmp_path).encode() in r.stderr
 
@@ -281,8 +311,13 @@ def test_workdir_without_a_finished_model(tmp_path, repo_root):
 def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeypatch):
   wd, _ = trained
   model = export.load_model(wd)
-  kw = dict(encoder_cfg=model.encoder_cfg, encoder_params=model.encoder_params,
-            tokenizer_dir=model.tokenizer_dir, max_len=24, pad_id=0)
+  kw = dict(
+    encoder_cfg=model.encoder_cfg,
+    encoder_params=model.encoder_params,
+    tokenizer_dir=model.tokenizer_dir,
+    max_len=24,
+    pad_id=0,
+  )
   export.save_model(str(tmp_path), classifier=np.zeros((200, 64), np.float32), **kw)
   first = export.load_model(str(tmp_path)).model_id
 
@@ -291,8 +326,9 @@ def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeyp
 
   monkeypatch.setattr(export.xc_format, "write_texts", crash)  # after W, before model.json
   with pytest.raises(OSError, match="disk full"):
-    export.save_model(str(tmp_path), classifier=np.ones((200, 64), np.float32),
-                      label_texts=["a"] * 200, **kw)
+    export.save_model(
+      str(tmp_path), classifier=np.ones((200, 64), np.float32), label_texts=["a"] * 200, **kw
+    )
   again = export.load_model(str(tmp_path))
   assert again.model_id == first and not again.classifier.any()
   assert sorted(os.listdir(tmp_path)) == ["model"]
@@ -302,6 +338,7 @@ def test_export_writes_each_shard_of_w_without_gathering_it(tmp_path):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
   from astra_jax import sharding
+
   mesh = sharding.make_mesh(2, 4, jax.devices()[:8])  # two data replicas of each shard
   w = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
   path = str(tmp_path / "w.npy")

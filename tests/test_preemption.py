@@ -2,6 +2,7 @@
 SLURM signals every process of a job), while the trainer waits for the refresh, or during
 the final evaluation; the rerun resumes to the metrics of an uninterrupted run. And the
 hang watchdog."""
+
 import io
 import os
 import signal
@@ -34,14 +35,18 @@ def _same_run(got, want):
   assert {m: got[m] for m in METRICS} == {m: want[m] for m in METRICS}
   assert all(r["ok"] for r in got["negatives"]["refreshes"])
   assert [r["epoch"] for r in got["negatives"]["refreshes"]] == [2]
-  assert ([e["source"] for e in got["negatives"]["per_epoch"]] ==
-          [e["source"] for e in want["negatives"]["per_epoch"]] == [None, None, 2])
+  assert (
+    [e["source"] for e in got["negatives"]["per_epoch"]]
+    == [e["source"] for e in want["negatives"]["per_epoch"]]
+    == [None, None, 2]
+  )
   assert got["steps"] == want["steps"]
 
 
 @pytest.mark.slow
 def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_run(
-    tmp_path, monkeypatch):
+  tmp_path, monkeypatch
+):
   c = _config(tmp_path)
   want = train.train_and_evaluate(c, str(tmp_path / "uninterrupted"))
   wd = str(tmp_path / "wd")
@@ -116,6 +121,7 @@ def test_the_hang_watchdog_names_the_hang_and_dumps_every_thread():
     time.sleep(0.8)  # the step hangs
   assert exits == [HANG_EXIT_CODE]
   text = out.getvalue()
-  assert text.startswith("error: process 3 made no progress for 0 s while in epoch 0 step 3 "
-                         "(train.hang_timeout_s=0.3)")
+  assert text.startswith(
+    "error: process 3 made no progress for 0 s while in epoch 0 step 3 (train.hang_timeout_s=0.3)"
+  )
   assert "test_the_hang_watchdog_names_the_hang_and_dumps_every_thread" in text  # the stack

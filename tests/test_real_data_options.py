@@ -1,6 +1,7 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
 split for the periodic evaluations, W from label texts, the kNN diagnostic and the TF-IDF
 baseline in results.json."""
+
 import pytest
 
 from astra_jax import baselines, train

@@ -1,4 +1,5 @@
 """The reproduction tool: registry, tabulation from hand-made results, reuse, CLI errors."""
+
 import json
 import os
 import subprocess
@@ -28,12 +29,29 @@ def _write(root, name, result, group=""):
 
 
 def test_registry_covers_the_named_tables():
-  for name in ("rq3", "rq3_paper_refreshes", "timebreakup", "memory", "tau_s_ablation",
-               "tau_r_ablation", "ratio_ablation", "ttvsperf", "motivation"):
+  for name in (
+    "rq3",
+    "rq3_paper_refreshes",
+    "timebreakup",
+    "memory",
+    "tau_s_ablation",
+    "tau_r_ablation",
+    "ratio_ablation",
+    "ttvsperf",
+    "motivation",
+  ):
     assert name in reproduce.TABLES
   labels = {t.paper_label for t in reproduce.TABLES.values()}
-  assert {"tab:rq3", "tab:timebreakup", "tab:memory", "tab:tau_s_ablation",
-          "tab:tau_r_ablation", "tab:ratio_ablation", "fig:ttvsperf", "fig:motivation"} <= labels
+  assert {
+    "tab:rq3",
+    "tab:timebreakup",
+    "tab:memory",
+    "tab:tau_s_ablation",
+    "tab:tau_r_ablation",
+    "tab:ratio_ablation",
+    "fig:ttvsperf",
+    "fig:motivation",
+  } <= labels
 
 
 def test_ablation_runs_differ_only_in_strategy():
@@ -66,8 +84,17 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
   root = str(tmp_path / "wd")
   for i, s in enumerate(reproduce.ABLATION):
     ev = [{"P@1": float(e)} for e in range(1, 7)]  # last 5: 2..6, mean 4
-    _write(root, s, {"P@1": 10.0 + i, "P@5": 5.125 + i, "train_time_s": 100.4 + i,
-                     "evaluations": ev if s == "random" else ev[:3]}, "scale0.01_epochs3")
+    _write(
+      root,
+      s,
+      {
+        "P@1": 10.0 + i,
+        "P@5": 5.125 + i,
+        "train_time_s": 100.4 + i,
+        "evaluations": ev if s == "random" else ev[:3],
+      },
+      "scale0.01_epochs3",
+    )
   md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
   # ASTRA is the 7th strategy: P@1 10 + 6, P@5 5.125 + 6, 106.4 s.
   assert "| random+w_hard | 46.20 | 21.95 | 16.00 | 11.12 |  | 106 | 16.00 |  |" in md
@@ -77,9 +104,11 @@ def test_rq3_tabulation_from_fake_results(tmp_path):
   assert "ASTRA minus random, final P@1: +6.00." in md
   with open(tmp_path / "out" / "rq3.csv") as f:
     lines = f.read().splitlines()
-  assert lines[0] == ("strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
-                      '"ours P@1, mean of last 5 epochs",ours train s,ours P@1 per seed,'
-                      '"ASTRA minus this, P@1 (mean ± s.e. over seeds)"')
+  assert lines[0] == (
+    "strategy,paper P@1,paper P@5,ours P@1,ours P@5,"
+    '"ours P@1, mean of last 5 epochs",ours train s,ours P@1 per seed,'
+    '"ASTRA minus this, P@1 (mean ± s.e. over seeds)"'
+  )
   assert lines[2] == "e_hard,41.98,19.07,11.00,6.12,,101,11.00,+5.00"
   assert len(lines) == 1 + len(reproduce.ABLATION)
 
@@ -91,14 +120,23 @@ def test_rq3_averages_training_seeds(tmp_path):
   root = str(tmp_path / "wd")
   # random: 30, 20 (mean 25); ASTRA: 24, 28 (mean 26); curriculum: 40, 0 (mean 20);
   # w_hard: 27, 27 (mean 27, first); the rest lower.
-  p1 = {"random": (30, 20), "random+w_hard": (24, 28), "curriculum": (40, 0),
-        "w_hard": (27, 27), "e_hard": (1, 1), "random+e_hard": (5, 5),
-        "curriculum+e_hard": (3, 3)}
+  p1 = {
+    "random": (30, 20),
+    "random+w_hard": (24, 28),
+    "curriculum": (40, 0),
+    "w_hard": (27, 27),
+    "e_hard": (1, 1),
+    "random+e_hard": (5, 5),
+    "curriculum+e_hard": (3, 3),
+  }
   for r in runs:
-    _write(root, r.name, {"P@1": float(p1[r.name][r.seed]), "P@5": 1.0, "train_time_s": 10.0},
-           os.path.join(r.group, f"seed{r.seed}" if r.seed else ""))
-  md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None,
-                           seeds=2)
+    _write(
+      root,
+      r.name,
+      {"P@1": float(p1[r.name][r.seed]), "P@5": 1.0, "train_time_s": 10.0},
+      os.path.join(r.group, f"seed{r.seed}" if r.seed else ""),
+    )
+  md = reproduce.reproduce("rq3", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None, seeds=2)
   assert "| random+w_hard | 46.20 | 21.95 | 26.00 | 1.00 |  | 10 | 24.00 / 28.00 |  |" in md
   assert "| curriculum | 45.83 | 21.58 | 20.00 |" in md
   # paired differences ASTRA - this: random -6, +8; curriculum -16, +28; w_hard -3, +1
@@ -112,27 +150,46 @@ def test_rq3_averages_training_seeds(tmp_path):
 
 def test_memory_and_timebreakup_from_fake_bench(tmp_path):
   root = str(tmp_path / "wd")
-  mib = 2 ** 20
+  mib = 2**20
   for L in reproduce.BENCH_LABELS:
-    _write(root, f"bench_full_L{L}", {"clf_forward_ms": 10.0, "loss_ms": None,
-                                      "backward_update_ms": 20.0, "step_ms": 30.0,
-                                      "temp_bytes": 8 * mib, "dense_scores_temp_bytes": 64 * mib})
-    _write(root, f"bench_astra_L{L}", {"clf_forward_ms": 1.0, "loss_ms": 0.5,
-                                       "backward_update_ms": 2.0 if L < 10 ** 6 else None,
-                                       "step_ms": 3.5,
-                                       "temp_bytes": 4 * mib})
+    _write(
+      root,
+      f"bench_full_L{L}",
+      {
+        "clf_forward_ms": 10.0,
+        "loss_ms": None,
+        "backward_update_ms": 20.0,
+        "step_ms": 30.0,
+        "temp_bytes": 8 * mib,
+        "dense_scores_temp_bytes": 64 * mib,
+      },
+    )
+    _write(
+      root,
+      f"bench_astra_L{L}",
+      {
+        "clf_forward_ms": 1.0,
+        "loss_ms": 0.5,
+        "backward_update_ms": 2.0 if L < 10**6 else None,
+        "step_ms": 3.5,
+        "temp_bytes": 4 * mib,
+      },
+    )
   md = reproduce.reproduce("memory", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
   assert "| 10,000 | 64.00 | 8.00 | 4.00 | 16.0x |" in md
   assert "| LF-AmazonTitles-1.3M (L=1,305,265) | 2549.35 |  | 3.81 | 668.7x |" in md
-  md = reproduce.reproduce("timebreakup", root, str(tmp_path / "out"), 0.01, 3,
-                           log=lambda m: None)
+  md = reproduce.reproduce("timebreakup", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None)
   # ours: 3 x (full, astra), then the paper's (Renee, ASTRA) for three datasets
   # paper 4-6: LFAT-131K Renee 0.6 + 20.4, ASTRA 1.3 + 0.3 + 21.9; LFAT-1.3M 5.4 + 39.6,
   # 1.4 + 0.3 + 31.6; SS-20M 76.8 + 183.3, 1.6 + 0.3 + 32.2
-  assert ("| 4-6 together | 30.00 | 3.50 | 30.00 | 3.50 | 30.00 | 3.50 | 21.0 | 23.5 | 45.0 | "
-          "33.3 | 260.1 | 34.1 |") in md
+  assert (
+    "| 4-6 together | 30.00 | 3.50 | 30.00 | 3.50 | 30.00 | 3.50 | 21.0 | 23.5 | 45.0 | "
+    "33.3 | 260.1 | 34.1 |"
+  ) in md
   assert "| 5. loss | fused in 4 | 0.50 |" in md
-  assert "| 6. backward + update | 20.00 | 2.00 | 20.00 | 2.00 | 20.00 | n/a (4 + 5 apart > 4-6) |" in md
+  assert (
+    "| 6. backward + update | 20.00 | 2.00 | 20.00 | 2.00 | 20.00 | n/a (4 + 5 apart > 4-6) |" in md
+  )
   assert "| 5. loss |" in md and "| N/A | 0.3 |" in md
 
 
@@ -150,8 +207,9 @@ def test_finished_runs_are_reused_not_rerun(tmp_path, monkeypatch):
 
 def test_stale_results_are_run_again(tmp_path, monkeypatch):
   calls = []
-  monkeypatch.setattr(reproduce.Run, "execute",
-                      lambda self, wd: calls.append(self.name) or {"fresh": True})
+  monkeypatch.setattr(
+    reproduce.Run, "execute", lambda self, wd: calls.append(self.name) or {"fresh": True}
+  )
   run = reproduce.ablation_runs(0.01, 3)[0]
   config = json.loads(run.config().to_json())
   _write(str(tmp_path), run.name, {"P@1": 1.0, "config": config}, run.group)
@@ -170,10 +228,13 @@ def test_stale_results_are_run_again(tmp_path, monkeypatch):
   assert reproduce.load_or_run(run, str(tmp_path), log=logs.append) == {"fresh": True}
   assert "differs in data.synthetic.generator" in logs[0] and not os.path.exists(ckpt)
   from astra_jax import classifier_bench
+
   bench = reproduce.Run("bench_astra_L10", bench=("astra", 10))
   _write(str(tmp_path), bench.name, {"step_ms": 1.0, "code": classifier_bench.code_fingerprint()})
   assert reproduce.load_or_run(bench, str(tmp_path), log=lambda m: None) == {
-      "step_ms": 1.0, "code": classifier_bench.code_fingerprint()}
+    "step_ms": 1.0,
+    "code": classifier_bench.code_fingerprint(),
+  }
   _write(str(tmp_path), bench.name, {"step_ms": 1.0, "code": "older"})
   assert reproduce.load_or_run(bench, str(tmp_path), log=lambda m: None) == {"fresh": True}
   assert calls == [run.name, run.name, bench.name]
@@ -183,14 +244,16 @@ def test_other_scale_or_epochs_never_reuse_a_run():
   a = reproduce.ablation_runs(0.01, 3)[0]
   others = [reproduce.ablation_runs(0.02, 3)[0], reproduce.ablation_runs(0.01, 4)[0]]
   dirs = {reproduce.run_dir("w", r) for r in [a] + others}
-  assert len(dirs) == 3 and reproduce.run_dir("w", a) == os.path.join("w", "scale0.01_epochs3",
-                                                                       "random")
+  assert len(dirs) == 3 and reproduce.run_dir("w", a) == os.path.join(
+    "w", "scale0.01_epochs3", "random"
+  )
 
 
 def test_unfinished_bench_run_executes_and_writes_results(tmp_path, monkeypatch):
   calls = []
-  monkeypatch.setattr(reproduce.Run, "execute",
-                      lambda self, wd: calls.append(wd) or {"step_ms": 1.0})
+  monkeypatch.setattr(
+    reproduce.Run, "execute", lambda self, wd: calls.append(wd) or {"step_ms": 1.0}
+  )
   run = reproduce.Run("bench_astra_L10", bench=("astra", 10))
   assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None) == {"step_ms": 1.0}
   assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None) == {"step_ms": 1.0}
@@ -198,8 +261,13 @@ def test_unfinished_bench_run_executes_and_writes_results(tmp_path, monkeypatch)
 
 
 def _reproduce_cli(*args: str) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", "astra_jax.reproduce", *args], cwd=REPO,
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [sys.executable, "-m", "astra_jax.reproduce", *args],
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
 def test_cli_rejects_unknown_table():
@@ -241,7 +309,8 @@ def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
   root = str(tmp_path / "wd")
   for run, p1 in zip(s_runs, (3.0, 2.0, 1.0)):
     _write(root, run.name, {"P@1": p1, "P@5": p1 / 2}, run.group)
-  md = reproduce.reproduce("tau_s_ablation", root, str(tmp_path / "out"), 0.01, 3,
-                           log=lambda m: None)
+  md = reproduce.reproduce(
+    "tau_s_ablation", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None
+  )
   assert "| 5 | 47.13 | 22.35 | 3.00 | 1.50 |" in md
   assert "| 20 | 46.24 | 21.97 | 1.00 | 0.50 |" in md

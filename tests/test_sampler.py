@@ -17,8 +17,9 @@ def test_masks_follow_the_positive_and_hard_sets():
   assert b.pos_mask[0].sum() == 4
   assert list(b.pos_ids[1][b.pos_mask[1]]) == [11] and b.pos_mask[2].sum() == 0
   # Hard: positives and missing (-1) slots masked out.
-  np.testing.assert_array_equal(b.hard_mask, [[True, False, False], [False, True, True],
-                                                 [True, True, True]])
+  np.testing.assert_array_equal(
+    b.hard_mask, [[True, False, False], [False, True, True], [True, True, True]]
+  )
   # Random: a draw is masked exactly when it is any positive (even one not among the k_p
   # kept) or a valid hard negative of that row -- checked by brute force.
   for i in range(3):
@@ -42,17 +43,17 @@ def test_draws_are_uniform():
 def test_per_shard_draws_cover_each_shard_uniformly():
   # 10 labels over 3 shards of 4 rows: [0, 4), [4, 8), [8, 10).
   L, k_r = 10, 30000
-  sampler = NegativeSampler(SparseRows.from_lists([[0]], L), k_p=1, k_h=0, k_r=k_r,
-                            num_shards=3)
+  sampler = NegativeSampler(SparseRows.from_lists([[0]], L), k_p=1, k_h=0, k_r=k_r, num_shards=3)
   b = sampler(np.arange(1), np.random.default_rng(0), np.zeros((1, 0), np.int32))
   for s, (lo, hi) in enumerate([(0, 4), (4, 8), (8, 10)]):
-    block = b.rand_ids[s * k_r:(s + 1) * k_r]
+    block = b.rand_ids[s * k_r : (s + 1) * k_r]
     assert block.min() >= lo and block.max() < hi
     counts = np.bincount(block - lo, minlength=hi - lo)
     expected = k_r / (hi - lo)
     assert ((counts - expected) ** 2 / expected).sum() < 16.3  # 99.9% quantile, <= 3 dof
-    np.testing.assert_array_equal(b.rand_weight[s * k_r:(s + 1) * k_r],
-                                  np.float32((hi - lo) / k_r))
+    np.testing.assert_array_equal(
+      b.rand_weight[s * k_r : (s + 1) * k_r], np.float32((hi - lo) / k_r)
+    )
 
 
 def test_shard_errors():
@@ -69,6 +70,7 @@ def test_shared_member_matches_the_pairwise_lookup():
   """shared_member (the batch's shared random ids) against rowsets.member on the broadcast
   (B, K) array, with repeated shared ids and repeated set entries."""
   from astra_jax import rowsets
+
   rng = np.random.default_rng(3)
   for _ in range(20):
     b, k, n = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60)
@@ -81,8 +83,9 @@ def test_shared_member_matches_the_pairwise_lookup():
 def test_rows_with_many_positives_keep_a_uniform_subset():
   """A row with 10 positives and k_p = 3: each draw is 3 distinct of its labels, each label
   kept with probability 3/10 (binomial, 6 standard deviations); a short row keeps all."""
-  labels = SparseRows(np.array([0, 10, 12]), np.array([*range(10, 20), 3, 4], np.int32),
-                      np.ones(12, np.float32), 30)
+  labels = SparseRows(
+    np.array([0, 10, 12]), np.array([*range(10, 20), 3, 4], np.int32), np.ones(12, np.float32), 30
+  )
   sampler = NegativeSampler(labels, k_p=3, k_h=0, k_r=5)
   rng = np.random.default_rng(0)
   counts = np.zeros(30)
@@ -104,8 +107,9 @@ def test_per_query_draws_masks_and_shards(num_shards):
   L, k_r = 30, 40
   positives = [[0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [11, 20], []]
   labels = SparseRows.from_lists(positives, L)
-  sampler = NegativeSampler(labels, k_p=4, k_h=2, k_r=k_r, num_shards=num_shards,
-                            per_query_random=True)
+  sampler = NegativeSampler(
+    labels, k_p=4, k_h=2, k_r=k_r, num_shards=num_shards, per_query_random=True
+  )
   R = L // num_shards
   hard = np.array([[12, 3], [13, 11], [14, -1]])
   hard = np.concatenate([s * R + hard % R for s in range(num_shards)], 1)
@@ -113,7 +117,7 @@ def test_per_query_draws_masks_and_shards(num_shards):
   b = sampler(np.arange(3), np.random.default_rng(0), hard)
   assert b.rand_ids.shape == b.rand_mask.shape == (3, num_shards * k_r)
   for s in range(num_shards):
-    block = b.rand_ids[:, s * k_r:(s + 1) * k_r]
+    block = b.rand_ids[:, s * k_r : (s + 1) * k_r]
     assert block.min() >= s * R and block.max() < (s + 1) * R
   np.testing.assert_array_equal(b.rand_weight, np.full(num_shards * k_r, R / k_r, np.float32))
   for i in range(3):
@@ -130,23 +134,31 @@ def test_member_matches_brute_force(monkeypatch, mode):
   """The (row, id) table in one chunk and in chunks of 1-3 rows; the id filter, also with
   one thread's table reused by 30 calls of different shapes (each must leave it all-False)."""
   from astra_jax import rowsets
+
   monkeypatch.setattr(rowsets, "_CHUNK_BYTES", {"table": 1 << 21, "chunks": 40}.get(mode, 0))
   monkeypatch.setattr(rowsets, "_TABLE_PER_ID", 1 << 20)
   reuse = mode == "filter_reuse"
   rng = np.random.default_rng(4)
   for _ in range(30):
-    b, k, n, width = rng.integers(1, 9), rng.integers(1, 30), rng.integers(0, 60), rng.integers(1, 40)
+    b, k, n, width = (
+      rng.integers(1, 9),
+      rng.integers(1, 30),
+      rng.integers(0, 60),
+      rng.integers(1, 40),
+    )
     ids = rng.integers(-1, width, (b, k))
     set_rows, set_ids = rng.integers(0, b + 2, n), rng.integers(0, width, n)  # rows >= b: never
     pairs = set(zip(set_rows.tolist(), set_ids.tolist()))
-    expected = np.array([[v >= 0 and (i, v) in pairs for v in row] for i, row in enumerate(ids.tolist())],
-                        bool).reshape(b, k)
+    expected = np.array(
+      [[v >= 0 and (i, v) in pairs for v in row] for i, row in enumerate(ids.tolist())], bool
+    ).reshape(b, k)
     np.testing.assert_array_equal(rowsets.member(ids, set_rows, set_ids, reuse), expected)
 
 
 def test_rows_of_lists_each_rows_labels_in_order():
   """(position, label) pairs against the rows' lists, with empty and repeated rows."""
   from astra_jax import rowsets
+
   lists = [[3, 1], [], [7], [0, 2, 4, 6], []]
   labels = SparseRows.from_lists(lists, 8)
   for rows in ([0, 1, 2, 3, 4], [3, 3, 1, 0], [1, 4], []):
@@ -161,8 +173,7 @@ def test_random_columns_past_num_random_are_masked(per_query):
   # weight of 6 draws (shard rows / 6); the other 4 are masked for every query.
   L, S = 30, 2
   labels = SparseRows.from_lists([[0, 1], [16], []], L)
-  sampler = NegativeSampler(labels, k_p=2, k_h=2, k_r=8, num_shards=S,
-                            per_query_random=per_query)
+  sampler = NegativeSampler(labels, k_p=2, k_h=2, k_r=8, num_shards=S, per_query_random=per_query)
   b = sampler(np.arange(3), np.random.default_rng(0), num_random=6, random_columns=10)
   assert b.rand_mask.shape == (3, S * 10)
   assert b.rand_ids.shape == ((3, S * 10) if per_query else (S * 10,))

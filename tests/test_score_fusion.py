@@ -1,4 +1,5 @@
 """The label-text fused score: the blocked top-k against a dense reference."""
+
 import os
 
 import numpy as np
@@ -19,10 +20,12 @@ def test_fused_topk_equals_the_dense_formula():
   w = rng.normal(size=(203, 6)).astype(np.float32)
   z = rng.normal(size=(203, 6)).astype(np.float32)
   fusion = score_fusion.LabelTextFusion(text_weight=0.4, text_scale=5.0, dim=6)
-  scores, ids = predict.topk(fusion.query_rows(emb), fusion.label_rows(w, z), 7,
-                             query_block=16, label_block=64, score=fusion)
+  scores, ids = predict.topk(
+    fusion.query_rows(emb), fusion.label_rows(w, z), 7, query_block=16, label_block=64, score=fusion
+  )
   cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
-      z / np.linalg.norm(z, axis=1, keepdims=True)).T
+    z / np.linalg.norm(z, axis=1, keepdims=True)
+  ).T
   dense = 0.6 * _sigmoid(emb @ w.T) + 0.4 * _sigmoid(5.0 * cos)
   want = np.argsort(-dense, axis=1, kind="stable")[:, :7]
   np.testing.assert_array_equal(ids, want)
@@ -34,14 +37,16 @@ def test_zero_text_weight_ranks_as_the_classifiers():
   emb = rng.normal(size=(20, 4)).astype(np.float32)
   w = rng.normal(size=(50, 4)).astype(np.float32)
   off = score_fusion.LabelTextFusion(text_weight=0.0, text_scale=5.0, dim=4)
-  _, fused = predict.topk(off.query_rows(emb), off.label_rows(w, rng.normal(size=(50, 4))), 5,
-                         8, 16, score=off)
+  _, fused = predict.topk(
+    off.query_rows(emb), off.label_rows(w, rng.normal(size=(50, 4))), 5, 8, 16, score=off
+  )
   _, plain = predict.topk(emb, w, 5, 8, 16)
   np.testing.assert_array_equal(fused, plain)
 
 
 def test_from_config():
   import ml_collections
+
   c = ml_collections.ConfigDict({"scoring": {"label_text_weight": 0.0, "label_text_scale": 5.0}})
   assert score_fusion.from_config(c, 8) is None
   c.scoring.label_text_weight = 0.5
@@ -73,6 +78,7 @@ def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
   emb = p.encode(p.to_tokens(texts)[0])
   z = p.encode(p.to_tokens(p.model.label_texts)[0])
   cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
-      z / np.linalg.norm(z, axis=1, keepdims=True)).T
+    z / np.linalg.norm(z, axis=1, keepdims=True)
+  ).T
   dense = 0.5 * _sigmoid(emb @ np.asarray(p.model.classifier).T) + 0.5 * _sigmoid(5.0 * cos)
   np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :4], rtol=1e-4, atol=1e-6)

@@ -1,5 +1,6 @@
 """The sharded exact top-k (sharded_topk.py) against a dense numpy ranking, and its compiled
 program against the promise that W is never gathered."""
+
 import re
 
 import jax
@@ -13,7 +14,7 @@ from astra_jax.sharded_topk import ShardedSearch
 
 
 def _mesh(data: int, model: int) -> jax.sharding.Mesh:
-  return sharding.make_mesh(data, model, jax.devices()[:data * model])
+  return sharding.make_mesh(data, model, jax.devices()[: data * model])
 
 
 def _encode(params, ids):
@@ -34,12 +35,14 @@ def _problem(num_labels: int, rows: int, d: int = 8, n: int = 37, seed: int = 0)
 
 
 def _dense_topk(queries: np.ndarray, rows: np.ndarray, k: int) -> np.ndarray:
-  return np.argsort(-(queries.astype(np.float64) @ rows.T.astype(np.float64)), axis=1,
-                    kind="stable")[:, :k]
+  return np.argsort(
+    -(queries.astype(np.float64) @ rows.T.astype(np.float64)), axis=1, kind="stable"
+  )[:, :k]
 
 
-@pytest.mark.parametrize("shape,label_block", [((1, 1), 64), ((1, 2), 7), ((2, 4), 5),
-                                               ((4, 2), 1000)])
+@pytest.mark.parametrize(
+  "shape,label_block", [((1, 1), 64), ((1, 2), 7), ((2, 4), 5), ((4, 2), 1000)]
+)
 def test_sharded_topk_equals_the_dense_ranking(shape, label_block):
   mesh = _mesh(*shape)
   num_labels = 101  # not a multiple of the model axis: W carries padded zero rows
@@ -48,8 +51,9 @@ def test_sharded_topk_equals_the_dense_ranking(shape, label_block):
   search = ShardedSearch(mesh, num_labels, label_block)
   w_mesh = jax.device_put(w, NamedSharding(mesh, P("model")))
   k = 6
-  got = search.search_rows(ENCODE, table, tokens, 3, 37, k, search.label_parts(w_mesh, None),
-                           batch_size=16)
+  got = search.search_rows(
+    ENCODE, table, tokens, 3, 37, k, search.label_parts(w_mesh, None), batch_size=16
+  )
   first = [a for a, _ in got]
   assert first == sorted(first)
   ids = np.concatenate([x for _, x in got])
@@ -66,8 +70,9 @@ def test_fused_sharded_topk_equals_the_dense_fused_ranking():
   fusion = score_fusion.LabelTextFusion(0.4, 5.0, 8)
   search = ShardedSearch(mesh, num_labels, 4, fusion)
   parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), texts)
-  got = np.concatenate([x for _, x in search.search_rows(ENCODE, table, tokens, 0, 20, 5, parts,
-                                                         batch_size=8)])
+  got = np.concatenate(
+    [x for _, x in search.search_rows(ENCODE, table, tokens, 0, 20, 5, parts, batch_size=8)]
+  )
   emb = table[tokens].sum(1)
   unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
   sig = lambda x: 1 / (1 + np.exp(-x))

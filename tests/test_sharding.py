@@ -1,6 +1,7 @@
 """The sparse model-parallel step equals the dense optax step on every mesh shape, with and
 without gradient accumulation; fp16 loss scaling skips overflowing steps and rescues
 gradients that would underflow."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,8 +30,9 @@ def _dense_reference(graphdef, enc, oc, batches, w0):
   tx = optim.make_optimizer(oc, 10)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   step = steps.make_train_step(graphdef, tx)
-  return _run(step, steps.init_dense_state(tx, params), batches,
-              lambda b: jax.tree.map(jnp.asarray, b))
+  return _run(
+    step, steps.init_dense_state(tx, params), batches, lambda b: jax.tree.map(jnp.asarray, b)
+  )
 
 
 def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0):
@@ -42,16 +44,17 @@ def _sparse(graphdef, enc, oc, batches, w0, shape, scaling="off", init_scale=1.0
   state = steps.shard_state(steps.init_sparse_state(tx, params, init_scale), mesh)
   if shape[1] > 1:
     assert state.classifier.sharding.spec == jax.sharding.PartitionSpec("model")
-  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
-                                      oc.classifier_weight_decay, mesh, B, scaling)
+  step = steps.make_sparse_train_step(
+    graphdef, tx, optim.classifier_schedule(oc, 10), oc.classifier_weight_decay, mesh, B, scaling
+  )
   return _run(step, state, batches, lambda b: sharding.shard_batch(b, mesh))
 
 
 def _assert_same(got, ref, w0):
   np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
-  np.testing.assert_array_equal(got[2][len(w0):], 0.0)  # padded rows: never sampled
-  np.testing.assert_allclose(got[2][:len(w0)], ref[2], rtol=1e-5, atol=1e-6)
-  assert not np.allclose(got[2][:len(w0)], w0)
+  np.testing.assert_array_equal(got[2][len(w0) :], 0.0)  # padded rows: never sampled
+  np.testing.assert_allclose(got[2][: len(w0)], ref[2], rtol=1e-5, atol=1e-6)
+  assert not np.allclose(got[2][: len(w0)], w0)
   # Adam amplifies float noise on ~zero gradients up to lr (see test_sparse_sgd.py).
   for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(ref[1])):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=2e-4)
@@ -117,8 +120,9 @@ def test_step_and_fold_write_w_into_its_own_buffer():
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   state = steps.shard_state(steps.init_sparse_state(tx, params), mesh)
-  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
-                                      oc.classifier_weight_decay, mesh, B)
+  step = steps.make_sparse_train_step(
+    graphdef, tx, optim.classifier_schedule(oc, 10), oc.classifier_weight_decay, mesh, B
+  )
   buffer = state.classifier.unsafe_buffer_pointer()
   for i, b in enumerate(batches):
     state, _, _ = step(state, sharding.shard_batch(b, mesh), jax.random.key(i))
@@ -130,8 +134,9 @@ def test_step_and_fold_write_w_into_its_own_buffer():
 
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])
 def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
-  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=2, dropout=0.0,
-                                           per_query=per_query)
+  graphdef, enc, oc, batches, w0 = problem(
+    num_shards=shape[1], micro_batches=2, dropout=0.0, per_query=per_query
+  )
   got = _sparse(graphdef, enc, oc, batches, w0, shape)
   # Independent reference: autodiff of the mean over both micro-batches of the estimator,
   # written out here without the step's scan, then the optax chain.
@@ -141,9 +146,15 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
 
   def total(p, b):
     enc_model = nnx.merge(graphdef, p["encoder"])
-    return sum(loss.sampled_bce(enc_model(b.input_ids[i]), p["classifier"],
-                                jax.tree.map(lambda v, i=i: v[i], b.labels))
-               for i in range(2)) / 2
+    return (
+      sum(
+        loss.sampled_bce(
+          enc_model(b.input_ids[i]), p["classifier"], jax.tree.map(lambda v, i=i: v[i], b.labels)
+        )
+        for i in range(2)
+      )
+      / 2
+    )
 
   losses = []
   for b in batches:
@@ -152,8 +163,9 @@ def test_gradient_accumulation_sums_micro_batch_gradients(shape, per_query):
     updates, state = tx.update(g, state, params)
     params = optax.apply_updates(params, updates)
     losses.append(float(value))
-  _assert_same(got, (losses, jax.device_get(params["encoder"]), np.asarray(params["classifier"])),
-               w0)
+  _assert_same(
+    got, (losses, jax.device_get(params["encoder"]), np.asarray(params["classifier"])), w0
+  )
 
 
 def test_dynamic_loss_scaling_in_float16():
@@ -164,18 +176,19 @@ def test_dynamic_loss_scaling_in_float16():
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  state = steps.shard_state(steps.init_sparse_state(tx, params, 2.0 ** 40), mesh)
-  step = steps.make_sparse_train_step(graphdef, tx, optim.classifier_schedule(oc, 10),
-                                      oc.classifier_weight_decay, mesh, B, "dynamic")
+  state = steps.shard_state(steps.init_sparse_state(tx, params, 2.0**40), mesh)
+  step = steps.make_sparse_train_step(
+    graphdef, tx, optim.classifier_schedule(oc, 10), oc.classifier_weight_decay, mesh, B, "dynamic"
+  )
   before = jax.device_get((state.params, state.opt, state.scale))
   state, _, _ = step(state, sharding.shard_batch(batches[0], mesh), jax.random.key(0))
-  assert float(state.loss_scale["scale"]) == 2.0 ** 39 and int(state.step) == 0
+  assert float(state.loss_scale["scale"]) == 2.0**39 and int(state.step) == 0
   after = jax.device_get((state.params, state.opt, state.scale))
   for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before)):  # W, encoder, Adam, scale
     np.testing.assert_array_equal(a, b)
   # With a workable scale the float16 step tracks the float32 one.
   f32 = _sparse(*problem(num_shards=1), (1, 1))
-  scaled = _sparse(*setup, (1, 1), "dynamic", 2.0 ** 10)
+  scaled = _sparse(*setup, (1, 1), "dynamic", 2.0**10)
   np.testing.assert_allclose(scaled[0], f32[0], rtol=2e-2)
   np.testing.assert_allclose(scaled[2], f32[2], atol=2e-2)
 
@@ -188,14 +201,15 @@ def test_loss_scaling_rescues_float16_gradients_that_underflow():
     graphdef, enc, oc, batches, w0 = problem(num_shards=1, dtype=dtype)
     before = jax.tree.leaves(jax.device_get(enc))
     # the first step has lr 0 (warmup), the second moves the encoder
-    after = jax.tree.leaves(_sparse(graphdef, enc, oc, batches[:2], 1e-3 * w0, (1, 1),
-                                    scaling, init_scale)[1])
+    after = jax.tree.leaves(
+      _sparse(graphdef, enc, oc, batches[:2], 1e-3 * w0, (1, 1), scaling, init_scale)[1]
+    )
     flat = lambda xs: np.concatenate([np.ravel(x) for x in xs]).astype(np.float64)
     return flat(after), flat(after) != flat(before)
 
   f32, moved32 = encoder_after_two_steps("float32", "off", 1.0)
   unscaled, moved_unscaled = encoder_after_two_steps("float16", "off", 1.0)
-  scaled, moved_scaled = encoder_after_two_steps("float16", "dynamic", 2.0 ** 15)
+  scaled, moved_scaled = encoder_after_two_steps("float16", "dynamic", 2.0**15)
   assert moved32.mean() > 0.9
   assert moved_unscaled.mean() < moved32.mean() - 0.05  # underflow froze entries
   np.testing.assert_array_equal(moved_scaled, moved32)
@@ -208,21 +222,24 @@ def test_full_baseline_step_counts_every_positive_not_only_k_p():
   graphdef, enc, oc, _, w0 = problem(num_shards=1, dropout=0.0)
   rng = np.random.default_rng(1)
   rows = [list(rng.choice(L, 5, replace=False)) for _ in range(B)]
-  sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4,
-                            all_positives=5)
-  batch = TrainBatch(rng.integers(1, 40, (1, B, 10)).astype(np.int32),
-                     jax.tree.map(lambda v: v[None], sampler(np.arange(B), rng)))
+  sampler = NegativeSampler(SparseRows.from_lists(rows, L), k_p=2, k_h=0, k_r=4, all_positives=5)
+  batch = TrainBatch(
+    rng.integers(1, 40, (1, B, 10)).astype(np.int32),
+    jax.tree.map(lambda v: v[None], sampler(np.arange(B), rng)),
+  )
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
   tx = optim.make_optimizer(oc, 10)
-  emb, _ = steps.encode(graphdef, params["encoder"], jnp.asarray(batch.input_ids[0]),
-                        jax.random.key(0))
+  emb, _ = steps.encode(
+    graphdef, params["encoder"], jnp.asarray(batch.input_ids[0]), jax.random.key(0)
+  )
   targets = np.zeros((B, L))
   for i, r in enumerate(rows):
     targets[i, r] = 1
   want = float(loss.full_bce(emb, jnp.asarray(w0), jnp.asarray(targets)))
   step = steps.make_train_step(graphdef, tx, full_block=24)  # 64 labels: 3 blocks, 1 partial
-  _, value, _ = step(steps.init_dense_state(tx, params),
-                     jax.tree.map(jnp.asarray, batch), jax.random.key(0))
+  _, value, _ = step(
+    steps.init_dense_state(tx, params), jax.tree.map(jnp.asarray, batch), jax.random.key(0)
+  )
   np.testing.assert_allclose(float(value), want, rtol=1e-5)
 
 

@@ -1,6 +1,7 @@
 """Classifier momentum at the cost of the rows a step touches equals dense SGD with momentum
 (optax's, decay inside the momentum as torch's), over long untouched stretches, on 1 x 1 and
 2 x 4 meshes, with gradient accumulation, and across a checkpoint in the middle."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +25,17 @@ def test_table_is_the_ordered_product_over_any_gap():
   lrs = 0.5 * np.abs(np.sin(np.arange(steps) / 300.0)) + 0.01
   state = sparse_momentum.init(1, 1, steps)
   begin = jax.jit(sparse_momentum.begin_step, static_argnums=(2, 3))
-  pairs = [(0, 3000), (0, 1), (5, 5), (17, 2999), (1000, 1003), (2047, 2049), (1, 2500),
-           (2999, 3000), (300, 2300)]
+  pairs = [
+    (0, 3000),
+    (0, 1),
+    (5, 5),
+    (17, 2999),
+    (1000, 1003),
+    (2047, 2049),
+    (1, 2500),
+    (2999, 3000),
+    (300, 2300),
+  ]
   stops = {stop for _, stop in pairs}
   a, tables = [], {}  # A_t as applied (float32): the truth is their exact ordered product
   for t, lr in enumerate(lrs):
@@ -40,8 +50,9 @@ def test_table_is_the_ordered_product_over_any_gap():
     for m in a[start:stop]:  # A_stop ... A_{start+1}: step t + 1 applies a[t]
       want = m @ want
     np.testing.assert_allclose(tables[stop][start], want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(tables[stop][stop:], np.broadcast_to(np.eye(2), (
-        steps + 1 - stop, 2, 2)))
+    np.testing.assert_array_equal(
+      tables[stop][stop:], np.broadcast_to(np.eye(2), (steps + 1 - stop, 2, 2))
+    )
 
 
 def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
@@ -76,8 +87,9 @@ def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
     np.add.at(g, ids[ids < rows], grads[ids < rows])
     m = BETA * m + WD * w + g
     w = w - lrs[t] * m
-    v, state = step(v, state, jnp.asarray(ids, jnp.int32), jnp.asarray(grads, jnp.float32),
-                    jnp.float32(lrs[t]))
+    v, state = step(
+      v, state, jnp.asarray(ids, jnp.int32), jnp.asarray(grads, jnp.float32), jnp.float32(lrs[t])
+    )
   w_got, state = sparse_momentum.catch_up_all(v, state)
   np.testing.assert_allclose(w_got, w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(state.velocity, m, rtol=1e-5, atol=1e-6)
@@ -129,8 +141,9 @@ def _run(step_fn, state, batches, put, start=0, stop=STEPS):
 
 @pytest.mark.parametrize("shape,micro_batches", [((1, 1), 2), ((2, 4), 2)])
 def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, tmp_path):
-  graphdef, enc, oc, batches, w0 = problem(num_shards=shape[1], micro_batches=micro_batches,
-                                           per_query=True)
+  graphdef, enc, oc, batches, w0 = problem(
+    num_shards=shape[1], micro_batches=micro_batches, per_query=True
+  )
   oc.classifier_momentum, oc.classifier_lr, oc.warmup_steps = BETA, 0.3, 5
   batches = _untouched_stretches(batches, shape[1], np.random.default_rng(1))
   fresh = lambda: {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
@@ -139,18 +152,25 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, 
   tx = optim.make_optimizer(oc, STEPS)
   params = fresh()
   dense_step = steps.make_train_step(graphdef, tx)
-  dense = _run(dense_step, steps.init_dense_state(tx, params), batches,
-               lambda b: jax.tree.map(jnp.asarray, b)).params
+  dense = _run(
+    dense_step, steps.init_dense_state(tx, params), batches, lambda b: jax.tree.map(jnp.asarray, b)
+  ).params
 
   mesh = sharding.make_mesh(*shape)
   enc_tx = optim.encoder_optimizer(oc, STEPS)
 
   def sparse_start():
-    return steps.shard_state(steps.init_sparse_state(enc_tx, fresh(), momentum_steps=STEPS),
-                             mesh)
+    return steps.shard_state(steps.init_sparse_state(enc_tx, fresh(), momentum_steps=STEPS), mesh)
 
-  step = steps.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, STEPS),
-                                      oc.classifier_weight_decay, mesh, B, momentum=BETA)
+  step = steps.make_sparse_train_step(
+    graphdef,
+    enc_tx,
+    optim.classifier_schedule(oc, STEPS),
+    oc.classifier_weight_decay,
+    mesh,
+    B,
+    momentum=BETA,
+  )
   put = lambda b: sharding.shard_batch(b, mesh)
   state = _run(step, sparse_start(), batches, put, stop=RESUME_AT)
   touched = np.asarray(state.momentum.touched_at)
@@ -182,19 +202,23 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   rng = np.random.default_rng(0)
   rows, d = 61, 3
   state = sparse_momentum.init(rows, d, 8)._replace(
-      velocity=jnp.asarray(rng.normal(size=(rows, d)), jnp.float32),
-      touched_at=jnp.asarray(rng.integers(0, 5, rows), jnp.int32), period_step=jnp.int32(5))
+    velocity=jnp.asarray(rng.normal(size=(rows, d)), jnp.float32),
+    touched_at=jnp.asarray(rng.integers(0, 5, rows), jnp.int32),
+    period_step=jnp.int32(5),
+  )
   w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
   one = sharding.make_mesh(1, 1)
-  params, opt_state = sharding.shard_params({"encoder": {"b": jnp.ones(2)}, "classifier": w},
-                                            {"momentum": state}, one)
+  params, opt_state = sharding.shard_params(
+    {"encoder": {"b": jnp.ones(2)}, "classifier": w}, {"momentum": state}, one
+  )
   ck = checkpoint.Checkpoints(str(tmp_path))
   ck.save(1, params, opt_state, {"step": 1})
   ck.close()
   mesh = sharding.make_mesh(2, 4)
   padded = sparse_momentum.init(64, d, 8)
-  template = sharding.shard_params({"encoder": {"b": jnp.ones(2)},
-                                    "classifier": jnp.zeros((64, d))}, {"momentum": padded}, mesh)
+  template = sharding.shard_params(
+    {"encoder": {"b": jnp.ones(2)}, "classifier": jnp.zeros((64, d))}, {"momentum": padded}, mesh
+  )
   ck = checkpoint.Checkpoints(str(tmp_path))
   got_params, got_state, _ = ck.restore(*template)
   ck.close()
@@ -210,7 +234,8 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
 
 @pytest.mark.slow
 def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(
-    tmp_path, small_synthetic):
+  tmp_path, small_synthetic
+):
   """The trainer's loop: stopped mid-epoch (rows stale in the saved state), resumed, it
   ends where an uninterrupted run ends; the epoch-end folds catch every row up."""
   c = small_synthetic(strategy="random")

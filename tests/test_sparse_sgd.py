@@ -1,4 +1,5 @@
 """The O(rows touched) classifier update equals dense SGD + decoupled weight decay."""
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -26,20 +27,40 @@ def test_update_by_hand_with_duplicate_ids():
 
 def test_sparse_step_equals_dense_optax_step():
   L, B, d = 200, 16, 8
-  cfg = EncoderConfig(vocab_size=50, hidden_size=d, num_layers=1, num_heads=2,
-                      intermediate_size=16, max_position=16, embedding_dropout=0.3)
+  cfg = EncoderConfig(
+    vocab_size=50,
+    hidden_size=d,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=16,
+    max_position=16,
+    embedding_dropout=0.3,
+  )
   graphdef, enc = nnx.split(Encoder(cfg, nnx.Rngs(0)), nnx.Param)
   w0 = 0.5 * jax.random.normal(jax.random.key(1), (L, d))
-  oc = ml_collections.ConfigDict(dict(encoder_lr=1e-2, classifier_lr=0.5, warmup_steps=2,
-                                      encoder_weight_decay=0.0, classifier_weight_decay=0.05,
-                                      classifier_momentum=0.0, grad_clip_norm=0.0))
+  oc = ml_collections.ConfigDict(
+    dict(
+      encoder_lr=1e-2,
+      classifier_lr=0.5,
+      warmup_steps=2,
+      encoder_weight_decay=0.0,
+      classifier_weight_decay=0.05,
+      classifier_momentum=0.0,
+      grad_clip_norm=0.0,
+    )
+  )
   total = 20
   dense_tx = optim.make_optimizer(oc, total)
   dense_step = steps.make_train_step(graphdef, dense_tx)
   enc_tx = optim.encoder_optimizer(oc, total)
-  sparse_step = steps.make_sparse_train_step(graphdef, enc_tx, optim.classifier_schedule(oc, total),
-                                             oc.classifier_weight_decay,
-                                             sharding.make_mesh(1, 1), B)
+  sparse_step = steps.make_sparse_train_step(
+    graphdef,
+    enc_tx,
+    optim.classifier_schedule(oc, total),
+    oc.classifier_weight_decay,
+    sharding.make_mesh(1, 1),
+    B,
+  )
   copy = lambda t: jax.tree.map(jnp.array, t)
   dense_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}
   sparse_p = {"encoder": copy(enc), "classifier": jnp.array(w0)}

@@ -1,5 +1,6 @@
 """The strategy registry: records are checked for consistency, names resolve (or name the
 config field), and a strategy registered here, in the test alone, trains end to end."""
+
 import dataclasses
 
 import pytest
@@ -12,8 +13,11 @@ from astra_jax.negatives.strategies import HardShare, IndexOver, Strategy
 
 
 def test_unknown_name_names_the_field_and_the_choices():
-  with pytest.raises(InputError, match=r"config.negatives.strategy: unknown strategy 'nope'; "
-                     r"choose from random, random\+w_hard, "):
+  with pytest.raises(
+    InputError,
+    match=r"config.negatives.strategy: unknown strategy 'nope'; "
+    r"choose from random, random\+w_hard, ",
+  ):
     strategies.get("nope")
 
 
@@ -22,17 +26,35 @@ def test_a_name_is_registered_once():
     strategies.register(Strategy("random", "a second random"))
 
 
-@pytest.mark.parametrize("fields,problem", [
+@pytest.mark.parametrize(
+  "fields,problem",
+  [
     (dict(index_over=IndexOver.CLASSIFIER), "a hard-negative source but no hard negatives"),
     (dict(hard_share=HardShare.FIXED), "hard negatives but no source"),
-    (dict(hard_share=HardShare.ALL, mined_in_step=True, dense_update_only=True,
-          needs_all_positives=True), "fixed k_h hard"),
-    (dict(index_over=IndexOver.CLASSIFIER, hard_share=HardShare.FIXED, mined_in_step=True,
-          dense_update_only=True, needs_all_positives=True), "from an index"),
+    (
+      dict(
+        hard_share=HardShare.ALL,
+        mined_in_step=True,
+        dense_update_only=True,
+        needs_all_positives=True,
+      ),
+      "fixed k_h hard",
+    ),
+    (
+      dict(
+        index_over=IndexOver.CLASSIFIER,
+        hard_share=HardShare.FIXED,
+        mined_in_step=True,
+        dense_update_only=True,
+        needs_all_positives=True,
+      ),
+      "from an index",
+    ),
     (dict(full_loss=True, needs_all_positives=True), "only the dense step"),
     (dict(full_loss=True, dense_update_only=True), "without every positive"),
     (dict(allows_hard_only=True), "k_r = 0 without hard negatives"),
-])
+  ],
+)
 def test_inconsistent_records_are_refused(fields, problem):
   with pytest.raises(ValueError, match=problem):
     Strategy("broken", "inconsistent", **fields)
@@ -49,17 +71,24 @@ def test_every_built_in_record_is_consistent_and_named_by_its_key():
 def label_text_dense():
   """A strategy the code base does not have: hard negatives from an index over the label
   texts' embeddings, trained with the dense update only (registered for this test)."""
-  record = strategies.register(Strategy(
-      "test_label_text_dense", "k_h hard from E(z_l) + k_r random, dense update",
-      index_over=IndexOver.LABEL_TEXT, hard_share=HardShare.FIXED, dense_update_only=True))
+  record = strategies.register(
+    Strategy(
+      "test_label_text_dense",
+      "k_h hard from E(z_l) + k_r random, dense update",
+      index_over=IndexOver.LABEL_TEXT,
+      hard_share=HardShare.FIXED,
+      dense_update_only=True,
+    )
+  )
   try:
     yield record
   finally:
     strategies.unregister(record.name)
 
 
-def test_a_registered_strategy_is_validated_and_scheduled_from_its_fields(label_text_dense,
-                                                                         small_synthetic):
+def test_a_registered_strategy_is_validated_and_scheduled_from_its_fields(
+  label_text_dense, small_synthetic
+):
   c = small_synthetic(strategy=label_text_dense.name, tau_s=1, tau_r=1)
   c.train.epochs = 3
   config_base.validate(c)
@@ -75,11 +104,13 @@ def test_a_registered_strategy_is_validated_and_scheduled_from_its_fields(label_
 
 
 @pytest.mark.slow
-def test_a_strategy_registered_in_the_test_trains_end_to_end(label_text_dense, small_synthetic,
-                                                              tmp_path, monkeypatch):
+def test_a_strategy_registered_in_the_test_trains_end_to_end(
+  label_text_dense, small_synthetic, tmp_path, monkeypatch
+):
   """The new record trains as its fields say: the same run, metric for metric, as the
   built-in `random+e_hard` (the same index and split) with the dense update asked for in
   the config; and the sparse step is never built."""
+
   def configured(strategy, update):
     c = small_synthetic(strategy=strategy, tau_s=1, tau_r=1)
     c.train.epochs, c.train.batch_size = 2, 128
@@ -87,19 +118,21 @@ def test_a_strategy_registered_in_the_test_trains_end_to_end(label_text_dense, s
     c.checkpoint.enabled = False  # resuming is not what this test is about
     return c
 
-  reference = train.train_and_evaluate(configured("random+e_hard", "dense"),
-                                       str(tmp_path / "reference"))
+  reference = train.train_and_evaluate(
+    configured("random+e_hard", "dense"), str(tmp_path / "reference")
+  )
 
   def no_sparse_step(*args, **kwargs):
     raise AssertionError("a dense-only strategy built the sparse step")
 
   monkeypatch.setattr(steps, "make_sparse_train_step", no_sparse_step)
   # classifier_update=sparse (the default): the record's dense_update_only overrides it.
-  r = train.train_and_evaluate(configured(label_text_dense.name, "sparse"),
-                               str(tmp_path / "new"))
+  r = train.train_and_evaluate(configured(label_text_dense.name, "sparse"), str(tmp_path / "new"))
   assert r["strategy"] == r["negatives"]["strategy"] == label_text_dense.name
   assert [(e["hard"], e["random"], e["source"]) for e in r["negatives"]["per_epoch"]] == [
-      (0, 272, None), (16, 256, 1)]
+    (0, 272, None),
+    (16, 256, 1),
+  ]
   assert [x["epoch"] for x in r["negatives"]["refreshes"] if x["ok"]] == [1]
   assert r["metrics"] == reference["metrics"]
   assert r["P@1"] > r["popularity_baseline"]["P@1"]

@@ -29,14 +29,23 @@ def test_written_files_parse_and_are_deterministic(tmp_path):
 def test_rows_hold_the_specified_mean_label_count(tmp_path):
   # Many labels per row from a few head labels and small groups: duplicate draws are
   # frequent, and each must be drawn again for the rows to keep the spec's mean.
-  spec = SyntheticSpec(num_labels=300, num_train=4000, num_test=100, vocab_size=3000,
-                       mean_labels=8.0, max_labels=30, zipf_exponent=1.0, seed=5)
+  spec = SyntheticSpec(
+    num_labels=300,
+    num_train=4000,
+    num_test=100,
+    vocab_size=3000,
+    mean_labels=8.0,
+    max_labels=30,
+    zipf_exponent=1.0,
+    seed=5,
+  )
   synthetic.generate(str(tmp_path), spec)
   lengths = xc_format.read_sparse(tmp_path / "trn_X_Y.txt", 300).row_lengths()
   # E[min(1 + Poisson(7), 30)] = 8 up to a 1e-9 tail; its s.e. over 4000 rows is 0.042.
   assert abs(lengths.mean() - 8.0) < 0.15, lengths.mean()
-  tiny = SyntheticSpec(num_labels=3, num_train=200, num_test=10, vocab_size=300,
-                       mean_labels=5.0, max_labels=10, seed=5)
+  tiny = SyntheticSpec(
+    num_labels=3, num_train=200, num_test=10, vocab_size=300, mean_labels=5.0, max_labels=10, seed=5
+  )
   synthetic.generate(str(tmp_path / "tiny"), tiny)  # rows cannot exceed the 3 labels
   tiny_lengths = xc_format.read_sparse(tmp_path / "tiny" / "trn_X_Y.txt", 3).row_lengths()
   # E[min(1 + Poisson(4), 3)] = e^-4 (1 + 2 * 4) + 3 (1 - 5 e^-4) = 2.890; s.e. 0.025
@@ -64,7 +73,7 @@ def test_power_law_head_and_tail(tmp_path):
 def test_decile_shares_hand_case():
   # counts 6,2,1,1 (10 pairs): cumulative starts 0, .6, .8, .9 -> deciles 0, 6, 8, 9
   shares = synthetic.decile_label_shares(np.array([1, 6, 0, 2, 1]))
-  np.testing.assert_allclose(shares, [.25, 0, 0, 0, 0, 0, .25, 0, .25, .25])
+  np.testing.assert_allclose(shares, [0.25, 0, 0, 0, 0, 0, 0.25, 0, 0.25, 0.25])
 
 
 def test_confusable_groups_and_queries_use_label_words(tmp_path):
@@ -72,8 +81,8 @@ def test_confusable_groups_and_queries_use_label_words(tmp_path):
   labels = [t.split() for t in xc_format.read_texts(tmp_path / "Y.txt")]
   g = SPEC.group_size
   # Labels of one group share their group words, labels of different groups rarely do.
-  assert labels[0][:SPEC.group_words] == labels[g - 1][:SPEC.group_words]
-  assert labels[0][:SPEC.group_words] != labels[g][:SPEC.group_words]
+  assert labels[0][: SPEC.group_words] == labels[g - 1][: SPEC.group_words]
+  assert labels[0][: SPEC.group_words] != labels[g][: SPEC.group_words]
   assert labels[0] != labels[1]
   texts = [t.split() for t in xc_format.read_texts(tmp_path / "trn_X.txt")]
   trn = xc_format.read_sparse(tmp_path / "trn_X_Y.txt")
@@ -84,6 +93,7 @@ def test_confusable_groups_and_queries_use_label_words(tmp_path):
 def test_tokenizer_round_trip(tmp_path):
   synthetic.generate(str(tmp_path), SPEC)
   from astra_jax.data.tokenize import load_tokenizer
+
   tok = load_tokenizer(str(tmp_path / "tokenizer"))
   text = xc_format.read_texts(tmp_path / "Y.txt")[0]
   ids = tok(text)["input_ids"]
@@ -96,6 +106,7 @@ def test_bounded_memory_streaming(tmp_path):
   # Memory is O(L) (a permutation and a CDF), not O(L x text): generating 4x the labels
   # must not grow the Python heap's peak by more than the O(L) arrays.
   import tracemalloc
+
   peaks = []
   for L in (150_000, 450_000):  # both above the 65536-label chunk
     spec = SyntheticSpec(num_labels=L, num_train=100, num_test=10, vocab_size=5000)
@@ -123,8 +134,9 @@ def test_hidden_own_words_leave_the_label_texts_and_nothing_else(tmp_path):
   named = np.mean([full[trn.row(i)[0]][-1] in texts[i] for i in range(1000)])
   assert named > 0.5, named  # each own word of a positive: with probability 0.85
   with pytest.raises(ValueError, match="hidden_own_words 3"):
-    synthetic.generate(str(tmp_path / "bad"), SyntheticSpec(**{**SPEC.__dict__,
-                                                                "hidden_own_words": 3}))
+    synthetic.generate(
+      str(tmp_path / "bad"), SyntheticSpec(**{**SPEC.__dict__, "hidden_own_words": 3})
+    )
 
 
 def test_data_written_before_a_spec_field_existed_stays_current(tmp_path):
@@ -133,8 +145,9 @@ def test_data_written_before_a_spec_field_existed_stays_current(tmp_path):
   del stats["spec"]["hidden_own_words"]  # synthetic.json of a generator without the field
   (tmp_path / "synthetic.json").write_text(json.dumps(stats))
   assert synthetic.is_current(str(tmp_path), SPEC)
-  assert not synthetic.is_current(str(tmp_path),
-                                  SyntheticSpec(**{**SPEC.__dict__, "hidden_own_words": 1}))
+  assert not synthetic.is_current(
+    str(tmp_path), SyntheticSpec(**{**SPEC.__dict__, "hidden_own_words": 1})
+  )
   stats["spec"]["field_of_a_later_version"] = 1
   (tmp_path / "synthetic.json").write_text(json.dumps(stats))
   assert not synthetic.is_current(str(tmp_path), SPEC)

@@ -41,8 +41,9 @@ def test_missing_or_empty_tokenizer_dir(tmp_path):
   with pytest.raises(tokenize.TokenizerError, match="does not exist"):
     tokenize.load_tokenizer(str(tmp_path / "nope"))
   (tmp_path / "empty").mkdir()
-  with pytest.raises(tokenize.TokenizerError,
-                     match=r"holds neither tokenizer\.json nor vocab\.txt"):
+  with pytest.raises(
+    tokenize.TokenizerError, match=r"holds neither tokenizer\.json nor vocab\.txt"
+  ):
     tokenize.load_tokenizer(str(tmp_path / "empty"))
 
 

@@ -1,5 +1,6 @@
 """End to end: the main job on a small synthetic set, and xc_text.py on a dataset in the
 NGAME raw layout written here with English words (tokenised by all-MiniLM's tokenizer)."""
+
 import json
 import math
 import os
@@ -38,21 +39,44 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   model = export.load_model(str(tmp_path / "wd"))
   emb = Predictor(model, index="exact").encode(np.asarray(data.test_tokens[:400]))
   ranked = predict.topk(emb, model.classifier, 5)[1]
-  dense = evaluation.rank_filter_score(lambda k: ranked, data.test_labels.head(400),
-                                       data.test_filter[data.test_filter[:, 0] < 400], None,
-                                       (1, 3, 5))
+  dense = evaluation.rank_filter_score(
+    lambda k: ranked,
+    data.test_labels.head(400),
+    data.test_filter[data.test_filter[:, 0] < 400],
+    None,
+    (1, 3, 5),
+  )
   for key, value in dense.items():
     assert abs(r[key] - value) < 1e-3, (key, r[key], value)
-  for key in ("data_dir", "train_time_s", "epochs", "num_labels", "num_train", "num_test",
-              "strategy", "config", "P@1", "nDCG@3", "PSP@5", "PSnDCG@5", "popularity_baseline"):
+  for key in (
+    "data_dir",
+    "train_time_s",
+    "epochs",
+    "num_labels",
+    "num_train",
+    "num_test",
+    "strategy",
+    "config",
+    "P@1",
+    "nDCG@3",
+    "PSP@5",
+    "PSnDCG@5",
+    "popularity_baseline",
+  ):
     assert key in saved, key
   assert saved["num_labels"] == 300 and saved["num_train"] == 3000 and saved["num_test"] == 500
   assert saved["config"]["train"]["epochs"] == 4
   assert r["P@1"] > 2 * r["popularity_baseline"]["P@1"] + 5
   assert len(r["evaluations"]) == 2
   breakup = json.loads((tmp_path / "wd" / "time_breakup.json").read_text())
-  for k in ("data_prep", "host_to_device", "encoder_forward", "classifier_forward", "loss",
-            "backward_update"):
+  for k in (
+    "data_prep",
+    "host_to_device",
+    "encoder_forward",
+    "classifier_forward",
+    "loss",
+    "backward_update",
+  ):
     assert breakup[k] is not None and breakup[k] >= 0
   lines = [json.loads(l) for l in (tmp_path / "wd" / "metrics.jsonl").read_text().splitlines()]
   assert any(l["kind"] == "train" for l in lines) and lines[-1]["kind"] == "eval"
@@ -63,11 +87,21 @@ def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path, ngame_dataset, 
   d = tmp_path / "ds"
   ngame_dataset(d)
   wd = tmp_path / "wd"
-  cmd = [sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py:tiny",
-         f"--config.data.dir={d}", f"--workdir={wd}", "--config.train.epochs=6",
-         "--config.train.batch_size=64", "--config.negatives.k_r=16", "--config.negatives.k_h=4",
-         "--config.optim.warmup_steps=20", "--config.train.eval_every_epochs=0",
-         "--config.data.max_len=12"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "astra_jax.main",
+    "--config=experiments/xc_text.py:tiny",
+    f"--config.data.dir={d}",
+    f"--workdir={wd}",
+    "--config.train.epochs=6",
+    "--config.train.batch_size=64",
+    "--config.negatives.k_r=16",
+    "--config.negatives.k_h=4",
+    "--config.optim.warmup_steps=20",
+    "--config.train.eval_every_epochs=0",
+    "--config.data.max_len=12",
+  ]
   r = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, timeout=600)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   assert "label popularity" in r.stdout and "P@1" in r.stdout
@@ -93,13 +127,34 @@ def test_xc_text_default_uses_pretrained_minilm(tmp_path, ngame_dataset, load_co
 
 
 def test_bad_config_key_and_missing_data_fail_clearly(tmp_path, repo_root):
-  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/demo.py",
-                      "--config.train.epochz=3"], cwd=repo_root, capture_output=True, text=True,
-                     timeout=300)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/demo.py",
+      "--config.train.epochz=3",
+    ],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode != 0 and "epochz" in r.stderr
-  r = subprocess.run([sys.executable, "-m", "astra_jax.main", "--config=experiments/xc_text.py",
-                      f"--config.data.dir={tmp_path}", f"--workdir={tmp_path / 'wd'}"],
-                     cwd=repo_root, capture_output=True, text=True, timeout=300)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/xc_text.py",
+      f"--config.data.dir={tmp_path}",
+      f"--workdir={tmp_path / 'wd'}",
+    ],
+    cwd=repo_root,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert r.returncode != 0 and "no dataset found in" in r.stderr
 
 
@@ -110,8 +165,9 @@ def test_texts_and_labels_of_different_lengths(tmp_path, ngame_dataset, load_con
   (d / "raw_data" / "test.raw.txt").write_text("\n".join(lines[:-1]) + "\n")
   c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir = str(d)
-  with pytest.raises(xc_format.XCFormatError,
-                     match=r"test\.raw\.txt: 199 texts but tst_X_Y\.txt has 200"):
+  with pytest.raises(
+    xc_format.XCFormatError, match=r"test\.raw\.txt: 199 texts but tst_X_Y\.txt has 200"
+  ):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
 
 
@@ -134,15 +190,21 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
   neg = r["negatives"]
   assert neg["strategy"] == "random+w_hard"
   assert [e["source"] for e in neg["per_epoch"]] == [None, None, 2, 3]
-  assert [(e["hard"], e["random"]) for e in neg["per_epoch"]] == [(0, 272), (0, 272),
-                                                                   (16, 256), (16, 256)]
+  assert [(e["hard"], e["random"]) for e in neg["per_epoch"]] == [
+    (0, 272),
+    (0, 272),
+    (16, 256),
+    (16, 256),
+  ]
   assert [x["epoch"] for x in neg["refreshes"]] == [2, 3] and all(x["ok"] for x in neg["refreshes"])
   for x in neg["refreshes"]:
     assert {"build_s", "search_s", "recall", "wait_s"} <= set(x)
   # Only the negatives in use remain on disk; the refresh inputs are gone.
   # The positives are the label cache's memmaps, named in train_labels.json, not copied.
-  assert sorted(os.listdir(tmp_path / "wd" / "negatives")) == ["hard_epoch3.npy",
-                                                              "train_labels.json"]
+  assert sorted(os.listdir(tmp_path / "wd" / "negatives")) == [
+    "hard_epoch3.npy",
+    "train_labels.json",
+  ]
   hard = np.load(tmp_path / "wd" / "negatives" / "hard_epoch3.npy")
   labels = xc_format.read_sparse(tmp_path.parent / "small_synthetic" / "trn_X_Y.txt")
   assert hard.shape == (3300, 16)  # label-text rows included
@@ -168,6 +230,7 @@ def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthe
   c = small_synthetic(tau_s=1, tau_r=1)
   c.train.epochs = 4
   from astra_jax.negatives import manager
+
   original = manager.HardNegatives._job
   calls = []
 
@@ -212,6 +275,7 @@ def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
 
 def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   from types import SimpleNamespace
+
   c = config_base.base_config()
   c.train.log_every_steps, c.train.batch_size = 4, 32
   c.optim.warmup_steps = 0
@@ -231,8 +295,14 @@ def test_train_log_lines_and_a_non_finite_loss(tmp_path, monkeypatch):
   assert line.pop("lr_encoder") == pytest.approx(c.optim.encoder_lr * decayed, rel=1e-6)
   assert line.pop("lr_classifier") == pytest.approx(c.optim.classifier_lr * decayed, rel=1e-6)
   # 4 steps x 32 queries in 2 s; 0.5 s of them waiting for input
-  assert line == {"kind": "train", "epoch": 0, "step": 4, "loss": 0.25, "queries_per_s": 64.0,
-                  "input_wait": 0.25}
+  assert line == {
+    "kind": "train",
+    "epoch": 0,
+    "step": 4,
+    "loss": 0.25,
+    "queries_per_s": 64.0,
+    "input_wait": 0.25,
+  }
   now[0] += 4.0  # the next window: steps 4-7, 4 s, no waiting
   log.report(epoch=0, step=7, global_step=8, loss_value=0.5, negatives=negatives)
   second = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])

@@ -1,4 +1,5 @@
 """data.validation_fraction: the held-out rows, and what training and evaluation see."""
+
 import numpy as np
 import pytest
 
@@ -17,8 +18,23 @@ def _data(n=20, labels=6, augmented=True):
   if augmented:
     train_tokens = RowConcat(tokens, label_tokens)
     train_labels = train_labels.vstack(SparseRows.from_lists([[l] for l in range(labels)], labels))
-  return XCData("d", labels, train_tokens, train_labels, tokens[:4], train_labels.head(4),
-                label_tokens, np.array([[0, 1]]), 0, 2000, n), tokens, rows
+  return (
+    XCData(
+      "d",
+      labels,
+      train_tokens,
+      train_labels,
+      tokens[:4],
+      train_labels.head(4),
+      label_tokens,
+      np.array([[0, 1]]),
+      0,
+      2000,
+      n,
+    ),
+    tokens,
+    rows,
+  )
 
 
 def test_split_is_a_deterministic_partition():

@@ -1,4 +1,5 @@
 """The siamese warm-start stage: its loss by hand, its pairs, that it learns, and resume."""
+
 import numpy as np
 import jax.numpy as jnp
 import ml_collections
@@ -15,8 +16,9 @@ def test_loss_by_hand_with_a_shared_label_masked():
   q = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
   z = np.array([[1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])
   labels = np.array([7, 9, 7])  # pairs 0 and 2 share label 7: neither is the other's negative
-  got = float(warmstart.in_batch_softmax_loss(jnp.asarray(q), jnp.asarray(z),
-                                              jnp.asarray(labels), 5.0))
+  got = float(
+    warmstart.in_batch_softmax_loss(jnp.asarray(q), jnp.asarray(z), jnp.asarray(labels), 5.0)
+  )
   qn = q / np.linalg.norm(q, axis=1, keepdims=True)
   zn = z / np.linalg.norm(z, axis=1, keepdims=True)
   logits = 5.0 * qn @ zn.T
@@ -52,14 +54,16 @@ def _config(epochs):
   c = ml_collections.ConfigDict()
   c.data = ml_collections.ConfigDict({"dir": "synthetic"})
   c.train = ml_collections.ConfigDict({"seed": 0})
-  c.warmstart = ml_collections.ConfigDict(dict(epochs=epochs, batch_size=32, lr=3e-2,
-                                                warmup_steps=2, inverse_temperature=20.0))
+  c.warmstart = ml_collections.ConfigDict(
+    dict(epochs=epochs, batch_size=32, lr=3e-2, warmup_steps=2, inverse_temperature=20.0)
+  )
   return c
 
 
 def _encoder():
-  enc = NgramBagEncoder(NgramBagConfig(hidden_size=16, hash_buckets=4096, ngram_orders=1),
-                        nnx.Rngs(params=0))
+  enc = NgramBagEncoder(
+    NgramBagConfig(hidden_size=16, hash_buckets=4096, ngram_orders=1), nnx.Rngs(params=0)
+  )
   return nnx.split(enc, nnx.Param)
 
 
@@ -76,8 +80,9 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
   pairs = warmstart.training_pairs(rows, rows.num_rows)
   graphdef, start = _encoder()
   before = _positive_rank_accuracy(graphdef, start, queries, texts, rows)
-  straight = warmstart.run(_config(4), graphdef, start, queries, texts, pairs,
-                           str(tmp_path / "straight"))
+  straight = warmstart.run(
+    _config(4), graphdef, start, queries, texts, pairs, str(tmp_path / "straight")
+  )
   after = _positive_rank_accuracy(graphdef, straight, queries, texts, rows)
   assert before < 0.2 and after > 0.9, (before, after)
   # Killed in its third epoch, rerun: resumes after epoch 2 and ends where the straight run did.
@@ -91,6 +96,7 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
       if len(calls) > 2 * (len(pairs.rows) // 32):
         raise KeyboardInterrupt("killed")
       return step(*a)
+
     return run_step
 
   monkeypatch.setattr(warmstart, "_make_step", dying_step)
@@ -99,16 +105,25 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
     warmstart.run(_config(4), graphdef, start, queries, texts, pairs, str(tmp_path / "resumed"))
   monkeypatch.setattr(warmstart, "_make_step", make_step)
   graphdef, start = _encoder()
-  resumed = warmstart.run(_config(4), graphdef, start, queries, texts, pairs,
-                          str(tmp_path / "resumed"))
+  resumed = warmstart.run(
+    _config(4), graphdef, start, queries, texts, pairs, str(tmp_path / "resumed")
+  )
   for (path, a), (_, b) in zip(nnx.to_flat_state(straight), nnx.to_flat_state(resumed)):
     np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
 
 
 def test_no_label_texts_is_a_config_error(tmp_path):
   from astra_jax.errors import InputError
+
   queries, texts, rows = _problem()
   graphdef, start = _encoder()
   with pytest.raises(InputError, match=r"warmstart\.epochs=2"):
-    warmstart.run(_config(2), graphdef, start, queries, None,
-                  warmstart.training_pairs(rows, rows.num_rows), str(tmp_path))
+    warmstart.run(
+      _config(2),
+      graphdef,
+      start,
+      queries,
+      None,
+      warmstart.training_pairs(rows, rows.num_rows),
+      str(tmp_path),
+    )

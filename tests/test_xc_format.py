@@ -32,13 +32,19 @@ def test_a_label_listed_twice_is_one_positive(tmp_path):
   assert list(r.row(0)) == [2, 5] and list(r.row_values(0)) == [0.5, 1.0]
   assert list(r.row(1)) == [1]
   with gzip.open(tmp_path / "trn.json.gz", "wt") as f:
-    f.write(json.dumps({"uid": "a", "title": "t", "target_ind": [3, 1, 3],
-                        "target_rel": [0.25, 0.5, 0.75]}) + "\n")
+    f.write(
+      json.dumps(
+        {"uid": "a", "title": "t", "target_ind": [3, 1, 3], "target_rel": [0.25, 0.5, 0.75]}
+      )
+      + "\n"
+    )
   j = xc_format.read_json_labels(tmp_path / "trn.json.gz", 4)
   assert list(j.row(0)) == [1, 3] and list(j.row_values(0)) == [0.5, 0.25]
 
 
-@pytest.mark.parametrize("text, line, message", [
+@pytest.mark.parametrize(
+  "text, line, message",
+  [
     ("2 5\n0:1\n", None, "header says 2 rows, file has 1"),
     ("1 5\n0:1\n1:1\n", 3, "more rows than the header's 1"),
     ("2 5\n0:1\n3:1 5:1\n", 3, "label id 5 out of range"),
@@ -49,7 +55,8 @@ def test_a_label_listed_twice_is_one_positive(tmp_path):
     ("2 5\n0:1\n18446744073709551616:1\n", 3, "label id 18446744073709551616 out of range"),
     ("99999999999999 5\n0:1\n", None, "header says 99999999999999 rows, file has 1"),  # no alloc
     ("", 1, "empty file"),
-])
+  ],
+)
 def test_bad_sparse_files_name_file_and_line(tmp_path, text, line, message):
   path = write(tmp_path / "trn_X_Y.txt", text)
   with pytest.raises(XCFormatError, match=message) as e:
@@ -84,8 +91,18 @@ def test_text_layouts(tmp_path):
   assert xc_format.read_texts(tmp_path / "train.raw.txt") == texts
   with gzip.open(tmp_path / "trn.json.gz", "wt") as f:
     for i, t in enumerate(texts):
-      f.write(json.dumps({"uid": str(i), "title": t, "content": "body", "target_ind": [i, 0],
-                          "target_rel": [1.0, 0.5]}) + "\n")
+      f.write(
+        json.dumps(
+          {
+            "uid": str(i),
+            "title": t,
+            "content": "body",
+            "target_ind": [i, 0],
+            "target_rel": [1.0, 0.5],
+          }
+        )
+        + "\n"
+      )
   assert xc_format.read_texts(tmp_path / "trn.json.gz") == texts
   assert xc_format.read_texts(tmp_path / "trn.json.gz", use_content=True)[1] == "blue sky body"
   write(tmp_path / "nulls.json", '{"title": "t", "content": null}\n{"title": null}\n')

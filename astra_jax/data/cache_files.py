@@ -6,6 +6,7 @@ into one shared directory never collide; a finished file appears by rename only.
 is built under an exclusive lock on `<stem>.lock` (fcntl): the first process of a node
 builds it, the others wait on the lock and then open what it built.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,13 +84,17 @@ class NpyStreamWriter:
     self.length += len(block)
 
   def finish(self) -> None:
-    header = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
-              "shape": (self.length,)}
+    header = {
+      "descr": np.lib.format.dtype_to_descr(self.dtype),
+      "fortran_order": False,
+      "shape": (self.length,),
+    }
     text = repr(header).encode("latin1")
     room = NPY_HEADER_BYTES - 10  # magic (6), version (2), header length (2)
     self.file.seek(0)
-    self.file.write(b"\x93NUMPY\x01\x00" + room.to_bytes(2, "little")
-                    + text.ljust(room - 1) + b"\n")
+    self.file.write(
+      b"\x93NUMPY\x01\x00" + room.to_bytes(2, "little") + text.ljust(room - 1) + b"\n"
+    )
     self.file.flush()
     os.fsync(self.file.fileno())
     self.file.close()

@@ -9,6 +9,7 @@ equal L x (points per label). `labels_per_point` below is the value that satisfi
 4.8 — the repository's own figures), except for SS-120M, where neither reading does
 (10.4 and 10.4 printed): we take 10.4 labels per point (so 32 points per label).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,14 +20,14 @@ XC_REPOSITORY = "http://manikvarma.org/downloads/XC/XMLRepository.html"
 @dataclasses.dataclass(frozen=True)
 class PaperDataset:
   name: str
-  config: str              # its experiment file
-  text: str                # "titles" (short text), "full" (full text), "wikipedia"
+  config: str  # its experiment file
+  text: str  # "titles" (short text), "full" (full text), "wikipedia"
   num_train: int
   num_labels: int
   num_test: int
   labels_per_point: float
-  label_features: bool     # label texts exist (appended as training rows)
-  public: bool             # in the Extreme Classification Repository
+  label_features: bool  # label texts exist (appended as training rows)
+  public: bool  # in the Extreme Classification Repository
 
   @property
   def points_per_label(self) -> float:
@@ -47,24 +48,99 @@ class PaperDataset:
     return {"titles": 32, "full": 128, "wikipedia": 256}[self.text]
 
 
-DATASETS = {d.name: d for d in [
-    PaperDataset("LF-AmazonTitles-131K", "experiments/lf_amazontitles_131k.py", "titles",
-                 294_805, 131_073, 134_835, 2.3, True, True),
-    PaperDataset("LF-Amazon-131K", "experiments/lf_amazon_131k.py", "full",
-                 294_805, 131_073, 134_835, 2.3, True, True),
-    PaperDataset("LF-Wikipedia-500K", "experiments/lf_wikipedia_500k.py", "wikipedia",
-                 1_813_391, 501_070, 783_743, 4.8, True, True),
-    PaperDataset("LF-AmazonTitles-1.3M", "experiments/lf_amazontitles_1_3m.py", "titles",
-                 2_248_619, 1_305_265, 970_237, 22.2, True, True),
-    PaperDataset("Amazon-670K", "experiments/amazon_670k.py", "full",
-                 490_449, 670_091, 153_025, 5.5, False, True),
-    PaperDataset("Amazon-3M", "experiments/amazon_3m.py", "full",
-                 1_717_899, 2_812_281, 742_507, 36.0, False, True),
-    PaperDataset("SS-20M", "experiments/ss20m.py", "titles",
-                 146_193_053, 19_049_952, 16_629_030, 26.0, True, False),
-    PaperDataset("SS-120M", "experiments/ss120m.py", "titles",
-                 370_080_440, 120_293_341, 92_532_582, 10.4, True, False),
-]}
+DATASETS = {
+  d.name: d
+  for d in [
+    PaperDataset(
+      "LF-AmazonTitles-131K",
+      "experiments/lf_amazontitles_131k.py",
+      "titles",
+      294_805,
+      131_073,
+      134_835,
+      2.3,
+      True,
+      True,
+    ),
+    PaperDataset(
+      "LF-Amazon-131K",
+      "experiments/lf_amazon_131k.py",
+      "full",
+      294_805,
+      131_073,
+      134_835,
+      2.3,
+      True,
+      True,
+    ),
+    PaperDataset(
+      "LF-Wikipedia-500K",
+      "experiments/lf_wikipedia_500k.py",
+      "wikipedia",
+      1_813_391,
+      501_070,
+      783_743,
+      4.8,
+      True,
+      True,
+    ),
+    PaperDataset(
+      "LF-AmazonTitles-1.3M",
+      "experiments/lf_amazontitles_1_3m.py",
+      "titles",
+      2_248_619,
+      1_305_265,
+      970_237,
+      22.2,
+      True,
+      True,
+    ),
+    PaperDataset(
+      "Amazon-670K",
+      "experiments/amazon_670k.py",
+      "full",
+      490_449,
+      670_091,
+      153_025,
+      5.5,
+      False,
+      True,
+    ),
+    PaperDataset(
+      "Amazon-3M",
+      "experiments/amazon_3m.py",
+      "full",
+      1_717_899,
+      2_812_281,
+      742_507,
+      36.0,
+      False,
+      True,
+    ),
+    PaperDataset(
+      "SS-20M",
+      "experiments/ss20m.py",
+      "titles",
+      146_193_053,
+      19_049_952,
+      16_629_030,
+      26.0,
+      True,
+      False,
+    ),
+    PaperDataset(
+      "SS-120M",
+      "experiments/ss120m.py",
+      "titles",
+      370_080_440,
+      120_293_341,
+      92_532_582,
+      10.4,
+      True,
+      False,
+    ),
+  ]
+}
 
 
 def missing_hint(ds: PaperDataset) -> str:
@@ -72,8 +148,12 @@ def missing_hint(ds: PaperDataset) -> str:
   command that trains on its synthetic stand-in."""
   synthetic = f"python -m astra_jax.main --config={ds.config}:synthetic"
   if ds.public:
-    return (f"{ds.name}: download its raw-text version from the Extreme Classification "
-            f"Repository ({XC_REPOSITORY}) and unpack it there (or point --config.data.dir "
-            f"at it), or train on its synthetic stand-in: {synthetic}")
-  return (f"{ds.name} is proprietary (the paper's sponsored-search data) and cannot be "
-          f"downloaded; train on its synthetic stand-in instead: {synthetic}")
+    return (
+      f"{ds.name}: download its raw-text version from the Extreme Classification "
+      f"Repository ({XC_REPOSITORY}) and unpack it there (or point --config.data.dir "
+      f"at it), or train on its synthetic stand-in: {synthetic}"
+    )
+  return (
+    f"{ds.name} is proprietary (the paper's sponsored-search data) and cannot be "
+    f"downloaded; train on its synthetic stand-in instead: {synthetic}"
+  )

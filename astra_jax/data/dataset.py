@@ -1,5 +1,6 @@
 """Finds a dataset on disk (any of the repository's layouts), tokenizes it (cached) and
 returns token matrices plus sparse label rows for training and evaluation."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,9 +17,9 @@ from astra_jax.errors import InputError
 # Text files per layout: (train, test, labels). Label matrices are trn_X_Y.txt / tst_X_Y.txt
 # except for "json", where they come from target_ind.
 LAYOUTS = {
-    "renee": ("trn_X.txt", "tst_X.txt", "Y.txt"),
-    "ngame": ("raw_data/train.raw.txt", "raw_data/test.raw.txt", "raw_data/label.raw.txt"),
-    "json": ("trn.json.gz", "tst.json.gz", "lbl.json.gz"),
+  "renee": ("trn_X.txt", "tst_X.txt", "Y.txt"),
+  "ngame": ("raw_data/train.raw.txt", "raw_data/test.raw.txt", "raw_data/label.raw.txt"),
+  "json": ("trn.json.gz", "tst.json.gz", "lbl.json.gz"),
 }
 
 
@@ -53,11 +54,11 @@ class XCData:
   train_labels: SparseRows | WithLabelRows  # memmaps; with label-text rows appended
   test_tokens: np.ndarray
   test_labels: SparseRows
-  label_tokens: np.ndarray | None       # (L, T) int32, when label texts exist
-  test_filter: np.ndarray               # (n, 2) (test row, label) pairs to ignore
+  label_tokens: np.ndarray | None  # (L, T) int32, when label texts exist
+  test_filter: np.ndarray  # (n, 2) (test row, label) pairs to ignore
   pad_id: int
-  vocab_size: int                       # the tokenizer's, including added tokens
-  num_train_original: int               # before label-text augmentation
+  vocab_size: int  # the tokenizer's, including added tokens
+  num_train_original: int  # before label-text augmentation
 
 
 class MissingDataError(InputError):
@@ -74,9 +75,13 @@ def detect_layout(data_dir: str, hint: str = "") -> str:
     if os.path.exists(os.path.join(data_dir, trn)):
       return name
   expected = "; ".join(f"{k}: {', '.join(v)}" for k, v in LAYOUTS.items())
-  raise MissingDataError(_with_hint(
+  raise MissingDataError(
+    _with_hint(
       f"no dataset found in {data_dir!r}. Expected one of these layouts ({expected}) plus "
-      f"trn_X_Y.txt and tst_X_Y.txt (except for json).", hint))
+      f"trn_X_Y.txt and tst_X_Y.txt (except for json).",
+      hint,
+    )
+  )
 
 
 # The test set's reciprocal-pair file: the default name (NGAME's) and Renée's.
@@ -114,8 +119,9 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     probe = os.path.join(cache_dir, f".write-test-{tmpnames.unique_suffix()}")
     open(probe, "w").close(), os.remove(probe)
   except OSError:
-    raise InputError(f"cache directory {cache_dir} is not writable; "
-                     "set --config.data.cache_dir") from None
+    raise InputError(
+      f"cache directory {cache_dir} is not writable; set --config.data.cache_dir"
+    ) from None
 
   # Labels: binary caches built once (label_cache), then memory-mapped.
   if layout == "json":
@@ -127,38 +133,65 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     trn_y = need(os.path.join(d, "trn_X_Y.txt"))
     train_labels = label_cache.cached_labels(trn_y, cache_dir)
     num_labels = train_labels.num_cols
-    test_labels = label_cache.cached_labels(need(os.path.join(d, "tst_X_Y.txt")), cache_dir,
-                                            num_labels)
+    test_labels = label_cache.cached_labels(
+      need(os.path.join(d, "tst_X_Y.txt")), cache_dir, num_labels
+    )
 
-  tok = lambda p: tokenize.cached_tokens(p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len,
-                                         use_content=data_cfg.use_content)
+  tok = lambda p: tokenize.cached_tokens(
+    p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len, use_content=data_cfg.use_content
+  )
   train_tokens, test_tokens = tok(trn_x), tok(tst_x)
-  xc_format.check_same_rows(trn_x, len(train_tokens),
-                            "trn_X_Y.txt" if layout != "json" else trn_x, train_labels.num_rows)
-  xc_format.check_same_rows(tst_x, len(test_tokens),
-                            "tst_X_Y.txt" if layout != "json" else tst_x, test_labels.num_rows)
+  xc_format.check_same_rows(
+    trn_x, len(train_tokens), "trn_X_Y.txt" if layout != "json" else trn_x, train_labels.num_rows
+  )
+  xc_format.check_same_rows(
+    tst_x, len(test_tokens), "tst_X_Y.txt" if layout != "json" else tst_x, test_labels.num_rows
+  )
   label_tokens = None
   if os.path.exists(lbl_x):
     label_tokens = tok(lbl_x)
     if len(label_tokens) != num_labels:
-      raise XCFormatError(lbl_x, None, f"{len(label_tokens)} label texts but the label "
-                          f"matrices have {num_labels} columns")
+      raise XCFormatError(
+        lbl_x,
+        None,
+        f"{len(label_tokens)} label texts but the label matrices have {num_labels} columns",
+      )
   filter_path = filter_file_path(d, data_cfg.filter_file)
   if filter_path:
     test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
   else:
     test_filter = np.zeros((0, 2), np.int64)
 
-  pad_id, vocab_size = tokenize.tokenizer_ids(trn_x, cache_dir, data_cfg.tokenizer_dir,
-                                              data_cfg.max_len)
+  pad_id, vocab_size = tokenize.tokenizer_ids(
+    trn_x, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len
+  )
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
       raise MissingDataError(f"config.data.augment_label_text needs label texts at {lbl_x}")
     train_tokens = RowConcat(train_tokens, label_tokens)
     train_labels = WithLabelRows(train_labels)  # label l's text: one row, positive l
-  logging.info("dataset %s (%s layout): L=%d, %d train rows (%d with label texts), %d test rows, "
-               "%d filter pairs", d, layout, num_labels, n_orig, train_labels.num_rows,
-               test_labels.num_rows, len(test_filter))
-  return XCData(d, num_labels, train_tokens, train_labels, test_tokens, test_labels,
-                label_tokens, test_filter, pad_id, vocab_size, n_orig)
+  logging.info(
+    "dataset %s (%s layout): L=%d, %d train rows (%d with label texts), %d test rows, "
+    "%d filter pairs",
+    d,
+    layout,
+    num_labels,
+    n_orig,
+    train_labels.num_rows,
+    test_labels.num_rows,
+    len(test_filter),
+  )
+  return XCData(
+    d,
+    num_labels,
+    train_tokens,
+    train_labels,
+    test_tokens,
+    test_labels,
+    label_tokens,
+    test_filter,
+    pad_id,
+    vocab_size,
+    n_orig,
+  )

@@ -11,6 +11,7 @@ Building streams the file through `sparse_reader` into `.npy` files (memory boun
 block, not by the file); opening is `np.load(mmap_mode="r")`, so the processes of a node
 share one page-cache copy and none of them parses again.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,9 @@ def _files(stem: str) -> dict[str, str]:
   return {part: f"{stem}.{part}.npy" for part in ("indptr", "indices", "values", "counts")}
 
 
-def cached_labels(label_path: str, cache_dir: str, num_cols: int | None = None,
-                  json_num_labels: int | None = None) -> SparseRows:
+def cached_labels(
+  label_path: str, cache_dir: str, num_cols: int | None = None, json_num_labels: int | None = None
+) -> SparseRows:
   """The label rows of a file as read-only memmaps, building the cache when missing or stale.
 
   Args:
@@ -56,8 +58,11 @@ def cached_labels(label_path: str, cache_dir: str, num_cols: int | None = None,
   """
   os.makedirs(cache_dir, exist_ok=True)
   stem = cache_stem(label_path, cache_dir)
-  want = {"source": cache_files.source_stamp(label_path), "format": FORMAT_VERSION,
-          "json_num_labels": json_num_labels}
+  want = {
+    "source": cache_files.source_stamp(label_path),
+    "format": FORMAT_VERSION,
+    "json_num_labels": json_num_labels,
+  }
   meta = current_meta(stem, want)
   if meta is None:
     with cache_files.build_lock(stem):
@@ -90,10 +95,15 @@ def open_cache(stem: str) -> SparseRows:
     meta = json.load(f)
   files = _files(stem)
   load = lambda part: np.load(files[part], mmap_mode="r")
-  return SparseRows(load("indptr"), load("indices"),
-                    load("values") if meta["has_values"] else None, meta["cols"],
-                    counts=load("counts"), max_length=meta["max_row_length"],
-                    cache=stem)
+  return SparseRows(
+    load("indptr"),
+    load("indices"),
+    load("values") if meta["has_values"] else None,
+    meta["cols"],
+    counts=load("counts"),
+    max_length=meta["max_row_length"],
+    cache=stem,
+  )
 
 
 def verify(stem: str) -> dict:
@@ -104,28 +114,37 @@ def verify(stem: str) -> dict:
   rows = open_cache(stem)
   problems = []
   if rows.num_rows != meta["rows"] or len(rows.indices) != meta["nnz"] != rows.nnz:
-    problems.append(f"{rows.num_rows} rows, {len(rows.indices)} ids, the metadata says "
-                    f"{meta['rows']} and {meta['nnz']}")
+    problems.append(
+      f"{rows.num_rows} rows, {len(rows.indices)} ids, the metadata says "
+      f"{meta['rows']} and {meta['nnz']}"
+    )
   block = 1 << 24
   for s in range(0, rows.num_rows, block):
-    if (np.diff(rows.indptr[s:s + block + 1]) < 0).any():
+    if (np.diff(rows.indptr[s : s + block + 1]) < 0).any():
       problems.append(f"row pointers fall near row {s}")
       break
   for s in range(0, rows.nnz, block):
-    ids = rows.indices[s:s + block]
+    ids = rows.indices[s : s + block]
     if len(ids) and (ids.min() < 0 or ids.max() >= rows.num_cols):
       problems.append(f"an id out of [0, {rows.num_cols}) near entry {s}")
       break
   if int(rows.counts.sum(dtype=np.int64)) != rows.nnz:
     problems.append("the label counts do not sum to nnz")
   if problems or rows.indptr[0] != 0:
-    raise InputError(f"label cache {stem} is corrupt ({'; '.join(problems) or 'indptr[0]'}): "
-                     f"delete its files to rebuild it")
+    raise InputError(
+      f"label cache {stem} is corrupt ({'; '.join(problems) or 'indptr[0]'}): "
+      f"delete its files to rebuild it"
+    )
   return meta
 
 
-def build(label_path: str, stem: str, want: dict, num_cols: int | None = None,
-          json_num_labels: int | None = None) -> dict:
+def build(
+  label_path: str,
+  stem: str,
+  want: dict,
+  num_cols: int | None = None,
+  json_num_labels: int | None = None,
+) -> dict:
   """Parses the file into the cache's files (under temporary names, renamed when whole) and
   writes its metadata last. Returns the metadata."""
   files = _files(stem)
@@ -155,13 +174,19 @@ def build(label_path: str, stem: str, want: dict, num_cols: int | None = None,
     writer.abort()
     raise
   seconds, cpu = time.time() - t0, time.process_time() - cpu0
-  meta.update(want, seconds=round(seconds, 2), cpu_seconds=round(cpu, 2),
-              source_bytes=source_bytes)
+  meta.update(want, seconds=round(seconds, 2), cpu_seconds=round(cpu, 2), source_bytes=source_bytes)
   with xc_format.atomic_text_writer(stem + ".meta.json") as f:
     json.dump(meta, f, indent=1)
-  logging.info("label cache %s: %d rows, %d positives, %d labels, %.1f MB parsed in %.1fs "
-               "(%.0f MB/s of CPU)", stem, meta["rows"], meta["nnz"], cols, source_bytes / 1e6,
-               seconds, source_bytes / 1e6 / max(cpu, 1e-9))
+  logging.info(
+    "label cache %s: %d rows, %d positives, %d labels, %.1f MB parsed in %.1fs (%.0f MB/s of CPU)",
+    stem,
+    meta["rows"],
+    meta["nnz"],
+    cols,
+    source_bytes / 1e6,
+    seconds,
+    source_bytes / 1e6 / max(cpu, 1e-9),
+  )
   return meta
 
 
@@ -210,10 +235,14 @@ class _CsrWriter:
     counts_writer = cache_files.NpyStreamWriter(self.files["counts"], np.int32)
     counts_writer.append(counts)
     counts_writer.finish()
-    return {"rows": self.rows, "cols": cols, "nnz": self.nnz,
-            "max_row_length": self.max_length, "has_values": self.values is not None,
-            "bytes": sum(os.path.getsize(p) for p in self.files.values()
-                         if os.path.exists(p))}
+    return {
+      "rows": self.rows,
+      "cols": cols,
+      "nnz": self.nnz,
+      "max_row_length": self.max_length,
+      "has_values": self.values is not None,
+      "bytes": sum(os.path.getsize(p) for p in self.files.values() if os.path.exists(p)),
+    }
 
   def abort(self) -> None:
     for w in (self.indptr, self.indices, self.values):
@@ -244,11 +273,12 @@ class _LabelCounter:
       return
     ids = np.concatenate(self.pending)
     self.pending, self.pending_len = [], 0
-    np.add(self.counts, np.bincount(ids, minlength=len(self.counts)), out=self.counts,
-           casting="unsafe")
+    np.add(
+      self.counts, np.bincount(ids, minlength=len(self.counts)), out=self.counts, casting="unsafe"
+    )
     self.total += len(ids)
     # A flush adds under 2^31 to a count: an overflow shows as a negative count.
-    if self.total >= 2 ** 31 and (self.counts < 0).any():
+    if self.total >= 2**31 and (self.counts < 0).any():
       raise ValueError("a label has 2^31 positives or more: its count overflows int32")
 
   def finish(self) -> np.ndarray:
@@ -270,5 +300,12 @@ class _Progress:
     self.last = now
     rate = done_bytes / max(now - self.t0, 1e-9)
     eta = max(self.total - done_bytes, 0) / max(rate, 1e-9)
-    logging.info("parsing %s: %.0f/%.0f MB, %d rows, %.0f MB/s, %.0fs left", self.path,
-                 done_bytes / 1e6, self.total / 1e6, rows, rate / 1e6, eta)
+    logging.info(
+      "parsing %s: %.0f/%.0f MB, %d rows, %.0f MB/s, %.0fs left",
+      self.path,
+      done_bytes / 1e6,
+      self.total / 1e6,
+      rows,
+      rate / 1e6,
+      eta,
+    )

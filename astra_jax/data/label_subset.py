@@ -8,6 +8,7 @@ texts, the label-text training rows (augmentation) and the test filter pairs fol
 kept labels. The subset is a function of (L, K, `data.label_subset_seed`) only, so every
 run of one setting trains on the same labels and queries.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,9 @@ def sample_labels(num_labels: int, size: int, seed: int) -> np.ndarray:
   return np.sort(np.random.default_rng(seed).choice(num_labels, size, replace=False))
 
 
-def _restrict_rows(labels: SparseRows | WithLabelRows, rows: np.ndarray,
-                   new_id: np.ndarray, size: int) -> tuple[np.ndarray, SparseRows]:
+def _restrict_rows(
+  labels: SparseRows | WithLabelRows, rows: np.ndarray, new_id: np.ndarray, size: int
+) -> tuple[np.ndarray, SparseRows]:
   """(kept rows, their labels renumbered): the rows of `rows` with at least one label that
   new_id maps (>= 0), each with only those labels."""
   which, ids = labels.entries(rows)
@@ -56,24 +58,30 @@ def restrict(data: XCData, size: int, seed: int) -> XCData:
   """
   L = data.num_labels
   if not 1 <= size <= L:
-    raise InputError(f"config.data.label_subset={size}: must be in [1, {L}] (the dataset's "
-                     "labels), or 0 for all")
+    raise InputError(
+      f"config.data.label_subset={size}: must be in [1, {L}] (the dataset's labels), or 0 for all"
+    )
   train = data.train_labels
   base = train.base if isinstance(train, WithLabelRows) else train
   weighted = lambda m: m.values is not None and not np.all(np.asarray(m.values) == 1)
   if weighted(base) or weighted(data.test_labels):
-    raise InputError("config.data.label_subset: the dataset has weighted labels; only 0/1 "
-                     "label files can be restricted")
+    raise InputError(
+      "config.data.label_subset: the dataset has weighted labels; only 0/1 "
+      "label files can be restricted"
+    )
   kept_labels = sample_labels(L, size, seed)
   new_id = np.full(L, -1, np.int64)
   new_id[kept_labels] = np.arange(size)
   n = data.num_train_original
   train_rows, train_labels = _restrict_rows(train, np.arange(n), new_id, size)
-  test_rows, test_labels = _restrict_rows(data.test_labels, np.arange(data.test_labels.num_rows),
-                                          new_id, size)
+  test_rows, test_labels = _restrict_rows(
+    data.test_labels, np.arange(data.test_labels.num_rows), new_id, size
+  )
   if not len(train_rows) or not len(test_rows):
-    raise InputError(f"config.data.label_subset={size} (seed {seed}) leaves "
-                     f"{len(train_rows)} training and {len(test_rows)} test queries")
+    raise InputError(
+      f"config.data.label_subset={size} (seed {seed}) leaves "
+      f"{len(train_rows)} training and {len(test_rows)} test queries"
+    )
   tokens = data.train_tokens
   originals = tokens.parts[0] if isinstance(tokens, RowConcat) else tokens
   train_tokens = RowSubset(originals, train_rows)
@@ -88,8 +96,13 @@ def restrict(data: XCData, size: int, seed: int) -> XCData:
   f = np.asarray(data.test_filter, np.int64).reshape(-1, 2)
   f = np.stack([test_row_new[f[:, 0]], new_id[f[:, 1]]], 1) if len(f) else f
   return dataclasses.replace(
-      data, num_labels=size, train_tokens=train_tokens, train_labels=train_labels,
-      test_tokens=RowSubset(data.test_tokens, test_rows), test_labels=test_labels,
-      label_tokens=label_tokens, test_filter=f[(f >= 0).all(1)] if len(f) else f,
-      num_train_original=len(train_rows))
-
+    data,
+    num_labels=size,
+    train_tokens=train_tokens,
+    train_labels=train_labels,
+    test_tokens=RowSubset(data.test_tokens, test_rows),
+    test_labels=test_labels,
+    label_tokens=label_tokens,
+    test_filter=f[(f >= 0).all(1)] if len(f) else f,
+    num_train_original=len(train_rows),
+  )

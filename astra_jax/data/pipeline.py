@@ -15,6 +15,7 @@ blocks, and the masks that depend on them, only for the W shards this process ho
 other blocks never reach its devices) but reads token rows only where `token_rows`
 (A, B/A) is True: the rows its own devices hold.
 """
+
 from __future__ import annotations
 
 import collections
@@ -31,10 +32,17 @@ from astra_jax.negatives.schedule import NegativeSplit
 
 
 class TrainBatches:
-
-  def __init__(self, tokens, sampler: NegativeSampler, batch_size: int, seed: int,
-               prefetch: int = 4, micro_batches: int = 1, token_rows: np.ndarray | None = None,
-               threads: int = 1):
+  def __init__(
+    self,
+    tokens,
+    sampler: NegativeSampler,
+    batch_size: int,
+    seed: int,
+    prefetch: int = 4,
+    micro_batches: int = 1,
+    token_rows: np.ndarray | None = None,
+    threads: int = 1,
+  ):
     self.tokens, self.sampler = tokens, sampler
     self.batch_size, self.seed, self.prefetch = batch_size, seed, max(prefetch, threads)
     self.threads = threads
@@ -42,46 +50,59 @@ class TrainBatches:
     self.wait_seconds = 0.0  # consumer time blocked on the next batch, all epochs
     self.num_rows = len(tokens)
     if self.num_rows < batch_size:
-      raise InputError(f"config.train.batch_size={batch_size} exceeds the {self.num_rows} "
-                       "training rows")
+      raise InputError(
+        f"config.train.batch_size={batch_size} exceeds the {self.num_rows} training rows"
+      )
     if batch_size % micro_batches:
-      raise InputError(f"config.train.batch_size={batch_size} is not divisible by "
-                       f"config.train.grad_accum_steps={micro_batches}")
-    self.token_rows = (None if token_rows is None or token_rows.all()
-                       else np.asarray(token_rows, bool).reshape(-1))
+      raise InputError(
+        f"config.train.batch_size={batch_size} is not divisible by "
+        f"config.train.grad_accum_steps={micro_batches}"
+      )
+    self.token_rows = (
+      None if token_rows is None or token_rows.all() else np.asarray(token_rows, bool).reshape(-1)
+    )
 
   @property
   def steps_per_epoch(self) -> int:
     return self.num_rows // self.batch_size
 
-  def make_batch(self, epoch: int, step: int, order: np.ndarray,
-                 hard_negatives: np.ndarray | None,
-                 split: NegativeSplit | None = None) -> HostBatch:
-    rows = order[step * self.batch_size:(step + 1) * self.batch_size]
+  def make_batch(
+    self,
+    epoch: int,
+    step: int,
+    order: np.ndarray,
+    hard_negatives: np.ndarray | None,
+    split: NegativeSplit | None = None,
+  ) -> HostBatch:
+    rows = order[step * self.batch_size : (step + 1) * self.batch_size]
     rng = np.random.default_rng([self.seed, epoch, step, 1])
     hard = None if hard_negatives is None else np.asarray(hard_negatives[rows])
     a = self.micro_batches
     hards = [None] * a if hard is None else np.split(hard, a)
     counts = {} if split is None else split._asdict()
     parts = [self.sampler(r, rng, h, **counts) for r, h in zip(np.split(rows, a), hards)]
-    labels = LabelBatch(*(None if x is None else np.stack([p[i] for p in parts])
-                          for i, x in enumerate(parts[0])))  # (A, B/A, ...)
+    labels = LabelBatch(
+      *(None if x is None else np.stack([p[i] for p in parts]) for i, x in enumerate(parts[0]))
+    )  # (A, B/A, ...)
     if self.token_rows is None:
       ids = np.asarray(self.tokens[rows], np.int32)
     else:  # only this process's rows; the others are never sent to a device here
       ids = np.zeros((len(rows), self.tokens.shape[1]), np.int32)
       ids[self.token_rows] = self.tokens[rows[self.token_rows]]
-    return HostBatch(rows.astype(np.int32),
-                     TrainBatch(ids.reshape(a, len(rows) // a, -1), labels))
+    return HostBatch(rows.astype(np.int32), TrainBatch(ids.reshape(a, len(rows) // a, -1), labels))
 
   def rows_before(self, epoch: int, step: int) -> np.ndarray:
     """The training rows of steps [0, step) of `epoch`."""
     order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
-    return order[:step * self.batch_size]
+    return order[: step * self.batch_size]
 
-  def epoch(self, epoch: int, hard_negatives: np.ndarray | None = None,
-            start_step: int = 0, split: NegativeSplit | None = None
-            ) -> Iterator[tuple[HostBatch, float]]:
+  def epoch(
+    self,
+    epoch: int,
+    hard_negatives: np.ndarray | None = None,
+    start_step: int = 0,
+    split: NegativeSplit | None = None,
+  ) -> Iterator[tuple[HostBatch, float]]:
     """Yields (batch, seconds the thread spent preparing it) from `start_step` on.
 
     hard_negatives: (N, h) per training row, or None; split: the epoch's negatives
@@ -90,8 +111,7 @@ class TrainBatches:
 
     def timed(step):
       t0 = time.perf_counter()
-      return (self.make_batch(epoch, step, order, hard_negatives, split),
-              time.perf_counter() - t0)
+      return (self.make_batch(epoch, step, order, hard_negatives, split), time.perf_counter() - t0)
 
     pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"batches-epoch{epoch}")
     pending: collections.deque = collections.deque()

@@ -9,6 +9,7 @@ out of range or over 10 digits; more rows than the header's) goes through the li
 parser (`xc_format.parse_row`), which accepts what it accepted before and words every
 error with the file and line. Rows come out sorted with each label once, as before.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,12 +24,12 @@ from astra_jax.data import xc_format
 from astra_jax.data.xc_format import SparseRows, XCFormatError
 
 BLOCK_BYTES = 16 << 20  # ~1M pairs: the per-byte temporaries stay near 100 MB
-_MAX_ID_DIGITS = 10     # longer ids go to the line parser (which names an out-of-range one)
+_MAX_ID_DIGITS = 10  # longer ids go to the line parser (which names an out-of-range one)
 
 # Byte classes of the fast path; 0: a byte it leaves to the line parser.
 _OTHER, _DIGIT, _COLON, _DOT, _BLANK, _NEWLINE = range(6)
 _CLASS = np.zeros(256, np.uint8)
-_CLASS[ord("0"):ord("9") + 1] = _DIGIT
+_CLASS[ord("0") : ord("9") + 1] = _DIGIT
 _CLASS[ord(":")], _CLASS[ord(".")] = _COLON, _DOT
 _CLASS[[ord(" "), ord("\t"), ord("\r")]] = _BLANK
 _CLASS[ord("\n")] = _NEWLINE
@@ -37,15 +38,17 @@ _CLASS[ord("\n")] = _NEWLINE
 @dataclasses.dataclass(frozen=True)
 class RowBlock:
   """Consecutive rows of a sparse file, as parsed from one block."""
-  first_line: int            # 1-based line of the first row
-  lengths: np.ndarray        # (rows,) int64 labels per row
-  indices: np.ndarray        # (nnz,) int32, sorted and unique within each row
+
+  first_line: int  # 1-based line of the first row
+  lengths: np.ndarray  # (rows,) int64 labels per row
+  indices: np.ndarray  # (nnz,) int32, sorted and unique within each row
   values: np.ndarray | None  # (nnz,) float32; None: all one
 
 
 @dataclasses.dataclass
 class _Duplicates:
   """Rows that listed a label twice: counted over the file, reported once."""
+
   rows: int = 0
   first_line: int | None = None
 
@@ -63,8 +66,9 @@ class SparseFileReader:
   `reader.finish()` (checks the row count and warns about duplicated labels).
   """
 
-  def __init__(self, path: str | os.PathLike, num_cols: int | None = None,
-               block_bytes: int | None = None):
+  def __init__(
+    self, path: str | os.PathLike, num_cols: int | None = None, block_bytes: int | None = None
+  ):
     self.path, self.block_bytes = os.fspath(path), block_bytes or BLOCK_BYTES
     self.duplicates = _Duplicates()
     self.rows_read = self.lines_read = self.bytes_read = 0  # lines: rows + blank lines past them
@@ -110,7 +114,7 @@ class SparseFileReader:
         if self._eof:
           data, self._pending = (data if data.endswith(b"\n") else data + b"\n"), b""
         else:
-          data, self._pending = data[:cut + 1], data[cut + 1:]
+          data, self._pending = data[: cut + 1], data[cut + 1 :]
         block = self._parse(data)
         if block is not None:
           yield block
@@ -135,8 +139,9 @@ class SparseFileReader:
       return None
     return RowBlock(first_line, lengths, indices, values)
 
-  def _parse_lines(self, data: bytes, first_line: int, wanted: int
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  def _parse_lines(
+    self, data: bytes, first_line: int, wanted: int
+  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The line parser over one block: slow, but it takes what the fast path leaves and
     words each error as the reader always has."""
     sorted_unique = xc_format._SortedUnique(self.path)
@@ -155,27 +160,34 @@ class SparseFileReader:
       lengths.append(len(indices[-1]) if line else 0)
     self.duplicates.add(sorted_unique.rows, sorted_unique.first)
     val = np.concatenate(values) if values else np.zeros(0, np.float32)
-    return (np.asarray(lengths, np.int64),
-            np.concatenate(indices) if indices else np.zeros(0, np.int32),
-            None if (val == 1).all() else val)
+    return (
+      np.asarray(lengths, np.int64),
+      np.concatenate(indices) if indices else np.zeros(0, np.int32),
+      None if (val == 1).all() else val,
+    )
 
   def finish(self) -> None:
     """Checks the row count against the header; warns once about duplicated labels."""
     if self.rows_read != self.rows:
-      raise XCFormatError(self.path, None,
-                          f"header says {self.rows} rows, file has {self.rows_read}")
+      raise XCFormatError(
+        self.path, None, f"header says {self.rows} rows, file has {self.rows_read}"
+      )
     if self.duplicates.rows:
       logging.warning(
-          "%s: %d rows list a label more than once (first: line %d); each label counts once",
-          self.path, self.duplicates.rows, self.duplicates.first_line)
+        "%s: %d rows list a label more than once (first: line %d); each label counts once",
+        self.path,
+        self.duplicates.rows,
+        self.duplicates.first_line,
+      )
 
 
 def _decode(path: str, lineno: int, raw: bytes) -> str:
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise XCFormatError(path, lineno, f"unreadable: not UTF-8 ({e.reason} at byte "
-                        f"{e.start})") from None
+    raise XCFormatError(
+      path, lineno, f"unreadable: not UTF-8 ({e.reason} at byte {e.start})"
+    ) from None
 
 
 def _parse_fast(b: np.ndarray, cols: int, lines: int):
@@ -255,7 +267,7 @@ def _values(b: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarra
   one value text throughout ("1", "1.0", "1.000000"): comparing bytes settles it."""
   width = int(lengths[0])
   if (lengths == width).all():
-    first = b[starts[0]:starts[0] + width]
+    first = b[starts[0] : starts[0] + width]
     if all((b[starts + j] == first[j]).all() for j in range(width)):
       value = float(first.tobytes())
       return None if value == 1.0 else np.full(len(starts), value, np.float32)
@@ -297,8 +309,9 @@ def _kept(row: np.ndarray, ids: np.ndarray) -> np.ndarray:
   return keep
 
 
-def read_sparse(path: str | os.PathLike, num_cols: int | None = None,
-                block_bytes: int | None = None) -> SparseRows:
+def read_sparse(
+  path: str | os.PathLike, num_cols: int | None = None, block_bytes: int | None = None
+) -> SparseRows:
   """The whole file in RAM (see `label_cache.cached_labels` for large files)."""
   reader = SparseFileReader(path, num_cols, block_bytes)
   lengths, indices, values, ones = [], [], [], True
@@ -315,6 +328,7 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None,
   if ones:
     vals = None
   else:
-    vals = np.concatenate([np.ones(len(i), np.float32) if v is None else v
-                           for i, v in zip(indices, values)])
+    vals = np.concatenate(
+      [np.ones(len(i), np.float32) if v is None else v for i, v in zip(indices, values)]
+    )
   return SparseRows(indptr, ind, vals, reader.cols)

@@ -12,6 +12,7 @@ Files written into `out_dir` (Renée layout): `trn_X.txt`, `tst_X.txt`, `Y.txt`,
 `trn_X_Y.txt`, `tst_X_Y.txt`, plus `tokenizer/` (a word-level HF tokenizer over the
 generator's vocabulary) and `synthetic.json` (the parameters and statistics).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,22 +41,23 @@ _MAX_DRAWS_PER_LABEL = 50  # a row of a tiny label set may not find its count of
 class SyntheticSpec:
   """What to generate. A field added later must default to what the generator did before
   it, so data written before stay current (`is_current`)."""
+
   num_labels: int = 2000
   num_train: int = 20000
   num_test: int = 4000
-  group_size: int = 8           # labels per confusable group
-  group_words: int = 3          # words every label of a group shares
-  own_words: int = 2            # words that tell a label apart inside its group
-  hidden_own_words: int = 0     # of them, left out of the label's text: only its queries
-                                # (so its classifier) show them, as a real label's text
-                                # does not say all that its queries do
-  vocab_size: int = 8000        # content words (noise words are the first 200)
-  zipf_exponent: float = 0.75   # label popularity ~ (rank + 1) ^ -exponent
-  mean_labels: float = 2.5      # mean labels per query (1 + Poisson, capped at max_labels)
+  group_size: int = 8  # labels per confusable group
+  group_words: int = 3  # words every label of a group shares
+  own_words: int = 2  # words that tell a label apart inside its group
+  hidden_own_words: int = 0  # of them, left out of the label's text: only its queries
+  # (so its classifier) show them, as a real label's text
+  # does not say all that its queries do
+  vocab_size: int = 8000  # content words (noise words are the first 200)
+  zipf_exponent: float = 0.75  # label popularity ~ (rank + 1) ^ -exponent
+  mean_labels: float = 2.5  # mean labels per query (1 + Poisson, capped at max_labels)
   max_labels: int = 7
   same_group_prob: float = 0.3  # an extra positive comes from the first one's group
-  own_word_prob: float = 0.85   # a query mentions each own word of a positive with it
-  noise_words: int = 2          # mean noise words per query
+  own_word_prob: float = 0.85  # a query mentions each own word of a positive with it
+  noise_words: int = 2  # mean noise words per query
   seed: int = 0
 
 
@@ -67,8 +69,13 @@ def spec_from_config(synthetic_cfg) -> SyntheticSpec:
   Returns:
     The SyntheticSpec to generate.
   """
-  return SyntheticSpec(**{f.name: synthetic_cfg[f.name] for f in dataclasses.fields(SyntheticSpec)
-                          if f.name in synthetic_cfg})
+  return SyntheticSpec(
+    **{
+      f.name: synthetic_cfg[f.name]
+      for f in dataclasses.fields(SyntheticSpec)
+      if f.name in synthetic_cfg
+    }
+  )
 
 
 def ensure_generated(out_dir: str, spec: SyntheticSpec) -> bool:
@@ -147,8 +154,9 @@ def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: in
   for start in range(0, n, _CHUNK):
     m = min(_CHUNK, n - start)
     rng = np.random.default_rng([spec.seed, stream, start // _CHUNK])
-    counts = np.minimum(1 + rng.poisson(spec.mean_labels - 1.0, m),
-                        min(spec.max_labels, spec.num_labels))
+    counts = np.minimum(
+      1 + rng.poisson(spec.mean_labels - 1.0, m), min(spec.max_labels, spec.num_labels)
+    )
     first = pop.sample(rng, m)
     texts, rows = [], []
     for i in range(m):
@@ -167,9 +175,9 @@ def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: in
       ids = label_word_ids(spec, np.asarray(labels))
       toks = []
       for row in ids:
-        shared = row[:spec.group_words]
+        shared = row[: spec.group_words]
         toks += list(rng.choice(shared, size=rng.integers(1, spec.group_words + 1), replace=False))
-        own = row[spec.group_words:]
+        own = row[spec.group_words :]
         toks += [w for w in own if rng.random() < spec.own_word_prob]
       toks += list(rng.integers(0, 200, size=rng.poisson(spec.noise_words)))
       rng.shuffle(toks)
@@ -181,8 +189,9 @@ def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: in
 def generate(out_dir: str, spec: SyntheticSpec) -> dict:
   """Writes the dataset; returns its statistics (also saved as `synthetic.json`)."""
   if not 0 <= spec.hidden_own_words <= spec.own_words:
-    raise ValueError(f"hidden_own_words {spec.hidden_own_words}: a label has "
-                     f"{spec.own_words} own words")
+    raise ValueError(
+      f"hidden_own_words {spec.hidden_own_words}: a label has {spec.own_words} own words"
+    )
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.time()
   words = vocabulary(spec)
@@ -194,8 +203,9 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
       labels = np.arange(start, min(start + _CHUNK, spec.num_labels))
       for row in label_word_ids(spec, labels)[:, :text_words]:
         f.write(" ".join(words[w] for w in row) + "\n")
-      logging.log_every_n_seconds(logging.INFO, "synthetic: %d/%d label texts", 10,
-                                  labels[-1] + 1, spec.num_labels)
+      logging.log_every_n_seconds(
+        logging.INFO, "synthetic: %d/%d label texts", 10, labels[-1] + 1, spec.num_labels
+      )
   counts = np.zeros(spec.num_labels, np.int32)
   for split, stream, n in (("trn", 3, spec.num_train), ("tst", 4, spec.num_test)):
     x_path = os.path.join(out_dir, f"{split}_X.txt")
@@ -212,10 +222,13 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
         done += len(texts)
         logging.info("synthetic: %s %d/%d queries (%.0fs)", split, done, n, time.time() - t0)
   write_word_tokenizer(os.path.join(out_dir, "tokenizer"), words)
-  stats = {"spec": dataclasses.asdict(spec), "generator": GENERATOR_VERSION,
-           "label_deciles_pct": [round(100 * float(s), 2) for s in decile_label_shares(counts)],
-           "train_labels_seen": int((counts > 0).sum()),
-           "seconds": round(time.time() - t0, 1)}
+  stats = {
+    "spec": dataclasses.asdict(spec),
+    "generator": GENERATOR_VERSION,
+    "label_deciles_pct": [round(100 * float(s), 2) for s in decile_label_shares(counts)],
+    "train_labels_seen": int((counts > 0).sum()),
+    "seconds": round(time.time() - t0, 1),
+  }
   with xc_format.atomic_text_writer(os.path.join(out_dir, "synthetic.json")) as f:
     json.dump(stats, f, indent=1)
   return stats
@@ -260,12 +273,20 @@ def write_word_tokenizer(out_dir: str, words: list[str]) -> None:
   tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
   tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
   tok.post_processor = processors.TemplateProcessing(
-      single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                 cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+  )
+  fast = PreTrainedTokenizerFast(
+    tokenizer_object=tok,
+    pad_token="[PAD]",
+    unk_token="[UNK]",
+    cls_token="[CLS]",
+    sep_token="[SEP]",
+    mask_token="[MASK]",
+  )
   tmp = out_dir + f".tmp-{tmpnames.unique_suffix()}"
   fast.save_pretrained(tmp)
   if os.path.exists(out_dir):
     import shutil
+
     shutil.rmtree(out_dir)
   os.replace(tmp, out_dir)

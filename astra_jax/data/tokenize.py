@@ -6,6 +6,7 @@ the tokenizer's fingerprint and max_len (when any of them changes the cache is r
 and the tokenizer's pad id and vocabulary size (so opening needs no tokenizer).
 Padding uses the tokenizer's pad id; the attention mask is `tokens != pad_id`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -35,14 +36,17 @@ def load_tokenizer(tokenizer_dir: str):
     raise TokenizerError(f"tokenizer directory {tokenizer_dir!r} does not exist")
   names = set(os.listdir(tokenizer_dir))
   if not names & {"tokenizer.json", "vocab.txt"}:
-    raise TokenizerError(f"tokenizer directory {tokenizer_dir!r} holds neither tokenizer.json "
-                         f"nor vocab.txt (found: {sorted(names) or 'nothing'})")
+    raise TokenizerError(
+      f"tokenizer directory {tokenizer_dir!r} holds neither tokenizer.json "
+      f"nor vocab.txt (found: {sorted(names) or 'nothing'})"
+    )
   os.environ.setdefault("HF_HUB_OFFLINE", "1")
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
   # The Rust tokenizer's batch encoding runs on a thread per core it is given (its pool
   # starts on first use, so this holds unless something tokenized earlier in the process).
   os.environ.setdefault("RAYON_NUM_THREADS", str(len(os.sched_getaffinity(0))))
   from transformers import AutoTokenizer
+
   try:
     return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
   except Exception as e:  # transformers raises many types for a broken directory
@@ -60,22 +64,35 @@ def tokenizer_fingerprint(tokenizer_dir: str) -> str:
   return h.hexdigest()[:16]
 
 
-def tokenize_texts(texts: Sequence[str], tokenizer, max_len: int,
-                   progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+def tokenize_texts(
+  texts: Sequence[str], tokenizer, max_len: int, progress: Callable[[int, int], None] | None = None
+) -> np.ndarray:
   """Tokenizes in batches into a (len(texts), max_len) int32 array."""
   out = np.full((len(texts), max_len), tokenizer.pad_token_id or 0, np.int32)
   for start in range(0, len(texts), _BATCH):
-    batch = list(texts[start:start + _BATCH])
-    enc = tokenizer(batch, max_length=max_len, truncation=True, padding="max_length",
-                    return_attention_mask=False, return_token_type_ids=False)
-    out[start:start + len(batch)] = np.asarray(enc["input_ids"], np.int32)
+    batch = list(texts[start : start + _BATCH])
+    enc = tokenizer(
+      batch,
+      max_length=max_len,
+      truncation=True,
+      padding="max_length",
+      return_attention_mask=False,
+      return_token_type_ids=False,
+    )
+    out[start : start + len(batch)] = np.asarray(enc["input_ids"], np.int32)
     if progress:
       progress(start + len(batch), len(texts))
   return out
 
 
-def cached_tokens(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: int,
-                  layout: str = "auto", use_content: bool = False) -> np.ndarray:
+def cached_tokens(
+  text_path: str,
+  cache_dir: str,
+  tokenizer_dir: str,
+  max_len: int,
+  layout: str = "auto",
+  use_content: bool = False,
+) -> np.ndarray:
   """Token ids of a text file as a read-only memmap, (re)built when stale.
 
   Building runs once per cache (under `cache_files.build_lock`: the other processes of a
@@ -87,9 +104,13 @@ def cached_tokens(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: i
   os.makedirs(cache_dir, exist_ok=True)
   stem = _stem(text_path, cache_dir, max_len)
   tok_path = stem + ".tokens.npy"
-  want = {"source": cache_files.source_stamp(text_path),
-          "tokenizer": tokenizer_fingerprint(tokenizer_dir),
-          "max_len": max_len, "layout": layout, "use_content": use_content}
+  want = {
+    "source": cache_files.source_stamp(text_path),
+    "tokenizer": tokenizer_fingerprint(tokenizer_dir),
+    "max_len": max_len,
+    "layout": layout,
+    "use_content": use_content,
+  }
   if not _is_current(stem, want):
     with cache_files.build_lock(stem):
       if not _is_current(stem, want):  # another process may have built it meanwhile
@@ -102,8 +123,9 @@ def _stem(text_path: str, cache_dir: str, max_len: int) -> str:
   return os.path.join(cache_dir, f"{base}.L{max_len}")
 
 
-def tokenizer_ids(text_path: str, cache_dir: str, tokenizer_dir: str, max_len: int
-                  ) -> tuple[int, int]:
+def tokenizer_ids(
+  text_path: str, cache_dir: str, tokenizer_dir: str, max_len: int
+) -> tuple[int, int]:
   """(pad id, vocabulary size with added tokens) of the tokenizer a built token cache used:
   from its metadata, so that opening the caches does not import transformers (seconds);
   from the tokenizer itself for a cache built before the metadata held them."""
@@ -150,13 +172,14 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
     rows = len(tokens)
     logging.info("tokenizing %s: resuming at row %d of %d", text_path, done, rows)
   progress = _Progress(os.path.basename(text_path), rows, done)
-  texts = itertools.islice(xc_format.iter_texts(text_path, want["layout"], want["use_content"]),
-                           done, None)
+  texts = itertools.islice(
+    xc_format.iter_texts(text_path, want["layout"], want["use_content"]), done, None
+  )
   checkpoint = done
   for batch in _batches(texts, _BATCH):
     if done + len(batch) > rows:
       raise xc_format.XCFormatError(text_path, None, f"more texts than its {rows} lines")
-    tokens[done:done + len(batch)] = tokenize_texts(batch, tokenizer, max_len)
+    tokens[done : done + len(batch)] = tokenize_texts(batch, tokenizer, max_len)
     done += len(batch)
     progress(done)
     if done - checkpoint >= _CHECKPOINT_ROWS:
@@ -164,8 +187,10 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
       checkpoint = done
   if done != rows:
     raise xc_format.XCFormatError(text_path, None, f"{done} texts but {rows} lines")
-  truncated = sum(int((tokens[s:s + _CHECKPOINT_ROWS, -1] != pad).sum())
-                  for s in range(0, rows, _CHECKPOINT_ROWS))
+  truncated = sum(
+    int((tokens[s : s + _CHECKPOINT_ROWS, -1] != pad).sum())
+    for s in range(0, rows, _CHECKPOINT_ROWS)
+  )
   tokens.flush()
   del tokens
   with open(partial_path, "rb+") as f:
@@ -173,13 +198,24 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
   os.replace(partial_path, tok_path)
   with contextlib.suppress(FileNotFoundError):
     os.remove(partial_meta)
-  meta = dict(want, rows=rows, pad_id=pad, vocab_size=len(tokenizer),
-              seconds=round(progress.elapsed(), 2),
-              truncated_rows=truncated)
+  meta = dict(
+    want,
+    rows=rows,
+    pad_id=pad,
+    vocab_size=len(tokenizer),
+    seconds=round(progress.elapsed(), 2),
+    truncated_rows=truncated,
+  )
   with xc_format.atomic_text_writer(meta_path) as f:
     json.dump(meta, f, indent=1)
-  logging.info("tokenized %s: %d texts in %.1fs (%.0f rows/s) -> %s", text_path, rows,
-               progress.elapsed(), rows / max(progress.elapsed(), 1e-9), tok_path)
+  logging.info(
+    "tokenized %s: %d texts in %.1fs (%.0f rows/s) -> %s",
+    text_path,
+    rows,
+    progress.elapsed(),
+    rows / max(progress.elapsed(), 1e-9),
+    tok_path,
+  )
 
 
 def _resumable_rows(partial_path: str, partial_meta: str, want: dict) -> int | None:
@@ -223,5 +259,11 @@ class _Progress:
       return
     self.last = now
     rate = (done - self.start) / max(now - self.t0, 1e-9)
-    logging.info("tokenizing %s: %d/%d rows, %.0f rows/s, %.0fs left", self.name, done,
-                 self.total, rate, (self.total - done) / max(rate, 1e-9))
+    logging.info(
+      "tokenizing %s: %d/%d rows, %.0f rows/s, %.0fs left",
+      self.name,
+      done,
+      self.total,
+      rate,
+      (self.total - done) / max(rate, 1e-9),
+    )

@@ -6,6 +6,7 @@ training rows, fraction, `data.validation_seed`) only, so runs with other traini
 or other model settings hold out the same rows. Label-text rows (augmentation) always stay
 in training: they are not queries.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,11 @@ def take_rows(labels: SparseRows | WithLabelRows, rows: np.ndarray) -> SparseRow
   base = labels.base if isinstance(labels, WithLabelRows) else labels
   values = None
   if base.values is not None:
-    values = (np.concatenate([labels.row_values(int(r)) for r in rows]) if len(rows)
-              else np.zeros(0, np.float32)).astype(np.float32)
+    values = (
+      np.concatenate([labels.row_values(int(r)) for r in rows])
+      if len(rows)
+      else np.zeros(0, np.float32)
+    ).astype(np.float32)
   return SparseRows(indptr, ids.astype(np.int32), values, labels.num_cols)
 
 
@@ -67,6 +71,7 @@ def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, n
 class ValidationSplit:
   """The training data without the held-out rows, and the held-out rows as an evaluation
   set (in XCData's test_* fields, no filter pairs: they are training rows)."""
+
   train: XCData
   validation: XCData
 
@@ -86,8 +91,10 @@ def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
   n = data.num_train_original
   keep, val = split_rows(n, fraction, seed)
   if len(val) == 0 or len(keep) == 0:
-    raise InputError(f"config.data.validation_fraction={fraction} of {n} training rows "
-                     "leaves no validation or no training row")
+    raise InputError(
+      f"config.data.validation_fraction={fraction} of {n} training rows "
+      "leaves no validation or no training row"
+    )
   tokens = data.train_tokens
   originals = tokens.parts[0] if isinstance(tokens, RowConcat) else tokens
   kept_tokens = RowSubset(originals, keep)
@@ -95,11 +102,15 @@ def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
     kept_tokens = RowConcat(kept_tokens, *tokens.parts[1:])
   extra = np.arange(n, data.train_labels.num_rows)
   train = dataclasses.replace(
-      data, train_tokens=kept_tokens,
-      train_labels=take_rows(data.train_labels, np.concatenate([keep, extra])),
-      num_train_original=len(keep))
+    data,
+    train_tokens=kept_tokens,
+    train_labels=take_rows(data.train_labels, np.concatenate([keep, extra])),
+    num_train_original=len(keep),
+  )
   validation = dataclasses.replace(
-      data, test_tokens=RowSubset(originals, val),
-      test_labels=take_rows(data.train_labels, val),
-      test_filter=np.zeros((0, 2), np.int64))
+    data,
+    test_tokens=RowSubset(originals, val),
+    test_labels=take_rows(data.train_labels, val),
+    test_filter=np.zeros((0, 2), np.int64),
+  )
   return ValidationSplit(train, validation)

@@ -4,6 +4,7 @@ Sparse label matrices (`trn_X_Y.txt`): a header `rows cols`, then one line per r
 `label:value` pairs (0-based); an empty line is a row without labels. Text files come in
 three layouts (see `read_texts`). Every parse error names the file and the 1-based line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,14 +41,15 @@ _COUNT_BLOCK = 1 << 24  # entries per bincount: int64 temporaries bounded, not n
 class SparseRows:
   """A CSR matrix without scipy: row i holds indices[indptr[i]:indptr[i+1]]. The arrays
   may be read-only memmaps of a label cache (`label_cache`); nothing here copies them."""
-  indptr: np.ndarray          # (rows + 1,) int64
-  indices: np.ndarray         # (nnz,) int32
-  values: np.ndarray | None   # (nnz,) float32; None: every value is one (a label file's
-                              # usual case, so an nnz-sized array of ones is never held)
+
+  indptr: np.ndarray  # (rows + 1,) int64
+  indices: np.ndarray  # (nnz,) int32
+  values: np.ndarray | None  # (nnz,) float32; None: every value is one (a label file's
+  # usual case, so an nnz-sized array of ones is never held)
   num_cols: int
   counts: np.ndarray | None = None  # (num_cols,) positives per label, when precomputed
-  max_length: int | None = None     # the longest row's length, when precomputed
-  cache: str = ""                   # the label cache these arrays map (label_cache), if any
+  max_length: int | None = None  # the longest row's length, when precomputed
+  cache: str = ""  # the label cache these arrays map (label_cache), if any
 
   @property
   def num_rows(self) -> int:
@@ -60,16 +62,20 @@ class SparseRows:
   def row_range(self, lo: int, hi: int) -> SparseRows:
     """Rows [lo, hi) as their own matrix (views of the arrays, row pointers rebased)."""
     start, end = self.indptr[lo], self.indptr[hi]
-    return SparseRows(np.asarray(self.indptr[lo:hi + 1]) - start, self.indices[start:end],
-                      None if self.values is None else self.values[start:end], self.num_cols)
+    return SparseRows(
+      np.asarray(self.indptr[lo : hi + 1]) - start,
+      self.indices[start:end],
+      None if self.values is None else self.values[start:end],
+      self.num_cols,
+    )
 
   def row(self, i: int) -> np.ndarray:
-    return self.indices[self.indptr[i]:self.indptr[i + 1]]
+    return self.indices[self.indptr[i] : self.indptr[i + 1]]
 
   def row_values(self, i: int) -> np.ndarray:
     if self.values is None:
       return np.ones(int(self.indptr[i + 1] - self.indptr[i]), np.float32)
-    return self.values[self.indptr[i]:self.indptr[i + 1]]
+    return self.values[self.indptr[i] : self.indptr[i + 1]]
 
   def row_lengths(self, rows: np.ndarray | None = None) -> np.ndarray:
     """Labels per row: of every row, or of the given row ids."""
@@ -83,7 +89,7 @@ class SparseRows:
       return self.max_length
     longest = 0
     for s in range(0, self.num_rows, _COUNT_BLOCK):
-      block = np.diff(self.indptr[s:s + _COUNT_BLOCK + 1])
+      block = np.diff(self.indptr[s : s + _COUNT_BLOCK + 1])
       longest = max(longest, int(block.max(initial=0)))
     return longest
 
@@ -94,7 +100,7 @@ class SparseRows:
       return np.asarray(self.counts, np.int64)
     counts = np.zeros(self.num_cols, np.int64)
     for s in range(0, self.nnz, _COUNT_BLOCK):
-      counts += np.bincount(self.indices[s:s + _COUNT_BLOCK], minlength=self.num_cols)
+      counts += np.bincount(self.indices[s : s + _COUNT_BLOCK], minlength=self.num_cols)
     return counts
 
   def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +119,7 @@ class SparseRows:
       return self
     end = self.indptr[n]
     vals = None if self.values is None else self.values[:end]
-    return SparseRows(self.indptr[:n + 1], self.indices[:end], vals, self.num_cols)
+    return SparseRows(self.indptr[: n + 1], self.indices[:end], vals, self.num_cols)
 
   def to_dense(self) -> np.ndarray:
     dense = np.zeros((self.num_rows, self.num_cols), np.float32)
@@ -122,8 +128,9 @@ class SparseRows:
     return dense
 
   @staticmethod
-  def from_lists(rows: Sequence[Sequence[int]], num_cols: int,
-                 values: Sequence[Sequence[float]] | None = None) -> SparseRows:
+  def from_lists(
+    rows: Sequence[Sequence[int]], num_cols: int, values: Sequence[Sequence[float]] | None = None
+  ) -> SparseRows:
     lengths = np.fromiter((len(r) for r in rows), np.int64, len(rows))
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     flat = [i for r in rows for i in r]
@@ -143,8 +150,11 @@ class SparseRows:
       ones = lambda m: np.ones(m.nnz, np.float32) if m.values is None else m.values
       vals = np.concatenate([ones(self), ones(other)])
     return SparseRows(
-        np.concatenate([self.indptr, other.indptr[1:] + self.indptr[-1]]),
-        np.concatenate([self.indices, other.indices]), vals, self.num_cols)
+      np.concatenate([self.indptr, other.indptr[1:] + self.indptr[-1]]),
+      np.concatenate([self.indices, other.indices]),
+      vals,
+      self.num_cols,
+    )
 
 
 class WithLabelRows:
@@ -212,8 +222,9 @@ class WithLabelRows:
   def stacked(self) -> SparseRows:
     """The rows as one SparseRows in RAM (a copy: for small matrices held in RAM anyway)."""
     L = self.num_cols
-    return self.base.vstack(SparseRows(np.arange(L + 1, dtype=np.int64),
-                                       np.arange(L, dtype=np.int32), None, L))
+    return self.base.vstack(
+      SparseRows(np.arange(L + 1, dtype=np.int64), np.arange(L, dtype=np.int32), None, L)
+    )
 
 
 def _open_binary(path: str | os.PathLike):
@@ -241,8 +252,9 @@ def _lines(path: str | os.PathLike) -> Iterator[tuple[int, str]]:
       try:
         line = raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise XCFormatError(path, lineno, f"unreadable: not UTF-8 ({e.reason} at byte "
-                            f"{e.start})") from None
+        raise XCFormatError(
+          path, lineno, f"unreadable: not UTF-8 ({e.reason} at byte {e.start})"
+        ) from None
       yield lineno, line.rstrip("\n").rstrip("\r")
 
 
@@ -257,11 +269,13 @@ def read_sparse(path: str | os.PathLike, num_cols: int | None = None) -> SparseR
     The rows, each sorted with every label once; `values` None when they are all one.
   """
   from astra_jax.data import sparse_reader  # it builds on this module's line parser
+
   return sparse_reader.read_sparse(path, num_cols)
 
 
-def parse_header(path: str | os.PathLike, lineno: int, header: str,
-                 num_cols: int | None) -> tuple[int, int]:
+def parse_header(
+  path: str | os.PathLike, lineno: int, header: str, num_cols: int | None
+) -> tuple[int, int]:
   """(rows, cols) of a sparse file's header line, or an XCFormatError naming it."""
   parts = header.split()
   if len(parts) != 2 or not all(_INT.fullmatch(p) for p in parts):
@@ -272,8 +286,9 @@ def parse_header(path: str | os.PathLike, lineno: int, header: str,
   return rows, cols
 
 
-def parse_row(path: str | os.PathLike, lineno: int, line: str, cols: int,
-              sorted_unique: _SortedUnique) -> tuple[np.ndarray, np.ndarray]:
+def parse_row(
+  path: str | os.PathLike, lineno: int, line: str, cols: int, sorted_unique: _SortedUnique
+) -> tuple[np.ndarray, np.ndarray]:
   """One non-empty row's (sorted unique int64 ids, float32 values), or an XCFormatError
   naming the line: the reference parser, and the one that words every error."""
   try:
@@ -298,8 +313,9 @@ class _SortedUnique:
   def __init__(self, path):
     self.path, self.rows, self.first = path, 0, None
 
-  def __call__(self, lineno: int, idx: np.ndarray, val: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+  def __call__(
+    self, lineno: int, idx: np.ndarray, val: np.ndarray
+  ) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(idx, kind="stable")
     idx, val = idx[order], val[order]
     first = np.ones(idx.size, bool)
@@ -312,8 +328,12 @@ class _SortedUnique:
 
   def report(self) -> None:
     if self.rows:
-      logging.warning("%s: %d rows list a label more than once (first: line %d); each label "
-                      "counts once", self.path, self.rows, self.first)
+      logging.warning(
+        "%s: %d rows list a label more than once (first: line %d); each label counts once",
+        self.path,
+        self.rows,
+        self.first,
+      )
 
 
 def _is_pair(token: str) -> bool:
@@ -372,8 +392,9 @@ class atomic_text_writer:
 # {trn,tst,lbl}.json.gz: one object per line with uid, title, content).
 
 
-def read_texts(path: str | os.PathLike, layout: str = "auto",
-               use_content: bool = False) -> list[str]:
+def read_texts(
+  path: str | os.PathLike, layout: str = "auto", use_content: bool = False
+) -> list[str]:
   """Reads one text per row (all in RAM; `iter_texts` streams them).
 
   Args:
@@ -386,8 +407,9 @@ def read_texts(path: str | os.PathLike, layout: str = "auto",
   return list(iter_texts(path, layout, use_content))
 
 
-def iter_texts(path: str | os.PathLike, layout: str = "auto",
-               use_content: bool = False) -> Iterator[str]:
+def iter_texts(
+  path: str | os.PathLike, layout: str = "auto", use_content: bool = False
+) -> Iterator[str]:
   """One text per row, one line at a time (arguments as `read_texts`'s)."""
   p = os.fspath(path)
   if layout == "auto":
@@ -476,8 +498,9 @@ def write_texts(path: str | os.PathLike, texts: Iterable[str], layout: str = "li
         f.write(t + "\n")
 
 
-def read_filter(path: str | os.PathLike, num_rows: int | None = None,
-                num_labels: int | None = None) -> np.ndarray:
+def read_filter(
+  path: str | os.PathLike, num_rows: int | None = None, num_labels: int | None = None
+) -> np.ndarray:
   """Reads `row label` pairs (0-based) into an (n, 2) int64 array."""
   pairs = []
   for lineno, line in _lines(path):
@@ -497,5 +520,6 @@ def read_filter(path: str | os.PathLike, num_rows: int | None = None,
 
 def check_same_rows(texts_path: str, num_texts: int, labels_path: str, num_label_rows: int) -> None:
   if num_texts != num_label_rows:
-    raise XCFormatError(texts_path, None,
-                        f"{num_texts} texts but {labels_path} has {num_label_rows} label rows")
+    raise XCFormatError(
+      texts_path, None, f"{num_texts} texts but {labels_path} has {num_label_rows} label rows"
+    )

@@ -8,6 +8,7 @@ encoder without starting a backend; `model/factory.py` builds the module.
 
 What an encoder module must provide is `model/interface.py`'s `QueryEncoder`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +35,7 @@ class Architecture:
     activation_bytes: (shape, batch, tokens) -> (bytes kept for the backward pass, formula).
     loads_hf_weights: whether `encoder.hf_dir`'s model.safetensors can initialise it.
   """
+
   name: str
   shape_cls: type
   module: str
@@ -65,8 +67,7 @@ def names() -> tuple[str, ...]:
 def get(name: str) -> Architecture:
   """The architecture `config.encoder.arch` names; an InputError naming the choices else."""
   if name not in _REGISTRY:
-    raise InputError(f"config.encoder.arch={name!r}: unknown; choose one of "
-                     f"{', '.join(_REGISTRY)}")
+    raise InputError(f"config.encoder.arch={name!r}: unknown; choose one of {', '.join(_REGISTRY)}")
   return _REGISTRY[name]
 
 
@@ -96,24 +97,35 @@ def shape_from_config(config, vocab_size: int, pad_id: int):
 # ------------------------------------------------------------------------------ BERT
 def _bert_shape(config, vocab_size: int, pad_id: int) -> EncoderConfig:
   ec = config.encoder
-  common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
-                dtype=ec.dtype)
+  common = dict(
+    bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout, dtype=ec.dtype
+  )
   hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
   if hf_dir:
     cfg = EncoderConfig.from_hf(hf_dir, **common)
     if cfg.vocab_size < vocab_size:
-      raise InputError(f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
-                       f"the tokenizer's {vocab_size}")
+      raise InputError(
+        f"{hf_dir}/config.json: vocab_size {cfg.vocab_size} is smaller than "
+        f"the tokenizer's {vocab_size}"
+      )
   else:
-    cfg = EncoderConfig(vocab_size=vocab_size, hidden_size=ec.hidden_size,
-                        num_layers=ec.num_layers, num_heads=ec.num_heads,
-                        intermediate_size=ec.intermediate_size,
-                        max_position=max(512, config.data.max_len), pad_token_id=pad_id,
-                        hidden_dropout=ec.hidden_dropout, attention_dropout=ec.hidden_dropout,
-                        **common)
+    cfg = EncoderConfig(
+      vocab_size=vocab_size,
+      hidden_size=ec.hidden_size,
+      num_layers=ec.num_layers,
+      num_heads=ec.num_heads,
+      intermediate_size=ec.intermediate_size,
+      max_position=max(512, config.data.max_len),
+      pad_token_id=pad_id,
+      hidden_dropout=ec.hidden_dropout,
+      attention_dropout=ec.hidden_dropout,
+      **common,
+    )
   if config.data.max_len > cfg.max_position:
-    raise InputError(f"config.data.max_len={config.data.max_len} exceeds the encoder's "
-                     f"max_position_embeddings={cfg.max_position}")
+    raise InputError(
+      f"config.data.max_len={config.data.max_len} exceeds the encoder's "
+      f"max_position_embeddings={cfg.max_position}"
+    )
   return cfg
 
 
@@ -121,11 +133,15 @@ def bert_param_count(e: EncoderConfig) -> int:
   """Parameters of astra_jax.model.encoder.Encoder(e), exactly."""
   H, I = e.hidden_size, e.intermediate_size
   embeddings = (e.vocab_size + e.max_position + e.type_vocab_size) * H + 2 * H  # + LayerNorm
-  layer = (4 * (H * H + H)      # query, key, value, out (with biases)
-           + 2 * H              # attention LayerNorm
-           + H * I + I          # ffn_in
-           + I * H + H          # ffn_out
-           + 2 * H)             # output LayerNorm
+  layer = (
+    4 * (H * H + H)  # query, key, value, out (with biases)
+    + 2 * H  # attention LayerNorm
+    + H * I
+    + I  # ffn_in
+    + I * H
+    + H  # ffn_out
+    + 2 * H
+  )  # output LayerNorm
   return embeddings + e.num_layers * layer + H * e.bottleneck_dim  # bias-free bottleneck
 
 
@@ -156,28 +172,43 @@ def bert_activation_bytes(e: EncoderConfig, b: int, T: int) -> tuple[int, str]:
   per_layer = b * T * H * (8 * s + 10) + b * T * I * (2 * s + 4) + b * nh * T * T * (9 + s)
   total = (e.num_layers + 1) * per_layer + b * T * H * (s + 1) + b * T * H * 4
   return int(XLA_OVERHEAD * total), (
-      f"{XLA_OVERHEAD} x [(layers + 1) x (b T H (8s+10) + b T I (2s+4) + b nh T^2 (9+s)) "
-      f"+ b T H (s+5)]; b={b}, T={T}, s={s}")
+    f"{XLA_OVERHEAD} x [(layers + 1) x (b T H (8s+10) + b T I (2s+4) + b nh T^2 (9+s)) "
+    f"+ b T H (s+5)]; b={b}, T={T}, s={s}"
+  )
 
 
-BERT = register(Architecture(
-    name="bert", shape_cls=EncoderConfig, module="astra_jax.model.encoder:Encoder",
-    shape_from_config=_bert_shape, param_count=bert_param_count,
-    activation_bytes=bert_activation_bytes, loads_hf_weights=True))
+BERT = register(
+  Architecture(
+    name="bert",
+    shape_cls=EncoderConfig,
+    module="astra_jax.model.encoder:Encoder",
+    shape_from_config=_bert_shape,
+    param_count=bert_param_count,
+    activation_bytes=bert_activation_bytes,
+    loads_hf_weights=True,
+  )
+)
 
 
 # ------------------------------------------------------------------------ n-gram bag
 def _ngram_bag_shape(config, vocab_size: int, pad_id: int) -> NgramBagConfig:
   ec = config.encoder
   if ec.hf_dir:
-    raise InputError(f"config.encoder.hf_dir={ec.hf_dir!r}: the ngram_bag encoder has no "
-                     f"pretrained weights; set the tokenizer with config.data.tokenizer_dir")
+    raise InputError(
+      f"config.encoder.hf_dir={ec.hf_dir!r}: the ngram_bag encoder has no "
+      f"pretrained weights; set the tokenizer with config.data.tokenizer_dir"
+    )
   del vocab_size  # token ids are hashed, whatever the vocabulary
-  return NgramBagConfig(hidden_size=ec.hidden_size, hash_buckets=ec.ngram.hash_buckets,
-                        ngram_orders=ec.ngram.orders, pad_token_id=pad_id,
-                        bottleneck_dim=ec.bottleneck_dim,
-                        embedding_dropout=ec.embedding_dropout,
-                        normalize_scale=ec.ngram.normalize_scale, dtype=ec.dtype)
+  return NgramBagConfig(
+    hidden_size=ec.hidden_size,
+    hash_buckets=ec.ngram.hash_buckets,
+    ngram_orders=ec.ngram.orders,
+    pad_token_id=pad_id,
+    bottleneck_dim=ec.bottleneck_dim,
+    embedding_dropout=ec.embedding_dropout,
+    normalize_scale=ec.ngram.normalize_scale,
+    dtype=ec.dtype,
+  )
 
 
 def ngram_bag_param_count(e: NgramBagConfig) -> int:
@@ -191,13 +222,20 @@ def ngram_bag_activation_bytes(e: NgramBagConfig, b: int, T: int) -> tuple[int, 
   grams = b * T * e.ngram_orders
   total = grams * (4 * e.hidden_size + 5)
   return int(XLA_OVERHEAD * total), (
-      f"{XLA_OVERHEAD} x b T n (4 H + 5); b={b}, T={T}, n={e.ngram_orders}")
+    f"{XLA_OVERHEAD} x b T n (4 H + 5); b={b}, T={T}, n={e.ngram_orders}"
+  )
 
 
-NGRAM_BAG = register(Architecture(
-    name="ngram_bag", shape_cls=NgramBagConfig, module="astra_jax.model.ngram_bag:NgramBagEncoder",
-    shape_from_config=_ngram_bag_shape, param_count=ngram_bag_param_count,
-    activation_bytes=ngram_bag_activation_bytes))
+NGRAM_BAG = register(
+  Architecture(
+    name="ngram_bag",
+    shape_cls=NgramBagConfig,
+    module="astra_jax.model.ngram_bag:NgramBagEncoder",
+    shape_from_config=_ngram_bag_shape,
+    param_count=ngram_bag_param_count,
+    activation_bytes=ngram_bag_activation_bytes,
+  )
+)
 
 
 def shape_from_json(meta: dict):

@@ -12,6 +12,7 @@ dropout are the query head every backbone shares (`model/interface.py`). LayerNo
 written out (two-pass variance in fp32) rather than nnx.LayerNorm, whose broadcast scale
 XLA:CPU materialises per call.
 """
+
 from __future__ import annotations
 
 import jax
@@ -40,8 +41,14 @@ class _Keys:
 
 
 def _linear(cin: int, cout: int, cfg: EncoderConfig, rngs: nnx.Rngs, bias: bool = True):
-  return nnx.Linear(cin, cout, use_bias=bias, dtype=_DTYPES[cfg.dtype],
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+  return nnx.Linear(
+    cin,
+    cout,
+    use_bias=bias,
+    dtype=_DTYPES[cfg.dtype],
+    kernel_init=nnx.initializers.normal(0.02),
+    rngs=rngs,
+  )
 
 
 class LayerNorm(nnx.Module):
@@ -67,7 +74,6 @@ def _layer_norm(n: int, cfg: EncoderConfig, rngs: nnx.Rngs):
 
 
 class SelfAttention(nnx.Module):
-
   def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
     h = cfg.hidden_size
     self.cfg = cfg
@@ -87,7 +93,6 @@ class SelfAttention(nnx.Module):
 
 
 class TransformerLayer(nnx.Module):
-
   def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     self.attention = SelfAttention(cfg, rngs)
@@ -112,20 +117,24 @@ class Encoder(QueryHead, nnx.Module):
   def __init__(self, cfg: EncoderConfig, rngs: nnx.Rngs):
     self.cfg = cfg
     init = nnx.initializers.normal(0.02)
-    self.word_embeddings = nnx.Embed(cfg.vocab_size, cfg.hidden_size, embedding_init=init,
-                                     rngs=rngs)
-    self.position_embeddings = nnx.Embed(cfg.max_position, cfg.hidden_size, embedding_init=init,
-                                         rngs=rngs)
+    self.word_embeddings = nnx.Embed(
+      cfg.vocab_size, cfg.hidden_size, embedding_init=init, rngs=rngs
+    )
+    self.position_embeddings = nnx.Embed(
+      cfg.max_position, cfg.hidden_size, embedding_init=init, rngs=rngs
+    )
     if cfg.type_vocab_size:
-      self.token_type_embeddings = nnx.Embed(cfg.type_vocab_size, cfg.hidden_size,
-                                             embedding_init=init, rngs=rngs)
+      self.token_type_embeddings = nnx.Embed(
+        cfg.type_vocab_size, cfg.hidden_size, embedding_init=init, rngs=rngs
+      )
     self.embedding_norm = _layer_norm(cfg.hidden_size, cfg, rngs)
     self.layers = nnx.List([TransformerLayer(cfg, rngs) for _ in range(cfg.num_layers)])
     if cfg.bottleneck_dim:
       self.bottleneck = _linear(cfg.hidden_size, cfg.bottleneck_dim, cfg, rngs, bias=False)
 
-  def token_states(self, input_ids: jax.Array,
-                   dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  def token_states(
+    self, input_ids: jax.Array, dropout_key: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array]:
     """Last hidden states (B, T, hidden) and the attention mask (B, T)."""
     cfg = self.cfg
     keys = _Keys(dropout_key)

@@ -8,6 +8,7 @@ all-MiniLM-L6-v2 instead: a different encoder (d = 384, 6 layers) is never chose
 A directory with config.json but no model.safetensors is an error too, unless
 `encoder.load_weights=False` asks for a randomly initialised encoder of that shape.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,32 +23,36 @@ MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
 MINILM = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"
 # How a PyTorch checkpoint becomes model.safetensors (the README has it as a snippet).
-CONVERT_HINT = ("python -c \"from transformers import AutoModel; "
-                "AutoModel.from_pretrained('DIR').save_pretrained('DIR', "
-                "safe_serialization=True)\" (DIR holding pytorch_model.bin and config.json)")
+CONVERT_HINT = (
+  'python -c "from transformers import AutoModel; '
+  "AutoModel.from_pretrained('DIR').save_pretrained('DIR', "
+  'safe_serialization=True)" (DIR holding pytorch_model.bin and config.json)'
+)
 
 
 class EncoderIdentity(NamedTuple):
   """What results.json records about the trained encoder."""
-  name: str                  # encoder.hf_dir as configured, or "tiny random BERT"
-  directory: str             # where its config.json (and weights) were read; "" if none
-  parameters: int            # trainable parameters, bottleneck included
+
+  name: str  # encoder.hf_dir as configured, or "tiny random BERT"
+  directory: str  # where its config.json (and weights) were read; "" if none
+  parameters: int  # trainable parameters, bottleneck included
   weights_sha256: str | None  # of the loaded weights file; None when randomly initialised
 
 
 def local_encoder_dir(name: str) -> str:
   """`$ASTRA_MODELS_DIR/<last path part of name>` (default models/)."""
-  return os.path.join(os.environ.get(MODELS_DIR_ENV, "models"),
-                      name.rstrip("/").split("/")[-1])
+  return os.path.join(os.environ.get(MODELS_DIR_ENV, "models"), name.rstrip("/").split("/")[-1])
 
 
 def missing_paper_encoder_message(paper_encoder: str, directory: str) -> str:
-  return (f"config.encoder.hf_dir: the paper's encoder {paper_encoder} is not in "
-          f"{directory} (${MODELS_DIR_ENV}/<name>, default models/): put its config.json, "
-          f"{WEIGHTS_FILE} and tokenizer files (tokenizer.json or vocab.txt) there (a PyTorch "
-          f"checkpoint converts with {CONVERT_HINT}), or pass "
-          f"--config.encoder.hf_dir={MINILM} to train the installed {MINILM} instead "
-          f"(d = 384, 6 layers: not the paper's encoder)")
+  return (
+    f"config.encoder.hf_dir: the paper's encoder {paper_encoder} is not in "
+    f"{directory} (${MODELS_DIR_ENV}/<name>, default models/): put its config.json, "
+    f"{WEIGHTS_FILE} and tokenizer files (tokenizer.json or vocab.txt) there (a PyTorch "
+    f"checkpoint converts with {CONVERT_HINT}), or pass "
+    f"--config.encoder.hf_dir={MINILM} to train the installed {MINILM} instead "
+    f"(d = 384, 6 layers: not the paper's encoder)"
+  )
 
 
 def check(encoder_cfg) -> None:
@@ -65,10 +70,12 @@ def check(encoder_cfg) -> None:
       raise InputError(missing_paper_encoder_message(paper, hf_dir))
     raise InputError(f"config.encoder.hf_dir: {hf_dir}/config.json does not exist")
   if encoder_cfg.load_weights and not os.path.exists(os.path.join(hf_dir, WEIGHTS_FILE)):
-    raise InputError(f"config.encoder.hf_dir: {hf_dir} has config.json but no {WEIGHTS_FILE}: "
-                     f"put the weights there (a PyTorch checkpoint converts with "
-                     f"{CONVERT_HINT}), or pass --config.encoder.load_weights=False to train "
-                     f"a randomly initialised encoder of that shape")
+    raise InputError(
+      f"config.encoder.hf_dir: {hf_dir} has config.json but no {WEIGHTS_FILE}: "
+      f"put the weights there (a PyTorch checkpoint converts with "
+      f"{CONVERT_HINT}), or pass --config.encoder.load_weights=False to train "
+      f"a randomly initialised encoder of that shape"
+    )
 
 
 def weights_sha256(path: str) -> str:
@@ -94,5 +101,9 @@ def identity(encoder_cfg, parameters: int) -> EncoderIdentity:
   hf_dir = pretrained.resolve(encoder_cfg.hf_dir)
   weights = os.path.join(hf_dir, WEIGHTS_FILE)
   loaded = encoder_cfg.load_weights and os.path.exists(weights)
-  return EncoderIdentity(encoder_cfg.hf_dir, os.path.abspath(hf_dir), parameters,
-                         weights_sha256(weights) if loaded else None)
+  return EncoderIdentity(
+    encoder_cfg.hf_dir,
+    os.path.abspath(hf_dir),
+    parameters,
+    weights_sha256(weights) if loaded else None,
+  )

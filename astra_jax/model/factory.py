@@ -1,6 +1,7 @@
 """Builds the encoder `config.encoder` describes (the architecture registry's module),
 with its starting weights: a pretrained checkpoint, a finished run's exported model, or
 random."""
+
 from __future__ import annotations
 
 import os
@@ -43,6 +44,7 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> QueryEncod
     hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
     if hf_dir and ec.load_weights:
       from astra_jax.model.weights import load_hf_weights
+
       weights = os.path.join(hf_dir, encoder_source.WEIGHTS_FILE)
       load_hf_weights(model, weights)
       logging.info("loaded encoder weights from %s", weights)
@@ -63,16 +65,19 @@ def init_from_exported(model: QueryEncoder, workdir: str) -> None:
     InputError: no exported model there, or its encoder has another shape.
   """
   from astra_jax.export import load_model
+
   exported = load_model(workdir)
   ours = nnx.state(model, nnx.Param)
   theirs = dict(nnx.to_flat_state(exported.encoder_params))
   for path, var in nnx.to_flat_state(ours):
     got = theirs.get(path)
     if got is None or tuple(got.shape) != tuple(var.shape):
-      raise InputError(f"config.encoder.init_from_workdir={workdir}: its encoder's "
-                       f"{'/'.join(map(str, path))} is "
-                       f"{'missing' if got is None else tuple(got.shape)}, this config's is "
-                       f"{tuple(var.shape)}; give the encoder that run's shape")
+      raise InputError(
+        f"config.encoder.init_from_workdir={workdir}: its encoder's "
+        f"{'/'.join(map(str, path))} is "
+        f"{'missing' if got is None else tuple(got.shape)}, this config's is "
+        f"{tuple(var.shape)}; give the encoder that run's shape"
+      )
     var.set_value(jnp.asarray(got.get_value(), var.dtype))
   nnx.update(model, ours)
   logging.info("encoder initialised from %s", os.path.join(workdir, "model"))

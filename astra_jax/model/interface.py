@@ -10,6 +10,7 @@ before dropout; `__call__` is both.
 New architectures subclass `QueryHead`, implement `token_states`, and register a record in
 `model/architectures.py`; nothing else in the trainer changes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
@@ -23,6 +24,7 @@ from astra_jax.model.dropout import dropout
 @runtime_checkable
 class EncoderShape(Protocol):
   """An architecture's shape record (a frozen dataclass, stored in model.json)."""
+
   model_type: str
   bottleneck_dim: int
   embedding_dropout: float
@@ -40,6 +42,7 @@ class EncoderShape(Protocol):
 @runtime_checkable
 class QueryEncoder(Protocol):
   """The interface the trainer, the refresh and the predictor use."""
+
   cfg: Any  # an EncoderShape
 
   def pooled(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
@@ -62,8 +65,9 @@ class QueryHead:
 
   cfg: Any
 
-  def token_states(self, input_ids: jax.Array,
-                   dropout_key: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  def token_states(
+    self, input_ids: jax.Array, dropout_key: jax.Array | None
+  ) -> tuple[jax.Array, jax.Array]:
     """(states (B, T', H), mask (B, T') bool) for the head to pool."""
     raise NotImplementedError
 

@@ -12,6 +12,7 @@ Hash collisions are the price of a fixed table: with 2^18 buckets and a few hund
 thousand distinct n-grams, a rare n-gram shares its vector with one or two others, which the
 frequent ones dominate; n-grams never cross the padding.
 """
+
 from __future__ import annotations
 
 import jax
@@ -26,8 +27,9 @@ _FNV_OFFSET = 2166136261
 _FNV_PRIME = 16777619
 
 
-def hashed_ngrams(input_ids: jax.Array, orders: int, buckets: int,
-                  pad_id: int) -> tuple[jax.Array, jax.Array]:
+def hashed_ngrams(
+  input_ids: jax.Array, orders: int, buckets: int, pad_id: int
+) -> tuple[jax.Array, jax.Array]:
   """Bucket ids of every n-gram (n = 1..orders) of each row, and which are real.
 
   Args:
@@ -49,8 +51,8 @@ def hashed_ngrams(input_ids: jax.Array, orders: int, buckets: int,
     h = jnp.full((x.shape[0], width), jnp.uint32(_FNV_OFFSET + n))
     m = jnp.ones((x.shape[0], width), bool)
     for j in range(n):
-      h = (h ^ x[:, j:j + width]) * jnp.uint32(_FNV_PRIME)
-      m = m & real[:, j:j + width]
+      h = (h ^ x[:, j : j + width]) * jnp.uint32(_FNV_PRIME)
+      m = m & real[:, j : j + width]
     ids.append((fmix32(h) % jnp.uint32(buckets)).astype(jnp.int32))
     masks.append(m)
   return jnp.concatenate(ids, 1), jnp.concatenate(masks, 1)
@@ -64,17 +66,23 @@ class NgramBagEncoder(QueryHead, nnx.Module):
     # Adam moves each element by about the learning rate per step, so the init's scale sets
     # the relative step: 0.1 with lr 3e-3 is 3%, as fastText's uniform(+-1/H) init and
     # lr 0.1 SGD give about the same early on.
-    self.ngram_embeddings = nnx.Embed(cfg.hash_buckets, cfg.hidden_size,
-                                      embedding_init=nnx.initializers.normal(0.1), rngs=rngs)
+    self.ngram_embeddings = nnx.Embed(
+      cfg.hash_buckets, cfg.hidden_size, embedding_init=nnx.initializers.normal(0.1), rngs=rngs
+    )
     if cfg.bottleneck_dim:
-      self.bottleneck = nnx.Linear(cfg.hidden_size, cfg.bottleneck_dim, use_bias=False,
-                                   kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+      self.bottleneck = nnx.Linear(
+        cfg.hidden_size,
+        cfg.bottleneck_dim,
+        use_bias=False,
+        kernel_init=nnx.initializers.normal(0.02),
+        rngs=rngs,
+      )
 
-  def token_states(self, input_ids: jax.Array,
-                   dropout_key: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  def token_states(
+    self, input_ids: jax.Array, dropout_key: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array]:
     """The vectors of every hashed n-gram (B, G, H) and their mask (B, G)."""
     del dropout_key  # no dropout inside the bag; the head's embedding dropout applies
     cfg = self.cfg
-    grams, mask = hashed_ngrams(input_ids, cfg.ngram_orders, cfg.hash_buckets,
-                                cfg.pad_token_id)
+    grams, mask = hashed_ngrams(input_ids, cfg.ngram_orders, cfg.hash_buckets, cfg.pad_token_id)
     return self.ngram_embeddings(grams), mask

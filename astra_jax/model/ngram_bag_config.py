@@ -1,5 +1,6 @@
 """The shape of the hashed n-gram bag encoder (`model/ngram_bag.py`); jax-free, like
 `encoder_config.py`, so the planner can size it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,12 +10,13 @@ import dataclasses
 class NgramBagConfig:
   """A fastText-style encoder: every 1..`ngram_orders`-gram of token ids hashed into
   `hash_buckets` learned vectors of `hidden_size`, pooled by the query head."""
+
   hidden_size: int = 256
   hash_buckets: int = 1 << 18
-  ngram_orders: int = 3             # unigrams, bigrams and trigrams of token ids
+  ngram_orders: int = 3  # unigrams, bigrams and trigrams of token ids
   pad_token_id: int = 0
-  bottleneck_dim: int = 0           # 0: no bottleneck, d = hidden_size
-  embedding_dropout: float = 0.0    # dropout on the pooled embedding (the paper's "dropout")
+  bottleneck_dim: int = 0  # 0: no bottleneck, d = hidden_size
+  embedding_dropout: float = 0.0  # dropout on the pooled embedding (the paper's "dropout")
   # > 0: E(x) is scaled to this L2 norm (a cosine encoder; see docs/real_data.md); 0: the
   # mean of the n-gram vectors as it is.
   normalize_scale: float = 0.0

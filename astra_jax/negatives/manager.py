@@ -14,6 +14,7 @@ negatives of a state that resumes at the start of that refresh epoch, where the 
 again from its inputs (kept) before any batch needs negatives (`load_state`). Older
 checkpoints that name it are unusable; resume sets them aside and takes the newest one.
 """
+
 from __future__ import annotations
 
 import glob
@@ -28,12 +29,17 @@ from absl import logging
 from astra_jax import distributed
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives import index as index_lib
-from astra_jax.negatives.refresh import (RefreshFailed, RefreshJob, RefreshWorker,
-                                         positives_source, run_job)
+from astra_jax.negatives.refresh import (
+  RefreshFailed,
+  RefreshJob,
+  RefreshWorker,
+  positives_source,
+  run_job,
+)
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 
-VectorsFn = Callable[[], np.ndarray]            # (L, d) label vectors to index, now
-EmbedFn = Callable[[np.ndarray], np.ndarray]    # training row ids -> (n, d) embeddings, now
+VectorsFn = Callable[[], np.ndarray]  # (L, d) label vectors to index, now
+EmbedFn = Callable[[np.ndarray], np.ndarray]  # training row ids -> (n, d) embeddings, now
 
 
 class HardNegatives:
@@ -61,12 +67,24 @@ class HardNegatives:
     writes_queries: whether this process writes the collected embeddings.
   """
 
-  def __init__(self, schedule: NegativeSchedule, workdir: str, train_labels: SparseRows,
-               dim: int, backend: str = "auto", scann_knobs: dict | None = None,
-               recall_sample: int = 1000, seed: int = 0, inject_fault: str = "",
-               shards: list | None = None, shard_ids: list | None = None,
-               num_shards: int = 1, threads: int = 0, queries_dir: str | None = None,
-               writes_queries: bool = True):
+  def __init__(
+    self,
+    schedule: NegativeSchedule,
+    workdir: str,
+    train_labels: SparseRows,
+    dim: int,
+    backend: str = "auto",
+    scann_knobs: dict | None = None,
+    recall_sample: int = 1000,
+    seed: int = 0,
+    inject_fault: str = "",
+    shards: list | None = None,
+    shard_ids: list | None = None,
+    num_shards: int = 1,
+    threads: int = 0,
+    queries_dir: str | None = None,
+    writes_queries: bool = True,
+  ):
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
@@ -105,22 +123,42 @@ class HardNegatives:
 
   def _paths(self, epoch: int) -> dict[str, str]:
     p = lambda name: os.path.join(self.dir, f"{name}_epoch{epoch}")
-    return {"vectors": p("vectors") + ".npy",
-            "queries": os.path.join(self.queries_dir, f"queries_epoch{epoch}.npy"),
-            "out": p("hard") + ".npy", "stats": p("stats") + ".json", "job": p("job") + ".json"}
+    return {
+      "vectors": p("vectors") + ".npy",
+      "queries": os.path.join(self.queries_dir, f"queries_epoch{epoch}.npy"),
+      "out": p("hard") + ".npy",
+      "stats": p("stats") + ".json",
+      "job": p("job") + ".json",
+    }
 
   def _job(self, epoch: int) -> RefreshJob:
     paths = self._paths(epoch)
     fault, self.fault = self.fault, ""  # an injected fault hits the first refresh only
-    return RefreshJob(epoch, paths["vectors"], paths["queries"], self.labels_path, paths["out"],
-                      paths["stats"], self.schedule.mined_k(), self.backend, self.scann_knobs,
-                      self.recall_sample, self.seed + epoch, fault, self.shards,
-                      threads=self.threads)
+    return RefreshJob(
+      epoch,
+      paths["vectors"],
+      paths["queries"],
+      self.labels_path,
+      paths["out"],
+      paths["stats"],
+      self.schedule.mined_k(),
+      self.backend,
+      self.scann_knobs,
+      self.recall_sample,
+      self.seed + epoch,
+      fault,
+      self.shards,
+      threads=self.threads,
+    )
 
   # ------------------------------------------------------------------------ epochs
-  def start_epoch(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn,
-                  resumed_rows: np.ndarray | None = None
-                  ) -> tuple[np.ndarray | None, NegativeSplit]:
+  def start_epoch(
+    self,
+    epoch: int,
+    vectors_fn: VectorsFn,
+    embed_fn: EmbedFn,
+    resumed_rows: np.ndarray | None = None,
+  ) -> tuple[np.ndarray | None, NegativeSplit]:
     """Swaps in the negatives `epoch` trains with, waiting for its refresh if it has one,
     and starts collecting embeddings when `epoch` is a collection epoch.
 
@@ -169,15 +207,22 @@ class HardNegatives:
       if error is None:
         self._commit(epoch, new)
         stats.update(wait_s=round(time.time() - t0, 3), ok=True)
-        logging.info("negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, "
-                     "waited %.2fs)", epoch, stats["build_s"], stats["search_s"],
-                     stats["recall"], stats["wait_s"])
+        logging.info(
+          "negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, waited %.2fs)",
+          epoch,
+          stats["build_s"],
+          stats["search_s"],
+          stats["recall"],
+          stats["wait_s"],
+        )
       else:
-        stats = {"epoch": epoch, "ok": False, "error": error,
-                 "wait_s": round(time.time() - t0, 3)}
-        logging.warning("negatives: %s; epoch %d keeps the %s", error, epoch,
-                        "previous hard negatives" if self.current is not None else
-                        "random negatives")
+        stats = {"epoch": epoch, "ok": False, "error": error, "wait_s": round(time.time() - t0, 3)}
+        logging.warning(
+          "negatives: %s; epoch %d keeps the %s",
+          error,
+          epoch,
+          "previous hard negatives" if self.current is not None else "random negatives",
+        )
       self.refreshes.append(stats)
     self._launch_deferred()
     have = self.current is not None
@@ -187,8 +232,11 @@ class HardNegatives:
     hard = None
     if h and have:
       mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :hard_columns]
-      hard = mine if len(self.shards) == self.num_shards else _ShardBlocks(
-          mine, self.shard_ids, self.num_shards)
+      hard = (
+        mine
+        if len(self.shards) == self.num_shards
+        else _ShardBlocks(mine, self.shard_ids, self.num_shards)
+      )
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None and self.writes_queries:
       done = self._paths(self.collect_for)["queries"]
@@ -200,8 +248,7 @@ class HardNegatives:
         self.queries = np.lib.format.open_memmap(path, "r+")
         self.filled[resumed_rows] = True
       else:
-        self.queries = np.lib.format.open_memmap(path, "w+", np.float32,
-                                                 (self.num_rows, self.dim))
+        self.queries = np.lib.format.open_memmap(path, "w+", np.float32, (self.num_rows, self.dim))
     return hard, NegativeSplit(h, r, random_columns)
 
   @property
@@ -276,9 +323,13 @@ class HardNegatives:
     # With tau_r = 1 the refresh for r - 1 is still pending: r's worker starts at its swap.
     self.deferred.append(r)
     self._launch_deferred()
-    logging.info("negatives: refresh for epoch %d %s (%d queries, W snapshot of epoch %d)",
-                 r, "launched" if r in self.pending else "waits for the running one",
-                 self.num_rows, epoch)
+    logging.info(
+      "negatives: refresh for epoch %d %s (%d queries, W snapshot of epoch %d)",
+      r,
+      "launched" if r in self.pending else "waits for the running one",
+      self.num_rows,
+      epoch,
+    )
 
   def _launch(self, r: int) -> None:
     self.pending[r] = RefreshWorker()
@@ -295,8 +346,9 @@ class HardNegatives:
     paths = self._paths(epoch)
     index_lib.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
     if self.writes_queries:
-      index_lib.save_atomic(paths["queries"],
-                            np.asarray(embed_fn(np.arange(self.num_rows)), np.float32))
+      index_lib.save_atomic(
+        paths["queries"], np.asarray(embed_fn(np.arange(self.num_rows)), np.float32)
+      )
     distributed.barrier(f"negatives: queries of refresh {epoch} written")
 
   def _load(self, epoch: int) -> np.ndarray:
@@ -328,10 +380,15 @@ class HardNegatives:
     """The JSON-ready record a checkpoint keeps (`load_state` reads it back)."""
     # File names only: the workdir may be reached by another path after a move or resume.
     name = lambda p: os.path.basename(p) if p else None
-    return {"current_path": name(self.current_path), "current_epoch": self.current_epoch,
-            "previous_path": name(self.previous_path), "refreshes": self.refreshes,
-            "pending": sorted([*self.pending, *self.deferred]), "consumed": self.consumed,
-            "num_shards": self.num_shards}
+    return {
+      "current_path": name(self.current_path),
+      "current_epoch": self.current_epoch,
+      "previous_path": name(self.previous_path),
+      "refreshes": self.refreshes,
+      "pending": sorted([*self.pending, *self.deferred]),
+      "consumed": self.consumed,
+      "num_shards": self.num_shards,
+    }
 
   def load_state(self, state: dict, resumes_at: tuple[int, int] | None = None) -> None:
     """Back to a checkpoint's state; refreshes that were running are started again from
@@ -354,15 +411,20 @@ class HardNegatives:
       epoch, step = resumes_at or (None, None)
       if step != 0 or epoch not in self.schedule.refresh_epochs:
         raise RefreshFailed(f"{path}: the checkpoint's hard negatives are missing")
-      logging.info("negatives: %s was replaced by the refresh for epoch %d, which runs "
-                   "again now", path, epoch)
+      logging.info(
+        "negatives: %s was replaced by the refresh for epoch %d, which runs again now", path, epoch
+      )
       path = None
     saved_shards = state.get("num_shards", self.num_shards)
     if path and saved_shards != self.num_shards:
       # Mined per shard of the old mesh.model: no block is a top-k over a new shard's rows.
-      logging.warning("negatives: %s was mined for %d classifier shards, this run has %d: "
-                      "random negatives until the next refresh", path, saved_shards,
-                      self.num_shards)
+      logging.warning(
+        "negatives: %s was mined for %d classifier shards, this run has %d: "
+        "random negatives until the next refresh",
+        path,
+        saved_shards,
+        self.num_shards,
+      )
       if previous and previous != path and os.path.exists(previous):
         os.remove(previous)
       path, previous = None, path
@@ -376,8 +438,9 @@ class HardNegatives:
 
   def _cleanup_inputs(self, epoch: int) -> None:
     paths = self._paths(epoch)
-    keys = ("vectors", "queries", "job", "stats") if self.writes_queries else (
-        "vectors", "job", "stats")
+    keys = (
+      ("vectors", "queries", "job", "stats") if self.writes_queries else ("vectors", "job", "stats")
+    )
     for key in keys:
       for p in (paths[key], paths[key] + ".log"):
         if os.path.exists(p):
@@ -401,9 +464,15 @@ class HardNegatives:
 
   def summary(self) -> dict:
     """results.json's "negatives": the schedule's numbers and every refresh's record."""
-    return {"strategy": self.schedule.strategy.name, "k_h": self.schedule.k_h,
-            "k_r": self.schedule.k_r, "tau_s": self.schedule.tau_s, "tau_r": self.schedule.tau_r,
-            "index": self.backend, "refreshes": self.refreshes}
+    return {
+      "strategy": self.schedule.strategy.name,
+      "k_h": self.schedule.k_h,
+      "k_r": self.schedule.k_r,
+      "tau_s": self.schedule.tau_s,
+      "tau_r": self.schedule.tau_r,
+      "index": self.backend,
+      "refreshes": self.refreshes,
+    }
 
 
 class _ShardBlocks:

@@ -13,6 +13,7 @@ SIGTERM and SIGINT: a preemption signals every process of the job, and the train
 checkpoints the refresh as pending, stops the worker itself; the refresh then runs again
 after the requeue instead of being recorded as failed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,23 +34,23 @@ from astra_jax.negatives import index as index_lib
 
 @dataclasses.dataclass
 class RefreshJob:
-  epoch: int              # the epoch whose training uses the result
-  vectors_path: str       # (L, d) float32 .npy: label vectors to index
-  queries_path: str       # (N, d) float32 .npy: training-query embeddings
-  labels_path: str        # CSR positives of the N queries (see positives_source)
-  out_path: str           # (N, k) int32 .npy written here
-  stats_path: str         # JSON: build_s, search_s, recall
+  epoch: int  # the epoch whose training uses the result
+  vectors_path: str  # (L, d) float32 .npy: label vectors to index
+  queries_path: str  # (N, d) float32 .npy: training-query embeddings
+  labels_path: str  # CSR positives of the N queries (see positives_source)
+  out_path: str  # (N, k) int32 .npy written here
+  stats_path: str  # JSON: build_s, search_s, recall
   k: int
   backend: str = "auto"
   scann_knobs: dict = dataclasses.field(default_factory=dict)
   recall_sample: int = 1000
   seed: int = 0
-  fault: str = ""         # tests: "raise" or "kill" makes the job fail that way
+  fault: str = ""  # tests: "raise" or "kill" makes the job fail that way
   # Global label ranges [lo, hi) indexed separately (one index per W shard, built one after
   # the other); the vectors file holds their rows concatenated in this order. The output
   # holds k per shard, block s from shard s. None: one index over all rows.
   shards: list | None = None
-  threads: int = 0        # > 0: ScaNN's threads (the worker's BLAS pool is set at its start)
+  threads: int = 0  # > 0: ScaNN's threads (the worker's BLAS pool is set at its start)
 
   def save(self, path: str) -> None:
     with atomic_text_writer(path) as f:
@@ -85,8 +86,9 @@ def load_labels(path: str) -> SparseRows | WithLabelRows:
     rows = label_cache.open_cache(view["cache"])
     return WithLabelRows(rows) if view["label_rows"] else rows
   z = np.load(path)
-  return SparseRows(z["indptr"], z["indices"], np.ones(len(z["indices"]), np.float32),
-                    int(z["num_cols"]))
+  return SparseRows(
+    z["indptr"], z["indices"], np.ones(len(z["indices"]), np.float32), int(z["num_cols"])
+  )
 
 
 def run_job(job: RefreshJob) -> dict:
@@ -105,11 +107,11 @@ def run_job(job: RefreshJob) -> dict:
   # Written block by block into a memmap (N x S k can exceed RAM at 1e8 queries), then
   # flushed and renamed: a reader never sees a partial file.
   tmp = f"{job.out_path}.tmp-{tmpnames.unique_suffix()}.npy"
-  negatives = np.lib.format.open_memmap(tmp, "w+", np.int32,
-                                        (len(queries), len(shards) * job.k))
+  negatives = np.lib.format.open_memmap(tmp, "w+", np.int32, (len(queries), len(shards) * job.k))
   try:
-    build_s, search_s, recalls = _mine_shards(job, vectors, queries, labels, shards, starts,
-                                              negatives)
+    build_s, search_s, recalls = _mine_shards(
+      job, vectors, queries, labels, shards, starts, negatives
+    )
   except BaseException:
     del negatives
     os.remove(tmp)
@@ -118,16 +120,23 @@ def run_job(job: RefreshJob) -> dict:
   del negatives
   os.replace(tmp, job.out_path)
   recall = round(float(np.mean(recalls)), 4) if recalls else None
-  stats = {"epoch": job.epoch, "build_s": round(build_s, 3), "search_s": round(search_s, 3),
-           "recall": recall, "num_queries": len(queries), "num_labels": len(vectors),
-           "num_shards": len(shards)}
+  stats = {
+    "epoch": job.epoch,
+    "build_s": round(build_s, 3),
+    "search_s": round(search_s, 3),
+    "recall": recall,
+    "num_queries": len(queries),
+    "num_labels": len(vectors),
+    "num_shards": len(shards),
+  }
   with atomic_text_writer(job.stats_path) as f:
     json.dump(stats, f)
   return stats
 
 
-def _mine_shards(job, vectors, queries, labels, shards, starts, negatives
-                 ) -> tuple[float, float, list[float]]:
+def _mine_shards(
+  job, vectors, queries, labels, shards, starts, negatives
+) -> tuple[float, float, list[float]]:
   """One index per shard, built one after the other; block s of `negatives` from shard s.
   Returns (build seconds, search seconds, recall per shard)."""
   rng = np.random.default_rng(job.seed)
@@ -135,18 +144,28 @@ def _mine_shards(job, vectors, queries, labels, shards, starts, negatives
   build_s = search_s = 0.0
   recalls = []
   for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
-    rows = np.asarray(vectors[start:start + hi - lo])
+    rows = np.asarray(vectors[start : start + hi - lo])
     t0 = time.time()
     index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs, job.threads)
     t1 = time.time()
-    index_lib.mine(index, queries, labels, job.k, len(rows), offset=lo,
-                   out=negatives[:, s * job.k:(s + 1) * job.k])
+    index_lib.mine(
+      index,
+      queries,
+      labels,
+      job.k,
+      len(rows),
+      offset=lo,
+      out=negatives[:, s * job.k : (s + 1) * job.k],
+    )
     build_s, search_s = build_s + t1 - t0, search_s + time.time() - t1
     if isinstance(index, index_lib.ExactIndex):
       recalls.append(1.0)
     elif job.recall_sample > 0:
-      recalls.append(index_lib.recall_at_k(index, index_lib.ExactIndex(rows), queries[sample],
-                                           min(job.k, len(rows))))
+      recalls.append(
+        index_lib.recall_at_k(
+          index, index_lib.ExactIndex(rows), queries[sample], min(job.k, len(rows))
+        )
+      )
     del index
   return build_s, search_s, recalls
 
@@ -189,9 +208,12 @@ class RefreshWorker:
     try:
       with open(self.log_path, "w") as log:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "astra_jax.negatives.refresh", job_path], stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            env=cpu_budget.thread_environment(job.threads) if job.threads else None)
+          [sys.executable, "-m", "astra_jax.negatives.refresh", job_path],
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          start_new_session=True,
+          env=cpu_budget.thread_environment(job.threads) if job.threads else None,
+        )
     finally:
       signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
@@ -208,8 +230,9 @@ class RefreshWorker:
       if self.proc.poll() is not None:
         return
       if stop_requested():
-        raise RefreshInterrupted(f"stopped while waiting for the refresh for epoch "
-                                 f"{self.job.epoch}")
+        raise RefreshInterrupted(
+          f"stopped while waiting for the refresh for epoch {self.job.epoch}"
+        )
       try:
         self.proc.wait(timeout=0.5)
         return

@@ -27,6 +27,7 @@ With S = 1 this is one draw over [L] with weight L / k_r. Before hard negatives 
 (epoch < tau_s) the k_h hard slots are filled with random draws instead (k_r + k_h per
 shard, weight L_s/(k_r + k_h)): same negatives per query, and `hard_ids` is (B, 0).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +40,16 @@ from astra_jax.data.xc_format import SparseRows
 class NegativeSampler:
   """Builds the label arrays of a batch (numpy, on the host)."""
 
-  def __init__(self, labels: SparseRows, k_p: int, k_h: int, k_r: int, num_shards: int = 1,
-               per_query_random: bool = False, all_positives: int = 0):
+  def __init__(
+    self,
+    labels: SparseRows,
+    k_p: int,
+    k_h: int,
+    k_r: int,
+    num_shards: int = 1,
+    per_query_random: bool = False,
+    all_positives: int = 0,
+  ):
     """A sampler over the rows of `labels` for a W split into `num_shards` row shards.
 
     Args:
@@ -63,17 +72,22 @@ class NegativeSampler:
     self.num_shards = num_shards
     self.shard_rows = -(-self.num_labels // num_shards)
     starts = np.arange(num_shards) * self.shard_rows
-    self.shard_bounds = np.stack([starts, np.minimum(starts + self.shard_rows,
-                                                     self.num_labels)], 1)
+    self.shard_bounds = np.stack([starts, np.minimum(starts + self.shard_rows, self.num_labels)], 1)
     if (self.shard_bounds[:, 1] <= self.shard_bounds[:, 0]).any():
-      raise ValueError(f"{self.num_labels} labels cannot fill {num_shards} classifier shards "
-                       f"of {self.shard_rows} rows")
+      raise ValueError(
+        f"{self.num_labels} labels cannot fill {num_shards} classifier shards "
+        f"of {self.shard_rows} rows"
+      )
 
-  def __call__(self, rows: np.ndarray, rng: np.random.Generator,
-               hard_negatives: np.ndarray | None = None,
-               num_random: int | None = None,
-               random_columns: int | None = None,
-               num_hard: int | None = None) -> LabelBatch:
+  def __call__(
+    self,
+    rows: np.ndarray,
+    rng: np.random.Generator,
+    hard_negatives: np.ndarray | None = None,
+    num_random: int | None = None,
+    random_columns: int | None = None,
+    num_hard: int | None = None,
+  ) -> LabelBatch:
     """The label side of one batch.
 
     Columns past num_hard / num_random are masked, so that batches of different splits
@@ -148,10 +162,19 @@ class NegativeSampler:
     all_pos = None
     if self.all_positives:  # every positive, in the random order that chose the k_p
       if len(rank) and rank.max() >= self.all_positives:
-        raise ValueError(f"a row has {rank.max() + 1} positives, all_positives is "
-                         f"{self.all_positives}")
+        raise ValueError(
+          f"a row has {rank.max() + 1} positives, all_positives is {self.all_positives}"
+        )
       all_pos = np.full((b, self.all_positives), -1, np.int32)
       all_pos[all_pos_row[order], rank] = all_pos_ids[order]
-    return LabelBatch(pos_ids, pos_mask, hard_ids, hard_mask,
-                      rand_ids.astype(np.int32, copy=False), rand_mask, rand_weight,
-                      pos_weight, all_pos)
+    return LabelBatch(
+      pos_ids,
+      pos_mask,
+      hard_ids,
+      hard_mask,
+      rand_ids.astype(np.int32, copy=False),
+      rand_mask,
+      rand_weight,
+      pos_weight,
+      all_pos,
+    )

@@ -26,6 +26,7 @@ which a tau_s that is not a multiple of tau_r would otherwise not have. (tau_s =
 20, 40, ....) The refresh for epoch e collects query embeddings during epoch e-2, snapshots
 W at its end, and mines during epoch e-1.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,6 +44,7 @@ class NegativeSplit(NamedTuple):
   random_columns: random columns in the batch (>= r; the extra ones masked), so that the
     batches of every epoch of a curriculum share one shape.
   """
+
   num_hard: int
   num_random: int
   random_columns: int
@@ -51,6 +53,7 @@ class NegativeSplit(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class NegativeSchedule:
   """The epochs' hard/random split and refresh epochs of one strategy's record."""
+
   strategy: Strategy
   k_h: int
   k_r: int
@@ -67,8 +70,15 @@ class NegativeSchedule:
       InputError: `negatives.strategy` names no registered strategy.
     """
     nc = config.negatives
-    return cls(strategies.get(nc.strategy), nc.k_h, nc.k_r, nc.tau_s, nc.tau_r,
-               config.train.epochs, nc.curriculum_final_hard_fraction)
+    return cls(
+      strategies.get(nc.strategy),
+      nc.k_h,
+      nc.k_r,
+      nc.tau_s,
+      nc.tau_r,
+      config.train.epochs,
+      nc.curriculum_final_hard_fraction,
+    )
 
   @property
   def total(self) -> int:
@@ -142,8 +152,9 @@ class NegativeSchedule:
     if self.is_curriculum:
       last = max(self.epochs - 1, self.tau_s + 1)
       f0 = self.k_h / self.total
-      f = (f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s)
-           / (last - self.tau_s))
+      f = f0 + (self.curriculum_final_hard_fraction - f0) * (epoch - self.tau_s) / (
+        last - self.tau_s
+      )
       h = min(self.mined_k(), max(0, round(f * self.total)))
       return h, self.total - h
     return self.k_h, self.k_r

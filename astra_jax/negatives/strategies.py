@@ -8,6 +8,7 @@ the fields of the strategy's record; none compares strategy names. A new strateg
 The built-in records are the paper's Algorithm 1 (`random+w_hard`) and the ablations of
 its negative-sampling table; schedule.py says what each does epoch by epoch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,17 +20,19 @@ from astra_jax.errors import InputError
 
 class IndexOver(enum.Enum):
   """What a strategy's ANN index holds, refreshed on Algorithm 1's schedule."""
-  NOTHING = "nothing"          # no index: no hard negatives, or mined inside the step
-  CLASSIFIER = "W"             # the classifier rows w_l
-  LABEL_TEXT = "E"             # the encoder's embeddings of the label texts, E(z_l)
+
+  NOTHING = "nothing"  # no index: no hard negatives, or mined inside the step
+  CLASSIFIER = "W"  # the classifier rows w_l
+  LABEL_TEXT = "E"  # the encoder's embeddings of the label texts, E(z_l)
 
 
 class HardShare(enum.Enum):
   """How an epoch from tau_s on divides its T = k_h + k_r negatives per query."""
-  NONE = "none"                # T random
-  FIXED = "fixed"              # k_h hard + k_r random
-  ALL = "all"                  # T hard, no random
-  CURRICULUM = "curriculum"    # the hard share rises from k_h / T to a final fraction
+
+  NONE = "none"  # T random
+  FIXED = "fixed"  # k_h hard + k_r random
+  ALL = "all"  # T hard, no random
+  CURRICULUM = "curriculum"  # the hard share rises from k_h / T to a final fraction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Strategy:
     allows_hard_only: k_r = 0 is accepted (hard negatives alone: the biased hard-only
       objective of the paper's Figure 1, not an unbiased estimate of the full-L BCE).
   """
+
   name: str
   description: str
   index_over: IndexOver = IndexOver.NOTHING
@@ -65,19 +69,29 @@ class Strategy:
     refreshed = self.index_over is not IndexOver.NOTHING
     sourced, hard = refreshed or self.mined_in_step, self.hard_share is not HardShare.NONE
     problems = [
-        (refreshed and self.mined_in_step, "mines in the step and from an index"),
-        (hard and not sourced, "has hard negatives but no source (index_over or mined_in_step)"),
-        (sourced and not hard, "has a hard-negative source but no hard negatives (hard_share)"),
-        (self.mined_in_step and self.hard_share is not HardShare.FIXED,
-         "mines in the step, which trains a fixed k_h hard + k_r random split"),
-        ((self.mined_in_step or self.full_loss) and not self.dense_update_only,
-         "mines in the step or trains the full loss, which only the dense step does"),
-        ((self.mined_in_step or self.full_loss) and not self.needs_all_positives,
-         "mines in the step or trains the full loss without every positive"),
-        (self.full_loss and self.hard_share is not HardShare.NONE,
-         "trains the full loss, which ignores sampled negatives"),
-        (self.allows_hard_only and self.hard_share is HardShare.NONE,
-         "allows k_r = 0 without hard negatives"),
+      (refreshed and self.mined_in_step, "mines in the step and from an index"),
+      (hard and not sourced, "has hard negatives but no source (index_over or mined_in_step)"),
+      (sourced and not hard, "has a hard-negative source but no hard negatives (hard_share)"),
+      (
+        self.mined_in_step and self.hard_share is not HardShare.FIXED,
+        "mines in the step, which trains a fixed k_h hard + k_r random split",
+      ),
+      (
+        (self.mined_in_step or self.full_loss) and not self.dense_update_only,
+        "mines in the step or trains the full loss, which only the dense step does",
+      ),
+      (
+        (self.mined_in_step or self.full_loss) and not self.needs_all_positives,
+        "mines in the step or trains the full loss without every positive",
+      ),
+      (
+        self.full_loss and self.hard_share is not HardShare.NONE,
+        "trains the full loss, which ignores sampled negatives",
+      ),
+      (
+        self.allows_hard_only and self.hard_share is HardShare.NONE,
+        "allows k_r = 0 without hard negatives",
+      ),
     ]
     for broken, what in problems:
       if broken:
@@ -137,30 +151,69 @@ def get(name: str) -> Strategy:
   try:
     return _REGISTRY[name]
   except KeyError:
-    raise InputError(f"config.negatives.strategy: unknown strategy {name!r}; choose from "
-                     f"{', '.join(_REGISTRY)}") from None
+    raise InputError(
+      f"config.negatives.strategy: unknown strategy {name!r}; choose from {', '.join(_REGISTRY)}"
+    ) from None
 
 
 _W, _E = IndexOver.CLASSIFIER, IndexOver.LABEL_TEXT
 for _strategy in (
-    Strategy("random", "T uniform random negatives per query"),
-    Strategy("random+w_hard", "ASTRA: k_h hard from an index over W + k_r random",
-             index_over=_W, hard_share=HardShare.FIXED),
-    Strategy("random+e_hard", "k_h hard from an index over label-text embeddings + k_r random",
-             index_over=_E, hard_share=HardShare.FIXED),
-    Strategy("w_hard", "T hard from an index over W (k_r = 0: the paper's stale strategy)",
-             index_over=_W, hard_share=HardShare.ALL, allows_hard_only=True),
-    Strategy("e_hard", "T hard from an index over label-text embeddings",
-             index_over=_E, hard_share=HardShare.ALL, allows_hard_only=True),
-    Strategy("curriculum", "hard from an index over W, their share rising to a final fraction",
-             index_over=_W, hard_share=HardShare.CURRICULUM),
-    Strategy("curriculum+e_hard", "the curriculum over hard negatives from label-text "
-             "embeddings", index_over=_E, hard_share=HardShare.CURRICULUM),
-    Strategy("uptodate", "k_h hard re-mined in every step with the current W and E(x), exact "
-             "(small L only) + k_r random", hard_share=HardShare.FIXED, mined_in_step=True,
-             dense_update_only=True, needs_all_positives=True, allows_hard_only=True),
-    Strategy("full", "no sampling: the full-L BCE over every label (Renee-style, O(L) per "
-             "step)", full_loss=True, dense_update_only=True, needs_all_positives=True),
+  Strategy("random", "T uniform random negatives per query"),
+  Strategy(
+    "random+w_hard",
+    "ASTRA: k_h hard from an index over W + k_r random",
+    index_over=_W,
+    hard_share=HardShare.FIXED,
+  ),
+  Strategy(
+    "random+e_hard",
+    "k_h hard from an index over label-text embeddings + k_r random",
+    index_over=_E,
+    hard_share=HardShare.FIXED,
+  ),
+  Strategy(
+    "w_hard",
+    "T hard from an index over W (k_r = 0: the paper's stale strategy)",
+    index_over=_W,
+    hard_share=HardShare.ALL,
+    allows_hard_only=True,
+  ),
+  Strategy(
+    "e_hard",
+    "T hard from an index over label-text embeddings",
+    index_over=_E,
+    hard_share=HardShare.ALL,
+    allows_hard_only=True,
+  ),
+  Strategy(
+    "curriculum",
+    "hard from an index over W, their share rising to a final fraction",
+    index_over=_W,
+    hard_share=HardShare.CURRICULUM,
+  ),
+  Strategy(
+    "curriculum+e_hard",
+    "the curriculum over hard negatives from label-text embeddings",
+    index_over=_E,
+    hard_share=HardShare.CURRICULUM,
+  ),
+  Strategy(
+    "uptodate",
+    "k_h hard re-mined in every step with the current W and E(x), exact "
+    "(small L only) + k_r random",
+    hard_share=HardShare.FIXED,
+    mined_in_step=True,
+    dense_update_only=True,
+    needs_all_positives=True,
+    allows_hard_only=True,
+  ),
+  Strategy(
+    "full",
+    "no sampling: the full-L BCE over every label (Renee-style, O(L) per step)",
+    full_loss=True,
+    dense_update_only=True,
+    needs_all_positives=True,
+  ),
 ):
   register(_strategy)
 del _strategy

@@ -1,13 +1,43 @@
 """The memory planner: estimates (estimates.py), their text (report.py) and the command
 line (__main__.py: `python -m astra_jax.plan`). Importing it imports neither jax nor the
 model code, and defines no flags."""
-from astra_jax.plan.estimates import (GPUS, PARSE_PEAK_BYTES, DataSize, Item, NodeLayout,
-                                      Plan, activation_bytes, data_size, encoder_param_count,
-                                      encoder_shape, make_plan, plan_config, resident,
-                                      resolve_layout, resolve_mesh, suggest)
+
+from astra_jax.plan.estimates import (
+  GPUS,
+  PARSE_PEAK_BYTES,
+  DataSize,
+  Item,
+  NodeLayout,
+  Plan,
+  activation_bytes,
+  data_size,
+  encoder_param_count,
+  encoder_shape,
+  make_plan,
+  plan_config,
+  resident,
+  resolve_layout,
+  resolve_mesh,
+  suggest,
+)
 from astra_jax.plan.report import format_plan
 
-__all__ = ["GPUS", "PARSE_PEAK_BYTES", "DataSize", "Item", "NodeLayout", "Plan",
-           "activation_bytes", "data_size", "encoder_param_count", "encoder_shape",
-           "format_plan", "make_plan", "plan_config", "resident", "resolve_layout",
-           "resolve_mesh", "suggest"]
+__all__ = [
+  "GPUS",
+  "PARSE_PEAK_BYTES",
+  "DataSize",
+  "Item",
+  "NodeLayout",
+  "Plan",
+  "activation_bytes",
+  "data_size",
+  "encoder_param_count",
+  "encoder_shape",
+  "format_plan",
+  "make_plan",
+  "plan_config",
+  "resident",
+  "resolve_layout",
+  "resolve_mesh",
+  "suggest",
+]

@@ -11,6 +11,7 @@ GPU as launch/slurm.sbatch runs, or 1 as launch/single_node.sh): preparation's p
 training process's and refresh worker's memory, and the disk every file of the run takes.
 astra_jax/plan/estimates.py says what is counted and how.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,14 +31,25 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
   flags.DEFINE_string("mesh", "", "DATAxMODEL devices (default: the config's mesh)")
   flags.DEFINE_enum("gpu", "v100-32gb", list(GPUS), "GPU memory to plan against")
-  flags.DEFINE_integer("num_gpus", 0, "devices in all (default: the mesh's); sets mesh.data "
-                       "= num_gpus / mesh.model unless --mesh says otherwise")
+  flags.DEFINE_integer(
+    "num_gpus",
+    0,
+    "devices in all (default: the mesh's); sets mesh.data "
+    "= num_gpus / mesh.model unless --mesh says otherwise",
+  )
   flags.DEFINE_integer("gpus_per_node", 0, "GPUs per node (default: all on one node)")
-  flags.DEFINE_integer("processes_per_node", 0, "training processes per node (default: one per "
-                       "GPU, as launch/slurm.sbatch; 1 for launch/single_node.sh)")
+  flags.DEFINE_integer(
+    "processes_per_node",
+    0,
+    "training processes per node (default: one per "
+    "GPU, as launch/slurm.sbatch; 1 for launch/single_node.sh)",
+  )
   flags.DEFINE_bool("json", False, "print the plan as JSON")
-  flags.DEFINE_bool("check", False, f"exit with status {DOES_NOT_FIT_EXIT} when the run does "
-                    "not fit (the launchers stop there)")
+  flags.DEFINE_bool(
+    "check",
+    False,
+    f"exit with status {DOES_NOT_FIT_EXIT} when the run does not fit (the launchers stop there)",
+  )
   flags.mark_flags_as_required(["config"])
 
 
@@ -47,8 +59,9 @@ def main(argv) -> int:
   path = config_flags.get_config_filename(F["config"])
   config = cli.config_flag()
   label = f"{config.data.get('name', '') or '?'} ({path})"
-  p = plan_config(config, F.gpu, F.mesh, F.num_gpus, label, F.gpus_per_node,
-                  F.processes_per_node)  # an InputError ends the run in cli.run
+  p = plan_config(
+    config, F.gpu, F.mesh, F.num_gpus, label, F.gpus_per_node, F.processes_per_node
+  )  # an InputError ends the run in cli.run
   print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))
   return DOES_NOT_FIT_EXIT if F.check and not p.fits else 0
 

@@ -20,6 +20,7 @@ paper's table for the dataset configs). The numbers are estimates of what the ar
 (XLA's buffer assignment can differ by tens of percent on activations); byte counts of
 parameters, optimizer state and W are exact (tests/test_plan.py checks them against jax).
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,11 +37,19 @@ from astra_jax.model import architectures, pretrained
 from astra_jax.model.encoder_config import EncoderConfig
 from astra_jax.negatives.schedule import NegativeSchedule
 
-GiB = 2 ** 30
+GiB = 2**30
 # Memory per device (TPU chips too, for the TPU VM recipe in launch/README.md).
-GPUS = {"v100-32gb": 32 * GiB, "v100-16gb": 16 * GiB, "a100-40gb": 40 * GiB,
-        "a100-80gb": 80 * GiB, "h100-80gb": 80 * GiB, "h200-141gb": 141 * GiB,
-        "tpu-v4-32gb": 32 * GiB, "tpu-v5e-16gb": 16 * GiB, "tpu-v5p-95gb": 95 * GiB}
+GPUS = {
+  "v100-32gb": 32 * GiB,
+  "v100-16gb": 16 * GiB,
+  "a100-40gb": 40 * GiB,
+  "a100-80gb": 80 * GiB,
+  "h100-80gb": 80 * GiB,
+  "h200-141gb": 141 * GiB,
+  "tpu-v4-32gb": 32 * GiB,
+  "tpu-v5e-16gb": 16 * GiB,
+  "tpu-v5p-95gb": 95 * GiB,
+}
 USABLE_FRACTION = 0.9
 DTYPE_BYTES = architectures.DTYPE_BYTES
 XLA_OVERHEAD = architectures.XLA_OVERHEAD  # see architectures.bert_activation_bytes
@@ -51,9 +60,9 @@ XLA_OVERHEAD = architectures.XLA_OVERHEAD  # see architectures.bert_activation_b
 # 8192 texts (0.14-0.15 GB); per CPU second the parse reads 64 MB of label text and the
 # tokenizer turns 20,000 32-token texts into ids (a word-level tokenizer: WordPiece is
 # slower).
-PARSE_PEAK_BYTES = 720 * 10 ** 6
-TOKENIZE_PEAK_BYTES = 150 * 10 ** 6
-PARSE_BYTES_PER_CPU_S = 64 * 10 ** 6
+PARSE_PEAK_BYTES = 720 * 10**6
+TOKENIZE_PEAK_BYTES = 150 * 10**6
+PARSE_BYTES_PER_CPU_S = 64 * 10**6
 TOKENIZE_ROWS_PER_CPU_S = 20_000
 # "id:1 " per positive: the id's digits + 4 bytes of separators and value on average
 # (12.4 bytes with SS-20M's 8-digit ids, measured).
@@ -68,20 +77,21 @@ class Item:
   name: str
   bytes: int
   formula: str = ""
-  paged: bool = False   # a memmap: in the page cache when hot, not counted as resident
+  paged: bool = False  # a memmap: in the page cache when hot, not counted as resident
 
 
 @dataclasses.dataclass
 class DataSize:
   num_labels: int
-  num_train: int          # training rows before label-text augmentation
-  rows: int               # training rows the loop iterates over (+ label texts)
+  num_train: int  # training rows before label-text augmentation
+  rows: int  # training rows the loop iterates over (+ label texts)
   source: str
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeLayout:
   """How the devices are spread over nodes and processes."""
+
   num_gpus: int
   gpus_per_node: int
   processes_per_node: int
@@ -105,11 +115,11 @@ class Plan:
   negatives: dict
   gpu: str
   device_items: list[Item]
-  worker_items: list[Item]    # host RAM of a refresh worker process
-  trainer_items: list[Item]   # host RAM of a training process
-  disk_items: list[Item]      # every file the run writes (one node's share of its processes')
+  worker_items: list[Item]  # host RAM of a refresh worker process
+  trainer_items: list[Item]  # host RAM of a training process
+  disk_items: list[Item]  # every file the run writes (one node's share of its processes')
   notes: list[str]
-  node: dict = dataclasses.field(default_factory=dict)       # NodeLayout + shards per process
+  node: dict = dataclasses.field(default_factory=dict)  # NodeLayout + shards per process
   prep_items: list[Item] = dataclasses.field(default_factory=list)  # a node's preparation
   node_items: list[Item] = dataclasses.field(default_factory=list)  # a node's RAM in training
   prep_seconds: dict = dataclasses.field(default_factory=dict)
@@ -142,12 +152,18 @@ class Plan:
 
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
-    out.update(device_total=self.device_total, usable=self.usable, fits=self.fits,
-               headroom=self.usable - self.device_total,
-               worker_resident=resident(self.worker_items),
-               trainer_resident=resident(self.trainer_items),
-               node_total=self.node_total, node_resident=resident(self.node_items),
-               prep_peak=self.prep_peak, disk_total=self.disk_total)
+    out.update(
+      device_total=self.device_total,
+      usable=self.usable,
+      fits=self.fits,
+      headroom=self.usable - self.device_total,
+      worker_resident=resident(self.worker_items),
+      trainer_resident=resident(self.trainer_items),
+      node_total=self.node_total,
+      node_resident=resident(self.node_items),
+      prep_peak=self.prep_peak,
+      disk_total=self.disk_total,
+    )
     return out
 
 
@@ -163,8 +179,9 @@ def data_size(config) -> DataSize:
   aug = bool(dc.augment_label_text)
   if dc.synthetic.enabled:
     s = dc.synthetic
-    return DataSize(s.num_labels, s.num_train, s.num_train + (s.num_labels if aug else 0),
-                    "synthetic spec")
+    return DataSize(
+      s.num_labels, s.num_train, s.num_train + (s.num_labels if aug else 0), "synthetic spec"
+    )
   header = os.path.join(dc.dir, "trn_X_Y.txt")
   if dc.dir and os.path.exists(header):
     with open(header) as f:
@@ -173,14 +190,20 @@ def data_size(config) -> DataSize:
       n, L = int(parts[0]), int(parts[1])
       return DataSize(L, n, n + (L if aug else 0), f"{header} header")
   if dc.get("num_labels", 0) and dc.get("num_train", 0):
-    return DataSize(dc.num_labels, dc.num_train, dc.num_train + (dc.num_labels if aug else 0),
-                    "config.data.num_labels/num_train (data not on disk)")
+    return DataSize(
+      dc.num_labels,
+      dc.num_train,
+      dc.num_train + (dc.num_labels if aug else 0),
+      "config.data.num_labels/num_train (data not on disk)",
+    )
   lbl, trn = (os.path.join(dc.dir, f) for f in ("lbl.json.gz", "trn.json.gz"))
   if dc.dir and os.path.exists(lbl) and os.path.exists(trn):
     L, n = _count_lines(lbl), _count_lines(trn)
     return DataSize(L, n, n + (L if aug else 0), "lines of lbl.json.gz / trn.json.gz")
-  raise InputError(f"the size of the dataset in {dc.dir!r} is unknown (not on disk): set "
-                   f"--config.data.num_labels=L --config.data.num_train=N")
+  raise InputError(
+    f"the size of the dataset in {dc.dir!r} is unknown (not on disk): set "
+    f"--config.data.num_labels=L --config.data.num_train=N"
+  )
 
 
 def _count_lines(path: str) -> int:
@@ -210,11 +233,16 @@ def encoder_shape(config):
   arch = architectures.get(ec.get("arch", "bert"))
   hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
   published = paper_configs.PAPER_ENCODER_SHAPES.get(ec.get("paper_encoder", ""))
-  if arch is architectures.BERT and hf_dir and published and not os.path.exists(
-      os.path.join(hf_dir, "config.json")):
+  if (
+    arch is architectures.BERT
+    and hf_dir
+    and published
+    and not os.path.exists(os.path.join(hf_dir, "config.json"))
+  ):
     # Training would stop (encoder_source.check); the plan uses the published shape.
-    common = dict(bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout,
-                  dtype=ec.dtype)
+    common = dict(
+      bottleneck_dim=ec.bottleneck_dim, embedding_dropout=ec.embedding_dropout, dtype=ec.dtype
+    )
     return EncoderConfig.from_hf(published, **common), f"{ec.paper_encoder} (published shape)"
   if arch is architectures.BERT and hf_dir:
     return arch.shape_from_config(config, 0, 0), hf_dir
@@ -243,8 +271,13 @@ def activation_bytes(e, b: int, T: int) -> tuple[int, str]:
 
 
 # -------------------------------------------------------------------------------- plan
-def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str = "",
-              layout: NodeLayout | None = None) -> Plan:
+def make_plan(
+  config,
+  gpu: str,
+  data: DataSize | None = None,
+  config_name: str = "",
+  layout: NodeLayout | None = None,
+) -> Plan:
   """The plan for `config` as it stands (mesh included).
 
   Args:
@@ -264,9 +297,9 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   G = D * M
   A = max(1, config.train.get("grad_accum_steps", 1))
   B = config.train.batch_size
-  micro = B // A                    # queries per micro-batch, all devices
-  b_enc = math.ceil(micro / G)      # encoder: the micro-batch split over every device
-  b_clf = math.ceil(micro / D)      # classifier kernel: the queries of one 'data' group
+  micro = B // A  # queries per micro-batch, all devices
+  b_enc = math.ceil(micro / G)  # encoder: the micro-batch split over every device
+  b_clf = math.ceil(micro / D)  # classifier kernel: the queries of one 'data' group
   nc = config.negatives
   schedule = NegativeSchedule.from_config(config)
   # Per W shard: the step's hard and random columns once hard negatives exist (the
@@ -276,7 +309,7 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   T = config.data.max_len
   s = DTYPE_BYTES[enc.dtype]
   dense = config.optim.classifier_update == "dense" or schedule.strategy.dense_update_only
-  R = -(-L // M)                    # W rows per shard (padded to a multiple of M)
+  R = -(-L // M)  # W rows per shard (padded to a multiple of M)
   notes = []
 
   dev = [Item(f"W shard ({R:,} rows x {d}, fp32)", R * d * 4, "ceil(L / model) x d x 4")]
@@ -287,37 +320,52 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
     # sparse_momentum.py: a velocity per W row (sharded like W) and the step each row is
     # current at; its tree of per-step 2 x 2 matrices (16 bytes x 2 x steps per epoch) is
     # left out: under 100 MB up to 3M steps per epoch.
-    dev.append(Item("classifier optimizer state (sparse momentum: velocity + step per row)",
-                    R * d * 4 + R * 4, "ceil(L / model) x (d + 1) x 4"))
+    dev.append(
+      Item(
+        "classifier optimizer state (sparse momentum: velocity + step per row)",
+        R * d * 4 + R * 4,
+        "ceil(L / model) x (d + 1) x 4",
+      )
+    )
   else:
     dev.append(Item("classifier optimizer state (sparse: one scale, one step)", 8, "2 x 4"))
   dev += [
-      Item(f"encoder parameters ({P / 1e6:.1f}M, fp32, replicated)", 4 * P, "P x 4"),
-      Item("Adam m, v (fp32)", 8 * P, "2 x P x 4"),
-      Item("encoder gradients" + (" + accumulation buffer" if A > 1 else ""),
-           4 * P * (2 if A > 1 else 1), "P x 4" + (" x 2" if A > 1 else "")),
+    Item(f"encoder parameters ({P / 1e6:.1f}M, fp32, replicated)", 4 * P, "P x 4"),
+    Item("Adam m, v (fp32)", 8 * P, "2 x P x 4"),
+    Item(
+      "encoder gradients" + (" + accumulation buffer" if A > 1 else ""),
+      4 * P * (2 if A > 1 else 1),
+      "P x 4" + (" x 2" if A > 1 else ""),
+    ),
   ]
   if s != 4:
     dev.append(Item(f"parameters cast to {enc.dtype}", s * P, f"P x {s}"))
   act, act_formula = activation_bytes(enc, b_enc, T)
   layers = getattr(enc, "num_layers", None)  # architecture-specific (a transformer's)
-  dev.append(Item(f"encoder activations ({b_enc} queries x {T} tokens"
-                  + (f", {layers} layers)" if layers else f", {enc.model_type})"),
-                  act, act_formula))
+  dev.append(
+    Item(
+      f"encoder activations ({b_enc} queries x {T} tokens"
+      + (f", {layers} layers)" if layers else f", {enc.model_type})"),
+      act,
+      act_formula,
+    )
+  )
   if dense:
     dev.append(Item("dense W gradient + update", 2 * L * d * 4, "2 x L x d x 4"))
     if schedule.strategy.mined_in_step:
       dev.append(Item("scores over all labels (uptodate)", micro * L * 4, "B x L x 4"))
     elif schedule.strategy.full_loss:
       blk = config.train.full_label_block
-      dev.append(Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4,
-                      "3 x B x block x 4"))
+      dev.append(
+        Item("full-L blocks (scores, recomputed)", 3 * micro * blk * 4, "3 x B x block x 4")
+      )
   kk = k_p + k_h + k_r
   # Rows gathered per query: k_p + k_h, + k_r with per-query draws; a shared draw of k_r
   # serves the batch.
   per_query = nc.random_draws == "per_query"
-  k_row, k_once, k_txt = ((k_p + k_h + k_r, 0, "k_p + k_h + k_r") if per_query else
-                          (k_p + k_h, k_r, "k_p + k_h"))
+  k_row, k_once, k_txt = (
+    (k_p + k_h + k_r, 0, "k_p + k_h + k_r") if per_query else (k_p + k_h, k_r, "k_p + k_h")
+  )
   gathered = (b_clf * k_row + k_once) * d * 4
   scores = b_clf * kk * (4 + 4 + 1)
   # Row gradients are all-gathered over 'data' (every replica of a shard applies the same
@@ -328,85 +376,163 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   formed = 2 * (micro * k_row + k_once) * d * 4
   once = " + k_r" if k_once else ""
   if not dense:
-    dev.append(Item("classifier step: gathered rows + scores, their grads, masks",
-                    gathered + scores + 2 * b_clf * d * 4,
-                    f"(B_g ({k_txt}){once}) d 4 + B_g (k_p + k_h + k_r) 9 + 2 B_g d 4"))
-    dev.append(Item("classifier step: row gradients, factored (all micro-batches)", kept,
-                    f"B ({k_txt}) (4 + 4) + B d 4{' + A k_r (d 4 + 4)' if k_once else ''}"))
-    dev.append(Item("classifier update: one micro-batch's row gradients", formed,
-                    f"2 x (B/A ({k_txt}){once}) x d x 4"))
+    dev.append(
+      Item(
+        "classifier step: gathered rows + scores, their grads, masks",
+        gathered + scores + 2 * b_clf * d * 4,
+        f"(B_g ({k_txt}){once}) d 4 + B_g (k_p + k_h + k_r) 9 + 2 B_g d 4",
+      )
+    )
+    dev.append(
+      Item(
+        "classifier step: row gradients, factored (all micro-batches)",
+        kept,
+        f"B ({k_txt}) (4 + 4) + B d 4{' + A k_r (d 4 + 4)' if k_once else ''}",
+      )
+    )
+    dev.append(
+      Item(
+        "classifier update: one micro-batch's row gradients",
+        formed,
+        f"2 x (B/A ({k_txt}){once}) x d x 4",
+      )
+    )
 
   # Host, per process: one process per `layout.gpus_per_process` devices holds the W shards
   # of its devices (sharding.local_model_shards; 'model' is the mesh's minor axis, inside a
   # node) and mines for them in its own refresh worker, one shard's index at a time.
   layout = layout or NodeLayout(G, G, G)
-  S = min(M, layout.gpus_per_process)   # W shards per process
+  S = min(M, layout.gpus_per_process)  # W shards per process
   Pn = layout.processes_per_node
   index_kind = nc.index if nc.index != "auto" else ("exact" if R <= 50_000 else "scann")
   ds = catalog.DATASETS.get(config.data.get("name", ""))
-  lpp = (config.data.synthetic.mean_labels if config.data.synthetic.enabled
-         else ds.labels_per_point if ds else None)
-  num_test = (config.data.synthetic.num_test if config.data.synthetic.enabled
-              else ds.num_test if ds else 0)
+  lpp = (
+    config.data.synthetic.mean_labels
+    if config.data.synthetic.enabled
+    else ds.labels_per_point
+    if ds
+    else None
+  )
+  num_test = (
+    config.data.synthetic.num_test if config.data.synthetic.enabled else ds.num_test if ds else 0
+  )
   nnz = int(data.num_train * lpp) + (rows - data.num_train) if lpp else None
   if index_kind == "scann":
-    worker = [Item(f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {R:,} rows)",
-                   2 * R * d * 4, "2 x W shard")]
+    worker = [
+      Item(
+        f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {R:,} rows)",
+        2 * R * d * 4,
+        "2 x W shard",
+      )
+    ]
   else:
-    worker = [Item(f"exact index ({R:,} rows + one 4096-query score block)",
-                   R * d * 4 + 4096 * R * 4 * 2, "W shard + 2 x 4096 x rows x 4")]
+    worker = [
+      Item(
+        f"exact index ({R:,} rows + one 4096-query score block)",
+        R * d * 4 + 4096 * R * 4 * 2,
+        "W shard + 2 x 4096 x rows x 4",
+      )
+    ]
   negatives_own = rows * S * mined * 4
   collection = rows * d * 4
   worker += [
-      Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
-      Item(f"mined hard negatives being written ({rows:,} x {S} x {mined} int32)",
-           negatives_own, "N x shards per process x k_mined x 4", paged=True),
-      Item(f"query embeddings (the run's one file, {rows:,} x {d} fp32)", collection,
-           "N x d x 4", paged=True),
+    Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
+    Item(
+      f"mined hard negatives being written ({rows:,} x {S} x {mined} int32)",
+      negatives_own,
+      "N x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"query embeddings (the run's one file, {rows:,} x {d} fp32)",
+      collection,
+      "N x d x 4",
+      paged=True,
+    ),
   ]
-  trainer = [Item(f"W rows of its {S} shard(s) copied for a refresh's snapshot",
-                  S * R * d * 4, "shards per process x W shard"),
-             Item(f"hard negatives in use ({rows:,} x {S} x {mined} int32)",
-                  negatives_own, "N x shards per process x k_mined x 4", paged=True),
-             Item(f"query embeddings being collected ({rows:,} x {d} fp32, process 0 "
-                  f"writes them)", collection, "N x d x 4", paged=True)]
-  tokens = Item(f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4,
-                "N x T x 4", paged=True)
+  trainer = [
+    Item(
+      f"W rows of its {S} shard(s) copied for a refresh's snapshot",
+      S * R * d * 4,
+      "shards per process x W shard",
+    ),
+    Item(
+      f"hard negatives in use ({rows:,} x {S} x {mined} int32)",
+      negatives_own,
+      "N x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"query embeddings being collected ({rows:,} x {d} fp32, process 0 writes them)",
+      collection,
+      "N x d x 4",
+      paged=True,
+    ),
+  ]
+  tokens = Item(
+    f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4, "N x T x 4", paged=True
+  )
   trainer.insert(0, tokens)
   # The label matrix is the label cache's memmaps (label_cache): the training processes
   # and workers of a node share one page-cache copy; the label-text rows are not stored.
   n_file, nnz_file = data.num_train + 1, (int(data.num_train * lpp) if lpp else 0)
   label_cache_bytes = n_file * 8 + nnz_file * 4 + L * 4
-  label_cache = Item(f"training label matrix (label cache, ~{nnz_file:,} pairs)",
-                     label_cache_bytes, "(N + 1) x 8 + nnz x 4 + L x 4", paged=True)
+  label_cache = Item(
+    f"training label matrix (label cache, ~{nnz_file:,} pairs)",
+    label_cache_bytes,
+    "(N + 1) x 8 + nnz x 4 + L x 4",
+    paged=True,
+  )
   if nnz:
-    worker.append(dataclasses.replace(label_cache, name=f"training positives "
-                                      f"(label cache, ~{nnz_file:,} pairs)"))
+    worker.append(
+      dataclasses.replace(
+        label_cache, name=f"training positives (label cache, ~{nnz_file:,} pairs)"
+      )
+    )
     trainer.insert(0, label_cache)
   else:
-    notes.append("the label matrix is not counted (labels per point unknown): its cache, "
-                 "(N + 1) x 8 + nnz x 4 + L x 4 bytes, is mapped once per node")
+    notes.append(
+      "the label matrix is not counted (labels per point unknown): its cache, "
+      "(N + 1) x 8 + nnz x 4 + L x 4 bytes, is mapped once per node"
+    )
 
   # A node in training: each process's and worker's own memory, each process's own files,
   # and the files every process maps (label cache, token memmaps) once.
   per = f"x {Pn} process{'es' if Pn > 1 else ''}"
   node_items = [
-      Item(f"training processes' resident memory ({per})", Pn * resident(trainer),
-           "processes per node x the process's resident"),
-      Item(f"refresh workers' resident memory ({per})", Pn * resident(worker),
-           "processes per node x the worker's resident"),
-      Item("token memmaps (once per node)", tokens.bytes, tokens.formula, paged=True),
+    Item(
+      f"training processes' resident memory ({per})",
+      Pn * resident(trainer),
+      "processes per node x the process's resident",
+    ),
+    Item(
+      f"refresh workers' resident memory ({per})",
+      Pn * resident(worker),
+      "processes per node x the worker's resident",
+    ),
+    Item("token memmaps (once per node)", tokens.bytes, tokens.formula, paged=True),
   ]
   if nnz:
-    node_items.append(Item("label cache (once per node)", label_cache_bytes,
-                           label_cache.formula, paged=True))
+    node_items.append(
+      Item("label cache (once per node)", label_cache_bytes, label_cache.formula, paged=True)
+    )
   node_items += [
-      Item(f"hard negatives in use ({per})", Pn * negatives_own,
-           "processes x N x shards per process x k_mined x 4", paged=True),
-      Item(f"hard negatives being mined ({per})", Pn * negatives_own,
-           "processes x N x shards per process x k_mined x 4", paged=True),
-      Item("query-embedding collection (one file for every process)", collection,
-           "N x d x 4", paged=True)]
+    Item(
+      f"hard negatives in use ({per})",
+      Pn * negatives_own,
+      "processes x N x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"hard negatives being mined ({per})",
+      Pn * negatives_own,
+      "processes x N x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      "query-embedding collection (one file for every process)", collection, "N x d x 4", paged=True
+    ),
+  ]
 
   # Preparation (prepare, or the first process of a node under the caches' lock): one
   # builder per node, the label files parsed, then the texts tokenized.
@@ -415,73 +541,132 @@ def make_plan(config, gpu: str, data: DataSize | None = None, config_name: str =
   token_rows = rows + num_test
   # The phases run one after the other: the peak is the larger (Plan.prep_peak).
   prep_items = [
-      Item("label parse (16 MB blocks), measured", PARSE_PEAK_BYTES, "bounded by the block"),
-      Item("tokenization (batches of 8192 texts), measured", TOKENIZE_PEAK_BYTES,
-           "bounded by the batch")]
+    Item("label parse (16 MB blocks), measured", PARSE_PEAK_BYTES, "bounded by the block"),
+    Item(
+      "tokenization (batches of 8192 texts), measured", TOKENIZE_PEAK_BYTES, "bounded by the batch"
+    ),
+  ]
   prep_seconds = {
-      "label_text_bytes": text_bytes,
-      "parse_cpu_s": round(text_bytes / PARSE_BYTES_PER_CPU_S),
-      "tokenize_rows": token_rows,
-      "tokenize_cpu_s": round(token_rows / TOKENIZE_ROWS_PER_CPU_S)}
+    "label_text_bytes": text_bytes,
+    "parse_cpu_s": round(text_bytes / PARSE_BYTES_PER_CPU_S),
+    "tokenize_rows": token_rows,
+    "tokenize_cpu_s": round(token_rows / TOKENIZE_ROWS_PER_CPU_S),
+  }
 
   # Disk: the caches (beside the data, once), the refresh files of each process (the
   # inputs of the refresh last consumed stay beside those being collected: a resume reruns
   # it), the negatives generations, the checkpoints and the export.
   test_cache = (num_test + 1) * 8 + test_nnz * 4
-  state = (4 * P + 8 * P + padded_rows(L, M) * d * 4
-           + (padded_rows(L, M) * (d + 1) * 4 if config.optim.classifier_momentum else 0))
+  state = (
+    4 * P
+    + 8 * P
+    + padded_rows(L, M) * d * 4
+    + (padded_rows(L, M) * (d + 1) * 4 if config.optim.classifier_momentum else 0)
+  )
   keep = config.checkpoint.keep
-  disk = [Item(f"token memmaps ({token_rows:,} rows x {T} int32: train, label texts, test)",
-               token_rows * T * 4, "(N + test) x T x 4")]
+  disk = [
+    Item(
+      f"token memmaps ({token_rows:,} rows x {T} int32: train, label texts, test)",
+      token_rows * T * 4,
+      "(N + test) x T x 4",
+    )
+  ]
   if nnz:
-    disk.append(Item("label caches (training + test labels)", label_cache_bytes + test_cache,
-                     "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'"))
+    disk.append(
+      Item(
+        "label caches (training + test labels)",
+        label_cache_bytes + test_cache,
+        "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'",
+      )
+    )
   disk += [
-      Item(f"refresh inputs, 2 refreshes' (the embeddings once, W snapshots {per})",
-           2 * (collection + Pn * S * R * d * 4),
-           "2 x (N x d x 4 + processes x shards per process x W shard)"),
-      Item(f"hard negatives, {NEGATIVES_GENERATIONS} generations: in use + being mined ({per})",
-           Pn * NEGATIVES_GENERATIONS * negatives_own,
-           f"processes x {NEGATIVES_GENERATIONS} x N x shards per process x k_mined x 4"),
-      Item(f"checkpoints: the last {keep}, the best by P@5, one being written",
-           (keep + 2) * state, "(keep + 2) x (P x 12 + L x d x 4 [+ momentum L x (d + 1) x 4])"),
-      Item("export (encoder + W; + tokenizer and label texts)", 4 * P + L * d * 4,
-           "P x 4 + L x d x 4")]
+    Item(
+      f"refresh inputs, 2 refreshes' (the embeddings once, W snapshots {per})",
+      2 * (collection + Pn * S * R * d * 4),
+      "2 x (N x d x 4 + processes x shards per process x W shard)",
+    ),
+    Item(
+      f"hard negatives, {NEGATIVES_GENERATIONS} generations: in use + being mined ({per})",
+      Pn * NEGATIVES_GENERATIONS * negatives_own,
+      f"processes x {NEGATIVES_GENERATIONS} x N x shards per process x k_mined x 4",
+    ),
+    Item(
+      f"checkpoints: the last {keep}, the best by P@5, one being written",
+      (keep + 2) * state,
+      "(keep + 2) x (P x 12 + L x d x 4 [+ momentum L x (d + 1) x 4])",
+    ),
+    Item(
+      "export (encoder + W; + tokenizer and label texts)", 4 * P + L * d * 4, "P x 4 + L x d x 4"
+    ),
+  ]
   if layout.nodes > 1:
-    notes.append(f"{layout.nodes} nodes: the caches, checkpoints and export are written once "
-                 f"(shared storage); each node's processes write the per-process files above")
+    notes.append(
+      f"{layout.nodes} nodes: the caches, checkpoints and export are written once "
+      f"(shared storage); each node's processes write the per-process files above"
+    )
   if layout.nodes * Pn > M // S:
-    notes.append(f"{layout.nodes * Pn} processes for {M // S} distinct group(s) of W shards: "
-                 f"processes holding the same shards (data replicas) each mine and write the "
-                 f"same negatives")
+    notes.append(
+      f"{layout.nodes * Pn} processes for {M // S} distinct group(s) of W shards: "
+      f"processes holding the same shards (data replicas) each mine and write the "
+      f"same negatives"
+    )
   if S > 1:
-    notes.append(f"a refresh worker mines for its process's {S} W shards ({R:,} rows each), "
-                 f"one index at a time")
+    notes.append(
+      f"a refresh worker mines for its process's {S} W shards ({R:,} rows each), "
+      f"one index at a time"
+    )
   if ds and not ds.public and not config.data.synthetic.enabled:
-    notes.append(f"{ds.name} is proprietary: this plans the real dataset's size; its "
-                 f"synthetic stand-in is {ds.config}:synthetic")
+    notes.append(
+      f"{ds.name} is proprietary: this plans the real dataset's size; its "
+      f"synthetic stand-in is {ds.config}:synthetic"
+    )
   if ec_note := _encoder_note(config, enc_source):
     notes.append(ec_note)
 
   return Plan(
-      config_name=config_name or config.data.get("name", ""), data=data,
-      encoder={"source": enc_source, "model_type": enc.model_type, "params": P,
-               "hidden": enc.hidden_size, "layers": getattr(enc, "num_layers", None),
-               "heads": getattr(enc, "num_heads", None),
-               "ffn": getattr(enc, "intermediate_size", None),
-               "vocab": getattr(enc, "vocab_size", None), "d": d,
-               "dtype": enc.dtype},
-      mesh={"data": D, "model": M, "devices": G},
-      batch={"global": B, "grad_accum_steps": A, "micro_batch": micro,
-             "encoder_queries_per_device": b_enc, "classifier_queries_per_device": b_clf,
-             "max_len": T},
-      negatives={"k_p": k_p, "k_h_per_shard": k_h, "k_r_per_shard": k_r, "shards": M,
-                 "random_draws": nc.random_draws,
-                 "index": index_kind, "dense_update": dense},
-      gpu=gpu, device_items=dev, worker_items=worker, trainer_items=trainer,
-      disk_items=disk, notes=notes,
-      node={**dataclasses.asdict(layout), "nodes": layout.nodes, "shards_per_process": S},
-      prep_items=prep_items, node_items=node_items, prep_seconds=prep_seconds)
+    config_name=config_name or config.data.get("name", ""),
+    data=data,
+    encoder={
+      "source": enc_source,
+      "model_type": enc.model_type,
+      "params": P,
+      "hidden": enc.hidden_size,
+      "layers": getattr(enc, "num_layers", None),
+      "heads": getattr(enc, "num_heads", None),
+      "ffn": getattr(enc, "intermediate_size", None),
+      "vocab": getattr(enc, "vocab_size", None),
+      "d": d,
+      "dtype": enc.dtype,
+    },
+    mesh={"data": D, "model": M, "devices": G},
+    batch={
+      "global": B,
+      "grad_accum_steps": A,
+      "micro_batch": micro,
+      "encoder_queries_per_device": b_enc,
+      "classifier_queries_per_device": b_clf,
+      "max_len": T,
+    },
+    negatives={
+      "k_p": k_p,
+      "k_h_per_shard": k_h,
+      "k_r_per_shard": k_r,
+      "shards": M,
+      "random_draws": nc.random_draws,
+      "index": index_kind,
+      "dense_update": dense,
+    },
+    gpu=gpu,
+    device_items=dev,
+    worker_items=worker,
+    trainer_items=trainer,
+    disk_items=disk,
+    notes=notes,
+    node={**dataclasses.asdict(layout), "nodes": layout.nodes, "shards_per_process": S},
+    prep_items=prep_items,
+    node_items=node_items,
+    prep_seconds=prep_seconds,
+  )
 
 
 def padded_rows(L: int, model: int) -> int:
@@ -492,9 +677,11 @@ def padded_rows(L: int, model: int) -> int:
 def _encoder_note(config, source: str) -> str:
   want = config.encoder.get("paper_encoder", "")
   if want and source.endswith("(published shape)"):
-    return (f"the paper's encoder {want} is not in {config.encoder.hf_dir}: planned with its "
-            f"published shape; training needs its files there (or "
-            f"--config.encoder.hf_dir=all-MiniLM-L6-v2, see astra_jax/paper_configs.py)")
+    return (
+      f"the paper's encoder {want} is not in {config.encoder.hf_dir}: planned with its "
+      f"published shape; training needs its files there (or "
+      f"--config.encoder.hf_dir=all-MiniLM-L6-v2, see astra_jax/paper_configs.py)"
+    )
   if want and config.encoder.hf_dir == "all-MiniLM-L6-v2":
     return f"planned with all-MiniLM-L6-v2 as asked, not the paper's encoder {want}"
   return ""
@@ -519,28 +706,37 @@ def suggest(config, gpu: str, data: DataSize) -> list[str]:
 
   for a in range(A + 1, B // G + 1):
     if B % (a * G) == 0 and (p := fits(train__grad_accum_steps=a)):
-      out.append(f"gradient accumulation: --config.train.grad_accum_steps={a} "
-                 f"({p.device_total / GiB:.1f} GiB per device)")
+      out.append(
+        f"gradient accumulation: --config.train.grad_accum_steps={a} "
+        f"({p.device_total / GiB:.1f} GiB per device)"
+      )
       break
   m = M * 2
   while m <= 1024:
     if G % m == 0 and (p := fits(mesh__data=G // m, mesh__model=m)):
-      out.append(f"more W shards on the same {G} devices: --mesh={G // m}x{m} "
-                 f"({p.device_total / GiB:.1f} GiB per device)")
+      out.append(
+        f"more W shards on the same {G} devices: --mesh={G // m}x{m} "
+        f"({p.device_total / GiB:.1f} GiB per device)"
+      )
       break
     if G % m and (p := fits(mesh__data=1, mesh__model=m)):
-      out.append(f"more devices for W's shards: --num_gpus={m} --mesh=1x{m} "
-                 f"({p.device_total / GiB:.1f} GiB per device)")
+      out.append(
+        f"more devices for W's shards: --num_gpus={m} --mesh=1x{m} "
+        f"({p.device_total / GiB:.1f} GiB per device)"
+      )
       break
     m *= 2
   if not config.encoder.bottleneck_dim and (p := fits(encoder__bottleneck_dim=64)):
-    out.append(f"a bottleneck to d=64 (as the paper does for very large L): "
-               f"--config.encoder.bottleneck_dim=64 ({p.device_total / GiB:.1f} GiB per device)")
+    out.append(
+      f"a bottleneck to d=64 (as the paper does for very large L): "
+      f"--config.encoder.bottleneck_dim=64 ({p.device_total / GiB:.1f} GiB per device)"
+    )
   if config.encoder.dtype == "float32":
     low = "float16" if gpu.startswith("v100") else "bfloat16"
     if p := fits(encoder__dtype=low):
-      out.append(f"{low} compute: --config.encoder.dtype={low} "
-                 f"({p.device_total / GiB:.1f} GiB per device)")
+      out.append(
+        f"{low} compute: --config.encoder.dtype={low} ({p.device_total / GiB:.1f} GiB per device)"
+      )
   return out or ["nothing single fits: combine the above, or add GPUs"]
 
 
@@ -579,8 +775,15 @@ def resolve_layout(devices: int, gpus_per_node: int, processes_per_node: int) ->
   return NodeLayout(devices, g, p)
 
 
-def plan_config(config, gpu: str, mesh: str = "", num_gpus: int = 0, name: str = "",
-                gpus_per_node: int = 0, processes_per_node: int = 0) -> Plan:
+def plan_config(
+  config,
+  gpu: str,
+  mesh: str = "",
+  num_gpus: int = 0,
+  name: str = "",
+  gpus_per_node: int = 0,
+  processes_per_node: int = 0,
+) -> Plan:
   """Applies the mesh to (a copy of) the config, plans, and adds suggestions if needed.
 
   Args:

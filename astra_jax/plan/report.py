@@ -1,4 +1,5 @@
 """The memory plan as text: what `python -m astra_jax.plan` prints without --json."""
+
 from __future__ import annotations
 
 from astra_jax.plan.estimates import GPUS, USABLE_FRACTION, GiB, Plan, resident
@@ -11,55 +12,71 @@ def _gib(n: int) -> str:
 def format_plan(p: Plan) -> str:
   e, m, b, n = p.encoder, p.mesh, p.batch, p.negatives
   lines = [
-      f"memory plan: {p.config_name}",
-      f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows "
-      f"({p.data.num_train:,} + label texts)" if p.data.rows != p.data.num_train else
-      f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows",
-      f"        from {p.data.source}",
-      f"  encoder: {e['model_type']}, {e['params'] / 1e6:.1f}M parameters (hidden {e['hidden']}"
-      + (f", {e['layers']} layers x {e['heads']} heads, ffn {e['ffn']}" if e["layers"] else "")
-      + f"), d = {e['d']}, compute {e['dtype']}",
-      f"        from {e['source']}",
-      f"  mesh: {m['data']} data x {m['model']} model = {m['devices']} "
-      f"device{'s' if m['devices'] > 1 else ''}, {p.gpu} "
-      f"({GPUS[p.gpu] / GiB:.0f} GiB, {p.usable / GiB:.1f} GiB usable at "
-      f"{USABLE_FRACTION:.0%})",
-      f"  batch: {b['global']}" + (f" = {b['grad_accum_steps']} micro-batches of {b['micro_batch']}"
-                                  if b['grad_accum_steps'] > 1 else " (no accumulation)") + "; "
-      f"encoder {b['encoder_queries_per_device']} queries per device, classifier "
-      f"{b['classifier_queries_per_device']}; {b['max_len']} tokens",
-      f"  negatives per query: {n['k_p']} positives (padded), {n['shards']} x {n['k_h_per_shard']} "
-      f"hard, {n['shards']} x {n['k_r_per_shard']} random columns (per W shard x shards; "
-      f"{n['random_draws'].replace('_', ' ')} draws); index {n['index']}",
-      "",
-      f"  {'GPU memory per device':<74}{'GiB':>8}",
+    f"memory plan: {p.config_name}",
+    f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows "
+    f"({p.data.num_train:,} + label texts)"
+    if p.data.rows != p.data.num_train
+    else f"  data: L = {p.data.num_labels:,} labels, N = {p.data.rows:,} training rows",
+    f"        from {p.data.source}",
+    f"  encoder: {e['model_type']}, {e['params'] / 1e6:.1f}M parameters (hidden {e['hidden']}"
+    + (f", {e['layers']} layers x {e['heads']} heads, ffn {e['ffn']}" if e["layers"] else "")
+    + f"), d = {e['d']}, compute {e['dtype']}",
+    f"        from {e['source']}",
+    f"  mesh: {m['data']} data x {m['model']} model = {m['devices']} "
+    f"device{'s' if m['devices'] > 1 else ''}, {p.gpu} "
+    f"({GPUS[p.gpu] / GiB:.0f} GiB, {p.usable / GiB:.1f} GiB usable at "
+    f"{USABLE_FRACTION:.0%})",
+    f"  batch: {b['global']}"
+    + (
+      f" = {b['grad_accum_steps']} micro-batches of {b['micro_batch']}"
+      if b["grad_accum_steps"] > 1
+      else " (no accumulation)"
+    )
+    + "; "
+    f"encoder {b['encoder_queries_per_device']} queries per device, classifier "
+    f"{b['classifier_queries_per_device']}; {b['max_len']} tokens",
+    f"  negatives per query: {n['k_p']} positives (padded), {n['shards']} x {n['k_h_per_shard']} "
+    f"hard, {n['shards']} x {n['k_r_per_shard']} random columns (per W shard x shards; "
+    f"{n['random_draws'].replace('_', ' ')} draws); index {n['index']}",
+    "",
+    f"  {'GPU memory per device':<74}{'GiB':>8}",
   ]
   lines += [f"    {i.name:<72}{_gib(i.bytes)}" for i in p.device_items]
-  verdict = (f"FITS, {(p.usable - p.device_total) / GiB:.2f} GiB headroom" if p.fits else
-             f"DOES NOT FIT: {(p.device_total - p.usable) / GiB:.2f} GiB over")
+  verdict = (
+    f"FITS, {(p.usable - p.device_total) / GiB:.2f} GiB headroom"
+    if p.fits
+    else f"DOES NOT FIT: {(p.device_total - p.usable) / GiB:.2f} GiB over"
+  )
   lines.append(f"    {'total':<72}{_gib(p.device_total)}   {verdict}")
   nd = p.node
-  where = (f"{nd['nodes']} node{'s' if nd['nodes'] > 1 else ''} x {nd['gpus_per_node']} GPUs, "
-           f"{nd['processes_per_node']} process{'es' if nd['processes_per_node'] > 1 else ''} "
-           f"per node, {nd['shards_per_process']} W shard(s) per process")
+  where = (
+    f"{nd['nodes']} node{'s' if nd['nodes'] > 1 else ''} x {nd['gpus_per_node']} GPUs, "
+    f"{nd['processes_per_node']} process{'es' if nd['processes_per_node'] > 1 else ''} "
+    f"per node, {nd['shards_per_process']} W shard(s) per process"
+  )
   lines += ["", f"  host, per node: {where}"]
   ps = p.prep_seconds
   for title, items, total in (
-      ("preparation, one builder per node (phases in turn: the peak)", p.prep_items,
-       ("peak", p.prep_peak)),
-      ("host RAM, each refresh worker", p.worker_items, None),
-      ("host RAM, each training process", p.trainer_items, None),
-      ("host RAM, the node in training", p.node_items,
-       ("total, every memmap hot", p.node_total)),
-      ("disk, every file the run writes", p.disk_items, ("total", p.disk_total))):
+    (
+      "preparation, one builder per node (phases in turn: the peak)",
+      p.prep_items,
+      ("peak", p.prep_peak),
+    ),
+    ("host RAM, each refresh worker", p.worker_items, None),
+    ("host RAM, each training process", p.trainer_items, None),
+    ("host RAM, the node in training", p.node_items, ("total, every memmap hot", p.node_total)),
+    ("disk, every file the run writes", p.disk_items, ("total", p.disk_total)),
+  ):
     lines += ["", f"  {title:<74}{'GiB':>8}"]
     lines += [f"    {i.name + (' (memmap)' if i.paged else ''):<72}{_gib(i.bytes)}" for i in items]
     if total:
       lines.append(f"    {total[0]:<72}{_gib(total[1])}")
     if items is p.prep_items and ps:
-      lines.append(f"    {ps['label_text_bytes'] / 1e9:.1f} GB of label text: "
-                   f"~{ps['parse_cpu_s'] / 60:.0f} CPU min to parse; {ps['tokenize_rows']:,} "
-                   f"texts: ~{ps['tokenize_cpu_s'] / 60:.0f} CPU min to tokenize")
+      lines.append(
+        f"    {ps['label_text_bytes'] / 1e9:.1f} GB of label text: "
+        f"~{ps['parse_cpu_s'] / 60:.0f} CPU min to parse; {ps['tokenize_rows']:,} "
+        f"texts: ~{ps['tokenize_cpu_s'] / 60:.0f} CPU min to tokenize"
+      )
     if items is not p.prep_items and "disk" not in title:
       paged = sum(i.bytes for i in items if i.paged)
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")

@@ -1,11 +1,34 @@
 """Reproducing the paper's tables: the paper's numbers (paper.py), the runs behind each
 table (runs.py), the tables and the files written (tables.py), and the command line
 (__main__.py: `python -m astra_jax.reproduce`)."""
-from astra_jax.reproduce.runs import (ABLATION, BENCH_LABELS, Run, ablation_runs, load_or_run,
-                                      motivation_runs, paper_refreshes_runs, paper_refreshes_tau,
-                                      run_dir, tau_runs)
+
+from astra_jax.reproduce.runs import (
+  ABLATION,
+  BENCH_LABELS,
+  Run,
+  ablation_runs,
+  load_or_run,
+  motivation_runs,
+  paper_refreshes_runs,
+  paper_refreshes_tau,
+  run_dir,
+  tau_runs,
+)
 from astra_jax.reproduce.tables import TABLES, plot_motivation, reproduce, write_index
 
-__all__ = ["ABLATION", "BENCH_LABELS", "TABLES", "Run", "ablation_runs", "load_or_run",
-           "motivation_runs", "paper_refreshes_runs", "paper_refreshes_tau", "plot_motivation",
-           "reproduce", "run_dir", "tau_runs", "write_index"]
+__all__ = [
+  "ABLATION",
+  "BENCH_LABELS",
+  "TABLES",
+  "Run",
+  "ablation_runs",
+  "load_or_run",
+  "motivation_runs",
+  "paper_refreshes_runs",
+  "paper_refreshes_tau",
+  "plot_motivation",
+  "reproduce",
+  "run_dir",
+  "tau_runs",
+  "write_index",
+]

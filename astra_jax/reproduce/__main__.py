@@ -14,6 +14,7 @@ Training tables run a reduced-scale synthetic stand-in of a paper dataset (the p
 column is the real dataset); timebreakup and memory time the L-dependent classifier step
 (astra_jax/classifier_bench.py).
 """
+
 from __future__ import annotations
 
 import sys
@@ -43,14 +44,15 @@ def main(argv) -> int:
   F = flags.FLAGS
   choices = sorted(TABLES) + ["all_cpu"]
   if F.table in NEEDS_GPUS:
-    print(f"{F.table}: needs the real datasets + GPUs; run: {NEEDS_GPUS[F.table]}",
-          file=sys.stderr)
+    print(f"{F.table}: needs the real datasets + GPUs; run: {NEEDS_GPUS[F.table]}", file=sys.stderr)
     return WRONG_TABLE_EXIT
   if F.table not in choices:
     print(f"unknown table {F.table!r}; choose from {', '.join(choices)}", file=sys.stderr)
     return WRONG_TABLE_EXIT
-  mds = [reproduce(name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds)
-         for name in (ALL_CPU if F.table == "all_cpu" else (F.table,))]
+  mds = [
+    reproduce(name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds)
+    for name in (ALL_CPU if F.table == "all_cpu" else (F.table,))
+  ]
   print("\n".join(mds))
   if F.table == "all_cpu":
     print("wrote", write_index(F.out, mds, F.scale, F.epochs, F.workdir, F.seeds))

@@ -1,6 +1,7 @@
 """The runs behind the reproduced tables: each training run (a stand-in config, variant and
 overrides) or classifier benchmark as a `Run`, where its results live, and reusing a
 finished run's results.json or running it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,21 @@ from astra_jax.reproduce.paper import PAPER_RATIO
 STAND_IN = "experiments/lf_amazontitles_131k.py"
 TAU_STAND_IN = "experiments/lf_amazon_131k.py"
 BENCH_LABELS = (10_000, 100_000, 1_000_000)
-ABLATION = ("random", "e_hard", "random+e_hard", "curriculum+e_hard", "w_hard", "curriculum",
-            "random+w_hard")
+ABLATION = (
+  "random",
+  "e_hard",
+  "random+e_hard",
+  "curriculum+e_hard",
+  "w_hard",
+  "curriculum",
+  "random+w_hard",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
   """One training run (config file + variant + overrides) or one classifier benchmark."""
+
   name: str
   config_file: str = ""
   variant: str = ""
@@ -47,12 +56,15 @@ class Run:
   def execute(self, workdir: str) -> dict:
     if self.bench is not None:
       from astra_jax import classifier_bench
+
       return classifier_bench.measure(*self.bench)
     from astra_jax import train
+
     return train.train_and_evaluate(self.config(), workdir)
 
   def config(self):
     from astra_jax import config_base
+
     c = config_base.load_config(self.config_file, self.variant)
     for key, value in self.overrides:
       *path, leaf = key.split(".")
@@ -67,8 +79,9 @@ WORKDIR_PLACEHOLDER = "{workdir}"
 
 
 def run_dir(root: str, run: Run) -> str:
-  return os.path.join(root, run.group, f"seed{run.seed}" if run.seed else "",
-                      run.name.replace("+", "_"))
+  return os.path.join(
+    root, run.group, f"seed{run.seed}" if run.seed else "", run.name.replace("+", "_")
+  )
 
 
 def stand_in_group(scale: float, epochs: int) -> str:
@@ -82,13 +95,19 @@ def stale(run: Run, cached: dict) -> str:
   classifier-step code."""
   if run.bench is not None:
     from astra_jax import classifier_bench
+
     same = cached.get("code") == classifier_bench.code_fingerprint()
     return "" if same else "measured with other classifier-step code"
   from astra_jax import checkpoint
+
   # data.tokenizer_dir is filled in when the run starts
-  diff = [k for k, _, _ in checkpoint.config_diff(cached.get("config", {}),
-                                                  json.loads(run.config().to_json()))
-          if k != "data.tokenizer_dir"]
+  diff = [
+    k
+    for k, _, _ in checkpoint.config_diff(
+      cached.get("config", {}), json.loads(run.config().to_json())
+    )
+    if k != "data.tokenizer_dir"
+  ]
   return f"its config differs in {', '.join(diff[:5])}" if diff else ""
 
 
@@ -122,24 +141,37 @@ def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict
 def _train_overrides(epochs: int, **extra) -> tuple:
   # Same data for every run and seed 0 unless given; per-epoch evaluations feed the
   # P@1-vs-time plot.
-  base = {"train.epochs": epochs, "train.batch_size": 128, "train.grad_accum_steps": 1,
-          "train.eval_every_epochs": 1, "train.seed": 0}
+  base = {
+    "train.epochs": epochs,
+    "train.batch_size": 128,
+    "train.grad_accum_steps": 1,
+    "train.eval_every_epochs": 1,
+    "train.seed": 0,
+  }
   return tuple(sorted({**base, **extra}.items()))
 
 
 def ablation_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]:
   """Every strategy with training seeds 0 .. seeds-1 (the data is the same for all)."""
   v = f"synthetic,{scale}"
-  return [Run(s, STAND_IN, v, _train_overrides(epochs, **{"negatives.strategy": s,
-                                                          "train.seed": k}),
-              group=stand_in_group(scale, epochs))
-          for k in range(seeds) for s in ABLATION]
+  return [
+    Run(
+      s,
+      STAND_IN,
+      v,
+      _train_overrides(epochs, **{"negatives.strategy": s, "train.seed": k}),
+      group=stand_in_group(scale, epochs),
+    )
+    for k in range(seeds)
+    for s in ABLATION
+  ]
 
 
 def paper_refreshes_tau(epochs: int) -> int:
   """τ_s = τ_r that gives the stand-in's `epochs` the paper's number of refreshes (it trains
   LF-AmazonTitles-131K for 75 epochs with τ = 5: 14 refreshes)."""
   from astra_jax import config_base
+
   paper_epochs = config_base.load_config(STAND_IN).train.epochs
   return max(1, round(5 * epochs / paper_epochs))
 
@@ -148,17 +180,27 @@ def paper_refreshes_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]
   """The ablation with τ_s = τ_r = paper_refreshes_tau(epochs) (1 at 15 epochs)."""
   tau = paper_refreshes_tau(epochs)
   taus = {"negatives.tau_s": tau, "negatives.tau_r": tau}
-  return [Run(r.name, r.config_file, r.variant,
-              tuple(sorted({**dict(r.overrides), **taus}.items())),
-              group=os.path.join(r.group, f"tau{tau}"))
-          for r in ablation_runs(scale, epochs, seeds)]
+  return [
+    Run(
+      r.name,
+      r.config_file,
+      r.variant,
+      tuple(sorted({**dict(r.overrides), **taus}.items())),
+      group=os.path.join(r.group, f"tau{tau}"),
+    )
+    for r in ablation_runs(scale, epochs, seeds)
+  ]
 
 
 def plot_runs(scale: float, epochs: int) -> list[Run]:
   by_name = {r.name: r for r in ablation_runs(scale, epochs)}
-  full = Run("full", STAND_IN, f"synthetic,{scale}",
-             _train_overrides(epochs, **{"negatives.strategy": "full"}),
-             group=stand_in_group(scale, epochs))
+  full = Run(
+    "full",
+    STAND_IN,
+    f"synthetic,{scale}",
+    _train_overrides(epochs, **{"negatives.strategy": "full"}),
+    group=stand_in_group(scale, epochs),
+  )
   return [by_name["random+w_hard"], full, by_name["random"]]
 
 
@@ -166,9 +208,16 @@ def tau_runs(key: str, scale: float, epochs: int) -> list[Run]:
   """The paper's τ values as they are (it trains 100 epochs): a τ_s at or past `epochs`
   leaves no refresh at all (all random), and with τ_s = 5 a τ_r past epochs - 1 refreshes
   once, at τ_s (schedule.py: refreshes at τ_s and at every t >= τ_s with t mod τ_r = 0)."""
-  return [Run(tau_run_name(key, t), TAU_STAND_IN, f"synthetic,{scale}",
-              _train_overrides(epochs, **({} if t == 5 else {f"negatives.{key}": t})),
-              group=stand_in_group(scale, epochs)) for t in (5, 10, 20)]
+  return [
+    Run(
+      tau_run_name(key, t),
+      TAU_STAND_IN,
+      f"synthetic,{scale}",
+      _train_overrides(epochs, **({} if t == 5 else {f"negatives.{key}": t})),
+      group=stand_in_group(scale, epochs),
+    )
+    for t in (5, 10, 20)
+  ]
 
 
 def tau_run_name(key: str, t: int) -> str:
@@ -181,12 +230,25 @@ def ratio_runs(scale: float, epochs: int) -> list[Run]:
   astra = {r.name: r for r in ablation_runs(scale, epochs)}["random+w_hard"]
   base = astra.config()
   kh0, kr0 = base.negatives.k_h, base.negatives.k_r
-  return [astra if (kh, kr) == (50, 400) else  # the paper's own setting: the ablation's run
-          Run(ratio_run_name(kh, kr), STAND_IN, f"synthetic,{scale}",
-              _train_overrides(epochs, **{"negatives.k_h": max(1, round(kh0 * kh / 50)),
-                                          "negatives.k_r": max(1, round(kr0 * kr / 400))}),
-              group=stand_in_group(scale, epochs))
-          for kh, kr in PAPER_RATIO]
+  return [
+    astra
+    if (kh, kr) == (50, 400)
+    # the paper's own setting: the ablation's run
+    else Run(
+      ratio_run_name(kh, kr),
+      STAND_IN,
+      f"synthetic,{scale}",
+      _train_overrides(
+        epochs,
+        **{
+          "negatives.k_h": max(1, round(kh0 * kh / 50)),
+          "negatives.k_r": max(1, round(kr0 * kr / 400)),
+        },
+      ),
+      group=stand_in_group(scale, epochs),
+    )
+    for kh, kr in PAPER_RATIO
+  ]
 
 
 def ratio_run_name(kh: int, kr: int) -> str:
@@ -203,12 +265,16 @@ MOTIVATION_TAU_R = 5  # the paper's ASTRA refresh interval
 MOTIVATION_DATA_DIR = "data/motivation-stand-in"  # its own: other scales keep theirs
 # run name -> (legend, strategy, k_h, k_r)
 MOTIVATION_STRATEGIES = {
-    "uptodate": ("up-to-date (oracle: 200 hardest, current W)", "uptodate", MOTIVATION_HARD, 0),
-    "stale": ("stale (200 hardest, W of the last refresh)", "w_hard", MOTIVATION_HARD, 0),
-    "astra": ("ASTRA (stale 200 hardest + 200 random)", "random+w_hard", MOTIVATION_HARD,
-              MOTIVATION_HARD),
-    # full-L ignores the sampled negatives (the sampler still draws them)
-    "full": ("full-L (Renee)", "full", MOTIVATION_HARD, MOTIVATION_HARD),
+  "uptodate": ("up-to-date (oracle: 200 hardest, current W)", "uptodate", MOTIVATION_HARD, 0),
+  "stale": ("stale (200 hardest, W of the last refresh)", "w_hard", MOTIVATION_HARD, 0),
+  "astra": (
+    "ASTRA (stale 200 hardest + 200 random)",
+    "random+w_hard",
+    MOTIVATION_HARD,
+    MOTIVATION_HARD,
+  ),
+  # full-L ignores the sampled negatives (the sampler still draws them)
+  "full": ("full-L (Renee)", "full", MOTIVATION_HARD, MOTIVATION_HARD),
 }
 
 
@@ -221,18 +287,35 @@ def motivation_runs(scale: float, epochs: int) -> list[Run]:
   s = MOTIVATION_SCALE_FACTOR * scale
   group = os.path.join("motivation", stand_in_group(s, epochs))
   v = f"synthetic,{s:g}"
-  pretrain = Run("pretrain_all_labels", STAND_IN, v,
-                 _train_overrides(epochs, **{"data.dir": MOTIVATION_DATA_DIR,
-                                             "train.eval_every_epochs": 0}), group=group)
-  subset = {"data.dir": MOTIVATION_DATA_DIR, "data.label_subset": MOTIVATION_LABELS,
-            "data.label_subset_seed": 0, "negatives.tau_s": 0,
-            "negatives.tau_r": MOTIVATION_TAU_R,
-            "encoder.init_from_workdir": run_dir(WORKDIR_PLACEHOLDER, pretrain)}
+  pretrain = Run(
+    "pretrain_all_labels",
+    STAND_IN,
+    v,
+    _train_overrides(epochs, **{"data.dir": MOTIVATION_DATA_DIR, "train.eval_every_epochs": 0}),
+    group=group,
+  )
+  subset = {
+    "data.dir": MOTIVATION_DATA_DIR,
+    "data.label_subset": MOTIVATION_LABELS,
+    "data.label_subset_seed": 0,
+    "negatives.tau_s": 0,
+    "negatives.tau_r": MOTIVATION_TAU_R,
+    "encoder.init_from_workdir": run_dir(WORKDIR_PLACEHOLDER, pretrain),
+  }
   return [pretrain] + [
-      Run(name, STAND_IN, v, _train_overrides(epochs, **subset, **{
-          "negatives.strategy": strategy, "negatives.k_h": k_h, "negatives.k_r": k_r}),
-          group=group)
-      for name, (_, strategy, k_h, k_r) in MOTIVATION_STRATEGIES.items()]
+    Run(
+      name,
+      STAND_IN,
+      v,
+      _train_overrides(
+        epochs,
+        **subset,
+        **{"negatives.strategy": strategy, "negatives.k_h": k_h, "negatives.k_r": k_r},
+      ),
+      group=group,
+    )
+    for name, (_, strategy, k_h, k_r) in MOTIVATION_STRATEGIES.items()
+  ]
 
 
 def bench_runs() -> list[Run]:
