@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -17,6 +18,15 @@ import pytest
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
+# One persistent XLA compilation cache for both pytest workers and the subprocesses they
+# start: the end-to-end tests compile the same step, evaluation and refresh programs over and
+# over (a cached program is keyed on its HLO, the flags and jax's version, so a hit is the
+# same program).
+os.environ.setdefault(
+  "JAX_COMPILATION_CACHE_DIR",
+  os.path.join(tempfile.gettempdir(), f"astra_jax_tests_xla_cache_{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Plain helper modules of the tests (numpy_bert.py, tiny_step.py) import by their names.
@@ -191,7 +201,13 @@ def demo_command() -> DemoCommand:
       "--config.checkpoint.every_steps=5",
     ]
 
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+  # The launcher's and jax's variables stay out, but for the compilation cache the session shares.
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("JAX_", "SLURM_"))
+    or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  }
   env.update(
     PYTHONPATH=REPO, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
   )

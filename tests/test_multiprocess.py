@@ -38,7 +38,13 @@ def _overrides(data_dir):
 
 
 def _env(devices, **extra):
-  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "SLURM_"))}
+  # The launcher's and jax's variables stay out, but for the compilation cache the session shares.
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("JAX_", "SLURM_"))
+    or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  }
   env.update(
     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
     PYTHONPATH=ROOT,
