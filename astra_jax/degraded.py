@@ -78,7 +78,8 @@ def note_epoch_start(
     code = faults.disk_error_in_text(stats.get("error", ""))
     if not stats.get("ok") and code is not None:
       k = len(hard_negatives.shards) * hard_negatives.schedule.mined_k()
-      raise faults.DiskFull(hard_negatives.dir, 4 * hard_negatives.num_rows * k, code)
+      lo, hi = hard_negatives.query_rows
+      raise faults.DiskFull(hard_negatives.dir, 4 * (hi - lo) * k, code)
     if not stats.get("ok"):
       if on_failure == "fail":
         raise RefreshFailedStop(

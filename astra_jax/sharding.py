@@ -110,6 +110,13 @@ def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch:
   return mask
 
 
+def local_data_groups(mesh: jax.sharding.Mesh) -> list[int]:
+  """The data groups ('data' indices) of this process's devices: the groups whose queries'
+  labels (and so hard negatives) it feeds to its devices."""
+  local = {d.id for d in jax.local_devices()}
+  return [g for g in range(mesh.shape["data"]) if any(d.id in local for d in mesh.devices[g, :])]
+
+
 def local_model_shards(mesh: jax.sharding.Mesh) -> list[int]:
   """The W shards ('model' indices) that live on this process's devices."""
   local = {d.id for d in jax.local_devices()}

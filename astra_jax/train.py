@@ -39,7 +39,7 @@ from astra_jax import (
   warmstart,
 )
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
-from astra_jax.data.pipeline import TrainBatches
+from astra_jax.data.pipeline import TrainBatches, data_group_bounds
 from astra_jax.embedding import embed, make_embed_fn
 from astra_jax.errors import InputError
 from astra_jax.export import save_trained_model
@@ -209,6 +209,8 @@ def make_hard_negatives(
   """The refresh manager for the W shards this process holds (each process mines its own)."""
   nc = config.negatives
   local_shards = sharding.local_model_shards(mesh)
+  groups = sharding.local_data_groups(mesh)
+  bounds = data_group_bounds(data.train_labels.num_rows, mesh.shape["data"])
   return HardNegatives(
     schedule,
     workdir if jax.process_count() == 1 else os.path.join(workdir, f"process{jax.process_index()}"),
@@ -227,6 +229,9 @@ def make_hard_negatives(
     shards=sampler.shard_bounds[local_shards].tolist(),
     shard_ids=local_shards,
     num_shards=mesh.shape["model"],
+    # The training rows whose batches this process's data groups draw (pipeline.py): the
+    # data replicas of a W shard divide its queries.
+    query_rows=(int(bounds[groups[0]]), int(bounds[groups[-1] + 1])),
     # One file of collected query embeddings for all processes (each holds them all).
     queries_dir=os.path.join(workdir, "negatives"),
     writes_queries=distributed.is_leader(),
@@ -273,6 +278,7 @@ def make_negatives_and_batches(
     accum,
     sharding.process_token_rows(mesh, accum, micro_batch),
     config.train.input_threads,
+    data_groups=mesh.shape["data"],
   )
   return hard_negatives, batches
 

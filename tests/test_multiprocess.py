@@ -1,6 +1,7 @@
-"""Two local CPU processes (jax.distributed over gloo, 2 devices each) train exactly like
-one process with the same 4 devices: the same batches, per-host token reads, per-host
-mining over each host's W shards, the same metrics."""
+"""Four local CPU processes (jax.distributed over gloo, one device each, a 2 x 2 mesh)
+train exactly like one process with the same 4 devices: the same batches, per-host token
+reads, per-host mining of each host's W shard for its data group's queries only, the same
+metrics."""
 
 import json
 import os
@@ -32,8 +33,8 @@ def _overrides(data_dir):
     "--config.negatives.k_h=4",
     "--config.negatives.k_r=32",
     "--config.negatives.index=exact",
-    "--config.mesh.data=1",
-    "--config.mesh.model=4",
+    "--config.mesh.data=2",
+    "--config.mesh.model=2",
   ]
 
 
@@ -76,23 +77,29 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def _pair(cmd):
+NUM_PROCESSES = 4
+
+
+def _group(cmd):
   port = _free_port()
   return [
     (
       cmd,
       _env(
-        2, JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)
+        1,
+        JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+        JAX_NUM_PROCESSES=str(NUM_PROCESSES),
+        JAX_PROCESS_ID=str(i),
       ),
     )
-    for i in range(2)
+    for i in range(NUM_PROCESSES)
   ]
 
 
-def test_two_processes_train_like_one(tmp_path):
-  # The one-process reference runs beside the pair (its own copy of the same seeded data).
+def test_four_processes_train_like_one(tmp_path):
+  # The one-process reference runs beside the group (its own copy of the same seeded data).
   runs = [(_main(tmp_path / "one", tmp_path / "data_one"), _env(4))]
-  runs += _pair(_main(tmp_path / "two", tmp_path / "data_two"))
+  runs += _group(_main(tmp_path / "two", tmp_path / "data_two"))
   procs = [
     subprocess.Popen(
       cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -105,28 +112,36 @@ def test_two_processes_train_like_one(tmp_path):
 
   a = json.load(open(tmp_path / "one" / "results.json"))
   b = json.load(open(tmp_path / "two" / "results.json"))
-  assert b["num_processes"] == 2 and b["mesh"] == {"data": 1, "model": 4}
+  assert b["num_processes"] == 4 and b["mesh"] == {"data": 2, "model": 2}
   assert all(x["ok"] for x in b["negatives"]["refreshes"]) and b["negatives"]["refreshes"]
   # Same computation; only the order of cross-process sums may differ.
   np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=1e-3)
   for k in ("P@1", "P@5"):
     assert abs(a[k] - b[k]) <= 0.5, (k, a[k], b[k])
-  # Each process mined only its own shards (process 1 holds shards 2, 3: rows 150..299),
-  # the same negatives as the one process mined for those shards.
+  # Each process mined only its own W shard (labels [0, 150) or [150, 300)) for its own
+  # data group's training rows ([0, 900) or [900, 1800) of the 1,800 with the label texts):
+  # the same negatives as the one process mined there, and the four cover all of it.
   ref = np.load(tmp_path / "one" / "negatives" / "hard_epoch2.npy")
-  assert ref.shape == (1800, 4 * 4)
-  for i, (lo, hi) in enumerate([(0, 150), (150, 300)]):
+  assert ref.shape == (1800, 2 * 4)
+  covered = set()
+  for i in range(NUM_PROCESSES):
     hard = np.load(tmp_path / "two" / f"process{i}" / "negatives" / "hard_epoch2.npy")
-    assert hard.shape == (1800, 2 * 4) and hard.min() >= lo and hard.max() < hi
-    np.testing.assert_array_equal(hard, ref[:, 8 * i : 8 * (i + 1)])
+    assert hard.shape == (900, 4)
+    shard = int(hard.min() >= 150)
+    assert hard.min() >= 150 * shard and hard.max() < 150 * (shard + 1)
+    columns = ref[:, 4 * shard : 4 * (shard + 1)]
+    group = [g for g in (0, 1) if np.array_equal(hard, columns[900 * g : 900 * (g + 1)])]
+    assert len(group) == 1, i
+    covered.add((group[0], shard))
+  assert covered == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
-  # The same workdir with another config: both processes stop with process 0's one line
+  # The same workdir with another config: every process stops with process 0's one line
   # (not one of them at a collective's timeout).
   procs = [
     subprocess.Popen(
       cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    for cmd, env in _pair(
+    for cmd, env in _group(
       _main(tmp_path / "two", tmp_path / "data_two") + ["--config.negatives.k_r=16"]
     )
   ]

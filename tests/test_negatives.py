@@ -261,6 +261,85 @@ def test_one_index_per_shard_equals_brute_force_per_shard(tmp_path):
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # nothing half written
 
 
+def test_a_block_of_query_rows_is_mined_as_in_the_full_refresh(tmp_path):
+  # A process whose data groups train on rows [123, 377) mines those rows alone (its
+  # positives read at their own row numbers), for the one W shard it holds.
+  job = _job_inputs(tmp_path)
+  w = np.load(job.vectors_path)
+  job.shards = [[0, 700], [700, 2000]]
+  run_job(job)
+  full = np.load(job.out_path)
+  np.save(tmp_path / "w1.npy", w[700:])
+  block = RefreshJob(
+    **{
+      **job.__dict__,
+      "vectors_path": str(tmp_path / "w1.npy"),
+      "shards": [[700, 2000]],
+      "out_path": str(tmp_path / "block.npy"),
+      "stats_path": str(tmp_path / "block.json"),
+      "query_rows": [123, 377],
+    }
+  )
+  stats = run_job(block)
+  np.testing.assert_array_equal(np.load(block.out_path), full[123:377, 8:])
+  assert stats["num_queries"] == 254 and stats["query_rows"] == [123, 377]
+
+
+def test_a_process_holds_the_negatives_of_its_query_rows_and_shards(tmp_path):
+  """One process of a 2 x 2 mesh (data group 1: rows [5, 10); W shard 1) mines and serves
+  exactly the full manager's negatives there and -1 elsewhere; a checkpointed file mined
+  for all rows serves its rows, one mined for other rows does not."""
+  from astra_jax.negatives.manager import HardNegatives
+
+  labels = SparseRows(
+    np.arange(0, 21, 2, dtype=np.int64),
+    np.arange(20, dtype=np.int32) % 12,
+    np.ones(20, np.float32),
+    12,
+  )
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=0, tau_r=1, epochs=2)
+  rng = np.random.default_rng(0)
+  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
+  embed = lambda rows: q[rows]
+  shards = [[0, 6], [6, 12]]
+  full = HardNegatives(
+    schedule, str(tmp_path / "full"), labels, 4, "exact", shards=shards, num_shards=2
+  )
+  want = np.asarray(full.start_epoch(0, lambda: w, embed)[0][np.arange(10)])  # (10, 2, 2)
+
+  def process(workdir, query_rows):
+    return HardNegatives(
+      schedule,
+      str(workdir),
+      labels,
+      4,
+      "exact",
+      shards=[[6, 12]],
+      shard_ids=[1],
+      num_shards=2,
+      query_rows=query_rows,
+    )
+
+  one = process(tmp_path / "one", (5, 10))
+  hard = np.asarray(one.start_epoch(0, lambda: w[6:], embed)[0][np.arange(10)])
+  np.testing.assert_array_equal(hard[5:, 1], want[5:, 1])
+  assert (hard[:5] == -1).all() and (hard[:, 0] == -1).all()
+  assert np.load(one.current_path).shape == (5, 2)  # its rows only
+  assert one.refreshes[-1]["query_rows"] == [5, 10]
+
+  # A checkpoint of a run that mined every row (one process): its file serves rows [5, 10).
+  np.save(os.path.join(one.dir, "hard_epoch0.npy"), np.load(full.current_path)[:, 2:])
+  state = {**one.state_dict(), "query_rows": [0, 10]}
+  one.load_state(state)
+  np.testing.assert_array_equal(
+    np.asarray(one.start_epoch(1, None, None, np.arange(0))[0][np.arange(10)])[5:, 1],
+    want[5:, 1],
+  )
+  other = process(tmp_path / "one", (0, 5))
+  other.load_state({**state, "query_rows": [5, 10]})
+  assert other.current is None  # mined for rows it does not train on
+
+
 def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path):
   """A checkpoint's hard negatives are found by file name in the (moved) workdir, and ones
   mined for another number of W shards are not used (their blocks are per old shard)."""

@@ -2,7 +2,7 @@ import jax
 import numpy as np
 import pytest
 
-from astra_jax.data.pipeline import TrainBatches
+from astra_jax.data.pipeline import TrainBatches, data_group_bounds, epoch_order
 from astra_jax.data.xc_format import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
 
@@ -23,6 +23,46 @@ def test_epoch_is_a_permutation_and_deterministic():
   for x, y in zip(again, b.epoch(0)):
     jax.tree.map(np.testing.assert_array_equal, x, y[0])
   assert not np.array_equal(flat, np.concatenate([x.rows for x, _ in b.epoch(1)]))
+
+
+def test_one_data_group_keeps_one_permutation_of_all_rows():
+  want = np.random.default_rng([3, 2, 0]).permutation(50)[:48]
+  np.testing.assert_array_equal(epoch_order(3, 2, 50, 8), want)
+
+
+def test_each_data_group_draws_its_block_of_every_micro_batch_from_its_own_rows():
+  # 2 micro-batches of 3 groups x 2 rows; 50 rows in parts [0, 17), [17, 33), [33, 50).
+  bounds = data_group_bounds(50, 3)
+  np.testing.assert_array_equal(bounds, [0, 17, 33, 50])
+  b = make(batch=12, micro_batches=2, data_groups=3)
+  assert b.steps_per_epoch == 16 // 4  # the smallest part, 16 rows, 4 per step
+  for epoch in (0, 1):
+    order = epoch_order(0, epoch, 50, 12, 2, 3)
+    assert len(order) == 4 * 12 and len(set(order)) == len(order)
+    blocks = order.reshape(4, 2, 3, 2)  # (step, micro-batch, group, rows)
+    for g in range(3):
+      assert ((blocks[:, :, g] >= bounds[g]) & (blocks[:, :, g] < bounds[g + 1])).all()
+    rows = np.concatenate([x.rows for x, _ in b.epoch(epoch)])
+    np.testing.assert_array_equal(rows, order)
+    np.testing.assert_array_equal(b.rows_before(epoch, 3), order[:36])
+  assert not np.array_equal(epoch_order(0, 0, 50, 12, 2, 3), epoch_order(0, 1, 50, 12, 2, 3))
+
+
+def test_the_data_groups_blocks_are_where_the_label_sharding_puts_them():
+  # epoch_order's layout is the label side's: on a 2 x 2 mesh, the devices of data group g
+  # hold block g of each micro-batch's rows.
+  from jax.sharding import NamedSharding
+
+  from astra_jax import sharding
+  from astra_jax.batch import LABEL_AXES
+
+  mesh = sharding.make_mesh(2, 2, jax.devices()[:4])
+  spec = sharding._spec(LABEL_AXES.pos_ids, True)
+  where = NamedSharding(mesh, spec).devices_indices_map((3, 8, 5))
+  for g in range(2):
+    for device in mesh.devices[g]:
+      assert where[device][1] == slice(4 * g, 4 * (g + 1))
+  assert sharding.local_data_groups(mesh) == [0, 1]  # one process holds both groups
 
 
 def test_batch_contents_match_rows():

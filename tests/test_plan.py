@@ -67,8 +67,9 @@ def by_name(items, prefix):
 
 def test_node_plan_equals_hand_counts():
   """Two nodes of two GPUs, a process per GPU, a 2 x 2 mesh: each process holds one W shard
-  (500 rows of d = 64) and mines 50 negatives per row for it; 6,000 rows (5,000 + 1,000
-  label texts) of 32 tokens, 12,500 positives, 4,000 test rows with 10,000 positives."""
+  (500 rows of d = 64) and mines 50 negatives per row for it, for the 3,000 rows of its data
+  group; 6,000 rows (5,000 + 1,000 label texts) of 32 tokens, 12,500 positives, 4,000 test
+  rows with 10,000 positives."""
   c = small_config(labels=1000, model=2)
   p = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
   assert p.node == {
@@ -83,7 +84,7 @@ def test_node_plan_equals_hand_counts():
   worker = index + 500 * 64 * 4  # + its W snapshot
   trainer = 500 * 64 * 4  # its shard's rows, copied for a refresh
   label_cache = 5001 * 8 + 12_500 * 4 + 1000 * 4  # indptr, indices, counts
-  negatives, collection = 6000 * 50 * 4, 6000 * 64 * 4
+  negatives, collection = 3000 * 50 * 4, 6000 * 64 * 4
   assert plan.resident(p.worker_items) == worker
   assert plan.resident(p.trainer_items) == trainer
   # The node: its two processes and two workers, the shared files once, each process's own.
@@ -100,7 +101,7 @@ def test_node_plan_equals_hand_counts():
       + 2 * negatives
       + collection
     )
-    == 40_734_008
+    == 38_334_008
   )
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
   # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
@@ -116,7 +117,7 @@ def test_node_plan_equals_hand_counts():
     5 * checkpoint,
     4 * params + 1000 * 64 * 4,
   ]
-  assert p.disk_total == 50_552_448
+  assert p.disk_total == 48_152_448
   # Preparation: the measured bounded peak; 22,500 "ddd:1 " pairs of 7 bytes to parse.
   assert p.prep_peak == plan.PARSE_PEAK_BYTES
   assert p.prep_seconds["label_text_bytes"] == 22_500 * 7
@@ -165,7 +166,7 @@ def test_curricula_plan_their_widest_columns():
   c.negatives.strategy = "curriculum"  # base: k_h 50, k_r 400; half of 450 hard at the end
   p = plan.plan_config(c, "v100-32gb", mesh="8x1")
   assert (p.negatives["k_h_per_shard"], p.negatives["k_r_per_shard"]) == (225, 400)
-  assert item(p, "mined hard negatives") == 6000 * 225 * 4
+  assert item(p, "mined hard negatives") == 6000 // 8 * 225 * 4  # its data group's rows
   c.negatives.strategy = "random"
   p = plan.plan_config(c, "v100-32gb", mesh="8x1")
   assert (p.negatives["k_h_per_shard"], p.negatives["k_r_per_shard"]) == (0, 450)

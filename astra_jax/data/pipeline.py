@@ -14,11 +14,19 @@ accumulation (A = 1 without it); each micro-batch has its own random draws. `row
 blocks, and the masks that depend on them, only for the W shards this process holds: the
 other blocks never reach its devices) but reads token rows only where `token_rows`
 (A, B/A) is True: the rows its own devices hold.
+
+With G > 1 data groups (the mesh's 'data' axis) the training rows are split once into G
+contiguous parts (`data_group_bounds`) and group g's share of every batch comes from part g,
+shuffled anew each epoch (`epoch_order`): a process then needs hard negatives only for
+the parts of the groups it holds, so the replicas of a W shard divide its mining instead of
+each repeating it for every query. A global batch stays a sample of all parts (G equal
+strata); with G = 1 the order is one permutation of all rows, as before.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +37,43 @@ from astra_jax.batch import HostBatch, LabelBatch, TrainBatch
 from astra_jax.errors import InputError
 from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSplit
+
+
+def data_group_bounds(num_rows: int, data_groups: int) -> np.ndarray:
+  """(G + 1,) row bounds: data group g draws its queries from training rows
+  [bounds[g], bounds[g + 1]) (sizes differ by at most one)."""
+  return np.linspace(0, num_rows, data_groups + 1).round().astype(np.int64)
+
+
+def epoch_order(
+  seed: int,
+  epoch: int,
+  num_rows: int,
+  batch_size: int,
+  micro_batches: int = 1,
+  data_groups: int = 1,
+) -> np.ndarray:
+  """The training rows of an epoch in step order (steps x B of them; step i is
+  [i B, (i + 1) B)), a pure function of its arguments.
+
+  A batch is laid out (A, B/A) and the label side splits each micro-batch's B/A rows into G
+  equal blocks over the 'data' axis (block g on data group g); block g of every micro-batch
+  holds rows of part g (`data_group_bounds`). G = 1: one permutation of all rows.
+  """
+  if data_groups == 1:
+    order = np.random.default_rng([seed, epoch, 0]).permutation(num_rows)
+    return order[: num_rows // batch_size * batch_size]
+  block = batch_size // (micro_batches * data_groups)
+  bounds = data_group_bounds(num_rows, data_groups)
+  parts = [
+    lo + np.random.default_rng([seed, epoch, 0, g]).permutation(hi - lo)
+    for g, (lo, hi) in enumerate(itertools.pairwise(bounds))
+  ]
+  steps = min(len(p) for p in parts) // (micro_batches * block)
+  per_group = [
+    p[: steps * micro_batches * block].reshape(steps, micro_batches, block) for p in parts
+  ]
+  return np.stack(per_group, axis=2).reshape(-1)  # (steps, A, G, block) -> flat
 
 
 class TrainBatches:
@@ -42,8 +87,10 @@ class TrainBatches:
     micro_batches: int = 1,
     token_rows: np.ndarray | None = None,
     threads: int = 1,
+    data_groups: int = 1,
   ):
     self.tokens, self.sampler = tokens, sampler
+    self.data_groups = data_groups
     self.batch_size, self.seed, self.prefetch = batch_size, seed, max(prefetch, threads)
     self.threads = threads
     self.micro_batches = micro_batches
@@ -58,13 +105,34 @@ class TrainBatches:
         f"config.train.batch_size={batch_size} is not divisible by "
         f"config.train.grad_accum_steps={micro_batches}"
       )
+    if batch_size % (micro_batches * data_groups):
+      raise InputError(
+        f"config.train.batch_size={batch_size} does not split into "
+        f"config.train.grad_accum_steps={micro_batches} micro-batches of "
+        f"config.mesh.data={data_groups} equal blocks"
+      )
+    if self.steps_per_epoch == 0:
+      raise InputError(
+        f"config.train.batch_size={batch_size}: each of the config.mesh.data={data_groups} "
+        f"data groups draws {batch_size // data_groups} rows a step from its "
+        f"{self.num_rows // data_groups} training rows"
+      )
     self.token_rows = (
       None if token_rows is None or token_rows.all() else np.asarray(token_rows, bool).reshape(-1)
     )
 
   @property
   def steps_per_epoch(self) -> int:
-    return self.num_rows // self.batch_size
+    if self.data_groups == 1:
+      return self.num_rows // self.batch_size
+    block = self.batch_size // self.data_groups
+    return int(np.diff(data_group_bounds(self.num_rows, self.data_groups)).min()) // block
+
+  def order(self, epoch: int) -> np.ndarray:
+    """The epoch's training rows in step order (`epoch_order`)."""
+    return epoch_order(
+      self.seed, epoch, self.num_rows, self.batch_size, self.micro_batches, self.data_groups
+    )
 
   def make_batch(
     self,
@@ -93,7 +161,7 @@ class TrainBatches:
 
   def rows_before(self, epoch: int, step: int) -> np.ndarray:
     """The training rows of steps [0, step) of `epoch`."""
-    order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
+    order = self.order(epoch)
     return order[: step * self.batch_size]
 
   def epoch(
@@ -107,7 +175,7 @@ class TrainBatches:
 
     hard_negatives: (N, h) per training row, or None; split: the epoch's negatives
     (HardNegatives.start_epoch gives it; None: the sampler's defaults)."""
-    order = np.random.default_rng([self.seed, epoch, 0]).permutation(self.num_rows)
+    order = self.order(epoch)
 
     def timed(step):
       t0 = time.perf_counter()

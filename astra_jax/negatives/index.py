@@ -232,13 +232,15 @@ def mine(
   batch: int = 65536,
   offset: int = 0,
   out: np.ndarray | None = None,
+  query_offset: int = 0,
 ) -> np.ndarray:
   """Each query's k top-scoring labels that are not its positives, (N, k) int32.
 
   The index holds `num_labels` rows whose global label ids start at `offset` (one shard of
   W). Retrieves k + (the row's positives, capped) candidates; rows left short (many
   positives among the top) are searched again with a larger k. out: an (N, k) array to fill
-  (e.g. a column block of a memmap, so N x k never has to fit in RAM)."""
+  (e.g. a column block of a memmap, so N x k never has to fit in RAM). query_offset: query
+  i's positives are row i + query_offset of `positives` (a block of the training rows)."""
   n = len(queries)
   out = np.full((n, k), -1, np.int32) if out is None else out
 
@@ -248,13 +250,15 @@ def mine(
 
   for s in range(0, n, batch):
     rows = np.arange(s, min(s + batch, n))
-    extra = int(min(positives.row_lengths(rows).max(initial=0), 4 * k))
+    extra = int(min(positives.row_lengths(rows + query_offset).max(initial=0), 4 * k))
     want = min(k + extra, num_labels)
-    neg, short = remove_positives(search(rows, want), rows, positives, k)
+    neg, short = remove_positives(search(rows, want), rows + query_offset, positives, k)
     while short.any() and want < num_labels:
       want = min(2 * want, num_labels)
       redo = rows[short]
-      neg[short], short_redo = remove_positives(search(redo, want), redo, positives, k)
+      neg[short], short_redo = remove_positives(
+        search(redo, want), redo + query_offset, positives, k
+      )
       short[short] = short_redo
     out[rows] = neg
   return out

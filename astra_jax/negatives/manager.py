@@ -1,8 +1,9 @@
 """Runs the schedule during training: collects query embeddings, snapshots the label
 vectors, launches refreshes in the worker, swaps new negatives in, survives failures.
 
-Files live in `<workdir>/negatives/`: `hard_epoch{e}.npy` (N x k int32, the negatives in
-use), and per refresh the inputs `vectors_epoch{e}.npy`, `queries_epoch{e}.npy` and
+Files live in `<workdir>/negatives/`: `hard_epoch{e}.npy` (n x k int32, the negatives in
+use for the n training rows this process's data groups draw from: all N with one group),
+and per refresh the inputs `vectors_epoch{e}.npy`, `queries_epoch{e}.npy` and
 `job_epoch{e}.json` (deleted once the next refresh is consumed).
 
 At most two negatives files exist: the one in use and the one a worker is writing. One
@@ -61,10 +62,14 @@ class HardNegatives:
     num_shards: the shards of the whole run.
     threads: each worker's thread budget (cpu_budget.refresh_threads; 0: the default).
     queries_dir: where the collected query embeddings live (default: the process's own
-      `negatives/`). In a multi-process run every process mines for all queries and holds
-      the same gathered embeddings, so one file serves them all: every process names the
-      same directory and only the process with `writes_queries` writes it.
+      `negatives/`). In a multi-process run every process holds the same gathered
+      embeddings, so one file serves them all (each worker reads its `query_rows`): every
+      process names the same directory and only the process with `writes_queries` writes
+      it.
     writes_queries: whether this process writes the collected embeddings.
+    query_rows: the training rows [lo, hi) this process mines for (default: all): those
+      its data groups draw batches from (pipeline.data_group_bounds). The negatives file
+      holds these rows only; the other rows read -1 (none) and never reach its devices.
   """
 
   def __init__(
@@ -84,9 +89,11 @@ class HardNegatives:
     threads: int = 0,
     queries_dir: str | None = None,
     writes_queries: bool = True,
+    query_rows: tuple[int, int] | None = None,
   ):
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
+    self.query_rows = tuple(query_rows or (0, self.num_rows))
     self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
     self.threads = threads  # each worker's thread budget (cpu_budget.refresh_threads)
@@ -149,6 +156,7 @@ class HardNegatives:
       fault,
       self.shards,
       threads=self.threads,
+      query_rows=None if self.query_rows == (0, self.num_rows) else list(self.query_rows),
     )
 
   # ------------------------------------------------------------------------ epochs
@@ -231,11 +239,12 @@ class HardNegatives:
     # uptodate has h > 0 without a file: its hard negatives are mined inside the step.
     hard = None
     if h and have:
-      mine = self.current.reshape(self.num_rows, len(self.shards), -1)[:, :, :hard_columns]
+      lo, hi = self.query_rows
+      mine = self.current.reshape(hi - lo, len(self.shards), -1)[:, :, :hard_columns]
       hard = (
         mine
-        if len(self.shards) == self.num_shards
-        else _ShardBlocks(mine, self.shard_ids, self.num_shards)
+        if len(self.shards) == self.num_shards and (lo, hi) == (0, self.num_rows)
+        else _HeldBlocks(mine, self.shard_ids, self.num_shards, self.query_rows, self.num_rows)
       )
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None and self.writes_queries:
@@ -272,9 +281,9 @@ class HardNegatives:
     this epoch collects them.
 
     In one process they are stored one step late: the copy to the host starts now and
-    overlaps the next step, and the previous step's arrive here. In several, every process
-    mines for all queries, so they are gathered from all processes now (a collective every
-    process joins) and the one process that `writes_queries` stores them.
+    overlaps the next step, and the previous step's arrive here. In several, the one file
+    serves every process's worker, so they are gathered from all processes now (a
+    collective every process joins) and the one process that `writes_queries` stores them.
 
     Args:
       rows: the step's training row ids (B,).
@@ -354,7 +363,8 @@ class HardNegatives:
   def _load(self, epoch: int) -> np.ndarray:
     path = self._paths(epoch)["out"]
     new = np.load(path, mmap_mode="r")
-    want = (self.num_rows, len(self.shards) * self.schedule.mined_k())
+    lo, hi = self.query_rows
+    want = (hi - lo, len(self.shards) * self.schedule.mined_k())
     if new.shape != want:
       raise RefreshFailed(f"{path} has shape {new.shape}, expected {want}")
     return new
@@ -388,6 +398,7 @@ class HardNegatives:
       "pending": sorted([*self.pending, *self.deferred]),
       "consumed": self.consumed,
       "num_shards": self.num_shards,
+      "query_rows": list(self.query_rows),
     }
 
   def load_state(self, state: dict, resumes_at: tuple[int, int] | None = None) -> None:
@@ -428,7 +439,24 @@ class HardNegatives:
       if previous and previous != path and os.path.exists(previous):
         os.remove(previous)
       path, previous = None, path
-    self.current = np.load(path, mmap_mode="r") if path else None
+    # Mined for the training rows [a, b) (older checkpoints: all rows): a file that covers
+    # this process's rows serves them; one that does not is useless here.
+    a, b = state.get("query_rows", [0, self.num_rows])
+    lo, hi = self.query_rows
+    if path and not (a <= lo and hi <= b):
+      logging.warning(
+        "negatives: %s was mined for training rows [%d, %d), this process trains on "
+        "[%d, %d): random negatives until the next refresh",
+        path,
+        a,
+        b,
+        lo,
+        hi,
+      )
+      if previous and previous != path and os.path.exists(previous):
+        os.remove(previous)
+      path, previous = None, path
+    self.current = np.load(path, mmap_mode="r")[lo - a : hi - a] if path else None
     self.current_path, self.previous_path = path, previous
     self.current_epoch = state["current_epoch"] if path else None
     self.refreshes = state["refreshes"]
@@ -475,18 +503,27 @@ class HardNegatives:
     }
 
 
-class _ShardBlocks:
-  """(N, S, h) negatives of which this process holds the blocks `shard_ids`; the others
-  read -1 (none)."""
+class _HeldBlocks:
+  """(N, S, h) negatives of which this process holds the rows [lo, hi) of the shard blocks
+  `shard_ids`; the others read -1 (none)."""
 
-  def __init__(self, local: np.ndarray, shard_ids: list, num_shards: int):
+  def __init__(
+    self,
+    local: np.ndarray,
+    shard_ids: list,
+    num_shards: int,
+    query_rows: tuple[int, int],
+    num_rows: int,
+  ):
     self.local, self.shard_ids, self.num_shards = local, shard_ids, num_shards
+    (self.lo, self.hi), self.num_rows = query_rows, num_rows
 
   def __len__(self) -> int:
-    return len(self.local)
+    return self.num_rows
 
   def __getitem__(self, rows) -> np.ndarray:
-    part = np.asarray(self.local[rows])
-    out = np.full((len(part), self.num_shards, part.shape[-1]), -1, np.int32)
-    out[:, self.shard_ids] = part
+    rows = np.asarray(rows)
+    held = np.nonzero((rows >= self.lo) & (rows < self.hi))[0]
+    out = np.full((len(rows), self.num_shards, self.local.shape[-1]), -1, np.int32)
+    out[np.ix_(held, self.shard_ids)] = np.asarray(self.local[rows[held] - self.lo])
     return out

@@ -51,6 +51,9 @@ class RefreshJob:
   # holds k per shard, block s from shard s. None: one index over all rows.
   shards: list | None = None
   threads: int = 0  # > 0: ScaNN's threads (the worker's BLAS pool is set at its start)
+  # Training rows [lo, hi) to mine for (the data groups of one process); the output holds
+  # those rows only, in order. None: every row of the queries file.
+  query_rows: list | None = None
 
   def save(self, path: str) -> None:
     with atomic_text_writer(path) as f:
@@ -100,6 +103,8 @@ def run_job(job: RefreshJob) -> dict:
   vectors = np.load(job.vectors_path, mmap_mode="r")
   queries = np.load(job.queries_path, mmap_mode="r")
   labels = load_labels(job.labels_path)
+  row_lo, row_hi = job.query_rows or (0, len(queries))
+  queries = queries[row_lo:row_hi]
   shards = job.shards or [[0, len(vectors)]]
   starts = np.cumsum([0] + [hi - lo for lo, hi in shards])
   if starts[-1] != len(vectors):
@@ -110,7 +115,7 @@ def run_job(job: RefreshJob) -> dict:
   negatives = np.lib.format.open_memmap(tmp, "w+", np.int32, (len(queries), len(shards) * job.k))
   try:
     build_s, search_s, recalls = _mine_shards(
-      job, vectors, queries, labels, shards, starts, negatives
+      job, vectors, queries, labels, shards, starts, negatives, row_lo
     )
   except BaseException:
     del negatives
@@ -126,6 +131,7 @@ def run_job(job: RefreshJob) -> dict:
     "search_s": round(search_s, 3),
     "recall": recall,
     "num_queries": len(queries),
+    "query_rows": [int(row_lo), int(row_hi)],
     "num_labels": len(vectors),
     "num_shards": len(shards),
   }
@@ -135,9 +141,10 @@ def run_job(job: RefreshJob) -> dict:
 
 
 def _mine_shards(
-  job, vectors, queries, labels, shards, starts, negatives
+  job, vectors, queries, labels, shards, starts, negatives, query_offset
 ) -> tuple[float, float, list[float]]:
   """One index per shard, built one after the other; block s of `negatives` from shard s.
+  `queries` are the training rows from `query_offset` on (their positives' row numbers).
   Returns (build seconds, search seconds, recall per shard)."""
   rng = np.random.default_rng(job.seed)
   sample = np.sort(rng.choice(len(queries), min(job.recall_sample, len(queries)), replace=False))
@@ -156,6 +163,7 @@ def _mine_shards(
       len(rows),
       offset=lo,
       out=negatives[:, s * job.k : (s + 1) * job.k],
+      query_offset=query_offset,
     )
     build_s, search_s = build_s + t1 - t0, search_s + time.time() - t1
     if isinstance(index, index_lib.ExactIndex):

@@ -433,14 +433,18 @@ def make_plan(
         "W shard + 2 x 4096 x rows x 4",
       )
     ]
-  negatives_own = rows * S * mined * 4
+  # Its data groups' share of the training rows (pipeline.data_group_bounds): the rows it
+  # mines for and holds negatives of.
+  groups = max(1, layout.gpus_per_process // M)
+  own_rows = -(-rows * min(groups, D) // D)
+  negatives_own = own_rows * S * mined * 4
   collection = rows * d * 4
   worker += [
     Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
     Item(
-      f"mined hard negatives being written ({rows:,} x {S} x {mined} int32)",
+      f"mined hard negatives being written ({own_rows:,} x {S} x {mined} int32)",
       negatives_own,
-      "N x shards per process x k_mined x 4",
+      "N x its data groups / data x shards per process x k_mined x 4",
       paged=True,
     ),
     Item(
@@ -457,9 +461,9 @@ def make_plan(
       "shards per process x W shard",
     ),
     Item(
-      f"hard negatives in use ({rows:,} x {S} x {mined} int32)",
+      f"hard negatives in use ({own_rows:,} x {S} x {mined} int32)",
       negatives_own,
-      "N x shards per process x k_mined x 4",
+      "N x its data groups / data x shards per process x k_mined x 4",
       paged=True,
     ),
     Item(
@@ -520,13 +524,13 @@ def make_plan(
     Item(
       f"hard negatives in use ({per})",
       Pn * negatives_own,
-      "processes x N x shards per process x k_mined x 4",
+      "processes x N x its data groups / data x shards per process x k_mined x 4",
       paged=True,
     ),
     Item(
       f"hard negatives being mined ({per})",
       Pn * negatives_own,
-      "processes x N x shards per process x k_mined x 4",
+      "processes x N x its data groups / data x shards per process x k_mined x 4",
       paged=True,
     ),
     Item(
@@ -588,7 +592,8 @@ def make_plan(
     Item(
       f"hard negatives, {NEGATIVES_GENERATIONS} generations: in use + being mined ({per})",
       Pn * NEGATIVES_GENERATIONS * negatives_own,
-      f"processes x {NEGATIVES_GENERATIONS} x N x shards per process x k_mined x 4",
+      f"processes x {NEGATIVES_GENERATIONS} x N x its data groups / data"
+      " x shards per process x k_mined x 4",
     ),
     Item(
       f"checkpoints: the last {keep}, the best by P@5, one being written",
@@ -607,8 +612,8 @@ def make_plan(
   if layout.nodes * Pn > M // S:
     notes.append(
       f"{layout.nodes * Pn} processes for {M // S} distinct group(s) of W shards: "
-      f"processes holding the same shards (data replicas) each mine and write the "
-      f"same negatives"
+      f"the processes holding the same shards (data replicas) divide their queries, "
+      f"each mining {own_rows:,} of the {rows:,} rows"
     )
   if S > 1:
     notes.append(
