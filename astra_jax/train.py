@@ -283,6 +283,78 @@ def make_negatives_and_batches(
   return hard_negatives, batches
 
 
+def starting_classifier(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  mesh,
+  rows: int,
+  d: int,
+  data: dataset.XCData,
+  embed_fn,
+  enc_params,
+) -> jax.Array:
+  """W's start (classifier_init.py), born split over 'model'; zeros where a checkpoint will
+  replace it.
+
+  Args:
+    rows: W's rows, padded to a multiple of the 'model' axis.
+    d: the embedding width.
+    embed_fn, enc_params: the encoder, for a start from the label texts' embeddings.
+  Returns:
+    The (rows, d) float32 W, sharded by rows.
+  """
+  w_layout = NamedSharding(mesh, P("model"))
+  if checkpoint.has_complete_step(workdir):
+    # The resume replaces W by the checkpoint's: its start would be thrown away (from the
+    # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
+    return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
+  return classifier_init.initial_classifier(
+    config,
+    rows,
+    d,
+    config.train.seed,
+    data.label_tokens,
+    lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
+    w_layout,
+  )
+
+
+def train_log(
+  config: ml_collections.ConfigDict, workdir: str, batches: TrainBatches, total_steps: int
+) -> TrainLog:
+  """The progress log: metrics.jsonl and TensorBoard events from the leader (which writes
+  the run's files), log lines from every process."""
+  leader = distributed.is_leader()
+  return TrainLog(
+    os.path.join(workdir, "metrics.jsonl") if leader else os.devnull,
+    config,
+    batches,
+    total_steps,
+    tensorboard_dir=workdir if leader else None,
+  )
+
+
+def check_fusion(config: ml_collections.ConfigDict, data: dataset.XCData, d: int) -> None:
+  """The label-text fusion (score_fusion.py) needs the labels' texts."""
+  if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
+    raise InputError(
+      f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
+      f"the fused score needs label texts, and {data.data_dir} has none"
+    )
+
+
+def release_setup_memory() -> None:
+  """Hands the set-up's freed blocks back to the system: W's start (at 10^7 labels the label
+  texts' embeddings, a host W and its device copy) and a restored checkpoint leave blocks
+  no step reuses, which main.py's malloc settings would keep resident for the whole run."""
+  released = host_memory.release_freed_memory()
+  logging.info(
+    "set-up: %.2f GB of freed memory released, %.2f GB resident",
+    released / 1e9,
+    host_memory.resident_bytes() / 1e9,
+  )
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains, evaluates and writes the workdir's files (module docstring); returns the
   results.json record. float32 matmuls run at `encoder.matmul_precision` throughout (a
@@ -303,11 +375,10 @@ def _train_and_evaluate(
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
-  seed = config.train.seed
 
   # ---- data and model
   data, eval_data = load_splits(config)
-  encoder = build_encoder(config, data.vocab_size, data.pad_id, seed)
+  encoder = build_encoder(config, data.vocab_size, data.pad_id, config.train.seed)
   graphdef, enc_params = nnx.split(encoder, nnx.Param)
   d = encoder.cfg.embed_dim
   sparse = uses_sparse_step(config)
@@ -316,11 +387,7 @@ def _train_and_evaluate(
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
-  if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
-    raise InputError(
-      f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
-      f"the fused score needs label texts, and {data.data_dir} has none"
-    )
+  check_fusion(config, data, d)
   if config.warmstart.epochs:
     enc_params = warmstart.run(
       config,
@@ -332,21 +399,7 @@ def _train_and_evaluate(
       workdir,
     )
   embed_fn = make_embed_fn(graphdef)
-  w_layout = NamedSharding(mesh, P("model"))
-  if checkpoint.has_complete_step(workdir):
-    # The resume replaces W by the checkpoint's: its start would be thrown away (from the
-    # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
-    w = jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
-  else:
-    w = classifier_init.initial_classifier(
-      config,
-      rows,
-      d,
-      seed,
-      data.label_tokens,
-      lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
-      w_layout,
-    )
+  w = starting_classifier(config, workdir, mesh, rows, d, data, embed_fn, enc_params)
 
   # ---- negatives and batches
   hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d, workdir)
@@ -364,67 +417,40 @@ def _train_and_evaluate(
     steps_per_epoch,
   )
   del w  # the state holds W from here
-  # Propensities from the original training rows (label-text rows would add 1 to each n_l).
-  inv_prop = metrics.inverse_propensity(
-    data.train_labels.head(data.num_train_original),
-    config.data.propensity_A,
-    config.data.propensity_B,
-  )
-  leader = distributed.is_leader()  # writes the run's files; every process logs
-  log = TrainLog(
-    os.path.join(workdir, "metrics.jsonl") if leader else os.devnull,
-    config,
-    batches,
-    total_steps,
-    tensorboard_dir=workdir if leader else None,
-  )
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info(
     "encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
-    encoder.cfg.model_type,
-    n_params,
-    d,
-    data.num_labels,
-    d,
-    steps_per_epoch,
-    config.train.epochs,
+    *(encoder.cfg.model_type, n_params, d, data.num_labels, d),
+    *(steps_per_epoch, config.train.epochs),
   )
-  profiler = StepProfiler(
-    graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh
-  )
-  trainer = Trainer(
-    RunParts(
-      config,
-      workdir,
-      data,
-      eval_data,
-      inv_prop,
-      embed_fn,
-      mesh,
-      batches,
-      hard_negatives,
-      run_steps,
-      profiler,
-      log,
-      hang_watchdog,
+  parts = RunParts(
+    config,
+    workdir,
+    data,
+    eval_data,
+    # Propensities from the original training rows (label-text rows would add 1 to each n_l).
+    metrics.inverse_propensity(
+      data.train_labels.head(data.num_train_original),
+      config.data.propensity_A,
+      config.data.propensity_B,
     ),
-    state,
+    embed_fn,
+    mesh,
+    batches,
+    hard_negatives,
+    run_steps,
+    StepProfiler(graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh),
+    train_log(config, workdir, batches, total_steps),
+    hang_watchdog,
   )
+  trainer = Trainer(parts, state)
 
   # ---- train: the same command with the same workdir resumes from the last checkpoint
   try:
     trainer.restore()
     if sparse:
       back_with_huge_pages(trainer.state.classifier)
-    # W's start (at 10^7 labels: the label texts' embeddings, a host W and its device copy)
-    # and a restored checkpoint leave freed blocks no step reuses; main.py's malloc settings
-    # would keep them resident for the whole run.
-    released = host_memory.release_freed_memory()
-    logging.info(
-      "set-up: %.2f GB of freed memory released, %.2f GB resident",
-      released / 1e9,
-      host_memory.resident_bytes() / 1e9,
-    )
+    release_setup_memory()
     for epoch in range(trainer.progress.epoch, config.train.epochs):
       trainer.run_epoch(epoch)
   finally:
@@ -433,15 +459,34 @@ def _train_and_evaluate(
   hang_watchdog.disarm()
 
   # ---- evaluate and export
-  params, progress = trainer.state.params, trainer.progress
+  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg)
+  results = results_record(trainer, final, ann, phase_spans, t_start, n_params)
+  if distributed.is_leader():
+    write_json(os.path.join(workdir, "time_breakup.json"), results["time_breakup"])
+    write_json(os.path.join(workdir, "results.json"), results)
+  final_eval.clear(workdir)
+  return results
+
+
+def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
+  """After training: the final evaluation, the export, the ANN evaluation when asked for
+  and the validation split's; each recorded in the progress log.
+
+  Returns:
+    (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
+    phases {name: [start, end]}).
+  """
+  p = trainer.parts
+  config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
+  params = trainer.state.params
   t_eval = time.time()
   final = trainer.final_evaluation()
-  final.update(evaluation.knn_diagnostic(embed_fn, params, data, data, config))
+  final.update(evaluation.knn_diagnostic(p.embed_fn, params, data, data, config))
   t_export = time.time()
   with faults.writing(
     os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
   ):
-    save_trained_model(workdir, config, encoder.cfg, params, data, final)
+    save_trained_model(workdir, config, encoder_cfg, params, data, final)
   # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
   # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
   phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
@@ -451,15 +496,29 @@ def _train_and_evaluate(
   ann = None
   if config.eval.search == "scann":
     t_ann = time.time()
-    ann = ann_eval.evaluate(workdir, data, config, inv_prop, trainer.final_rows).report(final)
+    ann = ann_eval.evaluate(workdir, data, config, p.inv_prop, trainer.final_rows).report(final)
     phase_spans["ann_evaluation"] = [t_ann, time.time()]
   if eval_data is not data:
-    val = evaluation.evaluate_model(mesh, embed_fn, params, eval_data, config, inv_prop)
-    val.update(evaluation.knn_diagnostic(embed_fn, params, data, eval_data, config))
+    val = evaluation.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
+    val.update(evaluation.knn_diagnostic(p.embed_fn, params, data, eval_data, config))
     trainer.record_eval(config.train.epochs, "validation", val)
   trainer.record_eval(config.train.epochs, "test", final)
-  breakup = profiler.breakup(progress.step_times, config.train.batch_size)
-  results = {
+  return final, ann, phase_spans
+
+
+def results_record(
+  trainer: Trainer,
+  final: dict,
+  ann: dict | None,
+  phase_spans: dict,
+  t_start: float,
+  n_params: int,
+) -> dict:
+  """results.json: the run's size, times, metrics beside the baselines, the negatives'
+  record, the layout, what degraded, and the config."""
+  p, progress = trainer.parts, trainer.progress
+  config, data = p.config, p.data
+  return {
     "data_dir": os.path.abspath(data.data_dir),
     "strategy": config.negatives.strategy,
     "num_labels": data.num_labels,
@@ -478,27 +537,22 @@ def _train_and_evaluate(
     "metrics": final,
     **final,
     "popularity_baseline": evaluation.popularity_baseline(
-      data, config, inv_prop, trainer.final_rows
+      data, config, p.inv_prop, trainer.final_rows
     ),
-    **(baselines.for_training_run(config) if leader else {}),
+    **(baselines.for_training_run(config) if distributed.is_leader() else {}),
     "evaluations": progress.evals,
-    "time_breakup": breakup,
-    "negatives": {**hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
+    "time_breakup": p.profiler.breakup(progress.step_times, config.train.batch_size),
+    "negatives": {**p.hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
     "device": str(jax.devices()[0].platform),
     "num_devices": jax.device_count(),
     "num_processes": jax.process_count(),
-    "mesh": dict(mesh.shape),
+    "mesh": dict(p.mesh.shape),
     "grad_accum_steps": config.train.grad_accum_steps,
     "degraded": progress.degraded.to_json(),
     **({"ann_eval": ann} if ann else {}),
     "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
     "config": json.loads(config.to_json()),
   }
-  if leader:
-    write_json(os.path.join(workdir, "time_breakup.json"), breakup)
-    write_json(os.path.join(workdir, "results.json"), results)
-  final_eval.clear(workdir)
-  return results
 
 
 def write_json(path: str, record: dict) -> None:
