@@ -261,6 +261,16 @@ def test_one_index_per_shard_equals_brute_force_per_shard(tmp_path):
   assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]  # nothing half written
 
 
+def _ten_queries() -> SparseRows:
+  """10 training rows of 2 positives each over 12 labels (row i: labels 2i, 2i+1 mod 12)."""
+  return SparseRows(
+    np.arange(0, 21, 2, dtype=np.int64),
+    np.arange(20, dtype=np.int32) % 12,
+    np.ones(20, np.float32),
+    12,
+  )
+
+
 def test_a_block_of_query_rows_is_mined_as_in_the_full_refresh(tmp_path):
   # A process whose data groups train on rows [123, 377) mines those rows alone (its
   # positives read at their own row numbers), for the one W shard it holds.
@@ -291,12 +301,7 @@ def test_a_process_holds_the_negatives_of_its_query_rows_and_shards(tmp_path):
   for all rows serves its rows, one mined for other rows does not."""
   from astra_jax.negatives.manager import HardNegatives
 
-  labels = SparseRows(
-    np.arange(0, 21, 2, dtype=np.int64),
-    np.arange(20, dtype=np.int32) % 12,
-    np.ones(20, np.float32),
-    12,
-  )
+  labels = _ten_queries()
   schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=0, tau_r=1, epochs=2)
   rng = np.random.default_rng(0)
   w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
@@ -345,12 +350,7 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   mined for another number of W shards are not used (their blocks are per old shard)."""
   from astra_jax.negatives.manager import HardNegatives
 
-  labels = SparseRows(
-    np.arange(0, 21, 2, dtype=np.int64),
-    np.arange(20, dtype=np.int32) % 12,
-    np.ones(20, np.float32),
-    12,
-  )
+  labels = _ten_queries()
   schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=1, tau_r=1, epochs=4)
 
   def manager(workdir, shards):
@@ -381,12 +381,7 @@ def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
   (a factory of managers on one workdir, W's rows, the queries' embeddings)."""
   from astra_jax.negatives.manager import HardNegatives
 
-  labels = SparseRows(
-    np.arange(0, 21, 2, dtype=np.int64),
-    np.arange(20, dtype=np.int32) % 12,
-    np.ones(20, np.float32),
-    12,
-  )
+  labels = _ten_queries()
   schedule = NegativeSchedule(
     strategy("random+w_hard"), k_h=2, k_r=4, tau_s=2, tau_r=tau_r, epochs=epochs
   )
@@ -459,12 +454,7 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   them (and of the random columns) train: the sampler masks the rest."""
   from astra_jax.negatives.manager import HardNegatives
 
-  labels = SparseRows(
-    np.arange(0, 21, 2, dtype=np.int64),
-    np.arange(20, dtype=np.int32) % 12,
-    np.ones(20, np.float32),
-    12,
-  )
+  labels = _ten_queries()
   # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
   schedule = NegativeSchedule(strategy("curriculum"), k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
   m = HardNegatives(
