@@ -35,6 +35,16 @@ sys.path.insert(0, os.path.dirname(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+  """Files with the most end-to-end (`slow`) tests first: pytest-xdist hands whole files to
+  its workers in this order (`--dist loadfile`), so the long ones start early and the short
+  ones fill in at the end instead of one worker finishing minutes after the other."""
+  slow: dict = {}
+  for item in items:
+    slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
+  items.sort(key=lambda item: -slow[item.path])  # stable: a file's own order is kept
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> str:
   """The repository's root: the working directory of the command-line tests."""
