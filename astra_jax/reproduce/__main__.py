@@ -5,7 +5,9 @@
 
 NAME: rq3 (negative-sampling ablation), rq3_paper_refreshes (the same with the paper's
 number of hard-negative refreshes), timebreakup, memory, tau_s_ablation,
-tau_r_ablation, ratio_ablation, ttvsperf (PNG), motivation (fig:motivation: table + PNG),
+tau_r_ablation, ratio_ablation, ttvsperf (PNG), ttvsperf_full_labels (the same at the
+dataset's full 131,073 labels: ASTRA, full-L and random; PNG), motivation (fig:motivation:
+table + PNG),
 or all_cpu (the tables docs/results.md
 holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
 results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md

@@ -204,6 +204,38 @@ def plot_runs(scale: float, epochs: int) -> list[Run]:
   return [by_name["random+w_hard"], full, by_name["random"]]
 
 
+# Training queries of the full-label-count ttvsperf (`full_label_plot_runs`).
+FULL_LABEL_TTVSPERF_QUERIES = 100_000
+
+
+def full_label_plot_runs(epochs: int, num_train: int = FULL_LABEL_TTVSPERF_QUERIES) -> list[Run]:
+  """ASTRA, full-L and random on the stand-in at LF-AmazonTitles-131K's full 131,073 labels
+  (`full_labels,num_train`: the hashed n-gram encoder, d = 64, the variant's batch), with
+  the paper's number of refreshes scaled to `epochs` as rq3_paper_refreshes does."""
+  tau = paper_refreshes_tau(epochs)
+  return [
+    Run(
+      s,
+      STAND_IN,
+      f"full_labels,{num_train}",
+      tuple(
+        sorted(
+          {
+            "train.epochs": epochs,
+            "train.eval_every_epochs": 1,
+            "train.seed": 0,
+            "negatives.strategy": s,
+            "negatives.tau_s": tau,
+            "negatives.tau_r": tau,
+          }.items()
+        )
+      ),
+      group=f"full_labels{num_train}_epochs{epochs}",
+    )
+    for s in ("random+w_hard", "full", "random")
+  ]
+
+
 def tau_runs(key: str, scale: float, epochs: int) -> list[Run]:
   """The paper's τ values as they are (it trains 100 epochs): a τ_s at or past `epochs`
   leaves no refresh at all (all random), and with τ_s = 5 a τ_r past epochs - 1 refreshes
