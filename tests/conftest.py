@@ -14,9 +14,13 @@ import numpy as np
 import pytest
 
 # Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
-# code runs on the first of them as usual.
+# code runs on the first of them as usual. Single-threaded Eigen inside an op: two pytest
+# workers (and the runs they start) already keep the 2 cores busy, and each process's
+# intra-op thread pool only adds threads that spin on them (test_sharding.py alone: 8% less
+# CPU).
+SERIAL_OPS = "--xla_cpu_multi_thread_eigen=false"
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+  os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {SERIAL_OPS}"
 ).strip()
 # One persistent XLA compilation cache for both pytest workers and the subprocesses they
 # start: the end-to-end tests compile the same step, evaluation and refresh programs over and
@@ -219,6 +223,8 @@ def demo_command() -> DemoCommand:
     or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
   }
   env.update(
-    PYTHONPATH=REPO, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+    PYTHONPATH=REPO,
+    JAX_PLATFORMS="cpu",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {SERIAL_OPS}",
   )
   return DemoCommand(command, env, REPO)
