@@ -45,6 +45,13 @@ def data_group_bounds(num_rows: int, data_groups: int) -> np.ndarray:
   return np.linspace(0, num_rows, data_groups + 1).round().astype(np.int64)
 
 
+def epoch_steps(num_rows: int, batch_size: int, data_groups: int = 1) -> int:
+  """Steps in an epoch: each data group takes B/G rows a step from its own part, so the
+  smallest part decides (with G = 1: N // B, the last incomplete batch dropped)."""
+  smallest = int(np.diff(data_group_bounds(num_rows, data_groups)).min())
+  return smallest // (batch_size // data_groups)
+
+
 def epoch_order(
   seed: int,
   epoch: int,
@@ -58,22 +65,19 @@ def epoch_order(
 
   A batch is laid out (A, B/A) and the label side splits each micro-batch's B/A rows into G
   equal blocks over the 'data' axis (block g on data group g); block g of every micro-batch
-  holds rows of part g (`data_group_bounds`). G = 1: one permutation of all rows.
+  holds rows of part g (`data_group_bounds`), in the order of that part's own permutation.
+  G = 1: one permutation of all rows (its seed is the one the order always had).
   """
-  if data_groups == 1:
-    order = np.random.default_rng([seed, epoch, 0]).permutation(num_rows)
-    return order[: num_rows // batch_size * batch_size]
+  steps = epoch_steps(num_rows, batch_size, data_groups)
   block = batch_size // (micro_batches * data_groups)
+  # Filled part by part: one permutation of a part is alive beside the order, not all G.
+  order = np.empty((steps, micro_batches, data_groups, block), np.int64)
   bounds = data_group_bounds(num_rows, data_groups)
-  parts = [
-    lo + np.random.default_rng([seed, epoch, 0, g]).permutation(hi - lo)
-    for g, (lo, hi) in enumerate(itertools.pairwise(bounds))
-  ]
-  steps = min(len(p) for p in parts) // (micro_batches * block)
-  per_group = [
-    p[: steps * micro_batches * block].reshape(steps, micro_batches, block) for p in parts
-  ]
-  return np.stack(per_group, axis=2).reshape(-1)  # (steps, A, G, block) -> flat
+  for g, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+    key = [seed, epoch, 0] + ([g] if data_groups > 1 else [])
+    part = lo + np.random.default_rng(key).permutation(hi - lo)
+    order[:, :, g] = part[: order[:, :, g].size].reshape(steps, micro_batches, block)
+  return order.reshape(-1)
 
 
 class TrainBatches:
@@ -111,6 +115,7 @@ class TrainBatches:
         f"config.train.grad_accum_steps={micro_batches} micro-batches of "
         f"config.mesh.data={data_groups} equal blocks"
       )
+    self.steps_per_epoch = epoch_steps(self.num_rows, batch_size, data_groups)
     if self.steps_per_epoch == 0:
       raise InputError(
         f"config.train.batch_size={batch_size}: each of the config.mesh.data={data_groups} "
@@ -120,13 +125,6 @@ class TrainBatches:
     self.token_rows = (
       None if token_rows is None or token_rows.all() else np.asarray(token_rows, bool).reshape(-1)
     )
-
-  @property
-  def steps_per_epoch(self) -> int:
-    if self.data_groups == 1:
-      return self.num_rows // self.batch_size
-    block = self.batch_size // self.data_groups
-    return int(np.diff(data_group_bounds(self.num_rows, self.data_groups)).min()) // block
 
   def order(self, epoch: int) -> np.ndarray:
     """The epoch's training rows in step order (`epoch_order`)."""
