@@ -99,14 +99,16 @@ def evaluate(
     b = min(a + step, hi)
     emb = predictor.encode(np.asarray(data.test_tokens[a:b], np.int32))
     ids = predictor.index.search(emb, k)[1]
-    sums = (
-      lambda m, ids=ids, a=a: evaluation.ranked_rows_sums(  # rows [a, a + m)
-        ids[:m], a, data.test_labels, data.test_filter, inv_prop, ks
-      )
-    )
-    total = metrics.add_sums(total, sums(b - a))
-    if a < sample_rows:
-      sample = metrics.add_sums(sample, sums(min(b, sample_rows) - a))
+    # Rows [a, cut) are in the exact-vs-ANN sample too: scored once, added to both.
+    cut = min(max(a, sample_rows), b)
+    for first, last in ((a, cut), (cut, b)):
+      if last > first:
+        got = evaluation.ranked_rows_sums(
+          ids[first - a : last - a], first, data.test_labels, data.test_filter, inv_prop, ks
+        )
+        total = metrics.add_sums(total, got)
+        if last <= sample_rows:
+          sample = metrics.add_sums(sample, got)
     if distributed.is_leader() and (a - lo) // step % 50 == 0:
       logging.info("ANN evaluation: %d of %d test rows", b - lo, hi - lo)
   total, sample = distributed.sum_over_processes(total), distributed.sum_over_processes(sample)
