@@ -110,14 +110,19 @@ def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch:
   return mask
 
 
+def _local_indices(mesh: jax.sharding.Mesh, axis: str) -> list[int]:
+  """The indices along mesh axis `axis` that hold at least one of this process's devices."""
+  local = {d.id for d in jax.local_devices()}
+  devices = np.moveaxis(mesh.devices, mesh.axis_names.index(axis), 0)
+  return [i for i in range(mesh.shape[axis]) if any(d.id in local for d in devices[i].flat)]
+
+
 def local_data_groups(mesh: jax.sharding.Mesh) -> list[int]:
   """The data groups ('data' indices) of this process's devices: the groups whose queries'
   labels (and so hard negatives) it feeds to its devices."""
-  local = {d.id for d in jax.local_devices()}
-  return [g for g in range(mesh.shape["data"]) if any(d.id in local for d in mesh.devices[g, :])]
+  return _local_indices(mesh, "data")
 
 
 def local_model_shards(mesh: jax.sharding.Mesh) -> list[int]:
   """The W shards ('model' indices) that live on this process's devices."""
-  local = {d.id for d in jax.local_devices()}
-  return [m for m in range(mesh.shape["model"]) if any(d.id in local for d in mesh.devices[:, m])]
+  return _local_indices(mesh, "model")

@@ -420,8 +420,13 @@ def _train_and_evaluate(
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info(
     "encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
-    *(encoder.cfg.model_type, n_params, d, data.num_labels, d),
-    *(steps_per_epoch, config.train.epochs),
+    encoder.cfg.model_type,
+    n_params,
+    d,
+    data.num_labels,
+    d,
+    steps_per_epoch,
+    config.train.epochs,
   )
   parts = RunParts(
     config,

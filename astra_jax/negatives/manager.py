@@ -156,7 +156,7 @@ class HardNegatives:
       fault,
       self.shards,
       threads=self.threads,
-      query_rows=None if self.query_rows == (0, self.num_rows) else list(self.query_rows),
+      query_rows=list(self.query_rows),
     )
 
   # ------------------------------------------------------------------------ epochs
@@ -426,33 +426,21 @@ class HardNegatives:
         "negatives: %s was replaced by the refresh for epoch %d, which runs again now", path, epoch
       )
       path = None
+    # A file mined per shard of another mesh.model (no block is a top-k over a new shard's
+    # rows) or for training rows [a, b) that do not cover this process's (older checkpoints:
+    # all rows) is of no use here.
     saved_shards = state.get("num_shards", self.num_shards)
-    if path and saved_shards != self.num_shards:
-      # Mined per shard of the old mesh.model: no block is a top-k over a new shard's rows.
-      logging.warning(
-        "negatives: %s was mined for %d classifier shards, this run has %d: "
-        "random negatives until the next refresh",
-        path,
-        saved_shards,
-        self.num_shards,
-      )
-      if previous and previous != path and os.path.exists(previous):
-        os.remove(previous)
-      path, previous = None, path
-    # Mined for the training rows [a, b) (older checkpoints: all rows): a file that covers
-    # this process's rows serves them; one that does not is useless here.
     a, b = state.get("query_rows", [0, self.num_rows])
     lo, hi = self.query_rows
-    if path and not (a <= lo and hi <= b):
-      logging.warning(
-        "negatives: %s was mined for training rows [%d, %d), this process trains on "
-        "[%d, %d): random negatives until the next refresh",
-        path,
-        a,
-        b,
-        lo,
-        hi,
-      )
+    unusable = (
+      f"was mined for {saved_shards} classifier shards, this run has {self.num_shards}"
+      if saved_shards != self.num_shards
+      else f"was mined for training rows [{a}, {b}), this process trains on [{lo}, {hi})"
+      if not (a <= lo and hi <= b)
+      else None
+    )
+    if path and unusable:
+      logging.warning("negatives: %s %s: random negatives until the next refresh", path, unusable)
       if previous and previous != path and os.path.exists(previous):
         os.remove(previous)
       path, previous = None, path
