@@ -13,12 +13,14 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+# Plain helper modules of the tests (numpy_bert.py, tiny_step.py, child_env.py) import by
+# their names.
+sys.path.insert(0, os.path.dirname(__file__))
+
+from child_env import REPO, SERIAL_OPS, cpu_child_env  # noqa: E402
+
 # Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
-# code runs on the first of them as usual. Single-threaded Eigen inside an op: two pytest
-# workers (and the runs they start) already keep the 2 cores busy, and each process's
-# intra-op thread pool only adds threads that spin on them (test_sharding.py alone: 8% less
-# CPU).
-SERIAL_OPS = "--xla_cpu_multi_thread_eigen=false"
+# code runs on the first of them as usual; XLA ops single-threaded (child_env.SERIAL_OPS).
 os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {SERIAL_OPS}"
 ).strip()
@@ -33,10 +35,6 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-# Plain helper modules of the tests (numpy_bert.py, tiny_step.py) import by their names.
-sys.path.insert(0, os.path.dirname(__file__))
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def pytest_collection_modifyitems(items: list) -> None:
@@ -215,16 +213,4 @@ def demo_command() -> DemoCommand:
       "--config.checkpoint.every_steps=5",
     ]
 
-  # The launcher's and jax's variables stay out, but for the compilation cache the session shares.
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(("JAX_", "SLURM_"))
-    or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
-  }
-  env.update(
-    PYTHONPATH=REPO,
-    JAX_PLATFORMS="cpu",
-    XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {SERIAL_OPS}",
-  )
-  return DemoCommand(command, env, REPO)
+  return DemoCommand(command, cpu_child_env(1), REPO)

@@ -11,8 +11,8 @@ import sys
 
 import numpy as np
 import pytest
+from child_env import REPO as ROOT, cpu_child_env
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.slow
 
 
@@ -36,23 +36,6 @@ def _overrides(data_dir):
     "--config.mesh.data=2",
     "--config.mesh.model=2",
   ]
-
-
-def _env(devices, **extra):
-  # The launcher's and jax's variables stay out, but for the compilation cache the session shares.
-  env = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(("JAX_", "SLURM_"))
-    or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
-  }
-  env.update(
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-    PYTHONPATH=ROOT,
-    JAX_PLATFORMS="cpu",
-    **extra,
-  )
-  return env
 
 
 def _main(workdir, data_dir):
@@ -85,7 +68,7 @@ def _group(cmd):
   return [
     (
       cmd,
-      _env(
+      cpu_child_env(
         1,
         JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
         JAX_NUM_PROCESSES=str(NUM_PROCESSES),
@@ -98,7 +81,7 @@ def _group(cmd):
 
 def test_four_processes_train_like_one(tmp_path):
   # The one-process reference runs beside the group (its own copy of the same seeded data).
-  runs = [(_main(tmp_path / "one", tmp_path / "data_one"), _env(4))]
+  runs = [(_main(tmp_path / "one", tmp_path / "data_one"), cpu_child_env(4))]
   runs += _group(_main(tmp_path / "two", tmp_path / "data_two"))
   procs = [
     subprocess.Popen(

@@ -1,0 +1,28 @@
+"""The environment of a training run a test starts in a subprocess: CPU devices, this
+checkout on the path, and none of the caller's launcher (SLURM_*) or jax (JAX_*) settings
+but the compilation cache the test session shares."""
+
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Single-threaded Eigen inside an XLA op: two pytest workers (and the runs they start)
+# already keep the 2 cores busy, and each process's intra-op thread pool only adds threads
+# that spin on them (test_sharding.py alone: 8% less CPU).
+SERIAL_OPS = "--xla_cpu_multi_thread_eigen=false"
+
+
+def cpu_child_env(devices: int, **extra: str) -> dict[str, str]:
+  """os.environ for a child with `devices` fake CPU devices; `extra` variables added."""
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if not k.startswith(("JAX_", "SLURM_"))
+    or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
+  }
+  env.update(
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {SERIAL_OPS}",
+    PYTHONPATH=REPO,
+    JAX_PLATFORMS="cpu",
+    **extra,
+  )
+  return env
