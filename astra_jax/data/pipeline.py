@@ -52,6 +52,15 @@ def epoch_steps(num_rows: int, batch_size: int, data_groups: int = 1) -> int:
   return smallest // (batch_size // data_groups)
 
 
+def _shuffled_part(seed: int, epoch: int, g: int, lo: int, hi: int, data_groups: int):
+  """Rows [lo, hi) in the epoch's random order for data group g (G = 1: the seed the
+  epoch's order always had)."""
+  key = [seed, epoch, 0] + ([g] if data_groups > 1 else [])
+  part = np.random.default_rng(key).permutation(hi - lo)
+  part += lo  # in place: no second copy of the rows
+  return part
+
+
 def epoch_order(
   seed: int,
   epoch: int,
@@ -70,13 +79,17 @@ def epoch_order(
   """
   steps = epoch_steps(num_rows, batch_size, data_groups)
   block = batch_size // (micro_batches * data_groups)
-  # Filled part by part: one permutation of a part is alive beside the order, not all G.
-  order = np.empty((steps, micro_batches, data_groups, block), np.int64)
   bounds = data_group_bounds(num_rows, data_groups)
-  for g, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-    key = [seed, epoch, 0] + ([g] if data_groups > 1 else [])
-    part = lo + np.random.default_rng(key).permutation(hi - lo)
-    order[:, :, g] = part[: order[:, :, g].size].reshape(steps, micro_batches, block)
+  parts = (
+    _shuffled_part(seed, epoch, g, lo, hi, data_groups)
+    for g, (lo, hi) in enumerate(itertools.pairwise(bounds))
+  )
+  if data_groups == 1:  # the permutation is the order: no copy (1.3 GB at SS-20M's rows)
+    return next(parts)[: steps * batch_size]
+  # Filled part by part: one part's permutation is alive beside the order, not all G.
+  order = np.empty((steps, micro_batches, data_groups, block), np.int64)
+  for g, part in enumerate(parts):
+    order[:, :, g] = part[: steps * micro_batches * block].reshape(steps, micro_batches, block)
   return order.reshape(-1)
 
 
