@@ -226,6 +226,9 @@ def base_config() -> ml_collections.ConfigDict:
   # training rows (astra_jax/knn.py): what the encoder knows, next to what W makes of it.
   # 0: off; > 0: that many neighbours.
   c.eval.knn_diagnostic = 0
+  # With a fused score (scoring.label_text_weight > 0), also report each evaluation's P@k by
+  # W alone ("W-alone P@k"): one more evaluation pass each time.
+  c.eval.classifier_alone = False
   # results.json: the TF-IDF kNN baseline beside popularity (needs scikit-learn; skipped
   # without it) (astra_jax/baselines.py).
   c.eval.tfidf_baseline = False

@@ -134,11 +134,13 @@ class ModelEvaluator:
     data: dataset.XCData,
     config,
     inv_prop: np.ndarray | None,
+    fused: bool = True,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
-    `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says."""
+    `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
+    alone when `fused` is False)."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
-    fusion = score_fusion.from_config(config, w.shape[1])
+    fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     texts = None
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
       texts = embed(
@@ -187,10 +189,13 @@ def evaluate_model(
   config,
   inv_prop: np.ndarray,
   max_rows: int = 0,
+  fused: bool = True,
 ) -> dict[str, float]:
-  """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0)."""
+  """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
+  the config's score (by W alone when `fused` is False)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
-  return ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop).score(n)
+  evaluator = ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop, fused)
+  return evaluator.score(n)
 
 
 def popularity_baseline(
@@ -207,6 +212,35 @@ def popularity_baseline(
     inv_prop,
     tuple(config.eval.ks),
   )
+
+
+def diagnostics(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  train_data: dataset.XCData,
+  eval_data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  max_rows: int = 0,
+) -> dict[str, float]:
+  """What each evaluation reports beside the model's metrics, as the config asks: the kNN
+  vote over the encoder's own embeddings (`eval.knn_diagnostic`) and the ranking by W alone
+  when the score mixes in the label texts (`eval.classifier_alone`).
+
+  Returns:
+    {"kNN-E P@k": ..., "W-alone P@k": ...}, each part only when asked for.
+  """
+  out = knn_diagnostic(embed_fn, params, train_data, eval_data, config)
+  fusion = score_fusion.from_config(config, params["classifier"].shape[1])
+  if config.eval.classifier_alone and fusion is not None:
+    # The negative-sampling strategies change W, not the text term; the fused score dilutes
+    # their differences (docs/real_data.md).
+    alone = evaluate_model(
+      mesh, embed_fn, params, eval_data, config, inv_prop, max_rows, fused=False
+    )
+    out.update({f"W-alone {k}": v for k, v in alone.items() if k.startswith("P@")})
+  return out
 
 
 def knn_diagnostic(

@@ -41,9 +41,13 @@ def format_results(results: Mapping, results_path: str) -> str:
   rows["label popularity"] = results["popularity_baseline"]
   if "tfidf_knn_baseline" in results:
     rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
-  knn_e = {k[len("kNN-E ") :]: v for k, v in results["metrics"].items() if k.startswith("kNN-E ")}
-  if knn_e:  # eval.knn_diagnostic: the same encoder, ranked by a kNN vote instead of W
-    rows["kNN over own E(x)"] = knn_e
+  for prefix, name in (
+    ("W-alone ", "W alone (no label-text term)"),  # eval.classifier_alone
+    ("kNN-E ", "kNN over own E(x)"),  # eval.knn_diagnostic: a kNN vote instead of W
+  ):
+    part = {k[len(prefix) :]: v for k, v in results["metrics"].items() if k.startswith(prefix)}
+    if part:
+      rows[name] = part
   return "\n".join(
     [
       "",

@@ -486,7 +486,11 @@ def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | Non
   params = trainer.state.params
   t_eval = time.time()
   final = trainer.final_evaluation()
-  final.update(evaluation.knn_diagnostic(p.embed_fn, params, data, data, config))
+  final.update(
+    evaluation.diagnostics(
+      p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
+    )
+  )
   t_export = time.time()
   with faults.writing(
     os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
@@ -505,7 +509,9 @@ def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | Non
     phase_spans["ann_evaluation"] = [t_ann, time.time()]
   if eval_data is not data:
     val = evaluation.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
-    val.update(evaluation.knn_diagnostic(p.embed_fn, params, data, eval_data, config))
+    val.update(
+      evaluation.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop)
+    )
     trainer.record_eval(config.train.epochs, "validation", val)
   trainer.record_eval(config.train.epochs, "test", final)
   return final, ann, phase_spans

@@ -287,7 +287,18 @@ class Trainer:
     m = evaluation.evaluate_model(
       p.mesh, p.embed_fn, self.state.params, p.eval_data, cfg, p.inv_prop, cfg.eval.max_test_rows
     )
-    m.update(evaluation.knn_diagnostic(p.embed_fn, self.state.params, p.data, p.eval_data, cfg))
+    m.update(
+      evaluation.diagnostics(
+        p.mesh,
+        p.embed_fn,
+        self.state.params,
+        p.data,
+        p.eval_data,
+        cfg,
+        p.inv_prop,
+        cfg.eval.max_test_rows,
+      )
+    )
     self.record_eval(epoch + 1, "validation" if p.eval_data is not p.data else "test", m)
     logging.info(
       "eval after epoch %d: %s",

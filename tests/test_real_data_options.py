@@ -1,10 +1,12 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
-split for the periodic evaluations, W from label texts, the kNN diagnostic and the TF-IDF
-baseline in results.json."""
+split for the periodic evaluations, W from label texts, the label-text term in the score
+with W alone reported beside it, the kNN diagnostic and the TF-IDF baseline in
+results.json."""
 
+import numpy as np
 import pytest
 
-from astra_jax import baselines, train
+from astra_jax import baselines, evaluation, export, predict, train
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +20,8 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   c.classifier.init = "label_text"
   c.eval.knn_diagnostic = 5
   c.eval.tfidf_baseline = True
+  c.scoring.label_text_weight = 0.5
+  c.eval.classifier_alone = True
   c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 2, 32, 1
   c.train.profile_steps = 0
   c.negatives.k_r, c.negatives.k_h = 16, 4
@@ -29,6 +33,17 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   for e in r["evaluations"]:
     assert 0 <= e["kNN-E P@1"] <= 100 and 0 <= e["P@1"] <= 100
   assert "kNN-E P@5" in r["metrics"]
+  assert all("W-alone P@1" in e for e in r["evaluations"])
+  # W alone: the exported classifiers ranked by the plain dense kernel over all test rows.
+  data, _ = train.load_splits(c)
+  model = export.load_model(str(tmp_path / "wd"))
+  emb = predict.Predictor(model, index="exact").encode(np.asarray(data.test_tokens))
+  ranked = predict.topk(emb, model.classifier, 5)[1]
+  dense = evaluation.rank_filter_score(
+    lambda k: ranked, data.test_labels, data.test_filter, None, (1, 3, 5)
+  )
+  for k in ("P@1", "P@3", "P@5"):
+    assert abs(r[f"W-alone {k}"] - dense[k]) < 1e-3, (k, r[f"W-alone {k}"], dense[k])
   if baselines.sklearn_available():
     assert r["tfidf_knn_baseline"]["P@1"] > r["popularity_baseline"]["P@1"]
   else:

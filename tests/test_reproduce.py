@@ -328,3 +328,97 @@ def test_tau_tables_share_the_default_run_and_tabulate(tmp_path):
   )
   assert "| 5 | 47.13 | 22.35 | 3.00 | 1.50 |" in md
   assert "| 20 | 46.24 | 21.97 | 1.00 | 0.50 |" in md
+
+
+def test_real_ablation_runs_share_each_seeds_warm_start(tmp_path):
+  table_runs = reproduce.real_ablation_runs(str(tmp_path / "debian"), seeds=2)
+  assert [r.name for r in table_runs[:8]] == [
+    "random+w_hard",
+    *(s for s in reproduce.ABLATION if s != "random+w_hard"),
+    "full",
+  ]
+  assert len(table_runs) == 16 and {r.seed for r in table_runs} == {0, 1}
+  # Only the strategy and the seed differ; ASTRA trains the warm start the others copy.
+  rest = {
+    tuple(kv for kv in r.overrides if kv[0] not in ("negatives.strategy", "train.seed"))
+    for r in table_runs
+  }
+  assert len(rest) == 1 and dict(next(iter(rest)))["data.dir"] == str(tmp_path / "debian")
+  assert [r.warmstart_from for r in table_runs[:2]] == ["", "random+w_hard"]
+  c = table_runs[1].config()
+  assert c.warmstart.epochs > 0 and c.eval.classifier_alone and c.train.eval_every_epochs == 1
+  root = str(tmp_path / "wd")
+  donor = os.path.join(reproduce.run_dir(root, table_runs[8]), "warmstart", "20")
+  os.makedirs(donor)  # seed 1's finished stage
+  with open(os.path.join(donor, "params"), "w") as f:
+    f.write("seed 1")
+  logs = []
+  for r in (table_runs[9], table_runs[1]):  # seed 1's random: copied; seed 0's: its donor has none
+    wd = reproduce.run_dir(root, r)
+    os.makedirs(wd)
+    runs.share_warmstart(r, root, wd, logs.append)
+  seed1 = os.path.join(reproduce.run_dir(root, table_runs[9]), "warmstart", "20", "params")
+  assert open(seed1).read() == "seed 1"
+  assert not os.path.exists(os.path.join(reproduce.run_dir(root, table_runs[1]), "warmstart"))
+  assert len(logs) == 1 and "random+w_hard's warm start" in logs[0]
+
+
+def test_rq3_real_tabulates_fused_and_w_alone_per_seed(tmp_path):
+  data = str(tmp_path / "debian")
+  table_runs = reproduce.real_ablation_runs(data, seeds=2)
+  root = str(tmp_path / "wd")
+  # P@1 by seed; W alone 10 below, except full's.
+  p1 = dict.fromkeys(reproduce.REAL_ABLATION, (20.0, 22.0))
+  p1["random+w_hard"] = (30.0, 34.0)
+  p1["random"] = (25.0, 27.0)
+  for r in table_runs:
+    v = p1[r.name][r.seed]
+    alone = v - 10 if r.name != "full" else v
+    result = {"P@1": v, "P@5": 1.0, "W-alone P@1": alone, "W-alone P@5": 0.5}
+    _write(
+      root,
+      r.name,
+      {**result, "train_time_s": 60.0},
+      os.path.join(r.group, f"seed{r.seed}" if r.seed else ""),
+    )
+  md = reproduce.reproduce(
+    "rq3_real", root, str(tmp_path / "out"), 0.01, 3, log=lambda m: None, seeds=2, data_dir=data
+  )
+  # ASTRA 30 / 34, random 25 / 27: +5, +7 -> +6.00 ± 1.00 by both scores.
+  assert (
+    "| random+w_hard | 46.20 | 32.00 | 1.00 | 22.00 | 0.50 |  | 60 | 30.00 / 34.00 |  |  |" in md
+  )
+  assert (
+    "| random | 44.57 | 26.00 | 1.00 | 16.00 | 0.50 |  | 60 | 25.00 / 27.00 | +6.00 ± 1.00 | +6.00 ± 1.00 |"
+    in md
+  )
+  # full-L: no paper column; ASTRA 30 / 34 minus 20 / 22 fused, minus 20 / 22 alone.
+  assert (
+    "| full |  | 21.00 | 1.00 | 21.00 | 0.50 |  | 60 | 20.00 / 22.00 | +11.00 ± 1.00 | +1.00 ± 1.00 |"
+    in md
+  )
+  assert "by the fused score ASTRA ranks 1 of 7 sampled strategies (means over 2 seeds)" in md
+  assert "ASTRA minus random per seed +5.00 / +7.00" in md
+
+
+def test_cli_rq3_real_needs_a_dataset():
+  r = _reproduce_cli("--table=rq3_real")
+  assert r.returncode == 2 and "give --data=DIR" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("copied_warmstart", [False, True])
+def test_finished_training_run_keeps_results_and_model_not_checkpoints(
+  tmp_path, monkeypatch, copied_warmstart
+):
+  def train(self, wd):
+    for sub in ("checkpoints/10", "warmstart/20", "model"):
+      os.makedirs(os.path.join(wd, sub))
+    _write(wd, "", {"P@1": 1.0})
+    return {"P@1": 1.0}
+
+  monkeypatch.setattr(reproduce.Run, "execute", train)
+  run = reproduce.Run("random", "unused.py", warmstart_from="random+w_hard" * copied_warmstart)
+  assert reproduce.load_or_run(run, str(tmp_path), log=lambda m: None) == {"P@1": 1.0}
+  left = sorted(os.listdir(reproduce.run_dir(str(tmp_path), run)))
+  # A run that trained its own warm start keeps it: the seed's other runs copy it.
+  assert left == ["model", "results.json"] + ([] if copied_warmstart else ["warmstart"])

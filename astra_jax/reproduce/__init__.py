@@ -5,12 +5,14 @@ table (runs.py), the tables and the files written (tables.py), and the command l
 from astra_jax.reproduce.runs import (
   ABLATION,
   BENCH_LABELS,
+  REAL_ABLATION,
   Run,
   ablation_runs,
   load_or_run,
   motivation_runs,
   paper_refreshes_runs,
   paper_refreshes_tau,
+  real_ablation_runs,
   run_dir,
   tau_runs,
 )
@@ -19,6 +21,7 @@ from astra_jax.reproduce.tables import TABLES, plot_motivation, reproduce, write
 __all__ = [
   "ABLATION",
   "BENCH_LABELS",
+  "REAL_ABLATION",
   "TABLES",
   "Run",
   "ablation_runs",
@@ -27,6 +30,7 @@ __all__ = [
   "paper_refreshes_runs",
   "paper_refreshes_tau",
   "plot_motivation",
+  "real_ablation_runs",
   "reproduce",
   "run_dir",
   "tau_runs",

@@ -7,7 +7,8 @@ NAME: rq3 (negative-sampling ablation), rq3_paper_refreshes (the same with the p
 number of hard-negative refreshes), timebreakup, memory, tau_s_ablation,
 tau_r_ablation, ratio_ablation, ttvsperf (PNG), ttvsperf_full_labels (the same at the
 dataset's full 131,073 labels: ASTRA, full-L and random; PNG), motivation (fig:motivation:
-table + PNG),
+table + PNG), rq3_real (the ablation and full-L on a real dataset, `--data=DIR`, by
+experiments/xc_text.py:ngram; seeds from --seeds),
 or all_cpu (the tables docs/results.md
 holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
 results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
@@ -37,7 +38,12 @@ def define_flags() -> None:
   flags.DEFINE_float("scale", 0.01, "stand-in scale")
   flags.DEFINE_integer("epochs", 15, "stand-in epochs")
   flags.DEFINE_string("out", "docs/results", "where the tables (.md, .csv, .png) go")
-  flags.DEFINE_integer("seeds", 5, "training seeds of the ablations (rq3, rq3_paper_refreshes)")
+  flags.DEFINE_integer(
+    "seeds", 5, "training seeds of the ablations (rq3, rq3_paper_refreshes, rq3_real)"
+  )
+  flags.DEFINE_string(
+    "data", "", "the real dataset (XC layout) of rq3_real, which ignores --scale and --epochs"
+  )
   flags.mark_flags_as_required(["table"])
 
 
@@ -51,8 +57,11 @@ def main(argv) -> int:
   if F.table not in choices:
     print(f"unknown table {F.table!r}; choose from {', '.join(choices)}", file=sys.stderr)
     return WRONG_TABLE_EXIT
+  if F.table in TABLES and TABLES[F.table].real_data and not F.data:
+    print(f"--table={F.table} trains on a real dataset: give --data=DIR", file=sys.stderr)
+    return WRONG_TABLE_EXIT
   mds = [
-    reproduce(name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds)
+    reproduce(name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds, data_dir=F.data)
     for name in (ALL_CPU if F.table == "all_cpu" else (F.table,))
   ]
   print("\n".join(mds))

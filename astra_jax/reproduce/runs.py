@@ -36,6 +36,10 @@ class Run:
   overrides: tuple[tuple[str, object], ...] = ()
   bench: tuple[str, int] | None = None  # (method, L)
   group: str = ""  # sub-directory: runs at another scale or epoch count never collide
+  # A run of the same group and seed whose finished warm-start stage (WORKDIR/warmstart)
+  # this one starts from instead of training its own: the stage reads neither the strategy
+  # nor anything else the runs differ in, so the copy is what it would compute.
+  warmstart_from: str = ""
 
   @property
   def seed(self) -> int:
@@ -129,13 +133,43 @@ def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict
     shutil.rmtree(wd)
   log(f"{run.name}: running in {wd}")
   os.makedirs(wd, exist_ok=True)
+  share_warmstart(run, root, wd, log)
   result = run.execute(wd)
+  if run.bench is None:
+    discard_training_state(run, wd, log)
   if run.bench is not None:  # the trainer writes its own results.json
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
       json.dump(result, f, indent=1)
     os.replace(tmp, path)
   return result
+
+
+def share_warmstart(run: Run, root: str, wd: str, log: Callable[[str], None] = print) -> None:
+  """Copies `run.warmstart_from`'s WORKDIR/warmstart into `wd` (the warm start restores a
+  finished stage, or resumes an unfinished one) unless `wd` has its own or there is none."""
+  if not run.warmstart_from:
+    return
+  donor_run = dataclasses.replace(run, name=run.warmstart_from)
+  donor = os.path.join(run_dir(root, donor_run), "warmstart")
+  mine = os.path.join(wd, "warmstart")
+  if os.path.isdir(donor) and not os.path.exists(mine):
+    log(f"{run.name}: starting from {run.warmstart_from}'s warm start ({donor})")
+    shutil.copytree(donor, mine)
+
+
+def discard_training_state(run: Run, wd: str, log: Callable[[str], None] = print) -> None:
+  """Removes a finished run's training checkpoints (and a warm start copied from another
+  run): they serve only resuming, which a run with results.json never does, and a table's
+  runs would otherwise keep them all (rq3_real's: ~2.9 GB a run, 70 GB for 24). Its
+  results, metrics and exported model stay."""
+  gone = [os.path.join(wd, "checkpoints")]
+  if run.warmstart_from:
+    gone.append(os.path.join(wd, "warmstart"))
+  for path in gone:
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+  log(f"{run.name}: finished; removed its training checkpoints")
 
 
 def _train_overrides(epochs: int, **extra) -> tuple:
@@ -164,6 +198,43 @@ def ablation_runs(scale: float, epochs: int, seeds: int = 1) -> list[Run]:
     )
     for k in range(seeds)
     for s in ABLATION
+  ]
+
+
+REAL_DATA_CONFIG = "experiments/xc_text.py"
+REAL_DATA_VARIANT = "ngram"
+# ASTRA first: it trains each seed's warm start, which the other strategies copy.
+REAL_ABLATION = ("random+w_hard",) + tuple(s for s in ABLATION if s != "random+w_hard") + ("full",)
+
+
+def real_ablation_runs(data_dir: str, seeds: int = 1) -> list[Run]:
+  """The ablation's strategies and full-L on a real dataset in the XC layout, trained by
+  `xc_text.py:ngram` as it is (its epochs, tau_s, tau_r, k_h + k_r negatives per query),
+  evaluated after every epoch by the fused score and by W alone, with training seeds
+  0 .. seeds-1. The warm start depends only on the seed, so each seed trains it once."""
+  data_dir = os.path.abspath(data_dir)
+  group = "real_" + os.path.basename(data_dir.rstrip("/"))
+  return [
+    Run(
+      s,
+      REAL_DATA_CONFIG,
+      REAL_DATA_VARIANT,
+      tuple(
+        sorted(
+          {
+            "data.dir": data_dir,
+            "negatives.strategy": s,
+            "train.seed": k,
+            "train.eval_every_epochs": 1,
+            "eval.classifier_alone": True,
+          }.items()
+        )
+      ),
+      group=group,
+      warmstart_from="" if s == REAL_ABLATION[0] else REAL_ABLATION[0],
+    )
+    for k in range(seeds)
+    for s in REAL_ABLATION
   ]
 
 
