@@ -1,8 +1,8 @@
 """The siamese warm-start stage: its loss by hand, its pairs, that it learns, and resume."""
 
-import numpy as np
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import pytest
 from flax import nnx
 
@@ -50,8 +50,10 @@ def _problem(n_labels=40, per_label=6, seed=0):
   return queries, texts, rows
 
 
-def _config(epochs):
+def _config(epochs, checkpoint_minutes=None):
   c = ml_collections.ConfigDict()
+  if checkpoint_minutes is not None:
+    c.checkpoint = ml_collections.ConfigDict({"every_minutes": checkpoint_minutes})
   c.data = ml_collections.ConfigDict({"dir": "synthetic"})
   c.train = ml_collections.ConfigDict({"seed": 0})
   c.warmstart = ml_collections.ConfigDict(
@@ -109,6 +111,39 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
     _config(4), graphdef, start, queries, texts, pairs, str(tmp_path / "resumed")
   )
   for (path, a), (_, b) in zip(nnx.to_flat_state(straight), nnx.to_flat_state(resumed)):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
+
+
+def test_stage_saves_on_the_checkpoint_clock_and_always_at_its_end(tmp_path, monkeypatch):
+  queries, texts, rows = _problem()
+  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  saved, save = [], warmstart.ocp.CheckpointManager.save
+  monkeypatch.setattr(
+    warmstart.ocp.CheckpointManager,
+    "save",
+    lambda m, step, **kw: saved.append(step) or save(m, step, **kw),
+  )
+  graphdef, start = _encoder()
+  straight = warmstart.run(_config(3), graphdef, start, queries, texts, pairs, str(tmp_path / "a"))
+  assert saved == [1, 2, 3]  # no checkpoint clock: every epoch
+  saved.clear()
+  graphdef, start = _encoder()
+  rare = warmstart.run(
+    _config(3, checkpoint_minutes=60.0), graphdef, start, queries, texts, pairs, str(tmp_path / "b")
+  )
+  assert saved == [3]  # an hour between saves: only the end
+  for (path, a), (_, b) in zip(nnx.to_flat_state(straight), nnx.to_flat_state(rare)):
+    np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
+
+  def no_step(*args):
+    raise AssertionError("a finished stage trained again")
+
+  monkeypatch.setattr(warmstart, "_make_step", lambda *a: no_step)
+  graphdef, start = _encoder()
+  again = warmstart.run(
+    _config(3, 60.0), graphdef, start, queries, texts, pairs, str(tmp_path / "b")
+  )
+  for (path, a), (_, b) in zip(nnx.to_flat_state(rare), nnx.to_flat_state(again)):
     np.testing.assert_array_equal(np.asarray(a.get_value()), np.asarray(b.get_value()), path)
 
 
