@@ -19,16 +19,15 @@ import os
 import numpy as np
 from absl import app, flags
 
-from astra_jax import metrics, predict
-from astra_jax.data import xc_format
+from astra_jax import baselines, metrics, predict
 
 import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_list(
   "workdirs",
   None,
-  "finished runs (each holding model/ and config.json) "
-  "on data in the one-text-per-line layout (tst_X.txt, Y.txt)",
+  "finished runs (each holding model/ and config.json) on data with label texts, in any "
+  "layout training reads (renee, ngame, json)",
 )
 flags.DEFINE_string("out", None, "append JSON lines here")
 
@@ -49,19 +48,16 @@ def measure(workdir: str) -> dict:
   with open(os.path.join(workdir, "config.json")) as f:
     data = json.load(f)["data"]
   d = data["dir"]  # as training read it: relative to the directory it ran in
+  texts = baselines.load_texts(d, use_content=data.get("use_content", False))
+  if texts.label_texts is None:
+    raise ValueError(f"{d}: no label texts to rank by")
   p = predict.Predictor.from_workdir(workdir, index="exact")
-  queries = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "tst_X.txt")))[0])
-  labels = p.encode(p.to_tokens(xc_format.read_texts(os.path.join(d, "Y.txt")))[0])
-  truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"), len(labels))
-  filter_path = os.path.join(d, data["filter_file"])
-  filter_pairs = (
-    xc_format.read_filter(filter_path, truth.num_rows, len(labels))
-    if os.path.exists(filter_path)
-    else np.zeros((0, 2), np.int64)
-  )
+  queries = p.encode(p.to_tokens(texts.test_texts)[0])
+  labels = p.encode(p.to_tokens(texts.label_texts)[0])
   row = {"workdir": workdir, "data_dir": d}
   for name, rows in (("classifier", np.asarray(p.model.classifier)), ("label_text", labels)):
-    m = metrics.as_percent(metrics.compute(ranked(queries, rows, filter_pairs), truth, ks=(1, 5)))
+    ranked_ids = ranked(queries, rows, texts.test_filter)
+    m = metrics.as_percent(metrics.compute(ranked_ids, texts.test_labels, ks=(1, 5)))
     row[f"{name}_P@1"], row[f"{name}_P@5"] = m["P@1"], m["P@5"]
   row["ratio_P@1"] = row["label_text_P@1"] / max(row["classifier_P@1"], 1e-9)
   return row
