@@ -1,7 +1,7 @@
 """Regenerates the paper's tables (and fig:ttvsperf) with our numbers beside the paper's.
 
   python -m astra_jax.reproduce --table=NAME [--workdir=workdir/reproduce] [--scale=0.01]
-      [--out=docs/results] [--epochs=15] [--seeds=5]
+      [--out=docs/results] [--epochs=15] [--seeds=5] [--data=DIR] [--jobs=1]
 
 NAME: rq3 (negative-sampling ablation), rq3_paper_refreshes (the same with the paper's
 number of hard-negative refreshes), timebreakup, memory, tau_s_ablation,
@@ -13,6 +13,7 @@ or all_cpu (the tables docs/results.md
 holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
 results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
 and OUT/<table>.csv.
+--jobs=N runs N of a table's runs at once as child processes (reproduce/parallel.py).
 Training tables run a reduced-scale synthetic stand-in of a paper dataset (the paper's
 column is the real dataset); timebreakup and memory time the L-dependent classifier step
 (astra_jax/classifier_bench.py).
@@ -44,6 +45,12 @@ def define_flags() -> None:
   flags.DEFINE_string(
     "data", "", "the real dataset (XC layout) of rq3_real, which ignores --scale and --epochs"
   )
+  flags.DEFINE_integer(
+    "jobs",
+    1,
+    "runs at once, as child processes (a GPU runs many small runs side by side); 1: one "
+    "after another in this process",
+  )
   flags.mark_flags_as_required(["table"])
 
 
@@ -61,7 +68,9 @@ def main(argv) -> int:
     print(f"--table={F.table} trains on a real dataset: give --data=DIR", file=sys.stderr)
     return WRONG_TABLE_EXIT
   mds = [
-    reproduce(name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds, data_dir=F.data)
+    reproduce(
+      name, F.workdir, F.out, F.scale, F.epochs, seeds=F.seeds, data_dir=F.data, jobs=F.jobs
+    )
     for name in (ALL_CPU if F.table == "all_cpu" else (F.table,))
   ]
   print("\n".join(mds))

@@ -9,6 +9,7 @@ import io
 import os
 from collections.abc import Callable
 
+from astra_jax.reproduce import parallel
 from astra_jax.reproduce.paper import (
   PAPER_MEMORY,
   PAPER_RATIO,
@@ -588,17 +589,22 @@ def reproduce(
   log: Callable[[str], None] = print,
   seeds: int = 1,
   data_dir: str = "",
+  jobs: int = 1,
 ) -> str:
   """Runs (or reuses) a table's runs, writes OUT/NAME.md/.csv (and .png); returns the md.
   seeds: training seeds of the ablations (rq3, rq3_paper_refreshes, rq3_real); the others
-  run seed 0. data_dir: the dataset of the tables on real data (rq3_real)."""
+  run seed 0. data_dir: the dataset of the tables on real data (rq3_real). jobs > 1: the
+  runs as that many parallel processes (parallel.py)."""
   table = TABLES[name]
   if table.real_data:
     if not data_dir:
       raise ValueError(f"--table={name} trains on a real dataset: give --data=DIR")
   runs = table.runs(data_dir, seeds) if table.real_data else table.runs(scale, epochs, seeds)
   runs = [r.at(root) for r in runs]
-  results = {r.key: load_or_run(r, root, log) for r in runs}
+  if jobs > 1:
+    results = parallel.run_all(runs, root, jobs, log)
+  else:
+    results = {r.key: load_or_run(r, root, log) for r in runs}
   os.makedirs(out, exist_ok=True)
   if table.plot:
     rows = table.plot(results, os.path.join(out, f"{name}.png"))
