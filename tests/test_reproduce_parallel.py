@@ -87,7 +87,8 @@ def test_a_child_process_runs_and_its_results_are_tabulated(tmp_path):
   """One real child: a classifier benchmark run through `python -m astra_jax.reproduce.parallel`."""
   run = reproduce.Run("bench_astra_L1000", bench=("astra", 1000))
   codes = parallel.schedule([run], str(tmp_path), jobs=2, log=lambda m: None, poll_s=0.2)
-  assert codes == {run.key: 0}, open(tmp_path / run.name / "reproduce.log").read()
+  log = parallel.log_path(run, str(tmp_path))
+  assert codes == {run.key: 0}, open(log).read()
   with open(tmp_path / run.name / "results.json") as f:
     assert json.load(f)["step_ms"] > 0
-  assert os.path.exists(tmp_path / run.name / "reproduce.log")
+  assert log == str(tmp_path / "logs" / "bench_astra_L1000.log") and os.path.exists(log)

@@ -3,7 +3,7 @@ several at once: one GPU runs many small stand-in or real-data runs side by side
 than one after another (rq3_real's runs use a few percent of an H200 each).
 
 Each run is `load_or_run` in a child process (`python -m astra_jax.reproduce.parallel RUN
-ROOT`), logging to its workdir's reproduce.log. A run that starts from another run's warm
+ROOT`), logging to ROOT/logs/. A run that starts from another run's warm
 start (`Run.warmstart_from`) waits until that stage is saved, or until its donor ends. The
 children keep one training checkpoint (`checkpoint.keep=1`, which changes nothing a run
 computes) so that N runs in flight hold N checkpoints, not 3N, and each drops its
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from astra_jax.reproduce.runs import Run, load_or_run, run_dir
+from astra_jax.reproduce.runs import Run, load_or_run, run_dir, stale
 
 # A child's JAX shares the device: it allocates what it uses instead of most of the memory.
 CHILD_ENV = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
@@ -59,11 +59,16 @@ def warmstart_saved(run: Run, root: str) -> bool:
   return os.path.isdir(os.path.join(run_dir(root, run), "warmstart", str(epochs)))
 
 
+def log_path(run: Run, root: str) -> str:
+  """Where a child's output goes: ROOT/logs/, outside the workdir that a stale run's rerun
+  removes."""
+  return os.path.join(root, "logs", run_dir("", run).replace(os.sep, "_") + ".log")
+
+
 def launch(run: Run, root: str) -> subprocess.Popen:
-  """Starts `run` in a child process, its output in its workdir's reproduce.log."""
-  wd = run_dir(root, run)
-  os.makedirs(wd, exist_ok=True)
-  log = open(os.path.join(wd, "reproduce.log"), "a")
+  """Starts `run` in a child process, its output in `log_path`."""
+  os.makedirs(os.path.join(root, "logs"), exist_ok=True)
+  log = open(log_path(run, root), "a")
   return subprocess.Popen(
     [sys.executable, "-m", "astra_jax.reproduce.parallel", to_json(for_child(run)), root],
     stdout=log,
@@ -126,20 +131,18 @@ def run_all(runs: list[Run], root: str, jobs: int, log: Callable[[str], None] = 
   """Every run's results: finished ones reused, the rest run `jobs` at a time.
 
   Raises:
-    RuntimeError: a run failed (its reproduce.log is named).
+    RuntimeError: a run failed (its log is named).
   """
   todo = [r for r in runs if not _reusable(r, root)]
   codes = schedule(todo, root, jobs, log=log) if todo else {}
   failed = [r for r in todo if codes.get(r.key)]
   if failed:
-    logs = ", ".join(os.path.join(run_dir(root, r), "reproduce.log") for r in failed)
+    logs = ", ".join(log_path(r, root) for r in failed)
     raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed; see {logs}")
   return {r.key: load_or_run(r, root, log) for r in runs}
 
 
 def _reusable(run: Run, root: str) -> bool:
-  from astra_jax.reproduce.runs import stale
-
   path = os.path.join(run_dir(root, run), "results.json")
   if not os.path.exists(path):
     return False

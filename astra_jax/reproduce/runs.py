@@ -135,9 +135,9 @@ def load_or_run(run: Run, root: str, log: Callable[[str], None] = print) -> dict
   os.makedirs(wd, exist_ok=True)
   share_warmstart(run, root, wd, log)
   result = run.execute(wd)
-  if run.bench is None:
+  if run.bench is None:  # the trainer wrote its own results.json
     discard_training_state(run, wd, log)
-  if run.bench is not None:  # the trainer writes its own results.json
+  else:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
       json.dump(result, f, indent=1)
