@@ -279,6 +279,7 @@ def make_negatives_and_batches(
     sharding.process_token_rows(mesh, accum, micro_batch),
     config.train.input_threads,
     data_groups=mesh.shape["data"],
+    held_groups=sharding.local_data_groups(mesh),
   )
   return hard_negatives, batches
 

@@ -65,6 +65,38 @@ def test_the_data_groups_blocks_are_where_the_label_sharding_puts_them():
   assert sharding.local_data_groups(mesh) == [0, 1]  # one process holds both groups
 
 
+def test_a_process_builds_the_label_side_of_its_data_groups_only():
+  # 2 micro-batches of 3 groups x 2 rows, random draws per query: each group's block is the
+  # sampler's output for its rows with its own stream (seed, epoch, step, 1, micro-batch,
+  # group), whichever groups the process builds; the groups it does not hold are zeros.
+  n = 50
+  tokens = np.arange(n * 3, dtype=np.int32).reshape(n, 3)
+  labels = SparseRows.from_lists([[i % 7, (i + 3) % 7] for i in range(n)], 7)
+  sampler = NegativeSampler(labels, 1, 0, 4, per_query_random=True)
+  make_b = lambda **kw: TrainBatches(
+    tokens, sampler, 12, 5, prefetch=2, micro_batches=2, data_groups=3, **kw
+  )
+  every, mine = make_b(), make_b(held_groups=[1])
+  order = every.order(2)
+  x, y = every.make_batch(2, 1, order, None), mine.make_batch(2, 1, order, None)
+  rows = x.rows.reshape(2, 3, 2)  # (micro-batch, group, row)
+  np.testing.assert_array_equal(x.rows, y.rows)
+  for i in range(2):
+    for g in range(3):
+      want = sampler(rows[i, g], np.random.default_rng([5, 2, 1, 1, i, g]))
+      for name in ("pos_ids", "pos_mask", "rand_ids", "rand_mask", "pos_weight"):
+        got_all = getattr(x.batch.labels, name)[i, 2 * g : 2 * g + 2]
+        got_mine = getattr(y.batch.labels, name)[i, 2 * g : 2 * g + 2]
+        np.testing.assert_array_equal(got_all, getattr(want, name), name)
+        if g == 1:
+          np.testing.assert_array_equal(got_mine, got_all, name)
+        else:
+          assert not got_mine.any(), name
+  # The groups draw apart: no two blocks share their random draws.
+  draws = x.batch.labels.rand_ids.reshape(6, -1)
+  assert len({tuple(d) for d in draws}) == 6
+
+
 def test_batch_contents_match_rows():
   for x, prep_s in make().epoch(0):
     assert x.batch.input_ids.shape == (1, 8, 3) and x.batch.labels.rand_ids.shape == (1, 4)

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from astra_jax.batch import HostBatch, LabelBatch, TrainBatch
+from astra_jax.batch import HostBatch, LabelBatch, TrainBatch, label_axes
 from astra_jax.errors import InputError
 from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSplit
@@ -105,9 +105,13 @@ class TrainBatches:
     token_rows: np.ndarray | None = None,
     threads: int = 1,
     data_groups: int = 1,
+    held_groups: list[int] | None = None,
   ):
     self.tokens, self.sampler = tokens, sampler
     self.data_groups = data_groups
+    # The data groups whose label side this process builds (None: all of them); the other
+    # groups' rows are never sent to a device here.
+    self.held_groups = list(range(data_groups)) if held_groups is None else list(held_groups)
     self.batch_size, self.seed, self.prefetch = batch_size, seed, max(prefetch, threads)
     self.threads = threads
     self.micro_batches = micro_batches
@@ -159,7 +163,14 @@ class TrainBatches:
     a = self.micro_batches
     hards = [None] * a if hard is None else np.split(hard, a)
     counts = {} if split is None else split._asdict()
-    parts = [self.sampler(r, rng, h, **counts) for r, h in zip(np.split(rows, a), hards)]
+    if self.data_groups == 1 or not self.sampler.per_query_random:
+      # One stream for the whole batch (a shared random draw serves all of its rows).
+      parts = [self.sampler(r, rng, h, **counts) for r, h in zip(np.split(rows, a), hards)]
+    else:
+      parts = [
+        self._held_label_side(r, h, counts, (self.seed, epoch, step, 1, i))
+        for i, (r, h) in enumerate(zip(np.split(rows, a), hards))
+      ]
     labels = LabelBatch(
       *(None if x is None else np.stack([p[i] for p in parts]) for i, x in enumerate(parts[0]))
     )  # (A, B/A, ...)
@@ -169,6 +180,38 @@ class TrainBatches:
       ids = np.zeros((len(rows), self.tokens.shape[1]), np.int32)
       ids[self.token_rows] = self.tokens[rows[self.token_rows]]
     return HostBatch(rows.astype(np.int32), TrainBatch(ids.reshape(a, len(rows) // a, -1), labels))
+
+  def _held_label_side(
+    self, rows: np.ndarray, hard: np.ndarray | None, counts: dict, key: tuple
+  ) -> LabelBatch:
+    """One micro-batch's label side, built group by group with each group's own random
+    stream (`key` + the group), for the held groups only: the other groups' rows are
+    zeros, never sent to a device. A group's draws do not depend on which process builds
+    them, so every layout of the processes trains on the same batches."""
+    blocks = np.split(np.arange(len(rows)), self.data_groups)
+    built = {
+      g: self.sampler(
+        rows[blocks[g]],
+        np.random.default_rng([*key, g]),
+        None if hard is None else hard[blocks[g]],
+        **counts,
+      )
+      for g in self.held_groups
+    }
+    like = next(iter(built.values()))
+    fields = []
+    for name, axes in zip(LabelBatch._fields, label_axes(like)):
+      x = getattr(like, name)
+      if x is None or axes[0] != "query_group":  # absent, or the same for every row
+        fields.append(x)
+        continue
+      empty = np.zeros_like(x)
+      fields.append(
+        np.concatenate(
+          [getattr(built[g], name) if g in built else empty for g in range(self.data_groups)]
+        )
+      )
+    return LabelBatch(*fields)
 
   def rows_before(self, epoch: int, step: int) -> np.ndarray:
     """The training rows of steps [0, step) of `epoch`."""
