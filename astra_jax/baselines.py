@@ -2,7 +2,7 @@
 character n-gram TF-IDF k-nearest-neighbour votes. A trained model that does not beat these
 is not worth its training time.
 
-  python -m astra_jax.baselines --data=DIR [--split=test|validation]
+  python -m astra_jax.baselines --data=DIR [--split=test|validation] [--filter_self=off|on|auto]
 
 - popularity: every query gets the most frequent training labels;
 - TF-IDF kNN: char 2-4-gram TF-IDF (scikit-learn's TfidfVectorizer: within-word n-grams,
@@ -27,8 +27,9 @@ import numpy as np
 from absl import flags, logging
 
 from astra_jax import cli, evaluation, knn
-from astra_jax.data import dataset, validation, xc_format
+from astra_jax.data import dataset, self_filter, validation, xc_format
 from astra_jax.data.xc_format import SparseRows
+from astra_jax.errors import InputError
 
 KNN_K = 20
 NGRAMS = (2, 4)
@@ -62,9 +63,11 @@ def load_texts(
   use_content: bool = False,
   validation_fraction: float = 0.0,
   validation_seed: int = 0,
+  filter_self: str = "off",
 ) -> TextData:
   """Reads texts and labels; with validation_fraction > 0 the test set is the validation
-  split that `data.validation_fraction` carves (the same rows)."""
+  split that `data.validation_fraction` carves (the same rows); filter_self (off | on |
+  auto) filters each test row's own item as `data.filter_self` does (data/self_filter.py)."""
   layout = layout if layout != "auto" else dataset.detect_layout(data_dir)
   trn_x, tst_x, lbl_x = (os.path.join(data_dir, f) for f in dataset.LAYOUTS[layout])
   read = lambda p: xc_format.read_texts(p, use_content=use_content)
@@ -91,6 +94,13 @@ def load_texts(
     train_texts = [train_texts[i] for i in keep]
     train_labels = validation.take_rows(train_labels, keep)
     test_filter = np.zeros((0, 2), np.int64)
+  if filter_self != "off":
+    if label_texts is None:
+      raise InputError(f"filter_self={filter_self} needs label texts at {lbl_x}")
+    train_pairs = self_filter.identical_text_pairs(train_texts, label_texts)
+    if filter_self == "on" or self_filter.own_item_is_never_a_label(train_pairs, train_labels)[0]:
+      own = self_filter.identical_text_pairs(test_texts, label_texts)
+      test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
   return TextData(
     train_texts, train_labels, test_texts, test_labels, label_texts, test_filter, num_labels
   )
@@ -155,7 +165,12 @@ def for_training_run(config) -> dict:
   if not sklearn_available():
     logging.warning("eval.tfidf_baseline: scikit-learn is not installed; skipped")
     return {}
-  texts = load_texts(config.data.dir, config.data.layout, config.data.use_content)
+  texts = load_texts(
+    config.data.dir,
+    config.data.layout,
+    config.data.use_content,
+    filter_self=config.data.get("filter_self", "off"),
+  )
   return {"tfidf_knn_baseline": tfidf_knn(texts, tuple(config.eval.ks))}
 
 
@@ -192,6 +207,12 @@ def define_flags() -> None:
     "--split=validation: the held-out share (as data.validation_fraction)",
   )
   flags.DEFINE_integer("validation_seed", 0, "--split=validation: as data.validation_seed")
+  flags.DEFINE_enum(
+    "filter_self",
+    "off",
+    ["off", "on", "auto"],
+    "filter each row's own item, as data.filter_self (needs label texts)",
+  )
   flags.DEFINE_string("output", "", "also write the numbers as JSON here")
 
 
@@ -205,6 +226,7 @@ def main(argv: list[str]) -> None:
       f.use_content,
       f.validation_fraction if f.split == "validation" else 0.0,
       f.validation_seed,
+      f.filter_self,
     )
     results = run_all(data)
   except OSError as e:  # an InputError ends the run in cli.run

@@ -79,6 +79,7 @@ ADDED_KEYS = {
   "optim.classifier_momentum": 0.0,
   "data.validation_fraction": 0.0,
   "data.validation_seed": 0,
+  "data.filter_self": "off",
   "classifier.init": "normal",
   "classifier.init_scale": 1.0,
   "data.label_subset": 0,

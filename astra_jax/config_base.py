@@ -43,6 +43,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.filter_file = dataset.FILTER_FILE  # relative to data.dir (this default name also
   # finds Renée's tst_filter_labels.txt); ignored
   # if absent
+  # Also filter each test (and validation) row's own item, a label whose text is the row's
+  # text, as LF-* datasets' filter files do (astra_jax/data/self_filter.py; needs label
+  # texts): off | on | auto (on when the training rows' own items are not their labels).
+  c.data.filter_self = "off"
   c.data.cache_dir = ""  # tokenized memmaps; default <data.dir>/astra_cache
   # A share of the training rows held out as the validation split (deterministic by
   # validation_seed): periodic evaluations report it, the test split only the final one.
@@ -243,6 +247,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
       raise InputError(f"config.{field}: {msg}")
 
   need(c.data.dir, "data.dir", "no dataset directory given (--config.data.dir=PATH)")
+  need(
+    c.data.get("filter_self", "off") in ("off", "on", "auto"),
+    "data.filter_self",
+    f"must be off, on or auto, got {c.data.get('filter_self')!r}",
+  )
   need(
     c.data.tokenizer_dir or c.data.synthetic.enabled,
     "data.tokenizer_dir",

@@ -50,6 +50,9 @@ def get_config(variant: str = "minilm"):
   c.data.tokenizer_dir = "all-MiniLM-L6-v2"  # resolved to the installed package's files
   c.data.max_len = 32  # titles; use 128 for full text
   c.data.augment_label_text = True  # used only when label texts exist
+  # A row's own item is filtered from its ranking when the training labels say items never
+  # list themselves (item-to-item data such as debian-recommends; astra_jax/data/self_filter.py).
+  c.data.filter_self = "auto"
   c.negatives.k_p = 7
   c.negatives.k_h = 50
   c.negatives.k_r = 400

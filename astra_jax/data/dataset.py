@@ -10,7 +10,7 @@ import numpy as np
 from absl import logging
 
 from astra_jax import tmpnames
-from astra_jax.data import label_cache, tokenize, xc_format
+from astra_jax.data import label_cache, self_filter, tokenize, xc_format
 from astra_jax.data.xc_format import SparseRows, WithLabelRows, XCFormatError
 from astra_jax.errors import InputError
 
@@ -59,6 +59,11 @@ class XCData:
   pad_id: int
   vocab_size: int  # the tokenizer's, including added tokens
   num_train_original: int  # before label-text augmentation
+  # (m, 2) (original training row, label) pairs of a row and its own item (data.filter_self):
+  # the validation split's filter pairs
+  train_self_pairs: np.ndarray = dataclasses.field(
+    default_factory=lambda: np.zeros((0, 2), np.int64)
+  )
 
 
 class MissingDataError(InputError):
@@ -161,6 +166,29 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
   else:
     test_filter = np.zeros((0, 2), np.int64)
+  train_self_pairs = np.zeros((0, 2), np.int64)
+  mode = data_cfg.get("filter_self", "off")
+  if mode != "off":
+    if not os.path.exists(lbl_x):
+      raise MissingDataError(f"config.data.filter_self={mode} needs label texts at {lbl_x}")
+    texts = lambda p: xc_format.read_texts(p, use_content=data_cfg.use_content)
+    label_texts = texts(lbl_x)
+    train_self_pairs = self_filter.identical_text_pairs(texts(trn_x), label_texts)
+    on, share = self_filter.own_item_is_never_a_label(train_self_pairs, train_labels)
+    filtering = mode == "on" or on
+    logging.info(
+      "data.filter_self=%s: %d training rows' own items are labels (%.1f%% of those pairs "
+      "positives): %s",
+      mode,
+      len(train_self_pairs),
+      100 * share,
+      "filtering each test row's own item" if filtering else "no filter",
+    )
+    if filtering:
+      own = self_filter.identical_text_pairs(texts(tst_x), label_texts)
+      test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
+    else:
+      train_self_pairs = np.zeros((0, 2), np.int64)
 
   pad_id, vocab_size = tokenize.tokenizer_ids(
     trn_x, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len
@@ -194,4 +222,5 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     pad_id,
     vocab_size,
     n_orig,
+    train_self_pairs,
   )

@@ -67,10 +67,17 @@ def split_rows(num_rows: int, fraction: float, seed: int) -> tuple[np.ndarray, n
   return np.sort(perm[num_val:]), np.sort(perm[:num_val])
 
 
+def rows_pairs(pairs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+  """The (row, label) pairs of the given sorted rows, renumbered by position in `rows`."""
+  pos = np.searchsorted(rows, pairs[:, 0])
+  held = (pos < len(rows)) & (rows[np.minimum(pos, len(rows) - 1)] == pairs[:, 0])
+  return np.stack([pos[held], pairs[held, 1]], 1).astype(np.int64).reshape(-1, 2)
+
+
 @dataclasses.dataclass(frozen=True)
 class ValidationSplit:
   """The training data without the held-out rows, and the held-out rows as an evaluation
-  set (in XCData's test_* fields, no filter pairs: they are training rows)."""
+  set (in XCData's test_* fields; filter pairs: each row's own item, with data.filter_self)."""
 
   train: XCData
   validation: XCData
@@ -111,6 +118,6 @@ def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
     data,
     test_tokens=RowSubset(originals, val),
     test_labels=take_rows(data.train_labels, val),
-    test_filter=np.zeros((0, 2), np.int64),
+    test_filter=rows_pairs(data.train_self_pairs, val),
   )
   return ValidationSplit(train, validation)

@@ -1,0 +1,81 @@
+"""data.filter_self: a row's own item (the label with the row's text) filtered from its
+ranking, decided by the training labels under `auto`; the baselines follow the same rule."""
+
+import numpy as np
+import pytest
+
+from astra_jax import baselines, train
+from astra_jax.data import self_filter, validation, xc_format
+from astra_jax.data.xc_format import SparseRows
+
+LABELS = ["alpha: first", "beta: second", "gamma: third", "delta: fourth", "alpha: first"]
+
+
+def test_identical_text_pairs_by_hand():
+  rows = ["beta: second", "zeta: sixth", " alpha: first ", "gamma: third"]
+  pairs = self_filter.identical_text_pairs(rows, LABELS)
+  # "alpha: first" is the text of labels 0 and 4; surrounding blanks do not matter.
+  np.testing.assert_array_equal(pairs, [[0, 1], [2, 0], [2, 4], [3, 2]])
+  assert self_filter.identical_text_pairs(["x"], LABELS).shape == (0, 2)
+
+
+def test_auto_filters_only_when_the_training_rows_never_list_their_own_item():
+  pairs = np.array([[0, 1], [1, 2], [2, 3]])
+  never = SparseRows.from_lists([[0], [0, 3], [1]], 5)
+  assert self_filter.own_item_is_never_a_label(pairs, never) == (True, 0.0)
+  # Search-like data: two of three rows' own items are their labels.
+  often = SparseRows.from_lists([[1], [2], [0]], 5)
+  on, share = self_filter.own_item_is_never_a_label(pairs, often)
+  assert not on and share == pytest.approx(2 / 3)
+  assert self_filter.own_item_is_never_a_label(np.zeros((0, 2), np.int64), never) == (False, 0.0)
+
+
+def _write(d, own_is_label: bool):
+  """Training rows 0-3 are items with label texts (rows 0, 1: labels 1, 2), test rows 0, 2
+  are labels 3 and 0 themselves; `own_is_label`: the training rows list their own item."""
+  (d / "raw_data").mkdir(parents=True)
+  train_texts = ["beta: second", "gamma: third", "eps: fifth", "eta: seventh"]
+  train_labels = [[0, 3], [0], [1], [2]] if not own_is_label else [[1], [2], [1], [2]]
+  test_texts = ["delta: fourth", "theta: eighth", "alpha: first"]
+  xc_format.write_texts(d / "raw_data" / "train.raw.txt", train_texts, layout="uid")
+  xc_format.write_texts(d / "raw_data" / "test.raw.txt", test_texts, layout="uid")
+  xc_format.write_texts(d / "raw_data" / "label.raw.txt", LABELS[:4], layout="uid")
+  xc_format.write_sparse(d / "trn_X_Y.txt", SparseRows.from_lists(train_labels, 4))
+  xc_format.write_sparse(d / "tst_X_Y.txt", SparseRows.from_lists([[1], [2], [3]], 4))
+
+
+@pytest.mark.parametrize(
+  "mode, own_is_label, want",
+  [
+    ("off", False, []),
+    ("auto", False, [[0, 3], [2, 0]]),
+    ("auto", True, []),  # the training rows list themselves: nothing is filtered
+    ("on", True, [[0, 3], [2, 0]]),
+  ],
+)
+def test_dataset_filters_each_test_rows_own_item(tmp_path, load_config, mode, own_is_label, want):
+  _write(tmp_path / "ds", own_is_label)
+  c = load_config("experiments/xc_text.py", "tiny")
+  c.data.dir, c.data.filter_self = str(tmp_path / "ds"), mode
+  data = train.prepare_data(c)
+  np.testing.assert_array_equal(data.test_filter.reshape(-1, 2), np.array(want).reshape(-1, 2))
+  texts = baselines.load_texts(str(tmp_path / "ds"), filter_self=mode)
+  np.testing.assert_array_equal(texts.test_filter.reshape(-1, 2), np.array(want).reshape(-1, 2))
+  if mode == "auto" and not own_is_label:
+    # The validation split's rows are training rows: rows 0 and 1 are labels 1 and 2.
+    split = validation.carve(data, 0.5, 0)
+    _, val = validation.split_rows(4, 0.5, 0)
+    own = {0: 1, 1: 2}
+    expect = [[i, own[r]] for i, r in enumerate(val) if r in own]
+    np.testing.assert_array_equal(
+      split.validation.test_filter.reshape(-1, 2), np.array(expect).reshape(-1, 2)
+    )
+
+
+def test_filter_self_must_be_a_mode(load_config):
+  from astra_jax import config_base
+
+  c = load_config("experiments/xc_text.py", "tiny")
+  c.data.dir, c.data.filter_self = "x", "yes"
+  with pytest.raises(Exception, match=r"data\.filter_self"):
+    config_base.validate(c)
