@@ -259,6 +259,10 @@ def save_trained_model(
       "data_dir": os.path.abspath(data.data_dir),
       "test_metrics": metrics or {},
       "scoring": dict(config.get("scoring", {})),
+      # Whether the run filtered each query's own item (data.filter_self): the Predictor
+      # does the same.
+      "filter_self": config.data.get("filter_self", "off") == "on"
+      or len(data.train_self_pairs) > 0,
     },
   )
 

@@ -290,6 +290,12 @@ class Predictor:
       raise InputError(f"index {index!r}: use scann or exact")
     self.index_kind = index
     self.timings: dict[str, float] = {}
+    # A query's own item (the label with the query's text) is left out when the training
+    # run filtered it (data.filter_self, data/self_filter.py).
+    self.own_items: dict[str, list[int]] = {}
+    if model.meta.get("filter_self") and model.label_texts is not None:
+      for label, text in enumerate(model.label_texts):
+        self.own_items.setdefault(text.strip(), []).append(label)
 
   @classmethod
   def from_workdir(cls, workdir: str, index: str = "scann", **kwargs) -> Predictor:
@@ -395,16 +401,30 @@ class Predictor:
     t1 = time.perf_counter()
     emb = self.encode(tokens)
     t2 = time.perf_counter()
-    s, i = self.index.search(emb, k)
+    extra = max((len(v) for v in self.own_items.values()), default=0)
+    s, i = self.index.search(emb, min(k + extra, self.num_labels))
+    if extra:
+      s, i = self._without_own_items([checked[j][0] for j in ok], s, i, k)
     t3 = time.perf_counter()
     scores, ids = np.full((n, k), np.nan, np.float32), np.full((n, k), -1, np.int32)
-    scores[ok], ids[ok] = s, i
+    scores[ok], ids[ok] = s[:, :k], i[:, :k]
     labels = None
     if self.model.label_texts is not None:
       names = self.model.label_texts
       labels = [[names[j] for j in row if j >= 0] for row in ids.tolist()]
     self.timings = {"tokenize_s": t1 - t0, "encode_s": t2 - t1, "search_s": t3 - t2}
     return Predictions(ids, scores, labels, errors, warnings)
+
+  def _without_own_items(
+    self, texts: list[str], scores: np.ndarray, ids: np.ndarray, k: int
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ranking without the labels whose text is the row's, cut to k."""
+    out_s, out_i = np.full((len(ids), k), np.nan, np.float32), np.full((len(ids), k), -1, np.int32)
+    for r, text in enumerate(texts):
+      own = set(self.own_items.get(text.strip(), ()))
+      keep = [j for j, label in enumerate(ids[r]) if label not in own][:k]
+      out_s[r, : len(keep)], out_i[r, : len(keep)] = scores[r, keep], ids[r, keep]
+    return out_s, out_i
 
 
 # ---------------------------------------------------------------------------- command line

@@ -344,3 +344,20 @@ def test_export_writes_each_shard_of_w_without_gathering_it(tmp_path):
   path = str(tmp_path / "w.npy")
   export.write_classifier_rows(jax.device_put(w, NamedSharding(mesh, P("model"))), 10, path)
   np.testing.assert_array_equal(np.load(path), w[:10])  # padded rows [10, 12) left out
+
+
+@pytest.mark.slow
+def test_a_model_that_filtered_own_items_never_predicts_the_query_itself(trained):
+  """A run with data.filter_self records it; its Predictor drops the label whose text is the
+  query's and otherwise keeps the unfiltered ranking's order."""
+  wd, data = trained
+  model = export.load_model(wd)
+  assert model.meta["filter_self"] is False  # the demo's queries are not its labels
+  names = model.label_texts
+  queries = [names[3], names[7], "no label has this text"]
+  plain = predict.Predictor(model, index="exact").predict(queries, k=6)
+  model.meta["filter_self"] = True
+  own = predict.Predictor(model, index="exact").predict(queries, k=5)
+  for r, label in enumerate([3, 7, None]):
+    want = [j for j in plain.ids[r] if j != label][:5]
+    assert list(own.ids[r]) == want and label not in own.ids[r]

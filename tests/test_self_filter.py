@@ -67,6 +67,11 @@ def test_dataset_filters_each_test_rows_own_item(tmp_path, load_config, mode, ow
     _, val = validation.split_rows(4, 0.5, 0)
     own = {0: 1, 1: 2}
     expect = [[i, own[r]] for i, r in enumerate(val) if r in own]
+    keep, _ = validation.split_rows(4, 0.5, 0)
+    kept = [[i, own[r]] for i, r in enumerate(keep) if r in own]
+    np.testing.assert_array_equal(
+      split.train.train_self_pairs.reshape(-1, 2), np.array(kept).reshape(-1, 2)
+    )
     np.testing.assert_array_equal(
       split.validation.test_filter.reshape(-1, 2), np.array(expect).reshape(-1, 2)
     )

@@ -95,6 +95,10 @@ def restrict(data: XCData, size: int, seed: int) -> XCData:
   test_row_new[test_rows] = np.arange(len(test_rows))
   f = np.asarray(data.test_filter, np.int64).reshape(-1, 2)
   f = np.stack([test_row_new[f[:, 0]], new_id[f[:, 1]]], 1) if len(f) else f
+  train_row_new = np.full(n, -1, np.int64)
+  train_row_new[train_rows] = np.arange(len(train_rows))
+  own = np.asarray(data.train_self_pairs, np.int64).reshape(-1, 2)
+  own = np.stack([train_row_new[own[:, 0]], new_id[own[:, 1]]], 1) if len(own) else own
   return dataclasses.replace(
     data,
     num_labels=size,
@@ -105,4 +109,5 @@ def restrict(data: XCData, size: int, seed: int) -> XCData:
     label_tokens=label_tokens,
     test_filter=f[(f >= 0).all(1)] if len(f) else f,
     num_train_original=len(train_rows),
+    train_self_pairs=own[(own >= 0).all(1)] if len(own) else own,
   )

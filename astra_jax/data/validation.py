@@ -113,6 +113,7 @@ def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
     train_tokens=kept_tokens,
     train_labels=take_rows(data.train_labels, np.concatenate([keep, extra])),
     num_train_original=len(keep),
+    train_self_pairs=rows_pairs(data.train_self_pairs, keep),
   )
   validation = dataclasses.replace(
     data,
