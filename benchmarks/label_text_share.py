@@ -48,7 +48,9 @@ def measure(workdir: str) -> dict:
   with open(os.path.join(workdir, "config.json")) as f:
     data = json.load(f)["data"]
   d = data["dir"]  # as training read it: relative to the directory it ran in
-  texts = baselines.load_texts(d, use_content=data.get("use_content", False))
+  texts = baselines.load_texts(
+    d, use_content=data.get("use_content", False), filter_self=data.get("filter_self", "off")
+  )
   if texts.label_texts is None:
     raise ValueError(f"{d}: no label texts to rank by")
   p = predict.Predictor.from_workdir(workdir, index="exact")
