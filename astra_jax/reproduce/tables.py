@@ -555,7 +555,9 @@ its own: `{out}/ttvsperf_full_labels.md`; the n-gram stand-in with 100,000 queri
 full-L epoch takes 8-12 times a sampled one, and the sampled methods reach a given P@1
 6-12 times sooner (P@1 4.0: random 44 s, ASTRA 80 s, full-L ~520 s); full-L's best is
 0.5 above ASTRA's (4.95 against 4.43) at 7 times the time, and ASTRA's hard negatives do
-not beat random there (4.87).
+not beat random there (4.87). The ablation on a real dataset, debian-recommends-20k
+(`--table=rq3_real --data=DIR --seeds=3`, by `experiments/xc_text.py:ngram`), is in
+docs/real_data.md.
 
 """
 
