@@ -33,7 +33,7 @@ TOOL_FLAGS = {
     "json",
     "check",
   },
-  "reproduce": {"table", "workdir", "scale", "epochs", "out", "seeds"},
+  "reproduce": {"table", "workdir", "scale", "epochs", "out", "seeds", "data", "jobs"},
   "baselines": {
     "data",
     "layout",
@@ -41,6 +41,7 @@ TOOL_FLAGS = {
     "split",
     "validation_fraction",
     "validation_seed",
+    "filter_self",
     "output",
   },
 }
