@@ -68,13 +68,13 @@ def log_path(run: Run, root: str) -> str:
 def launch(run: Run, root: str) -> subprocess.Popen:
   """Starts `run` in a child process, its output in `log_path`."""
   os.makedirs(os.path.join(root, "logs"), exist_ok=True)
-  log = open(log_path(run, root), "a")
-  return subprocess.Popen(
-    [sys.executable, "-m", "astra_jax.reproduce.parallel", to_json(for_child(run)), root],
-    stdout=log,
-    stderr=subprocess.STDOUT,
-    env={**os.environ, **CHILD_ENV},
-  )
+  with open(log_path(run, root), "a") as log:  # the child holds its own copy
+    return subprocess.Popen(
+      [sys.executable, "-m", "astra_jax.reproduce.parallel", to_json(for_child(run)), root],
+      stdout=log,
+      stderr=subprocess.STDOUT,
+      env={**os.environ, **CHILD_ENV},
+    )
 
 
 def schedule(
