@@ -97,10 +97,10 @@ def load_texts(
   if filter_self != "off":
     if label_texts is None:
       raise InputError(f"filter_self={filter_self} needs label texts at {lbl_x}")
-    train_pairs = self_filter.identical_text_pairs(train_texts, label_texts)
-    if filter_self == "on" or self_filter.own_item_is_never_a_label(train_pairs, train_labels)[0]:
-      own = self_filter.identical_text_pairs(test_texts, label_texts)
-      test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
+    _, own, _ = self_filter.own_item_pairs(
+      filter_self, train_texts, train_labels, test_texts, label_texts
+    )
+    test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
   return TextData(
     train_texts, train_labels, test_texts, test_labels, label_texts, test_filter, num_labels
   )

@@ -172,23 +172,18 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     if not os.path.exists(lbl_x):
       raise MissingDataError(f"config.data.filter_self={mode} needs label texts at {lbl_x}")
     texts = lambda p: xc_format.read_texts(p, use_content=data_cfg.use_content)
-    label_texts = texts(lbl_x)
-    train_self_pairs = self_filter.identical_text_pairs(texts(trn_x), label_texts)
-    on, share = self_filter.own_item_is_never_a_label(train_self_pairs, train_labels)
-    filtering = mode == "on" or on
+    train_self_pairs, own, share = self_filter.own_item_pairs(
+      mode, texts(trn_x), train_labels, texts(tst_x), texts(lbl_x)
+    )
     logging.info(
       "data.filter_self=%s: %d training rows' own items are labels (%.1f%% of those pairs "
       "positives): %s",
       mode,
       len(train_self_pairs),
       100 * share,
-      "filtering each test row's own item" if filtering else "no filter",
+      f"filtering {len(own)} test rows' own items" if len(own) else "no filter",
     )
-    if filtering:
-      own = self_filter.identical_text_pairs(texts(tst_x), label_texts)
-      test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
-    else:
-      train_self_pairs = np.zeros((0, 2), np.int64)
+    test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
 
   pad_id, vocab_size = tokenize.tokenizer_ids(
     trn_x, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len

@@ -53,3 +53,25 @@ def own_item_is_never_a_label(train_pairs: np.ndarray, train_labels) -> tuple[bo
   hits = sum(int(label in set(train_labels.row(int(row)).tolist())) for row, label in train_pairs)
   share = hits / len(train_pairs)
   return share <= AUTO_MAX_POSITIVE_SHARE, share
+
+
+def own_item_pairs(
+  mode: str, train_texts: list[str], train_labels, test_texts: list[str], label_texts: list[str]
+) -> tuple[np.ndarray, np.ndarray, float]:
+  """`data.filter_self`'s decision and pairs, for the training run and the baselines alike.
+
+  Args:
+    mode: "on" or "auto" ("off" is the caller's: it reads no texts).
+    train_texts, train_labels: the training rows' texts and labels.
+    test_texts: the evaluated rows' texts.
+    label_texts: every label's text.
+  Returns:
+    (training rows' own-item pairs, test rows' own-item pairs, share of the training pairs
+    that are positives); both pair arrays are empty when the filter is off.
+  """
+  train_pairs = identical_text_pairs(train_texts, label_texts)
+  on, share = own_item_is_never_a_label(train_pairs, train_labels)
+  if mode != "on" and not on:
+    empty = np.zeros((0, 2), np.int64)
+    return empty, empty, share
+  return train_pairs, identical_text_pairs(test_texts, label_texts), share
