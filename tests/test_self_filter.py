@@ -1,11 +1,13 @@
 """data.filter_self: a row's own item (the label with the row's text) filtered from its
 ranking, decided by the training labels under `auto`; the baselines follow the same rule."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 
 from astra_jax import baselines, train
-from astra_jax.data import self_filter, validation, xc_format
+from astra_jax.data import dataset, self_filter, validation, xc_format
 from astra_jax.data.xc_format import SparseRows
 
 LABELS = ["alpha: first", "beta: second", "gamma: third", "delta: fourth", "alpha: first"]
@@ -30,7 +32,7 @@ def test_auto_filters_only_when_the_training_rows_never_list_their_own_item():
   assert self_filter.own_item_is_never_a_label(np.zeros((0, 2), np.int64), never) == (False, 0.0)
 
 
-def _write(d, own_is_label: bool):
+def _write(d, own_is_label: bool, test_labels=((1,), (2,), (3,))):
   """Training rows 0-3 are items with label texts (rows 0, 1: labels 1, 2), test rows 0, 2
   are labels 3 and 0 themselves; `own_is_label`: the training rows list their own item."""
   (d / "raw_data").mkdir(parents=True)
@@ -41,7 +43,9 @@ def _write(d, own_is_label: bool):
   xc_format.write_texts(d / "raw_data" / "test.raw.txt", test_texts, layout="uid")
   xc_format.write_texts(d / "raw_data" / "label.raw.txt", LABELS[:4], layout="uid")
   xc_format.write_sparse(d / "trn_X_Y.txt", SparseRows.from_lists(train_labels, 4))
-  xc_format.write_sparse(d / "tst_X_Y.txt", SparseRows.from_lists([[1], [2], [3]], 4))
+  xc_format.write_sparse(
+    d / "tst_X_Y.txt", SparseRows.from_lists([list(r) for r in test_labels], 4)
+  )
 
 
 @pytest.mark.parametrize(
@@ -75,6 +79,21 @@ def test_dataset_filters_each_test_rows_own_item(tmp_path, load_config, mode, ow
     np.testing.assert_array_equal(
       split.validation.test_filter.reshape(-1, 2), np.array(expect).reshape(-1, 2)
     )
+
+
+def test_dataset_warns_when_a_filtered_own_item_is_a_test_label(tmp_path, load_config):
+  # Test row 0 is label 3 and lists it: one of the two own-item pairs is a true label.
+  _write(tmp_path / "ds", False, test_labels=((3,), (2,), (1,)))
+  c = load_config("experiments/xc_text.py", "tiny")
+  c.data.dir, c.data.filter_self = str(tmp_path / "ds"), "auto"
+  with mock.patch.object(dataset.logging, "warning") as warn:
+    train.prepare_data(c)
+  assert warn.call_count == 1 and warn.call_args.args[1] == pytest.approx(50.0)
+  with mock.patch.object(dataset.logging, "warning") as warn:
+    _write(tmp_path / "ok", False)
+    c.data.dir = str(tmp_path / "ok")
+    train.prepare_data(c)
+  warn.assert_not_called()
 
 
 def test_filter_self_must_be_a_mode(load_config):
