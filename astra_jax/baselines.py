@@ -98,7 +98,7 @@ def load_texts(
     if label_texts is None:
       raise InputError(f"filter_self={filter_self} needs label texts at {lbl_x}")
     _, own, _ = self_filter.own_item_pairs(
-      filter_self, train_texts, train_labels, test_texts, label_texts
+      filter_self, train_texts, train_labels, test_texts, test_labels, label_texts
     )
     test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
   return TextData(

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from astra_jax import baselines, train
-from astra_jax.data import dataset, self_filter, validation, xc_format
+from astra_jax.data import self_filter, validation, xc_format
 from astra_jax.data.xc_format import SparseRows
 
 LABELS = ["alpha: first", "beta: second", "gamma: third", "delta: fourth", "alpha: first"]
@@ -86,10 +86,14 @@ def test_dataset_warns_when_a_filtered_own_item_is_a_test_label(tmp_path, load_c
   _write(tmp_path / "ds", False, test_labels=((3,), (2,), (1,)))
   c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir, c.data.filter_self = str(tmp_path / "ds"), "auto"
-  with mock.patch.object(dataset.logging, "warning") as warn:
+  with mock.patch.object(self_filter.logging, "warning") as warn:
     train.prepare_data(c)
   assert warn.call_count == 1 and warn.call_args.args[1] == pytest.approx(50.0)
-  with mock.patch.object(dataset.logging, "warning") as warn:
+  # The baselines read the same data through the same rule, and warn the same.
+  with mock.patch.object(self_filter.logging, "warning") as warn:
+    baselines.load_texts(str(tmp_path / "ds"), filter_self="auto")
+  assert warn.call_count == 1 and warn.call_args.args[1] == pytest.approx(50.0)
+  with mock.patch.object(self_filter.logging, "warning") as warn:
     _write(tmp_path / "ok", False)
     c.data.dir = str(tmp_path / "ok")
     train.prepare_data(c)
