@@ -96,6 +96,10 @@ ADDED_KEYS = {
   "warmstart.inverse_temperature": 20.0,
   "scoring.label_text_weight": 0.0,
   "scoring.label_text_scale": 5.0,
+  "data.synthetic.topic_size": 0,
+  "data.synthetic.topic_words": 16,
+  "negatives.scann_avq": 0.0,
+  "negatives.scann_soar_lambda": 0.0,
 }
 
 

@@ -74,6 +74,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic.hidden_own_words = 0  # own words (of 2) its label's text leaves out
   c.data.synthetic.noise_words = 2
   c.data.synthetic.seed = 0
+  # Topics of this many labels whose groups share words from topic_words words of their
+  # own (0: no topics; synthetic.py's docstring says what they change).
+  c.data.synthetic.topic_size = 0
+  c.data.synthetic.topic_words = 16
   # The version of the data the generator writes (a record, not a choice): a workdir trained
   # on an older generator's data is another run, refused on resume like any config change.
   c.data.synthetic.generator = synthetic.GENERATOR_VERSION
@@ -123,6 +127,12 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0: rows a query scores, whatever L (leaves of ~1000 rows, as many searched as hold
   # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
   c.negatives.scann_rows_per_query = 0
+  # The partitioner of the refresh's index, as the serving index uses it on inner products
+  # (serve_index.py): anisotropic (AVQ) leaf centres at this eta and SOAR's second copy of
+  # each row at this lambda; 0: off. Each searched leaf then costs twice its rows, and the
+  # same rows scored find more of a query's near-ties (README, "Refresh cost at large L").
+  c.negatives.scann_avq = 0.0
+  c.negatives.scann_soar_lambda = 0.0
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.

@@ -197,6 +197,20 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     )
 
 
+def refresh_index_knobs(config: ml_collections.ConfigDict) -> dict:
+  """The ScaNN knobs a refresh builds with (`index.scann_defaults`' keywords; zeros and
+  partitioner options left at 0 mean "scaled to L" and "off")."""
+  nc = config.negatives
+  return {
+    "num_leaves": nc.scann_leaves,
+    "leaves_to_search": nc.scann_leaves_to_search,
+    "reorder": nc.scann_reorder,
+    "rows_per_query": nc.scann_rows_per_query,
+    "avq": nc.scann_avq or None,
+    "soar_lambda": nc.scann_soar_lambda or None,
+  }
+
+
 def make_hard_negatives(
   config: ml_collections.ConfigDict,
   schedule: NegativeSchedule,
@@ -217,12 +231,7 @@ def make_hard_negatives(
     data.train_labels,
     dim,
     nc.index,
-    {
-      "num_leaves": nc.scann_leaves,
-      "leaves_to_search": nc.scann_leaves_to_search,
-      "reorder": nc.scann_reorder,
-      "rows_per_query": nc.scann_rows_per_query,
-    },
+    refresh_index_knobs(config),
     nc.recall_sample,
     config.train.seed,
     nc.inject_fault,

@@ -22,11 +22,15 @@ live in a neighbourhood whose size does not grow with the label count.
 
 With --vectors and --queries, the rows and queries are a refresh's inputs instead (a
 trained W and its training queries' embeddings, as benchmarks/scale_run.py keeps them in
-WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are searched.
+WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are searched. With
+--labels too (the run's trn_X_Y.txt, row i the positives of query i), each setting also
+reports `negatives_recall`: the k negatives it mines (positives removed, as a refresh does)
+against the k exact search mines, the set training uses.
 
 One JSON line per (L, setting): num_labels, leaf_rows, leaves_to_search, num_leaves,
 rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copies counted),
-centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), build_s,
+centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), negatives_recall
+(with --labels, else null), build_s,
 search_ms_per_query, exact_ms_per_query.
 """
 
@@ -36,6 +40,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from astra_jax import rowsets
+from astra_jax.data import xc_format
 from astra_jax.negatives import index as index_lib
 
 import jsonl  # benchmarks/jsonl.py
@@ -62,9 +68,18 @@ flags.DEFINE_list(
   "avq_soar (AVQ centres + SOAR spilling, as the serving index) and/or plain k-means leaves",
 )
 flags.DEFINE_integer("leaf_rows", 0, "rows per leaf (0: index.LEAF_ROWS)")
+flags.DEFINE_integer(
+  "exact_leaf_rows",
+  0,
+  "> 0: exactly L / this many leaves, as the full-label configs set negatives.scann_leaves "
+  "(the --leaf_rows rule keeps at least 2 sqrt(L) leaves)",
+)
 flags.DEFINE_integer("seed", 0, "data seed")
 flags.DEFINE_string("vectors", None, "(L, d) float32 .npy of label vectors (instead of generated)")
 flags.DEFINE_string("queries", None, "(N, d) float32 .npy of queries (with --vectors)")
+flags.DEFINE_string(
+  "labels", None, "the queries' positives, an XC label file (with --queries): negatives_recall"
+)
 flags.DEFINE_string("out", None, "append JSON lines here")
 FLAGS = flags.FLAGS
 
@@ -98,33 +113,52 @@ def make_queries(w: np.ndarray, n: int, topic_rows: int, rng: np.random.Generato
 
 
 def label_sets(rng: np.random.Generator):
-  """Yields (L, rows, queries): the saved ones (--vectors, --queries), else generated ones
-  for each --num_labels."""
+  """Yields (L, rows, queries, positives or None): the saved ones (--vectors, --queries,
+  --labels), else generated ones for each --num_labels."""
   if FLAGS.vectors:
     w = np.load(FLAGS.vectors, mmap_mode="r")
     all_queries = np.load(FLAGS.queries, mmap_mode="r")
     pick = np.sort(
       rng.choice(len(all_queries), min(FLAGS.num_queries, len(all_queries)), replace=False)
     )
-    yield len(w), np.ascontiguousarray(w, np.float32), np.asarray(all_queries[pick], np.float32)
+    positives = None
+    if FLAGS.labels:
+      positives = rowsets.row_subset(xc_format.read_sparse(FLAGS.labels, len(w)), pick)
+    w = np.ascontiguousarray(w, np.float32)
+    yield len(w), w, np.asarray(all_queries[pick], np.float32), positives
     return
   for L in (int(float(x)) for x in FLAGS.num_labels):
     w = label_vectors(L, FLAGS.d, FLAGS.topic_rows, rng)
-    yield L, w, make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng)
+    yield L, w, make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng), None
+
+
+class _SearchedWith:
+  """A built index searched with a setting's leaves (index.mine's search interface)."""
+
+  def __init__(self, index: index_lib.ScannIndex, leaves_to_search: int):
+    self.index, self.leaves = index, leaves_to_search
+
+  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+    return self.index.search(queries, k, self.leaves)
 
 
 def main(argv):
   del argv
   rng = np.random.default_rng(FLAGS.seed)
-  for L, w, q in label_sets(rng):
+  for L, w, q, positives in label_sets(rng):
     t0 = time.time()
-    exact = index_lib.ExactIndex(w).search(q, FLAGS.k)
+    exact_index = index_lib.ExactIndex(w)
+    exact = exact_index.search(q, FLAGS.k)
     exact_ms = 1000 * (time.time() - t0) / len(q)
+    if positives is not None:
+      exact_negatives = index_lib.mine(exact_index, q, positives, FLAGS.k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
     for partitioner in FLAGS.partitioner:
       partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
+      if FLAGS.exact_leaf_rows:
+        partition["num_leaves"] = max(1, L // FLAGS.exact_leaf_rows)
       params = index_lib.scann_defaults(
         L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=budgets[-1], **partition
       )
@@ -144,7 +178,12 @@ def main(argv):
           leaves_to_search=search,
         )
         search_ms = 1000 * (time.time() - t0) / len(q)
-        recall = float(np.mean([len(np.intersect1d(a, b)) / FLAGS.k for a, b in zip(got, exact)]))
+        recall = index_lib.overlap_at_k(got, exact)
+        negatives_recall = None
+        if positives is not None:
+          searched = _SearchedWith(index, search)
+          mined = index_lib.mine(searched, q, positives, FLAGS.k, L)
+          negatives_recall = round(index_lib.overlap_at_k(mined, exact_negatives), 4)
         jsonl.emit(
           {
             "num_labels": L,
@@ -162,6 +201,7 @@ def main(argv):
             "reorder": params.reorder,
             "training_sample_size": params.training_sample_size,
             "recall": round(recall, 4),
+            "negatives_recall": negatives_recall,
             "build_s": round(build_s, 2),
             "search_ms_per_query": round(search_ms, 4),
             "exact_ms_per_query": round(exact_ms, 3),

@@ -361,6 +361,7 @@ def main(argv):
             "epoch",
             "ok",
             "recall",
+            "negatives_recall",
             "build_s",
             "search_s",
             "wait_s",

@@ -565,3 +565,71 @@ def test_refresh_worker_offers_itself_to_the_oom_killer_first():
   )
   assert r.returncode == 0, r.stderr[-1000:]
   assert r.stdout.strip() == "1000"
+
+
+def test_overlap_at_k_by_hand():
+  found = np.array([[1, 2, 3], [4, -1, -1], [7, 8, 9]])
+  truth = np.array([[3, 2, 9], [4, 5, -1], [-1, -1, -1]])
+  # 2 of 3, 1 of the 2 true ones (empty slots ignored), and a row with no truth counts as 1.
+  assert index_lib.overlap_at_k(found, truth) == pytest.approx((2 / 3 + 1 / 2 + 1) / 3)
+
+
+def test_row_subset_keeps_the_rows_in_the_order_asked():
+  from astra_jax import rowsets
+  from astra_jax.data.xc_format import WithLabelRows
+
+  labels = SparseRows.from_lists([[1, 2], [3], [], [4, 5, 6]], 7)
+  sub = rowsets.row_subset(labels, np.array([3, 0, 2]))
+  assert [sub.row(i).tolist() for i in range(3)] == [[4, 5, 6], [1, 2], []]
+  assert sub.num_cols == 7
+  # Rows past the training rows of a WithLabelRows are the labels' own rows (label j: [j]).
+  both = rowsets.row_subset(WithLabelRows(labels), np.array([5, 1]))
+  assert [both.row(i).tolist() for i in range(2)] == [[1], [3]]
+
+
+@pytest.mark.parametrize("knobs", [{}, {"avq": 1.0, "soar_lambda": 1.5}])
+def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, knobs):
+  # The refresh reports two recalls on its sample: the index's top k against exact search,
+  # and the k negatives it mined (positives removed) against the k an exact refresh mines.
+  # The second is computed here by brute force, independent of index.mine.
+  job = _job_inputs(tmp_path, backend="scann")
+  job = RefreshJob(
+    **{
+      **job.__dict__,
+      "recall_sample": 500,
+      "scann_knobs": {"num_leaves": 40, "leaves_to_search": 3, **knobs},
+    }
+  )
+  stats = run_job(job)
+  mined = np.load(job.out_path)
+  w, q, labels = np.load(job.vectors_path), np.load(job.queries_path), load_labels(job.labels_path)
+  scores = q @ w.T
+  shares = []
+  for i in range(len(q)):
+    order = [j for j in np.argsort(-scores[i], kind="stable") if j not in set(labels.row(i))]
+    shares.append(len(set(order[: job.k]) & set(mined[i])) / job.k)
+  assert stats["negatives_recall"] == pytest.approx(np.mean(shares), abs=1e-4)
+  assert 0.2 < stats["negatives_recall"] < 1.0  # 3 of 40 leaves: an approximate search
+  exact = run_job(
+    RefreshJob(**{**job.__dict__, "backend": "exact", "out_path": str(tmp_path / "e.npy")})
+  )
+  assert exact["negatives_recall"] == exact["recall"] == 1.0
+
+
+def test_the_exact_sample_mines_past_more_positives_than_it_searched_for():
+  # k = 2 caps the first search at k + 4k = 10 rows; the second query's 12 positives are its
+  # 12 best rows, so its negatives must come from a second, deeper search.
+  from astra_jax.negatives.refresh import _exact_sample
+
+  rng = np.random.default_rng(0)
+  rows = rng.normal(size=(300, 8)).astype(np.float32)
+  q = rng.normal(size=(2, 8)).astype(np.float32)
+  order = np.argsort(-(q @ rows.T), axis=1)
+  # The rows are a W shard of global labels 1000..1299: positives are global label ids.
+  positives = SparseRows.from_lists(
+    [[int(order[0, 1]) + 1000], (order[1, :12] + 1000).tolist()], 1300
+  )
+  top, negatives = _exact_sample(rows, q, positives, 2, offset=1000)
+  np.testing.assert_array_equal(top, order[:, :2])
+  np.testing.assert_array_equal(negatives[0], [order[0, 0] + 1000, order[0, 2] + 1000])
+  np.testing.assert_array_equal(negatives[1], order[1, 12:14] + 1000)

@@ -154,3 +154,85 @@ def test_data_written_before_a_spec_field_existed_stays_current(tmp_path):
   del stats["spec"]  # not written by the generator: no spec says what the data are
   (tmp_path / "synthetic.json").write_text(json.dumps(stats))
   assert not synthetic.is_current(str(tmp_path), SyntheticSpec())
+
+
+TOPICS = SyntheticSpec(
+  num_labels=2048,
+  num_train=600,
+  num_test=10,
+  group_size=32,
+  same_group_prob=0.95,
+  mean_labels=6.0,
+  max_labels=12,
+  vocab_size=3000,
+  topic_size=256,
+  topic_words=16,
+  seed=1,
+)
+
+
+def test_topics_own_the_words_their_groups_share(tmp_path):
+  synthetic.generate(str(tmp_path), TOPICS)
+  words = synthetic.vocabulary(TOPICS)
+  index = {w: i for i, w in enumerate(words)}
+  labels = [[index[w] for w in t.split()] for t in xc_format.read_texts(tmp_path / "Y.txt")]
+  g, k = TOPICS.group_size, TOPICS.group_words
+  assert len(words) == 3000 + (2048 // 256) * 16
+  for label, ids in enumerate(labels):
+    topic = label // TOPICS.topic_size
+    first = 3000 + topic * 16  # topic t owns words 3000 + 16 t ... 3000 + 16 t + 15
+    assert all(first <= w < first + 16 for w in ids[:k]), (label, ids)
+    assert len(set(ids[:k])) == k  # distinct words
+    assert ids[:k] == labels[label - label % g][:k]  # the group's words
+    assert all(200 <= w < 3000 for w in ids[k:])  # own words: content words
+  with pytest.raises(ValueError, match="whole groups"):
+    synthetic.generate(
+      str(tmp_path / "bad"), SyntheticSpec(**{**TOPICS.__dict__, "topic_size": 100})
+    )
+
+
+def _nearest_non_positive_labels(data_dir, spec, num_queries, k):
+  """Each query's k labels sharing most words with it (bag-of-words counts) outside its
+  positives' groups: the exact top-k a refresh looks for past a query's group-mates, with
+  word counts as the embedding."""
+  vocab = {w: i for i, w in enumerate(synthetic.vocabulary(spec))}
+
+  def bag(texts):
+    rows = np.zeros((len(texts), len(vocab)), np.float32)
+    for i, t in enumerate(texts):
+      for w in t.split():
+        rows[i, vocab[w]] += 1
+    return rows
+
+  labels = bag(xc_format.read_texts(data_dir / "Y.txt"))
+  queries = bag(xc_format.read_texts(data_dir / "trn_X.txt")[:num_queries])
+  trn = xc_format.read_sparse(data_dir / "trn_X_Y.txt", spec.num_labels)
+  scores = queries @ labels.T
+  # Ties broken by a fixed random order, so a tie is not resolved toward low label ids.
+  scores += np.random.default_rng(0).random(scores.shape, np.float32) * 1e-3
+  g = spec.group_size
+  for i in range(num_queries):
+    for group in np.unique(trn.row(i) // g):
+      scores[i, group * g : (group + 1) * g] = -np.inf
+  return np.argsort(-scores, axis=1)[:, :k], [trn.row(i) for i in range(num_queries)]
+
+
+def test_with_topics_a_querys_nearest_labels_are_in_its_topic(tmp_path):
+  # The property topics exist for: a query's hard negatives lie in a neighbourhood of fixed
+  # size (its topic), not spread over all labels as without topics.
+  for spec, lo, hi in (
+    (TOPICS, 0.9, 1.0),
+    (SyntheticSpec(**{**TOPICS.__dict__, "topic_size": 0}), 0.0, 0.5),
+  ):
+    out = tmp_path / str(spec.topic_size)
+    synthetic.generate(str(out), spec)
+    nearest, positives = _nearest_non_positive_labels(out, spec, 200, 16)
+    topic_of = lambda ids: np.asarray(ids) // 256  # noqa: E731
+    share = np.mean(
+      [
+        np.mean(topic_of(nearest[i]) == np.bincount(topic_of(p)).argmax())
+        for i, p in enumerate(positives)
+      ]
+    )
+    # Without topics, 256-label blocks are arbitrary: 1/8 of the labels by chance.
+    assert lo <= share <= hi, (spec.topic_size, share)

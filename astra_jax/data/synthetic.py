@@ -4,6 +4,12 @@ What makes it a useful stand-in for real XC data:
   * power-law label popularity (a few head labels, a long tail; see `decile_label_shares`),
   * groups of `group_size` confusable labels whose texts share most of their words, so the
     labels that score highest for a query (hard negatives) differ from random ones,
+  * optionally, topics of `topic_size` labels (whole groups) whose groups draw their shared
+    words from `topic_words` words no other topic uses, as bid phrases about running shoes
+    share a vocabulary. Without topics the groups that share a word are unrelated and
+    spread over the whole label set, and so are a query's nearest non-positive labels
+    (those sharing one of its words); with topics those sit in the query's topic, a
+    neighbourhood whose size does not grow with L, as in real label sets,
   * queries built from words of their positive labels plus noise words,
   * deterministic by seed, streamed to disk in chunks so 10^7 labels fit in O(L) memory
     (a permutation and a CDF), never O(L x text).
@@ -59,6 +65,8 @@ class SyntheticSpec:
   own_word_prob: float = 0.85  # a query mentions each own word of a positive with it
   noise_words: int = 2  # mean noise words per query
   seed: int = 0
+  topic_size: int = 0  # labels per topic, a multiple of group_size (0: no topics)
+  topic_words: int = 16  # a topic's own words, from which its groups draw their shared words
 
 
 def spec_from_config(synthetic_cfg) -> SyntheticSpec:
@@ -103,8 +111,28 @@ def word(i: int | np.ndarray) -> str:
   return "".join(reversed(out))
 
 
+def num_topics(spec: SyntheticSpec) -> int:
+  """Topics of `spec.topic_size` labels (the last may be short); 0 without topics."""
+  return -(-spec.num_labels // spec.topic_size) if spec.topic_size else 0
+
+
 def vocabulary(spec: SyntheticSpec) -> list[str]:
-  return [word(i) for i in range(spec.vocab_size)]
+  """The generator's words: noise words, content words, then each topic's own words."""
+  return [word(i) for i in range(spec.vocab_size + num_topics(spec) * spec.topic_words)]
+
+
+def _group_word_ids(spec: SyntheticSpec, groups: np.ndarray) -> np.ndarray:
+  """(n, group_words) word ids shared by each group's labels: hashed content words, or with
+  topics `group_words` distinct words of the group's topic, which owns the word ids
+  vocab_size + t * topic_words + j (j < topic_words), shared with no other topic."""
+  content = spec.vocab_size - 200  # the first 200 words are reserved for noise
+  if not spec.topic_size:
+    cols = [_hash(spec.seed, 1, groups, j) for j in range(spec.group_words)]
+    return (np.stack(cols, 1) % np.uint64(content)).astype(np.int64) + 200
+  keys = np.stack([_hash(spec.seed, 5, groups, j) for j in range(spec.topic_words)], 1)
+  picked = np.argsort(keys, axis=1, kind="stable")[:, : spec.group_words]
+  topics = groups * spec.group_size // spec.topic_size
+  return spec.vocab_size + topics[:, None] * spec.topic_words + picked
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -125,11 +153,11 @@ def _hash(seed: int, stream: int, ids: np.ndarray, j: int) -> np.ndarray:
 
 def label_word_ids(spec: SyntheticSpec, labels: np.ndarray) -> np.ndarray:
   """(n, group_words + own_words) word ids of the given labels' texts."""
-  groups = labels // spec.group_size
-  cols = [_hash(spec.seed, 1, groups, j) for j in range(spec.group_words)]
-  cols += [_hash(spec.seed, 2, labels, j) for j in range(spec.own_words)]
+  labels = np.asarray(labels, np.int64)
+  own = [_hash(spec.seed, 2, labels, j) for j in range(spec.own_words)]
   content = spec.vocab_size - 200  # the first 200 words are reserved for noise
-  return (np.stack(cols, 1) % np.uint64(content)).astype(np.int64) + 200
+  own = (np.stack(own, 1) % np.uint64(content)).astype(np.int64) + 200
+  return np.concatenate([_group_word_ids(spec, labels // spec.group_size), own], axis=1)
 
 
 class _Popularity:
@@ -191,6 +219,11 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
   if not 0 <= spec.hidden_own_words <= spec.own_words:
     raise ValueError(
       f"hidden_own_words {spec.hidden_own_words}: a label has {spec.own_words} own words"
+    )
+  if spec.topic_size and (spec.topic_size % spec.group_size or spec.topic_words < spec.group_words):
+    raise ValueError(
+      f"topic_size {spec.topic_size}, topic_words {spec.topic_words}: a topic holds whole "
+      f"groups of {spec.group_size} labels and at least group_words={spec.group_words} words"
     )
   os.makedirs(out_dir, exist_ok=True)
   t0 = time.time()

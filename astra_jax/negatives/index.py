@@ -168,13 +168,15 @@ class ScannIndex:
     if threads > 0:
       self.searcher.set_num_threads(threads)
 
-  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+  def search(self, queries: np.ndarray, k: int, leaves_to_search: int | None = None) -> np.ndarray:
     """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
-    slots with id 0 and a NaN score: not k copies of label 0)."""
+    slots with id 0 and a NaN score: not k copies of label 0). leaves_to_search: instead of
+    the build's (benchmarks search one build with several)."""
     ids, scores = self.searcher.search_batched_parallel(
       np.ascontiguousarray(queries, np.float32),
       final_num_neighbors=k,
       pre_reorder_num_neighbors=max(self.params.reorder, k),
+      leaves_to_search=leaves_to_search or self.params.num_leaves_to_search,
     )
     # ScaNN returns uint32 ids: cast before -1 meets them (numpy >= 2.5 raises on a -1 that
     # would have to become a uint32).
@@ -266,8 +268,17 @@ def mine(
 
 def recall_at_k(index, exact: ExactIndex, queries: np.ndarray, k: int) -> float:
   """Mean |ANN top-k ∩ exact top-k| / k."""
-  a, b = index.search(queries, k), exact.search(queries, k)
-  return float(np.mean([len(np.intersect1d(x, y)) / k for x, y in zip(a, b)]))
+  return overlap_at_k(index.search(queries, k), exact.search(queries, k))
+
+
+def overlap_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+  """Mean over rows of |found_i ∩ truth_i| / |truth_i|, -1 entries (slots left empty)
+  ignored; a row with an empty truth counts as found in full."""
+  shares = []
+  for x, y in zip(found, truth):
+    y = y[y >= 0]
+    shares.append(len(np.intersect1d(x[x >= 0], y)) / len(y) if len(y) else 1.0)
+  return float(np.mean(shares)) if shares else 1.0
 
 
 def save_atomic(path: str, array: np.ndarray) -> None:
