@@ -84,6 +84,21 @@ FULL_LABEL_VOCAB_SIZE = 50_000
 # trained rows; docs/results/refresh_knobs_trained.jsonl).
 FULL_LABEL_GROUP_SIZE = 32
 FULL_LABEL_SAME_GROUP_PROB = 0.95
+# Topics (synthetic.py): groups of a topic draw their shared words from the topic's own
+# FULL_LABEL_TOPIC_WORDS words. Without them the groups sharing a word are unrelated and
+# spread over all of W, and so are a query's near-ties; a fixed-cost search cannot find
+# them (refresh recall@32 at 64,000 rows per query, 10^6 labels, 10^5 queries, unigram
+# encoder: 0.77 without topics, 0.80 with topics of 1,024 labels and 16 words, 0.93 with 4
+# words; the top 32 less the positives 0.54 / 0.66 / 0.94). 4 words make a topic's groups
+# near-copies of each other (test P@1 15.6 against 71.6 with 16 and 77.4 without topics).
+FULL_LABEL_TOPIC_SIZE = 1024
+FULL_LABEL_TOPIC_WORDS = 16
+# The n-gram bag's orders: the stand-in's queries are shuffled bags of words, so their
+# bigrams and trigrams are random word pairs, 2/3 of the bag's inputs and pure noise. With
+# orders 3 a query's exact top 32 held 3% of its positives after the first epoch, and at
+# 10^6 labels (10^5 queries, 3 epochs, no topics) test P@1 was 8.5 and refresh recall@32
+# 0.40; with unigrams 77.4 and 0.77 (docs/results/full_labels_knobs.md).
+FULL_LABEL_NGRAM_ORDERS = 1
 # The classifier's lr. With 0.1 training queries per label (10^5 queries, 10^6 labels) the
 # random negatives' pushes (weight L / k_r = 4,464) dominate every row: at the paper's
 # 0.01 per query x 2,048 = 20, or at 1.0, W's rows grow from norm 1 to ~20 in one epoch and
@@ -92,16 +107,21 @@ FULL_LABEL_SAME_GROUP_PROB = 0.95
 FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
-# Rows a refresh query scores (negatives.scann_rows_per_query) in the full-label stand-in,
-# and rows per ScaNN leaf (negatives.scann_leaves = L / this): a fixed cost per query. On
-# this stand-in's trained W no fixed cost reaches recall@k_h 0.9 (docs/results/
-# refresh_knobs_trained.jsonl: 0.20 / 0.46 / 0.79 at 16k / 64k / 256k rows of 10^6); 64k
-# is what a refresh of 10^5 queries affords in about a minute here. Leaves of this size, not the
-# default rule's ~2 sqrt(L) (1,600 rows at 10^7): a build assigns each of the L rows to a
-# leaf centre, L^2 / leaf_rows distances, 4e12 at 10^7 with 1,600-row leaves (most of an
-# hour on 2 cores), 1.6e12 with 4,000.
-FULL_LABEL_ROWS_PER_QUERY = 64_000
-FULL_LABEL_LEAF_ROWS = 4_000
+# The refresh at a fixed cost per query: FULL_LABEL_ROWS_PER_QUERY rows scored
+# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows (scann_leaves =
+# L / this), AVQ leaf centres and SOAR spilling as the serving index (scann_avq,
+# scann_soar_lambda). Measured on the trained W of a 10^6-label run (topics of 1,024 labels,
+# 16 words each, unigrams; 1,000 queries; recall@32 of the top 32 / of the 32 negatives
+# mined with positives removed; docs/results/full_labels_knobs.md): plain k-means leaves of
+# 4,000 rows, 64k rows 0.80 / 0.66; AVQ + SOAR, 64k rows in leaves of 2,000 / 1,000 / 500
+# rows 0.89 / 0.93 / 0.95 (negatives 0.76 / 0.82 / 0.88); in leaves of 2,000, 128k / 256k
+# rows 0.95 / 0.98 (negatives 0.87 / 0.94). Leaves of 2,000, not smaller: a build assigns
+# each of the L rows to a leaf centre (twice with SOAR), L^2 / leaf_rows distances, so its
+# cost at 10^7 grows as the leaves shrink; the search's cost grows with the rows scored only.
+FULL_LABEL_ROWS_PER_QUERY = 256_000
+FULL_LABEL_LEAF_ROWS = 2_000
+FULL_LABEL_SCANN_AVQ = 1.0
+FULL_LABEL_SCANN_SOAR_LAMBDA = 1.5
 
 
 def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset:
@@ -322,12 +342,13 @@ def full_label_variant(
 
   From `synthetic_variant` at scale 1 (its label statistics, k_p, the stand-in's lrs),
   then:
-    * a query's positives from one group of FULL_LABEL_GROUP_SIZE (see there);
+    * a query's positives from one group of FULL_LABEL_GROUP_SIZE (see there), groups in
+    topics of FULL_LABEL_TOPIC_SIZE labels (see there);
     * classifier lr FULL_LABEL_CLASSIFIER_LR (see there);
     * num_train queries, FULL_LABEL_NUM_TEST test rows, FULL_LABEL_VOCAB_SIZE words;
       warmup x num_train / N (the same share of training);
     * the hashed n-gram bag encoder (`encoder.arch=ngram_bag`, the cheapest on a CPU) of
-      width d = 64, no bottleneck;
+      width d = 64, no bottleneck, unigrams only (FULL_LABEL_NGRAM_ORDERS);
     * no label texts as training rows: L of them would outnumber the queries;
     * FULL_LABEL_K_H hard + FULL_LABEL_K_R random negatives per query (see there);
     * refreshes at a fixed cost per query, FULL_LABEL_ROWS_PER_QUERY rows in leaves of
@@ -355,10 +376,14 @@ def full_label_variant(
   c.encoder.arch = "ngram_bag"
   c.encoder.hidden_size = 64
   c.encoder.bottleneck_dim = 0
+  c.encoder.ngram.orders = FULL_LABEL_NGRAM_ORDERS
+  s.topic_size, s.topic_words = FULL_LABEL_TOPIC_SIZE, FULL_LABEL_TOPIC_WORDS
   c.negatives.k_h = FULL_LABEL_K_H
   c.negatives.k_r = FULL_LABEL_K_R
   c.negatives.index = "scann"
   c.negatives.scann_rows_per_query = FULL_LABEL_ROWS_PER_QUERY
+  c.negatives.scann_avq = FULL_LABEL_SCANN_AVQ
+  c.negatives.scann_soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
   # A reference: the leaves follow --config.data.synthetic.num_labels (0: the default rule).
   c.negatives.scann_leaves = s.get_ref("num_labels") // FULL_LABEL_LEAF_ROWS
   # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000

@@ -428,9 +428,21 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   assert not c.data.augment_label_text  # 19M label rows would swamp 2e5 queries
   assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
   assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
-  assert c.negatives.scann_leaves == 19_049_952 // 4000 and c.classifier.init == "label_text"
+  assert c.negatives.scann_leaves == 19_049_952 // 2000 and c.classifier.init == "label_text"
   c.data.synthetic.num_labels = 10_000_000  # the leaves follow the label count
-  assert c.negatives.scann_leaves == 2500
+  assert c.negatives.scann_leaves == 5000
+  # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
+  assert (c.negatives.scann_avq, c.negatives.scann_soar_lambda) == (1.0, 1.5)
+  from astra_jax import train
+  from astra_jax.negatives import index as index_lib
+
+  params = index_lib.scann_defaults(10_000_000, 32, **train.refresh_index_knobs(c))
+  # 5,000 leaves of 2,000 rows, each searched leaf worth twice its rows with SOAR's copies.
+  assert (params.num_leaves, params.avq, params.soar_lambda) == (5000, 1.0, 1.5)
+  assert params.num_leaves_to_search == c.negatives.scann_rows_per_query // (2 * 2000)
+  assert train.refresh_index_knobs(load_config("experiments/demo.py"))["avq"] is None
+  assert c.encoder.ngram.orders == 1
+  assert s.topic_size % s.group_size == 0 and s.topic_words >= 3  # a group takes 3 words
   assert (c.mesh.data, c.mesh.model) == (1, 1)
   # SS-20M's 5,000 warmup steps of 146M queries: the same share of 200,000.
   assert c.optim.warmup_steps == round(5000 * 200_000 / 146_193_053)
