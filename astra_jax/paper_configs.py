@@ -95,8 +95,8 @@ FULL_LABEL_TOPIC_SIZE = 1024
 FULL_LABEL_TOPIC_WORDS = 16
 # The n-gram bag's orders: the stand-in's queries are shuffled bags of words, so their
 # bigrams and trigrams are random word pairs, 2/3 of the bag's inputs and pure noise. With
-# orders 3 a query's exact top 32 held 3% of its positives after the first epoch, and at
-# 10^6 labels (10^5 queries, 3 epochs, no topics) test P@1 was 8.5 and refresh recall@32
+# orders 3 a query's exact top 32 held about one of its ~26 positives after the first epoch,
+# and at 10^6 labels (10^5 queries, 3 epochs, no topics) test P@1 was 9.2 and refresh recall@32
 # 0.40; with unigrams 77.4 and 0.77 (docs/results/full_labels_knobs.md).
 FULL_LABEL_NGRAM_ORDERS = 1
 # The classifier's lr. With 0.1 training queries per label (10^5 queries, 10^6 labels) the
