@@ -171,12 +171,7 @@ def main(argv):
         ).num_leaves_to_search
         params = dataclasses.replace(params, num_leaves_to_search=search)
         t0 = time.time()
-        got, _ = index.searcher.search_batched_parallel(
-          q,
-          final_num_neighbors=FLAGS.k,
-          pre_reorder_num_neighbors=params.reorder,
-          leaves_to_search=search,
-        )
+        got = index.search(q, FLAGS.k, search)
         search_ms = 1000 * (time.time() - t0) / len(q)
         recall = index_lib.overlap_at_k(got, exact)
         negatives_recall = None

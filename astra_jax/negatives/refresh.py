@@ -189,24 +189,28 @@ def _mine_shards(
   return build_s, search_s, recalls, negative_recalls
 
 
+class _FirstSearchKept:
+  """An index whose first search's ids are kept: index.mine's candidates double as the
+  exact top k, so the recall check scans the shard once for both of its recalls."""
+
+  def __init__(self, index):
+    self.index, self.first = index, None
+
+  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+    ids = self.index.search(queries, k)
+    if self.first is None:
+      self.first = ids
+    return ids
+
+
 def _exact_sample(
   rows: np.ndarray, queries: np.ndarray, positives: SparseRows, k: int, offset: int
 ) -> tuple[np.ndarray, np.ndarray]:
   """Exact search's top k (local ids) and the k negatives it mines (global ids, positives
-  removed) for the sampled queries, from one search of k + (their positives, capped) rows
-  as index.mine does: at 10^7 rows the exact scan, not the mining, is the check's cost."""
-  exact = index_lib.ExactIndex(rows)
-  k = min(k, len(rows))
-  extra = int(min(positives.row_lengths().max(initial=0), 4 * k))
-  local = exact.search(queries, min(k + extra, len(rows)))
-  ranked = np.where(local >= 0, local + offset, -1)
-  negatives, short = index_lib.remove_positives(ranked, np.arange(len(queries)), positives, k)
-  if short.any():  # more positives among the top than searched for: mine those again
-    again = np.flatnonzero(short)
-    negatives[again] = index_lib.mine(
-      exact, queries[again], rowsets.row_subset(positives, again), k, len(rows), offset=offset
-    )
-  return local[:, :k], negatives
+  removed) for the sampled queries: at 10^7 rows the exact scan is the check's cost."""
+  exact = _FirstSearchKept(index_lib.ExactIndex(rows))
+  negatives = index_lib.mine(exact, queries, positives, k, len(rows), offset=offset)
+  return exact.first[:, : min(k, len(rows))], negatives
 
 
 class RefreshFailed(RuntimeError):
