@@ -88,6 +88,7 @@ ADDED_KEYS = {
   "encoder.arch": "bert",
   "encoder.ngram.orders": 3,
   "encoder.ngram.hash_buckets": 1 << 18,
+  "encoder.ngram.buckets_per_token": 0,
   "encoder.ngram.normalize_scale": 10.0,
   "warmstart.epochs": 0,
   "warmstart.batch_size": 256,
@@ -98,6 +99,7 @@ ADDED_KEYS = {
   "scoring.label_text_scale": 5.0,
   "data.synthetic.topic_size": 0,
   "data.synthetic.topic_words": 16,
+  "data.synthetic.vocab_per_label": 0.0,
   "negatives.scann_avq": 0.0,
   "negatives.scann_soar_lambda": 0.0,
 }

@@ -78,6 +78,9 @@ def base_config() -> ml_collections.ConfigDict:
   # own (0: no topics; synthetic.py's docstring says what they change).
   c.data.synthetic.topic_size = 0
   c.data.synthetic.topic_words = 16
+  # > 0: at least this many content words per label (vocab_size is then a floor), so a
+  # word is shared by as many labels whatever L (synthetic.content_vocab_size).
+  c.data.synthetic.vocab_per_label = 0.0
   # The version of the data the generator writes (a record, not a choice): a workdir trained
   # on an older generator's data is another run, refused on resume like any config change.
   c.data.synthetic.generator = synthetic.GENERATOR_VERSION
@@ -107,6 +110,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.encoder.ngram = ml_collections.ConfigDict()
   c.encoder.ngram.orders = 3
   c.encoder.ngram.hash_buckets = 1 << 18
+  # > 0: at least the power of two >= this many buckets per token of the tokenizer (then
+  # hash_buckets is a floor), so the share of words that collide does not grow with the
+  # vocabulary: with a fixed table, words of unrelated topics share vectors as L grows.
+  c.encoder.ngram.buckets_per_token = 0
   c.encoder.ngram.normalize_scale = 10.0  # E(x) scaled to this L2 norm; 0: not normalised
 
   c.negatives = ml_collections.ConfigDict()
@@ -280,6 +287,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "data.synthetic.hidden_own_words",
     f"must be in [0, {own_words}] (a label's own words), got {c.data.synthetic.hidden_own_words}",
   )
+  need(c.data.synthetic.vocab_per_label >= 0, "data.synthetic.vocab_per_label", "must be >= 0")
   need(
     c.data.layout in ("auto", "renee", "ngame", "json"),
     "data.layout",
@@ -428,6 +436,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "encoder.ngram",
     "orders and hash_buckets must be >= 1",
   )
+  need(c.encoder.ngram.buckets_per_token >= 0, "encoder.ngram.buckets_per_token", "must be >= 0")
   need(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")
   encoder_source.check(c.encoder)
 

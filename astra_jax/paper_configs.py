@@ -75,6 +75,15 @@ FULL_LABEL_NUM_TEST = 10_000
 # Content words: with the stand-in's 8,000, each of SS-20M's 19M labels would share each of
 # its own words with ~5,000 others.
 FULL_LABEL_VOCAB_SIZE = 50_000
+# ... and more with more labels: a fixed vocabulary gives each own word 40 labels at 10^6
+# labels and 400 at 10^7, and the labels sharing a query's words outside its topic grow
+# with L (at 10^7 labels and 50,000 words all 13% of a query's exact top 32 outside its
+# topic shared one of its words). 0.05 words per label is 50,000 at 10^6 labels.
+FULL_LABEL_VOCAB_PER_LABEL = 0.05
+# The n-gram bag's table grows with that vocabulary (encoder.ngram.buckets_per_token), so
+# the share of words that collide stays that of 10^6 labels' 2^18 buckets (~22%): 2^21
+# buckets at 10^7 labels (656,256 words), 2^22 at SS-20M's 19M (1.25M words).
+FULL_LABEL_BUCKETS_PER_TOKEN = 3
 # A query's positives: SS-20M's 26 per query are bid phrases of one intent, near-duplicates
 # of each other, not 26 unrelated labels. The stand-in draws them from one group of this
 # many confusable labels (the first by popularity, each further one from its group with
@@ -118,6 +127,9 @@ FULL_LABEL_K_R = 224
 # rows 0.95 / 0.98 (negatives 0.87 / 0.94). Leaves of 2,000, not smaller: a build assigns
 # each of the L rows to a leaf centre (twice with SOAR), L^2 / leaf_rows distances, so its
 # cost at 10^7 grows as the leaves shrink; the search's cost grows with the rows scored only.
+# At 10^7 labels (5,000 leaves, centres trained on 500 rows per leaf) 128k / 256k / 512k
+# rows read 0.83 / 0.91 / 0.96 (negatives 0.66 / 0.78 / 0.87): 256k is the least of these
+# that holds 0.9 at both sizes.
 FULL_LABEL_ROWS_PER_QUERY = 256_000
 FULL_LABEL_LEAF_ROWS = 2_000
 FULL_LABEL_SCANN_AVQ = 1.0
@@ -345,7 +357,9 @@ def full_label_variant(
     * a query's positives from one group of FULL_LABEL_GROUP_SIZE (see there), groups in
     topics of FULL_LABEL_TOPIC_SIZE labels (see there);
     * classifier lr FULL_LABEL_CLASSIFIER_LR (see there);
-    * num_train queries, FULL_LABEL_NUM_TEST test rows, FULL_LABEL_VOCAB_SIZE words;
+    * num_train queries, FULL_LABEL_NUM_TEST test rows, FULL_LABEL_VOCAB_SIZE words or
+      FULL_LABEL_VOCAB_PER_LABEL per label if more, and an n-gram table that grows with
+      them (FULL_LABEL_BUCKETS_PER_TOKEN);
       warmup x num_train / N (the same share of training);
     * the hashed n-gram bag encoder (`encoder.arch=ngram_bag`, the cheapest on a CPU) of
       width d = 64, no bottleneck, unigrams only (FULL_LABEL_NGRAM_ORDERS);
@@ -367,6 +381,8 @@ def full_label_variant(
   s = c.data.synthetic
   s.num_train, s.num_test = num_train, FULL_LABEL_NUM_TEST
   s.vocab_size = FULL_LABEL_VOCAB_SIZE
+  s.vocab_per_label = FULL_LABEL_VOCAB_PER_LABEL
+  c.encoder.ngram.buckets_per_token = FULL_LABEL_BUCKETS_PER_TOKEN
   s.group_size, s.same_group_prob = FULL_LABEL_GROUP_SIZE, FULL_LABEL_SAME_GROUP_PROB
   _unlink(c.optim, "classifier_lr", FULL_LABEL_CLASSIFIER_LR)
   c.data.num_train = num_train

@@ -35,6 +35,7 @@ search_ms_per_query, exact_ms_per_query.
 """
 
 import dataclasses
+import itertools
 import time
 
 import numpy as np
@@ -73,6 +74,11 @@ flags.DEFINE_integer(
   0,
   "> 0: exactly L / this many leaves, as the full-label configs set negatives.scann_leaves "
   "(the --leaf_rows rule keeps at least 2 sqrt(L) leaves)",
+)
+flags.DEFINE_list(
+  "training_sample_size",
+  ["0"],
+  "rows the leaf centres are trained on, one build each (0: index.scann_defaults')",
 )
 flags.DEFINE_integer("seed", 0, "data seed")
 flags.DEFINE_string("vectors", None, "(L, d) float32 .npy of label vectors (instead of generated)")
@@ -153,7 +159,9 @@ def main(argv):
     if positives is not None:
       exact_negatives = index_lib.mine(exact_index, q, positives, FLAGS.k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
-    for partitioner in FLAGS.partitioner:
+    for partitioner, sample in itertools.product(
+      FLAGS.partitioner, [int(n) for n in FLAGS.training_sample_size]
+    ):
       partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
@@ -162,6 +170,8 @@ def main(argv):
       params = index_lib.scann_defaults(
         L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=budgets[-1], **partition
       )
+      if sample:
+        params = dataclasses.replace(params, training_sample_size=min(L, sample))
       t0 = time.time()
       index = index_lib.ScannIndex(w, FLAGS.k, params)
       build_s = time.time() - t0

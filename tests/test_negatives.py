@@ -487,7 +487,9 @@ def test_fixed_cost_knobs_keep_rows_per_query_flat():
     p = index_lib.scann_defaults(L, 50, rows_per_query=64_000, soar_lambda=1.5)
     assert 64_000 <= index_lib.rows_scored_per_query(L, p) < 64_000 + 2 * L / p.num_leaves
     assert L / p.num_leaves <= 1000
-    assert p.training_sample_size <= 1_000_000
+    # The centres see as many rows per leaf at every L (all of W once it has fewer).
+    per_leaf = index_lib.TRAINING_ROWS_PER_LEAF
+    assert p.training_sample_size == min(L, max(250_000, per_leaf * p.num_leaves))
   old = index_lib.scann_defaults(10**7, 50)
   assert index_lib.rows_scored_per_query(10**7, old) >= 10**7 // 3 - 10**7 // old.num_leaves
 

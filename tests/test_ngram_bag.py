@@ -36,6 +36,22 @@ def test_hashed_ngrams_by_hand():
   assert grams.min() >= 0 and grams.max() < 1 << 20
 
 
+def test_hash_buckets_grow_with_the_vocabulary_when_asked():
+  c = config_base.base_config()
+  c.encoder.ngram.hash_buckets = 1 << 18
+  assert architectures.ngram_hash_buckets(c.encoder.ngram, 10_000_000) == 1 << 18  # off
+  c.encoder.ngram.buckets_per_token = 3
+  # By hand: 3 x 65,637 = 196,911 -> the floor 2^18; 3 x 656,261 = 1,968,783 -> 2^21;
+  # 4 x 2^19 = 2^21 exactly -> 2^21, not 2^22.
+  assert architectures.ngram_hash_buckets(c.encoder.ngram, 65_637) == 1 << 18
+  assert architectures.ngram_hash_buckets(c.encoder.ngram, 656_261) == 1 << 21
+  c.encoder.ngram.buckets_per_token = 4
+  assert architectures.ngram_hash_buckets(c.encoder.ngram, 1 << 19) == 1 << 21  # exact power
+  c.encoder.arch = "ngram_bag"
+  shape = architectures.shape_from_config(c, 1 << 19, 0)
+  assert shape.hash_buckets == 1 << 21
+
+
 def test_encoder_is_the_scaled_mean_of_its_ngram_vectors():
   cfg = NgramBagConfig(hidden_size=8, hash_buckets=97, ngram_orders=2, normalize_scale=3.0)
   enc = NgramBagEncoder(cfg, nnx.Rngs(params=0))

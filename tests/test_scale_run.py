@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,3 +65,70 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
   assert set(record["metrics"]) >= {"P@1", "P@5"}
   assert set(record["popularity_baseline"]) >= {"P@1", "P@5"}
   assert len(record["predictions"][0]["ids"]) == 5
+  # The same work directory read by benchmarks/near_ties.py: every slot of the exact top k
+  # gets a class, and a trained query's top 8 holds some of its positives.
+  ties = tmp_path / "ties.jsonl"
+  r = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(REPO, "benchmarks", "near_ties.py"),
+      f"--work_dir={tmp_path / 'work'}",
+      "--k=8",
+      "--num_queries=50",
+      f"--out={ties}",
+    ],
+    cwd=REPO,
+    env={**os.environ, "PYTHONPATH": REPO},
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+  row = json.loads(ties.read_text())
+  shares = [row[c] for c in ("positive", "group", "topic", "shares_word", "collision", "other")]
+  assert sum(shares) == pytest.approx(1.0, abs=1e-3) and row["positive"] > 0
+
+
+def test_near_ties_classes_by_hand():
+  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  try:
+    import near_ties
+  finally:
+    sys.path.pop(0)
+  # Groups of 2 labels, topics of 4. The query's positives 0, 1 (group 0, topic 0); its
+  # tokens {10, 11}. Label 1 positive, 0 positive, 3 topic, 8 shares token 11, 9 shares
+  # bucket 7 (token 13 -> 7 = token 10's bucket), 12 neither.
+  counts = near_ties.classify(
+    top=np.array([[1, 0, 3, 8, 9, 12]]),
+    positives=[np.array([0, 1])],
+    query_tokens=[{10, 11}],
+    label_tokens={1: {10}, 0: {11}, 3: {12}, 8: {11, 20}, 9: {13}, 12: {21}},
+    bucket_of={10: 7, 11: 8, 12: 9, 13: 7, 20: 1, 21: 2},
+    group_size=2,
+    topic_size=4,
+  )
+  assert counts == {
+    "positive": 2,
+    "group": 0,
+    "topic": 1,
+    "shares_word": 1,
+    "collision": 1,
+    "other": 1,
+  }
+  counts = near_ties.classify(
+    top=np.array([[2, 5]]),
+    positives=[np.array([4])],
+    query_tokens=[{10}],
+    label_tokens={2: {10}, 5: {30}},
+    bucket_of={10: 7, 30: 3},
+    group_size=2,
+    topic_size=4,
+  )
+  assert counts == {  # 5 is in 4's group; 2 is outside its topic and shares token 10
+    "positive": 0,
+    "group": 1,
+    "topic": 0,
+    "shares_word": 1,
+    "collision": 0,
+    "other": 0,
+  }

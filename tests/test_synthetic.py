@@ -236,3 +236,33 @@ def test_with_topics_a_querys_nearest_labels_are_in_its_topic(tmp_path):
     )
     # Without topics, 256-label blocks are arbitrary: 1/8 of the labels by chance.
     assert lo <= share <= hi, (spec.topic_size, share)
+
+
+def test_vocab_per_label_grows_the_content_words_with_the_labels(tmp_path):
+  grown = lambda L: SyntheticSpec(  # noqa: E731
+    **{**TOPICS.__dict__, "num_labels": L, "vocab_size": 3000, "vocab_per_label": 0.05}
+  )
+  # By hand: 0.05 x 40,960 = 2,048 < 3,000 keeps the floor; 0.05 x 409,600 = 20,480.
+  assert synthetic.content_vocab_size(grown(40_960)) == 3000
+  assert synthetic.content_vocab_size(grown(409_600)) == 20_480
+  assert synthetic.num_words(grown(409_600)) == 20_480 + (409_600 // 256) * 16
+  # The labels sharing an own word stay ~own_words / vocab_per_label = 40 as L grows 4x;
+  # with the vocabulary fixed they grow 4x.
+  for per_label, ratio in ((0.05, 1.0), (0.0, 4.0)):
+    shared = []
+    for L in (102_400, 409_600):
+      spec = SyntheticSpec(
+        **{**TOPICS.__dict__, "num_labels": L, "vocab_size": 1200, "vocab_per_label": per_label}
+      )
+      own = synthetic.label_word_ids(spec, np.arange(L))[:, spec.group_words :]
+      counts = np.bincount(own.ravel(), minlength=synthetic.content_vocab_size(spec))[200:]
+      assert own.min() >= 200 and own.max() < synthetic.content_vocab_size(spec)
+      shared.append(counts.mean())
+    assert shared[1] / shared[0] == pytest.approx(ratio, rel=0.05), shared
+  # Below the floor the data are those of a spec without the field, byte for byte.
+  synthetic.generate(str(tmp_path / "fixed"), TOPICS)
+  synthetic.generate(
+    str(tmp_path / "floor"), SyntheticSpec(**{**TOPICS.__dict__, "vocab_per_label": 1.0})
+  )
+  for name in ("trn_X.txt", "trn_X_Y.txt", "Y.txt", "tst_X.txt"):
+    assert filecmp.cmp(tmp_path / "fixed" / name, tmp_path / "floor" / name, shallow=False)

@@ -10,6 +10,8 @@ What makes it a useful stand-in for real XC data:
     spread over the whole label set, and so are a query's nearest non-positive labels
     (those sharing one of its words); with topics those sit in the query's topic, a
     neighbourhood whose size does not grow with L, as in real label sets,
+  * optionally, a vocabulary that grows with L (`vocab_per_label`), so that the labels
+    sharing a query's own words (near-ties outside its topic) do not grow with L either,
   * queries built from words of their positive labels plus noise words,
   * deterministic by seed, streamed to disk in chunks so 10^7 labels fit in O(L) memory
     (a permutation and a CDF), never O(L x text).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -67,6 +70,8 @@ class SyntheticSpec:
   seed: int = 0
   topic_size: int = 0  # labels per topic, a multiple of group_size (0: no topics)
   topic_words: int = 16  # a topic's own words, from which its groups draw their shared words
+  vocab_per_label: float = 0.0  # > 0: at least this many content words per label (see
+  # content_vocab_size), so that a word is shared by as many labels at any label count
 
 
 def spec_from_config(synthetic_cfg) -> SyntheticSpec:
@@ -116,23 +121,39 @@ def num_topics(spec: SyntheticSpec) -> int:
   return -(-spec.num_labels // spec.topic_size) if spec.topic_size else 0
 
 
+def content_vocab_size(spec: SyntheticSpec) -> int:
+  """Noise plus content words: `vocab_size`, or `vocab_per_label` x num_labels if larger.
+
+  Each label's own words are hashed into the content words. At a fixed vocabulary the labels
+  sharing a query's own words grow with L (400 per word at 10^7 labels and 50,000 words,
+  40 at 10^6), and so do a query's near-ties outside its topic; a real vocabulary grows
+  with its corpus instead.
+  """
+  return max(spec.vocab_size, math.ceil(spec.vocab_per_label * spec.num_labels))
+
+
+def num_words(spec: SyntheticSpec) -> int:
+  """The generator's vocabulary size: noise, content, then the topics' own words."""
+  return content_vocab_size(spec) + num_topics(spec) * spec.topic_words
+
+
 def vocabulary(spec: SyntheticSpec) -> list[str]:
   """The generator's words: noise words, content words, then each topic's own words."""
-  return [word(i) for i in range(spec.vocab_size + num_topics(spec) * spec.topic_words)]
+  return [word(i) for i in range(num_words(spec))]
 
 
 def _group_word_ids(spec: SyntheticSpec, groups: np.ndarray) -> np.ndarray:
   """(n, group_words) word ids shared by each group's labels: hashed content words, or with
   topics `group_words` distinct words of the group's topic, which owns the word ids
-  vocab_size + t * topic_words + j (j < topic_words), shared with no other topic."""
-  content = spec.vocab_size - 200  # the first 200 words are reserved for noise
+  content_vocab_size + t * topic_words + j (j < topic_words), shared with no other topic."""
+  content = content_vocab_size(spec) - 200  # the first 200 words are reserved for noise
   if not spec.topic_size:
     cols = [_hash(spec.seed, 1, groups, j) for j in range(spec.group_words)]
     return (np.stack(cols, 1) % np.uint64(content)).astype(np.int64) + 200
   keys = np.stack([_hash(spec.seed, 5, groups, j) for j in range(spec.topic_words)], 1)
   picked = np.argsort(keys, axis=1, kind="stable")[:, : spec.group_words]
   topics = groups * spec.group_size // spec.topic_size
-  return spec.vocab_size + topics[:, None] * spec.topic_words + picked
+  return content_vocab_size(spec) + topics[:, None] * spec.topic_words + picked
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
@@ -155,7 +176,7 @@ def label_word_ids(spec: SyntheticSpec, labels: np.ndarray) -> np.ndarray:
   """(n, group_words + own_words) word ids of the given labels' texts."""
   labels = np.asarray(labels, np.int64)
   own = [_hash(spec.seed, 2, labels, j) for j in range(spec.own_words)]
-  content = spec.vocab_size - 200  # the first 200 words are reserved for noise
+  content = content_vocab_size(spec) - 200  # the first 200 words are reserved for noise
   own = (np.stack(own, 1) % np.uint64(content)).astype(np.int64) + 200
   return np.concatenate([_group_word_ids(spec, labels // spec.group_size), own], axis=1)
 

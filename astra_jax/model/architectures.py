@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from typing import Any
 from collections.abc import Callable
 
@@ -198,10 +199,9 @@ def _ngram_bag_shape(config, vocab_size: int, pad_id: int) -> NgramBagConfig:
       f"config.encoder.hf_dir={ec.hf_dir!r}: the ngram_bag encoder has no "
       f"pretrained weights; set the tokenizer with config.data.tokenizer_dir"
     )
-  del vocab_size  # token ids are hashed, whatever the vocabulary
   return NgramBagConfig(
     hidden_size=ec.hidden_size,
-    hash_buckets=ec.ngram.hash_buckets,
+    hash_buckets=ngram_hash_buckets(ec.ngram, vocab_size),
     ngram_orders=ec.ngram.orders,
     pad_token_id=pad_id,
     bottleneck_dim=ec.bottleneck_dim,
@@ -209,6 +209,20 @@ def _ngram_bag_shape(config, vocab_size: int, pad_id: int) -> NgramBagConfig:
     normalize_scale=ec.ngram.normalize_scale,
     dtype=ec.dtype,
   )
+
+
+def ngram_hash_buckets(ngram_cfg, vocab_size: int) -> int:
+  """The n-gram bag's table size: `hash_buckets`, or with `buckets_per_token` > 0 the
+  power of two >= buckets_per_token x vocab_size if that is larger.
+
+  Args:
+    ngram_cfg: `config.encoder.ngram`.
+    vocab_size: the tokenizer's vocabulary size.
+  Returns:
+    The number of hash buckets.
+  """
+  wanted = ngram_cfg.get("buckets_per_token", 0) * vocab_size
+  return max(ngram_cfg.hash_buckets, 1 << max(0, math.ceil(wanted) - 1).bit_length())
 
 
 def ngram_bag_param_count(e: NgramBagConfig) -> int:

@@ -70,6 +70,15 @@ class ScannParams:
 
 
 LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
+# Rows the leaf centres are trained on, per leaf, under the fixed-cost rule. On a trained W
+# of 10^6 rows in 500 leaves (AVQ + SOAR; recall@32 at 32k / 128k rows per query): 50 per
+# leaf 0.65 / 0.90, 250 0.78 / 0.95, 500 0.80 / 0.95, all 2,000 0.80 / 0.95. The earlier
+# rule's floor of 250,000 rows gave 500 per leaf at 10^6 rows but 50 at 10^7, where the
+# centres (and the leaves that follow them) were the noisier part of the growth in rows a
+# query must score (docs/results/full_labels_knobs.md). The k-means then costs about
+# 500 x iterations / leaf_rows times the assignment of the L rows to leaves, which any
+# build pays: the same order in L.
+TRAINING_ROWS_PER_LEAF = 500
 
 
 def scann_defaults(
@@ -94,7 +103,8 @@ def scann_defaults(
     then scores L/3 rows, and a refresh costs O(N L): ~10^15 row scores at SS-20M.
   * rows_per_query = R > 0, a fixed cost per query: ~2 sqrt(L) leaves while that leaves at
     most `leaf_rows` rows in each, then L / leaf_rows (their number grows with L, not their
-    size), and as many leaves searched as hold R rows (SOAR's second copies counted). Recall
+    size), as many leaves searched as hold R rows (SOAR's second copies counted), and the
+    leaf centres trained on TRAINING_ROWS_PER_LEAF rows per leaf. Recall
     then holds as L grows only where a query's near-ties live in a neighbourhood whose size
     does not grow with L: benchmarks/refresh_knobs.py measures it.
   20 k candidates (at least 1,000) are re-ranked exactly either way.
@@ -122,12 +132,17 @@ def scann_defaults(
     search = math.ceil(rows_per_query / (num_rows / leaves * (2 if soar_lambda else 1)))
   else:
     search = max(min(leaves, 64), leaves // 3)
+  if rows_per_query:
+    sample = max(250_000, TRAINING_ROWS_PER_LEAF * leaves)
+  else:
+    # k-means on ~50 rows per leaf, capped: with ~2 sqrt(L) leaves the build must not grow
+    # as L^2 (the fixed-cost rule's own cost is L^2 / leaf_rows whatever the sample).
+    sample = max(250_000, min(50 * leaves, 1_000_000))
   return ScannParams(
     leaves,
     max(1, min(search, leaves)),
     reorder or max(20 * k, 1000),
-    # k-means on ~50 rows per leaf, capped: the build must not grow as L^2.
-    min(num_rows, max(250_000, min(50 * leaves, 1_000_000))),
+    min(num_rows, sample),
     avq=avq,
     soar_lambda=soar_lambda,
   )

@@ -247,7 +247,8 @@ def encoder_shape(config):
   if arch is architectures.BERT and hf_dir:
     return arch.shape_from_config(config, 0, 0), hf_dir
   if config.data.synthetic.enabled:
-    vocab, source = config.data.synthetic.vocab_size + len(synthetic.SPECIAL_TOKENS), "synthetic"
+    spec = synthetic.spec_from_config(config.data.synthetic)
+    vocab, source = synthetic.num_words(spec) + len(synthetic.SPECIAL_TOKENS), "synthetic"
   else:
     tok_dir = pretrained.resolve(config.data.tokenizer_dir) if config.data.tokenizer_dir else ""
     vocab = tokenizer_vocab(tok_dir) if tok_dir and os.path.isdir(tok_dir) else None
