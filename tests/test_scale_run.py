@@ -12,21 +12,10 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
-def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_run(tmp_path):
-  out = tmp_path / "scale.json"
+def _benchmark(script: str, *args: str) -> None:
+  """Runs benchmarks/<script> with args from the repository root; fails with its output."""
   r = subprocess.run(
-    [
-      sys.executable,
-      os.path.join(REPO, "benchmarks", "scale_run.py"),
-      "--num_labels=2000",
-      "--num_train=1024",
-      "--num_test=300",
-      "--predict_queries=2",
-      "--set=train.batch_size=256",
-      f"--work_dir={tmp_path / 'work'}",
-      f"--out={out}",
-    ],
+    [sys.executable, os.path.join(REPO, "benchmarks", script), *args],
     cwd=REPO,
     env={**os.environ, "PYTHONPATH": REPO},
     capture_output=True,
@@ -34,6 +23,21 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
     timeout=600,
   )
   assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_run(tmp_path):
+  out = tmp_path / "scale.json"
+  _benchmark(
+    "scale_run.py",
+    "--num_labels=2000",
+    "--num_train=1024",
+    "--num_test=300",
+    "--predict_queries=2",
+    "--set=train.batch_size=256",
+    f"--work_dir={tmp_path / 'work'}",
+    f"--out={out}",
+  )
   record = json.loads(out.read_text())
   assert record["num_labels"] == 2000 and record["num_train"] == 1024
   assert record["num_test"] == 300 and record["epochs"] == 3
@@ -68,22 +72,9 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
   # The same work directory read by benchmarks/near_ties.py: every slot of the exact top k
   # gets a class, and a trained query's top 8 holds some of its positives.
   ties = tmp_path / "ties.jsonl"
-  r = subprocess.run(
-    [
-      sys.executable,
-      os.path.join(REPO, "benchmarks", "near_ties.py"),
-      f"--work_dir={tmp_path / 'work'}",
-      "--k=8",
-      "--num_queries=50",
-      f"--out={ties}",
-    ],
-    cwd=REPO,
-    env={**os.environ, "PYTHONPATH": REPO},
-    capture_output=True,
-    text=True,
-    timeout=300,
+  _benchmark(
+    "near_ties.py", f"--work_dir={tmp_path / 'work'}", "--k=8", "--num_queries=50", f"--out={ties}"
   )
-  assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   row = json.loads(ties.read_text())
   shares = [row[c] for c in ("positive", "group", "topic", "shares_word", "collision", "other")]
   assert sum(shares) == pytest.approx(1.0, abs=1e-3) and row["positive"] > 0
