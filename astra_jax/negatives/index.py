@@ -281,11 +281,6 @@ def mine(
   return out
 
 
-def recall_at_k(index, exact: ExactIndex, queries: np.ndarray, k: int) -> float:
-  """Mean |ANN top-k ∩ exact top-k| / k."""
-  return overlap_at_k(index.search(queries, k), exact.search(queries, k))
-
-
 def overlap_at_k(found: np.ndarray, truth: np.ndarray) -> float:
   """Mean over rows of |found_i ∩ truth_i| / |truth_i|, -1 entries (slots left empty)
   ignored; a row with an empty truth counts as found in full."""
