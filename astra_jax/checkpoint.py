@@ -102,6 +102,7 @@ ADDED_KEYS = {
   "data.synthetic.vocab_per_label": 0.0,
   "negatives.scann_avq": 0.0,
   "negatives.scann_soar_lambda": 0.0,
+  "negatives.scann_leaf_rows": 0,
 }
 
 

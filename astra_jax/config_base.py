@@ -134,6 +134,9 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0: rows a query scores, whatever L (leaves of ~1000 rows, as many searched as hold
   # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
   c.negatives.scann_rows_per_query = 0
+  # > 0: each W shard's index has (shard rows) / this many leaves, however many shards
+  # there are (scann_leaves, when set, is a count per shard); 0: the rule's own.
+  c.negatives.scann_leaf_rows = 0
   # The partitioner of the refresh's index, as the serving index uses it on inner products
   # (serve_index.py): anisotropic (AVQ) leaf centres at this eta and SOAR's second copy of
   # each row at this lambda; 0: off. Each searched leaf then costs twice its rows, and the

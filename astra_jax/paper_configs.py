@@ -117,8 +117,8 @@ FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
 # The refresh at a fixed cost per query: FULL_LABEL_ROWS_PER_QUERY rows scored
-# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows (scann_leaves =
-# L / this), AVQ leaf centres and SOAR spilling as the serving index (scann_avq,
+# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows
+# (negatives.scann_leaf_rows), AVQ leaf centres and SOAR spilling as the serving index (scann_avq,
 # scann_soar_lambda). Measured on the trained W of a 10^6-label run (topics of 1,024 labels,
 # 16 words each, unigrams; 1,000 queries; recall@32 of the top 32 / of the 32 negatives
 # mined with positives removed; docs/results/full_labels_knobs.md): plain k-means leaves of
@@ -400,8 +400,9 @@ def full_label_variant(
   c.negatives.scann_rows_per_query = FULL_LABEL_ROWS_PER_QUERY
   c.negatives.scann_avq = FULL_LABEL_SCANN_AVQ
   c.negatives.scann_soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
-  # A reference: the leaves follow --config.data.synthetic.num_labels (0: the default rule).
-  c.negatives.scann_leaves = s.get_ref("num_labels") // FULL_LABEL_LEAF_ROWS
+  # A leaf size, not a count: each W shard's index has (its rows) / this many leaves, at
+  # any --config.data.synthetic.num_labels and any mesh.model.
+  c.negatives.scann_leaf_rows = FULL_LABEL_LEAF_ROWS
   # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000
   # times fewer queries than labels most rows would otherwise stay random vectors, whose
   # exact top-k is arbitrary (a refresh's recall@k_h was 0.10 at 10^6 labels with

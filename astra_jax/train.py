@@ -206,6 +206,7 @@ def refresh_index_knobs(config: ml_collections.ConfigDict) -> dict:
     "leaves_to_search": nc.scann_leaves_to_search,
     "reorder": nc.scann_reorder,
     "rows_per_query": nc.scann_rows_per_query,
+    "leaf_rows": nc.scann_leaf_rows,
     "avq": nc.scann_avq or None,
     "soar_lambda": nc.scann_soar_lambda or None,
   }

@@ -27,7 +27,7 @@ WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are search
 reports `negatives_recall`: the k negatives it mines (positives removed, as a refresh does)
 against the k exact search mines, the set training uses.
 
-One JSON line per (L, setting): num_labels, leaf_rows, leaves_to_search, num_leaves,
+One JSON line per (L, setting): num_labels, leaves_to_search, num_leaves, reorder,
 rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copies counted),
 centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), negatives_recall
 (with --labels, else null), build_s,
@@ -68,17 +68,23 @@ flags.DEFINE_list(
   ["avq_soar", "plain"],
   "avq_soar (AVQ centres + SOAR spilling, as the serving index) and/or plain k-means leaves",
 )
-flags.DEFINE_integer("leaf_rows", 0, "rows per leaf (0: index.LEAF_ROWS)")
-flags.DEFINE_integer(
+flags.DEFINE_list(
   "exact_leaf_rows",
-  0,
-  "> 0: exactly L / this many leaves, as the full-label configs set negatives.scann_leaves "
-  "(the --leaf_rows rule keeps at least 2 sqrt(L) leaves)",
+  ["0"],
+  "> 0: L / this many leaves (index.scann_defaults' leaf_rows, config.negatives."
+  "scann_leaf_rows); 0: the fixed-cost rule's own (at least 2 sqrt(L) leaves); a list "
+  "builds one index each",
 )
 flags.DEFINE_list(
   "training_sample_size",
   ["0"],
   "rows the leaf centres are trained on, one build each (0: index.scann_defaults')",
+)
+flags.DEFINE_list(
+  "reorder",
+  ["0"],
+  "candidates re-scored exactly after the quantized scores, searched on each build "
+  "(0: index.scann_defaults'); a large value leaves only the partition's loss",
 )
 flags.DEFINE_integer("seed", 0, "data seed")
 flags.DEFINE_string("vectors", None, "(L, d) float32 .npy of label vectors (instead of generated)")
@@ -141,11 +147,11 @@ def label_sets(rng: np.random.Generator):
 class _SearchedWith:
   """A built index searched with a setting's leaves (index.mine's search interface)."""
 
-  def __init__(self, index: index_lib.ScannIndex, leaves_to_search: int):
-    self.index, self.leaves = index, leaves_to_search
+  def __init__(self, index: index_lib.ScannIndex, leaves_to_search: int, reorder: int):
+    self.index, self.leaves, self.reorder = index, leaves_to_search, reorder
 
   def search(self, queries: np.ndarray, k: int) -> np.ndarray:
-    return self.index.search(queries, k, self.leaves)
+    return self.index.search(queries, k, self.leaves, self.reorder)
 
 
 def main(argv):
@@ -159,34 +165,36 @@ def main(argv):
     if positives is not None:
       exact_negatives = index_lib.mine(exact_index, q, positives, FLAGS.k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
-    for partitioner, sample in itertools.product(
-      FLAGS.partitioner, [int(n) for n in FLAGS.training_sample_size]
+    for partitioner, exact_leaf_rows, sample in itertools.product(
+      FLAGS.partitioner,
+      [int(n) for n in FLAGS.exact_leaf_rows],
+      [int(n) for n in FLAGS.training_sample_size],
     ):
       partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
-      if FLAGS.exact_leaf_rows:
-        partition["num_leaves"] = max(1, L // FLAGS.exact_leaf_rows)
-      params = index_lib.scann_defaults(
-        L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=budgets[-1], **partition
-      )
+      partition["leaf_rows"] = exact_leaf_rows
+      params = index_lib.scann_defaults(L, FLAGS.k, rows_per_query=budgets[-1], **partition)
       if sample:
         params = dataclasses.replace(params, training_sample_size=min(L, sample))
       t0 = time.time()
       index = index_lib.ScannIndex(w, FLAGS.k, params)
       build_s = time.time() - t0
-      for rows in budgets:
+      built_reorder = params.reorder
+      for rows, reorder in itertools.product(budgets, [int(r) for r in FLAGS.reorder]):
         search = index_lib.scann_defaults(
-          L, FLAGS.k, leaf_rows=FLAGS.leaf_rows, rows_per_query=rows, **partition
+          L, FLAGS.k, rows_per_query=rows, **partition
         ).num_leaves_to_search
-        params = dataclasses.replace(params, num_leaves_to_search=search)
+        params = dataclasses.replace(
+          params, num_leaves_to_search=search, reorder=reorder or built_reorder
+        )
         t0 = time.time()
-        got = index.search(q, FLAGS.k, search)
+        got = index.search(q, FLAGS.k, search, params.reorder)
         search_ms = 1000 * (time.time() - t0) / len(q)
         recall = index_lib.overlap_at_k(got, exact)
         negatives_recall = None
         if positives is not None:
-          searched = _SearchedWith(index, search)
+          searched = _SearchedWith(index, search, params.reorder)
           mined = index_lib.mine(searched, q, positives, FLAGS.k, L)
           negatives_recall = round(index_lib.overlap_at_k(mined, exact_negatives), 4)
         jsonl.emit(

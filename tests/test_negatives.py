@@ -493,6 +493,12 @@ def test_fixed_cost_knobs_keep_rows_per_query_flat():
     assert p.training_sample_size == min(L, max(250_000, per_leaf * p.num_leaves))
   old = index_lib.scann_defaults(10**7, 50)
   assert index_lib.rows_scored_per_query(10**7, old) >= 10**7 // 3 - 10**7 // old.num_leaves
+  # An explicit leaf size: L / leaf_rows leaves under either rule, below the 2 sqrt(L) floor
+  # too (2,000 leaves at 10^6); an explicit count wins.
+  fixed_cost = index_lib.scann_defaults(10**6, 50, rows_per_query=64_000, leaf_rows=2000)
+  assert fixed_cost.num_leaves == 500
+  assert index_lib.scann_defaults(10**6, 50, leaf_rows=4000).num_leaves == 250
+  assert index_lib.scann_defaults(10**6, 50, num_leaves=7, leaf_rows=4000).num_leaves == 7
 
 
 def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(tmp_path):

@@ -428,9 +428,8 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   assert not c.data.augment_label_text  # 19M label rows would swamp 2e5 queries
   assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
   assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
-  assert c.negatives.scann_leaves == 19_049_952 // 2000 and c.classifier.init == "label_text"
-  c.data.synthetic.num_labels = 10_000_000  # the leaves follow the label count
-  assert c.negatives.scann_leaves == 5000
+  assert c.negatives.scann_leaf_rows == 2000 and c.classifier.init == "label_text"
+  assert c.negatives.scann_leaves == 0  # a leaf size, so that every shard has its share
   # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
   assert (c.negatives.scann_avq, c.negatives.scann_soar_lambda) == (1.0, 1.5)
   from astra_jax import train
@@ -440,6 +439,11 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   # 5,000 leaves of 2,000 rows, each searched leaf worth twice its rows with SOAR's copies.
   assert (params.num_leaves, params.avq, params.soar_lambda) == (5000, 1.0, 1.5)
   assert params.num_leaves_to_search == c.negatives.scann_rows_per_query // (2 * 2000)
+  # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: 4,762 leaves of 2,000
+  # (rounded), and as many searched as on one device.
+  half = index_lib.scann_defaults(19_049_952 // 2, 32, **train.refresh_index_knobs(c))
+  assert half.num_leaves == 4762
+  assert half.num_leaves_to_search == params.num_leaves_to_search
   assert train.refresh_index_knobs(load_config("experiments/demo.py"))["avq"] is None
   assert c.encoder.ngram.orders == 1
   assert s.topic_size % s.group_size == 0 and s.topic_words >= 3  # a group takes 3 words

@@ -114,15 +114,19 @@ def scann_defaults(
     k: neighbours wanted per query.
     num_leaves, leaves_to_search, reorder: explicit knobs (config.negatives.scann_*).
     rows_per_query: the fixed-cost rule's budget (config.negatives.scann_rows_per_query).
-    leaf_rows: rows per leaf under that rule (0: LEAF_ROWS).
+    leaf_rows: > 0, exactly num_rows / leaf_rows leaves (unless num_leaves is given), under
+      either rule: a leaf size that holds for every shard of W, whatever their number
+      (config.negatives.scann_leaf_rows).
     avq, soar_lambda: partitioner options for inner products (None: off), as the serving
       index uses them (serve_index.serving_params).
   Returns:
     The ScannParams to build with.
   """
   sqrt_rule = max(2 * math.sqrt(num_rows), 16)
-  if rows_per_query:
-    leaves = num_leaves or int(min(max(sqrt_rule, num_rows / (leaf_rows or LEAF_ROWS)), 200_000))
+  if leaf_rows and not num_leaves:
+    leaves = round(num_rows / leaf_rows)
+  elif rows_per_query:
+    leaves = num_leaves or int(min(max(sqrt_rule, num_rows / LEAF_ROWS), 200_000))
   else:
     leaves = num_leaves or int(min(sqrt_rule, 20000))
   leaves = max(1, min(leaves, num_rows))
@@ -183,14 +187,20 @@ class ScannIndex:
     if threads > 0:
       self.searcher.set_num_threads(threads)
 
-  def search(self, queries: np.ndarray, k: int, leaves_to_search: int | None = None) -> np.ndarray:
+  def search(
+    self,
+    queries: np.ndarray,
+    k: int,
+    leaves_to_search: int | None = None,
+    reorder: int | None = None,
+  ) -> np.ndarray:
     """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
-    slots with id 0 and a NaN score: not k copies of label 0). leaves_to_search: instead of
-    the build's (benchmarks search one build with several)."""
+    slots with id 0 and a NaN score: not k copies of label 0). leaves_to_search, reorder:
+    instead of the build's (benchmarks search one build with several)."""
     ids, scores = self.searcher.search_batched_parallel(
       np.ascontiguousarray(queries, np.float32),
       final_num_neighbors=k,
-      pre_reorder_num_neighbors=max(self.params.reorder, k),
+      pre_reorder_num_neighbors=max(reorder or self.params.reorder, k),
       leaves_to_search=leaves_to_search or self.params.num_leaves_to_search,
     )
     # ScaNN returns uint32 ids: cast before -1 meets them (numpy >= 2.5 raises on a -1 that
