@@ -26,6 +26,16 @@ def test_written_files_parse_and_are_deterministic(tmp_path):
   assert not filecmp.cmp(a / "trn_X.txt", other / "trn_X.txt", shallow=False)
 
 
+def test_worker_processes_write_the_same_files(tmp_path, monkeypatch):
+  # Small chunks, so that the 3,000 training queries come from six of them, spread over two
+  # spawned processes and written back in order.
+  monkeypatch.setattr(synthetic, "_CHUNK", 500)
+  synthetic.generate(str(tmp_path / "one"), SPEC, workers=1)
+  synthetic.generate(str(tmp_path / "two"), SPEC, workers=2)
+  for name in ("trn_X.txt", "tst_X.txt", "Y.txt", "trn_X_Y.txt", "tst_X_Y.txt"):
+    assert filecmp.cmp(tmp_path / "one" / name, tmp_path / "two" / name, shallow=False), name
+
+
 def test_rows_hold_the_specified_mean_label_count(tmp_path):
   # Many labels per row from a few head labels and small groups: duplicate draws are
   # frequent, and each must be drawn again for the rows to keep the spec's mean.

@@ -26,13 +26,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import time
 
 import numpy as np
 from absl import logging
 
-from astra_jax import tmpnames
+from astra_jax import cpu_budget, tmpnames
 from astra_jax.data import xc_format
 
 _CONSONANTS = "bdfgklmnprstvz"
@@ -198,45 +199,86 @@ class _Popularity:
     return self.label_of_rank[np.minimum(ranks, len(self.cdf) - 1)]
 
 
-def _queries(spec: SyntheticSpec, pop: _Popularity, words: list[str], stream: int, n: int):
-  """Yields (texts, label_rows) chunks for `n` queries of one split."""
-  for start in range(0, n, _CHUNK):
-    m = min(_CHUNK, n - start)
-    rng = np.random.default_rng([spec.seed, stream, start // _CHUNK])
-    counts = np.minimum(
-      1 + rng.poisson(spec.mean_labels - 1.0, m), min(spec.max_labels, spec.num_labels)
-    )
-    first = pop.sample(rng, m)
-    texts, rows = [], []
-    for i in range(m):
-      labels = [int(first[i])]
-      for _ in range(_MAX_DRAWS_PER_LABEL * int(counts[i])):
-        if len(labels) == counts[i]:
-          break
-        if rng.random() < spec.same_group_prob:
-          g0 = labels[0] - labels[0] % spec.group_size
-          cand = g0 + int(rng.integers(spec.group_size))
-          cand = cand if cand < spec.num_labels else int(pop.sample(rng, 1)[0])
-        else:
-          cand = int(pop.sample(rng, 1)[0])
-        if cand not in labels:
-          labels.append(cand)
-      ids = label_word_ids(spec, np.asarray(labels))
-      toks = []
-      for row in ids:
-        shared = row[: spec.group_words]
-        toks += list(rng.choice(shared, size=rng.integers(1, spec.group_words + 1), replace=False))
-        own = row[spec.group_words :]
-        toks += [w for w in own if rng.random() < spec.own_word_prob]
-      toks += list(rng.integers(0, 200, size=rng.poisson(spec.noise_words)))
-      rng.shuffle(toks)
-      texts.append(" ".join(words[t] for t in toks))
-      rows.append(sorted(labels))
-    yield texts, rows
+def _query_chunk(
+  spec: SyntheticSpec,
+  pop: _Popularity,
+  words: list[str],
+  stream: int,
+  n: int,
+  chunk: int,
+  chunk_rows: int,
+) -> tuple[list[str], list[list[int]]]:
+  """(texts, label_rows) of chunk `chunk` of a split of `n` queries. Each chunk draws from
+  its own seeded stream, so chunks can be made in any order, or in other processes, and
+  the output stays the same."""
+  start = chunk * chunk_rows
+  m = min(chunk_rows, n - start)
+  rng = np.random.default_rng([spec.seed, stream, chunk])
+  counts = np.minimum(
+    1 + rng.poisson(spec.mean_labels - 1.0, m), min(spec.max_labels, spec.num_labels)
+  )
+  first = pop.sample(rng, m)
+  texts, rows = [], []
+  for i in range(m):
+    labels = [int(first[i])]
+    for _ in range(_MAX_DRAWS_PER_LABEL * int(counts[i])):
+      if len(labels) == counts[i]:
+        break
+      if rng.random() < spec.same_group_prob:
+        g0 = labels[0] - labels[0] % spec.group_size
+        cand = g0 + int(rng.integers(spec.group_size))
+        cand = cand if cand < spec.num_labels else int(pop.sample(rng, 1)[0])
+      else:
+        cand = int(pop.sample(rng, 1)[0])
+      if cand not in labels:
+        labels.append(cand)
+    ids = label_word_ids(spec, np.asarray(labels))
+    toks = []
+    for row in ids:
+      shared = row[: spec.group_words]
+      toks += list(rng.choice(shared, size=rng.integers(1, spec.group_words + 1), replace=False))
+      own = row[spec.group_words :]
+      toks += [w for w in own if rng.random() < spec.own_word_prob]
+    toks += list(rng.integers(0, 200, size=rng.poisson(spec.noise_words)))
+    rng.shuffle(toks)
+    texts.append(" ".join(words[t] for t in toks))
+    rows.append(sorted(labels))
+  return texts, rows
 
 
-def generate(out_dir: str, spec: SyntheticSpec) -> dict:
-  """Writes the dataset; returns its statistics (also saved as `synthetic.json`)."""
+# The state a generator worker process builds once (its own popularity table and words).
+_worker_state: tuple[SyntheticSpec, _Popularity, list[str]] | None = None
+
+
+def _start_worker(spec: SyntheticSpec) -> None:
+  global _worker_state
+  _worker_state = (spec, _Popularity(spec), vocabulary(spec))
+
+
+def _worker_chunk(job: tuple[int, int, int, int]) -> tuple[list[str], list[list[int]]]:
+  spec, pop, words = _worker_state
+  return _query_chunk(spec, pop, words, *job)
+
+
+def _query_chunks(spec: SyntheticSpec, pop: _Popularity, words: list[str], jobs, pool):
+  """Yields each job's (texts, label_rows) in the jobs' order: from `pool`'s processes when
+  given (each builds its own popularity table), else here."""
+  if pool is None:
+    return (_query_chunk(spec, pop, words, *job) for job in jobs)
+  return pool.imap(_worker_chunk, jobs)
+
+
+def generate(out_dir: str, spec: SyntheticSpec, workers: int = 0) -> dict:
+  """Writes the dataset; returns its statistics (also saved as `synthetic.json`).
+
+  Args:
+    out_dir: the dataset's directory (created).
+    spec: what to generate.
+    workers: processes that draw the queries, chunk by chunk (0: this task's CPUs,
+      `cpu_budget.task_cpus`; 1: this process). The files do not depend on it.
+  Returns:
+    The statistics written to synthetic.json.
+  """
   if not 0 <= spec.hidden_own_words <= spec.own_words:
     raise ValueError(
       f"hidden_own_words {spec.hidden_own_words}: a label has {spec.own_words} own words"
@@ -261,20 +303,34 @@ def generate(out_dir: str, spec: SyntheticSpec) -> dict:
         logging.INFO, "synthetic: %d/%d label texts", 10, labels[-1] + 1, spec.num_labels
       )
   counts = np.zeros(spec.num_labels, np.int32)
-  for split, stream, n in (("trn", 3, spec.num_train), ("tst", 4, spec.num_test)):
-    x_path = os.path.join(out_dir, f"{split}_X.txt")
-    y_path = os.path.join(out_dir, f"{split}_X_Y.txt")
-    with xc_format.atomic_text_writer(x_path) as fx, xc_format.atomic_text_writer(y_path) as fy:
-      fy.write(f"{n} {spec.num_labels}\n")
-      done = 0
-      for texts, rows in _queries(spec, pop, words, stream, n):
-        for text, row in zip(texts, rows):
-          fx.write(text + "\n")
-          fy.write(" ".join(f"{l}:1" for l in row) + "\n")
-          if split == "trn":
-            counts[row] += 1
-        done += len(texts)
-        logging.info("synthetic: %s %d/%d queries (%.0fs)", split, done, n, time.time() - t0)
+  splits = (("trn", 3, spec.num_train), ("tst", 4, spec.num_test))
+  chunks = sum(-(-n // _CHUNK) for _, _, n in splits)
+  workers = min(workers or cpu_budget.task_cpus(), chunks)
+  # Processes only where a split spans chunks (a chunk is ~1.5 ms a query, a process's start
+  # ~1 s); spawned, not forked: the caller may hold JAX's threads, which a fork would copy
+  # mid-lock.
+  pool = None
+  if workers > 1 and chunks > len(splits):
+    pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))
+  try:
+    for split, stream, n in splits:
+      x_path = os.path.join(out_dir, f"{split}_X.txt")
+      y_path = os.path.join(out_dir, f"{split}_X_Y.txt")
+      jobs = [(stream, n, c, _CHUNK) for c in range(-(-n // _CHUNK))]
+      with xc_format.atomic_text_writer(x_path) as fx, xc_format.atomic_text_writer(y_path) as fy:
+        fy.write(f"{n} {spec.num_labels}\n")
+        done = 0
+        for texts, rows in _query_chunks(spec, pop, words, jobs, pool):
+          for text, row in zip(texts, rows):
+            fx.write(text + "\n")
+            fy.write(" ".join(f"{l}:1" for l in row) + "\n")
+            if split == "trn":
+              counts[row] += 1
+          done += len(texts)
+          logging.info("synthetic: %s %d/%d queries (%.0fs)", split, done, n, time.time() - t0)
+  finally:
+    if pool is not None:
+      pool.terminate()
   write_word_tokenizer(os.path.join(out_dir, "tokenizer"), words)
   stats = {
     "spec": dataclasses.asdict(spec),
