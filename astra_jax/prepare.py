@@ -162,7 +162,7 @@ def prepare_synthetic(out: str, data_cfg) -> dataset.XCData:
   """Generates the config's synthetic stand-in into `out` (when not there already) and
   tokenizes it into out/astra_cache; the tokenizer is the generator's unless the config
   names one."""
-  synthetic.ensure_generated(out, synthetic.spec_from_config(data_cfg.synthetic))
+  synthetic.ensure_generated(out, synthetic.spec_from_config(data_cfg.synthetic), workers=0)
   with data_cfg.unlocked():
     data_cfg.dir = out
     data_cfg.tokenizer_dir = pretrained.resolve(

@@ -62,7 +62,7 @@ def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
   dc = config.data
   if dc.synthetic.enabled:
     if distributed.is_leader():
-      synthetic.ensure_generated(dc.dir, synthetic.spec_from_config(dc.synthetic))
+      synthetic.ensure_generated(dc.dir, synthetic.spec_from_config(dc.synthetic), workers=0)
     distributed.barrier("synthetic data")
     with dc.unlocked():
       if not dc.tokenizer_dir:

@@ -92,16 +92,20 @@ def spec_from_config(synthetic_cfg) -> SyntheticSpec:
   )
 
 
-def ensure_generated(out_dir: str, spec: SyntheticSpec) -> bool:
+def ensure_generated(out_dir: str, spec: SyntheticSpec, workers: int = 1) -> bool:
   """Generates the dataset into `out_dir` unless the data there is this spec's already.
 
+  Args:
+    out_dir: the dataset's directory.
+    spec: what it must hold.
+    workers: as `generate`'s.
   Returns:
     Whether it was generated now.
   """
   if is_current(out_dir, spec):
     return False
   logging.info("generating synthetic dataset into %s", out_dir)
-  generate(out_dir, spec)
+  generate(out_dir, spec, workers)
   return True
 
 
@@ -268,14 +272,16 @@ def _query_chunks(spec: SyntheticSpec, pop: _Popularity, words: list[str], jobs,
   return pool.imap(_worker_chunk, jobs)
 
 
-def generate(out_dir: str, spec: SyntheticSpec, workers: int = 0) -> dict:
+def generate(out_dir: str, spec: SyntheticSpec, workers: int = 1) -> dict:
   """Writes the dataset; returns its statistics (also saved as `synthetic.json`).
 
   Args:
     out_dir: the dataset's directory (created).
     spec: what to generate.
-    workers: processes that draw the queries, chunk by chunk (0: this task's CPUs,
-      `cpu_budget.task_cpus`; 1: this process). The files do not depend on it.
+    workers: processes that draw the queries, chunk by chunk (1: this process; 0: this
+      task's CPUs, `cpu_budget.task_cpus`). The files do not depend on it. More than one
+      are spawned, which re-imports the caller's main module: a script must guard its
+      entry point with `if __name__ == "__main__":` (the CLIs, which pass 0, do).
   Returns:
     The statistics written to synthetic.json.
   """
