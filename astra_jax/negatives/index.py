@@ -108,7 +108,8 @@ def scann_defaults(
     leaf. Recall then holds as L grows only where a query's near-ties live in a
     neighbourhood whose size does not grow with L: benchmarks/refresh_knobs.py measures it.
   20 k candidates (at least 1,000) are re-ranked exactly either way (64,000 instead of 1,000
-  changed no recall@32 measured on a trained 10^6-row W: the loss is the leaves not searched).
+  changed no recall@32 measured on trained W of 10^6 and 10^7 rows: the loss is the leaves
+  not searched).
   Recall at a fixed R falls as L grows at one leaf size (~3.2 times the rows at 10 times L
   on the full-label stand-in); smaller leaves at larger L (leaf_rows) hold it, at a build
   that grows as L^2 / leaf_rows.
