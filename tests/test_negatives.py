@@ -108,6 +108,20 @@ def test_scann_recall_with_default_knobs():
   assert index_lib.overlap_at_k(idx.search(q, 50), exact) >= 0.9
 
 
+def test_scann_search_rescoring_every_row_of_every_leaf_is_exact():
+  # With every leaf searched and every candidate re-scored exactly, nothing is left to the
+  # partition or the AH codes: the top k is exact search's (distinct random scores, no ties).
+  rng = np.random.default_rng(5)
+  w = rng.normal(size=(2000, 16)).astype(np.float32)
+  q = rng.normal(size=(50, 16)).astype(np.float32)
+  params = index_lib.scann_defaults(2000, 10, num_leaves=20, leaves_to_search=2, reorder=10)
+  idx = index_lib.ScannIndex(w, 10, params)
+  exact = index_lib.ExactIndex(w).search(q, 10)
+  np.testing.assert_array_equal(idx.search(q, 10, leaves_to_search=20, reorder=2000), exact)
+  # The build's own knobs (2 of 20 leaves) miss some of it.
+  assert index_lib.overlap_at_k(idx.search(q, 10), exact) < 1.0
+
+
 def test_scann_defaults_scale_with_labels():
   small, big = index_lib.scann_defaults(10_000, 50), index_lib.scann_defaults(10_000_000, 50)
   assert small.num_leaves < big.num_leaves and small.num_leaves_to_search <= small.num_leaves

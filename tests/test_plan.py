@@ -439,8 +439,8 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   # 5,000 leaves of 2,000 rows, each searched leaf worth twice its rows with SOAR's copies.
   assert (params.num_leaves, params.avq, params.soar_lambda) == (5000, 1.0, 1.5)
   assert params.num_leaves_to_search == c.negatives.scann_rows_per_query // (2 * 2000)
-  # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: 4,762 leaves of 2,000
-  # (rounded), and as many searched as on one device.
+  # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: 9,524,976 // 2,000 =
+  # 4,762 leaves, and as many searched as on one device.
   half = index_lib.scann_defaults(19_049_952 // 2, 32, **train.refresh_index_knobs(c))
   assert half.num_leaves == 4762
   assert half.num_leaves_to_search == params.num_leaves_to_search

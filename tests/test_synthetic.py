@@ -30,8 +30,15 @@ def test_worker_processes_write_the_same_files(tmp_path, monkeypatch):
   # Small chunks, so that the 3,000 training queries come from six of them, spread over two
   # spawned processes and written back in order.
   monkeypatch.setattr(synthetic, "_CHUNK", 500)
+  contexts = []
+  get_context = synthetic.multiprocessing.get_context
+  monkeypatch.setattr(
+    synthetic.multiprocessing, "get_context", lambda m: contexts.append(m) or get_context(m)
+  )
   synthetic.generate(str(tmp_path / "one"), SPEC, workers=1)
+  assert contexts == []  # one process: no pool
   synthetic.generate(str(tmp_path / "two"), SPEC, workers=2)
+  assert contexts == ["spawn"]  # the second run's chunks came from worker processes
   for name in ("trn_X.txt", "tst_X.txt", "Y.txt", "trn_X_Y.txt", "tst_X_Y.txt"):
     assert filecmp.cmp(tmp_path / "one" / name, tmp_path / "two" / name, shallow=False), name
 

@@ -264,7 +264,7 @@ def _worker_chunk(job: tuple[int, int, int, int]) -> tuple[list[str], list[list[
   return _query_chunk(spec, pop, words, *job)
 
 
-def _query_chunks(spec: SyntheticSpec, pop: _Popularity, words: list[str], jobs, pool):
+def _query_chunks(spec: SyntheticSpec, pop: _Popularity | None, words: list[str], jobs, pool):
   """Yields each job's (texts, label_rows) in the jobs' order: from `pool`'s processes when
   given (each builds its own popularity table), else here."""
   if pool is None:
@@ -298,7 +298,6 @@ def generate(out_dir: str, spec: SyntheticSpec, workers: int = 1) -> dict:
   t0 = time.time()
   words = vocabulary(spec)
   text_words = spec.group_words + spec.own_words - spec.hidden_own_words
-  pop = _Popularity(spec)
   # Label texts, streamed.
   with xc_format.atomic_text_writer(os.path.join(out_dir, "Y.txt")) as f:
     for start in range(0, spec.num_labels, _CHUNK):
@@ -315,9 +314,11 @@ def generate(out_dir: str, spec: SyntheticSpec, workers: int = 1) -> dict:
   # Processes only where a split spans chunks (a chunk is ~1.5 ms a query, a process's start
   # ~1 s); spawned, not forked: the caller may hold JAX's threads, which a fork would copy
   # mid-lock.
-  pool = None
+  pool, pop = None, None
   if workers > 1 and chunks > len(splits):
     pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))
+  else:
+    pop = _Popularity(spec)  # with a pool, each worker holds its own (O(L) bytes)
   try:
     for split, stream, n in splits:
       x_path = os.path.join(out_dir, f"{split}_X.txt")
