@@ -103,6 +103,8 @@ ADDED_KEYS = {
   "negatives.scann_avq": 0.0,
   "negatives.scann_soar_lambda": 0.0,
   "negatives.scann_leaf_rows": 0,
+  "negatives.scann_group_rows": 0,
+  "negatives.scann_leaf_shrink": 0.0,
 }
 
 

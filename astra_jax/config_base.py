@@ -137,6 +137,15 @@ def base_config() -> ml_collections.ConfigDict:
   # > 0: each W shard's index has (shard rows) / this many leaves, however many shards
   # there are (scann_leaves, when set, is a count per shard); 0: the rule's own.
   c.negatives.scann_leaf_rows = 0
+  # > 0, with scann_leaf_rows: leaves of scann_leaf_rows x (10^6 / shard rows)^this rows,
+  # smaller as L grows, so that the rows a query scores for a given recall grow more
+  # slowly than at one leaf size (index.scann_defaults); 0: one size.
+  c.negatives.scann_leaf_shrink = 0.0
+  # > 0: each W shard's index is built in groups of about this many rows (a coarse k-means,
+  # then one ScaNN index per group with its share of the leaves), searched as one index over
+  # all the groups' leaves: a build of O(L x group_rows / leaf rows) instead of O(L^2 / leaf
+  # rows), the same leaves opened per query (index.GroupedScannIndex); 0: one index.
+  c.negatives.scann_group_rows = 0
   # The partitioner of the refresh's index, as the serving index uses it on inner products
   # (serve_index.py): anisotropic (AVQ) leaf centres at this eta and SOAR's second copy of
   # each row at this lambda; 0: off. Each searched leaf then costs twice its rows, and the
@@ -339,6 +348,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
     c.negatives.scann_rows_per_query >= 0,
     "negatives.scann_rows_per_query",
     f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}",
+  )
+  need(
+    c.negatives.scann_leaf_shrink >= 0,
+    "negatives.scann_leaf_shrink",
+    f"must be >= 0 (0: leaves of one size), got {c.negatives.scann_leaf_shrink}",
+  )
+  need(
+    c.negatives.scann_group_rows >= 0,
+    "negatives.scann_group_rows",
+    f"must be >= 0 (0: one index per W shard), got {c.negatives.scann_group_rows}",
   )
   need(
     c.negatives.refresh_threads >= 0,

@@ -207,6 +207,8 @@ def refresh_index_knobs(config: ml_collections.ConfigDict) -> dict:
     "reorder": nc.scann_reorder,
     "rows_per_query": nc.scann_rows_per_query,
     "leaf_rows": nc.scann_leaf_rows,
+    "group_rows": nc.scann_group_rows,
+    "leaf_shrink": nc.scann_leaf_shrink,
     "avq": nc.scann_avq or None,
     "soar_lambda": nc.scann_soar_lambda or None,
   }

@@ -27,15 +27,17 @@ WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are search
 reports `negatives_recall`: the k negatives it mines (positives removed, as a refresh does)
 against the k exact search mines, the set training uses.
 
-One JSON line per (L, setting): num_labels, leaves_to_search, num_leaves, reorder,
-rows_scored_per_query (leaves searched x mean rows per leaf, SOAR's second copies counted),
-centroids_scored_per_query, recall (mean |ANN top-k ∩ exact top-k| / k), negatives_recall
-(with --labels, else null), build_s,
+One JSON line per (L, setting): num_labels, leaves_to_search, num_leaves (every group's, for
+a grouped build), leaf_shrink, group_rows and groups, reorder, rows_scored_per_query (leaves
+searched x mean rows per leaf, SOAR's second copies counted), centroids_scored_per_query,
+peak_rss_bytes_after_build (the process's peak so far), recall (mean |ANN top-k ∩ exact
+top-k| / k), negatives_recall (with --labels, else null), build_s,
 search_ms_per_query, exact_ms_per_query.
 """
 
 import dataclasses
 import itertools
+import resource
 import time
 
 import numpy as np
@@ -74,6 +76,18 @@ flags.DEFINE_list(
   "> 0: L / this many leaves (index.scann_defaults' leaf_rows, config.negatives."
   "scann_leaf_rows); 0: the fixed-cost rule's own (at least 2 sqrt(L) leaves); a list "
   "builds one index each",
+)
+flags.DEFINE_float(
+  "leaf_shrink",
+  0.0,
+  "> 0: leaves of exact_leaf_rows x (10^6 / L)^this rows (index.scann_defaults' "
+  "leaf_shrink, config.negatives.scann_leaf_shrink)",
+)
+flags.DEFINE_list(
+  "group_rows",
+  ["0"],
+  "> 0: build the index in groups of about this many rows (index.GroupedScannIndex, "
+  "config.negatives.scann_group_rows); 0: one flat index; a list builds one index each",
 )
 flags.DEFINE_list(
   "training_sample_size",
@@ -147,7 +161,7 @@ def label_sets(rng: np.random.Generator):
 class _SearchedWith:
   """A built index searched with a setting's leaves (index.mine's search interface)."""
 
-  def __init__(self, index: index_lib.ScannIndex, leaves_to_search: int, reorder: int):
+  def __init__(self, index, leaves_to_search: int, reorder: int):
     self.index, self.leaves, self.reorder = index, leaves_to_search, reorder
 
   def search(self, queries: np.ndarray, k: int) -> np.ndarray:
@@ -165,21 +179,31 @@ def main(argv):
     if positives is not None:
       exact_negatives = index_lib.mine(exact_index, q, positives, FLAGS.k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
-    for partitioner, exact_leaf_rows, sample in itertools.product(
+    for partitioner, exact_leaf_rows, group_rows, sample in itertools.product(
       FLAGS.partitioner,
       [int(n) for n in FLAGS.exact_leaf_rows],
+      [int(n) for n in FLAGS.group_rows],
       [int(n) for n in FLAGS.training_sample_size],
     ):
       partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
       partition["leaf_rows"] = exact_leaf_rows
-      params = index_lib.scann_defaults(L, FLAGS.k, rows_per_query=budgets[-1], **partition)
+      partition["leaf_shrink"] = FLAGS.leaf_shrink
+      params = index_lib.scann_defaults(
+        L, FLAGS.k, rows_per_query=budgets[-1], group_rows=group_rows, **partition
+      )
       if sample:
         params = dataclasses.replace(params, training_sample_size=min(L, sample))
       t0 = time.time()
-      index = index_lib.ScannIndex(w, FLAGS.k, params)
+      if params.group_rows:
+        index = index_lib.GroupedScannIndex(w, FLAGS.k, params)
+        centroids = index.num_leaves
+      else:
+        index = index_lib.ScannIndex(w, FLAGS.k, params)
+        centroids = params.num_leaves
       build_s = time.time() - t0
+      peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
       built_reorder = params.reorder
       for rows, reorder in itertools.product(budgets, [int(r) for r in FLAGS.reorder]):
         search = index_lib.scann_defaults(
@@ -207,15 +231,19 @@ def main(argv):
             "topic_rows": FLAGS.topic_rows,
             "topic_scale": FLAGS.topic_scale,
             "partitioner": partitioner,
-            "num_leaves": params.num_leaves,
+            "num_leaves": centroids,
+            "leaf_shrink": FLAGS.leaf_shrink,
             "leaves_to_search": search,
             "rows_scored_per_query": index_lib.rows_scored_per_query(L, params),
-            "centroids_scored_per_query": params.num_leaves,
+            "centroids_scored_per_query": centroids,
+            "group_rows": params.group_rows,
+            "groups": len(index.indexes) if params.group_rows else 1,
             "reorder": params.reorder,
             "training_sample_size": params.training_sample_size,
             "recall": round(recall, 4),
             "negatives_recall": negatives_recall,
             "build_s": round(build_s, 2),
+            "peak_rss_bytes_after_build": peak_rss,
             "search_ms_per_query": round(search_ms, 4),
             "exact_ms_per_query": round(exact_ms, 3),
           },

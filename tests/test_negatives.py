@@ -122,6 +122,102 @@ def test_scann_search_rescoring_every_row_of_every_leaf_is_exact():
   assert index_lib.overlap_at_k(idx.search(q, 10), exact) < 1.0
 
 
+def test_coarse_groups_find_separated_clusters():
+  # Three clusters at least 100 apart with unit noise: k-means++ seeds one centre in each
+  # (a second seed in a seeded cluster has odds ~1e-4) and Lloyd's steps keep them there.
+  # Distances between clusters differ by 100 or more, so each row's second group is clear.
+  rng = np.random.default_rng(0)
+  centres = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 300.0]], np.float32)
+  truth = np.repeat(np.arange(3), [50, 70, 30])
+  rows = (centres[truth] + rng.normal(size=(150, 2))).astype(np.float32)
+  near = index_lib.coarse_groups(rows, 3, spill=2, block=16)
+  group = near[:, 0]
+  # the same partition up to the groups' names, and the same names on a second call
+  for c in range(3):
+    assert len(np.unique(group[truth == c])) == 1
+  assert len(np.unique(group)) == 3
+  np.testing.assert_array_equal(near, index_lib.coarse_groups(rows, 3, spill=2))
+  # each row's second group is another cluster's, the nearer of the two other centres
+  assert (near[:, 1] != near[:, 0]).all()
+  second = {c: group[truth == c][0] for c in range(3)}
+  d = ((rows[:, None] - centres[None]) ** 2).sum(-1)
+  d[np.arange(150), truth] = np.inf
+  np.testing.assert_array_equal(near[:, 1], [second[c] for c in np.argmin(d, 1)])
+
+
+def test_leaf_centres_are_the_centres_scann_opens_leaves_by():
+  # Plain leaves (no AVQ, no SOAR): ScaNN puts each row in the leaf of its nearest centre
+  # (squared L2) and opens a query's leaves by inner product with the centres. So with one
+  # leaf searched and every candidate kept, the ids found are exactly the rows whose nearest
+  # centre is the query's best-scoring one, computed here from leaf_centres alone.
+  rng = np.random.default_rng(1)
+  w = rng.normal(size=(3000, 8)).astype(np.float32)
+  q = rng.normal(size=(20, 8)).astype(np.float32)
+  params = index_lib.scann_defaults(3000, 10, num_leaves=12, leaves_to_search=1, reorder=3000)
+  idx = index_lib.ScannIndex(w, 10, params)
+  centres = idx.leaf_centres()
+  assert centres.shape == (12, 8)
+  home = np.argmin(((w[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+  for query in q:
+    found = idx.search(query[None], 3000, leaves_to_search=1, reorder=3000)[0]
+    leaf = np.argmax(centres @ query)
+    np.testing.assert_array_equal(np.sort(found[found >= 0]), np.flatnonzero(home == leaf))
+
+
+def test_grouped_scann_index_searching_everything_is_exact():
+  # Every leaf of every group searched and every candidate re-scored: the merge of the
+  # groups' candidates must give exact search's top k (distinct random scores, no ties).
+  rng = np.random.default_rng(2)
+  w = rng.normal(size=(4000, 16)).astype(np.float32)
+  q = rng.normal(size=(40, 16)).astype(np.float32)
+  params = index_lib.scann_defaults(
+    4000, 10, num_leaves=40, leaves_to_search=4, reorder=10, group_rows=1000
+  )
+  idx = index_lib.GroupedScannIndex(w, 10, params)
+  # each row in two of the four groups, and leaves of ~100 rows: twice the leaves
+  assert len(idx.indexes) == 4 and abs(idx.num_leaves - 80) <= 4
+  rows, copies = np.unique(np.concatenate(idx.members), return_counts=True)
+  assert rows.tolist() == list(range(4000)) and (copies == 2).all()
+  exact = index_lib.ExactIndex(w).search(q, 10)
+  np.testing.assert_array_equal(idx.search(q, 10, leaves_to_search=80, reorder=4000), exact)
+  assert index_lib.overlap_at_k(idx.search(q, 10), exact) < 1.0  # 4 of ~80 leaves miss some
+
+
+def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
+  # Plain leaves, reorder large: the ids a query finds are exactly the rows of the m leaves
+  # whose centres score best across all groups (each group's rows in their nearest centre).
+  rng = np.random.default_rng(3)
+  w = rng.normal(size=(3000, 8)).astype(np.float32)
+  q = rng.normal(size=(15, 8)).astype(np.float32)
+  params = index_lib.scann_defaults(
+    3000, 10, num_leaves=30, leaves_to_search=5, reorder=3000, group_rows=1000
+  )
+  idx = index_lib.GroupedScannIndex(w, 10, params)
+  # (row, leaf) for each of a row's copies, leaves numbered as idx.centres
+  copy_rows, copy_leaves, first = [], [], 0
+  for members, index in zip(idx.members, idx.indexes):
+    c = index.leaf_centres()
+    copy_rows.append(members)
+    copy_leaves.append(first + np.argmin(((w[members][:, None] - c[None]) ** 2).sum(-1), axis=1))
+    first += len(c)
+  copy_rows, copy_leaves = np.concatenate(copy_rows), np.concatenate(copy_leaves)
+  for query in q:
+    found = idx.search(query[None], 3000, leaves_to_search=5, reorder=3000)[0]
+    best = np.argsort(-(idx.centres @ query))[:5]
+    want = np.unique(copy_rows[np.isin(copy_leaves, best)])
+    np.testing.assert_array_equal(np.sort(found[found >= 0]), want)
+
+
+def test_build_index_groups_only_when_asked():
+  w = np.random.default_rng(4).normal(size=(3000, 8)).astype(np.float32)
+  knobs = {"num_leaves": 12, "leaves_to_search": 2}
+  assert isinstance(index_lib.build_index(w, 5, "scann", knobs), index_lib.ScannIndex)
+  grouped = index_lib.build_index(w, 5, "scann", {**knobs, "group_rows": 1500})
+  assert isinstance(grouped, index_lib.GroupedScannIndex) and len(grouped.indexes) == 2
+  # a group as large as the rows is one index
+  assert index_lib.scann_defaults(3000, 5, group_rows=3000).group_rows == 0
+
+
 def test_scann_defaults_scale_with_labels():
   small, big = index_lib.scann_defaults(10_000, 50), index_lib.scann_defaults(10_000_000, 50)
   assert small.num_leaves < big.num_leaves and small.num_leaves_to_search <= small.num_leaves
@@ -513,6 +609,11 @@ def test_fixed_cost_knobs_keep_rows_per_query_flat():
   assert fixed_cost.num_leaves == 500
   assert index_lib.scann_defaults(10**6, 50, leaf_rows=4000).num_leaves == 250
   assert index_lib.scann_defaults(10**6, 50, num_leaves=7, leaf_rows=4000).num_leaves == 7
+  # Shrinking leaves: 2,000 x (10^6 / L)^0.5 rows, by hand: 2,000 at 10^6 (500 leaves),
+  # 1,000 at 4 x 10^6 (4,000 leaves), round(632.46) = 632 at 10^7 (10^7 // 632 = 15,822).
+  for L, leaves in ((10**6, 500), (4 * 10**6, 4000), (10**7, 15_822)):
+    p = index_lib.scann_defaults(L, 32, rows_per_query=256_000, leaf_rows=2000, leaf_shrink=0.5)
+    assert p.num_leaves == leaves
 
 
 def test_step_embeddings_are_collected_one_step_late_and_all_by_the_epochs_end(tmp_path):
@@ -610,7 +711,10 @@ def test_row_subset_keeps_the_rows_in_the_order_asked():
   assert [both.row(i).tolist() for i in range(2)] == [[1], [3]]
 
 
-@pytest.mark.parametrize("knobs", [{}, {"avq": 1.0, "soar_lambda": 1.5}])
+@pytest.mark.parametrize(
+  "knobs",
+  [{}, {"avq": 1.0, "soar_lambda": 1.5}, {"avq": 1.0, "soar_lambda": 1.5, "group_rows": 500}],
+)
 def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, knobs):
   # The refresh reports two recalls on its sample: the index's top k against exact search,
   # and the k negatives it mined (positives removed) against the k an exact refresh mines.
@@ -632,7 +736,8 @@ def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, k
     order = [j for j in np.argsort(-scores[i], kind="stable") if j not in set(labels.row(i))]
     shares.append(len(set(order[: job.k]) & set(mined[i])) / job.k)
   assert stats["negatives_recall"] == pytest.approx(np.mean(shares), abs=1e-4)
-  assert 0.2 < stats["negatives_recall"] < 1.0  # 3 of 40 leaves: an approximate search
+  # 3 of 40 leaves (of ~80 in the grouped build: its rows are in two groups each)
+  assert 0.2 < stats["negatives_recall"] < 1.0
   exact = run_job(
     RefreshJob(**{**job.__dict__, "backend": "exact", "out_path": str(tmp_path / "e.npy")})
   )

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import shutil
+import tempfile
 
 import numpy as np
 
@@ -67,6 +69,10 @@ class ScannParams:
   # and SOAR spilling (each row also in a second, orthogonality-amplified leaf).
   avq: float | None = None
   soar_lambda: float | None = None
+  # > 0: the rows are split into (rows // group_rows) groups by a coarse k-means and each
+  # group gets its own ScaNN index, its share of num_leaves; a query's leaves are still
+  # the num_leaves_to_search best of all groups' leaf centres (GroupedScannIndex).
+  group_rows: int = 0
 
 
 LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
@@ -79,6 +85,8 @@ LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
 # 500 x iterations / leaf_rows times the assignment of the L rows to leaves, which any
 # build pays: the same order in L.
 TRAINING_ROWS_PER_LEAF = 500
+# The rows at which leaf_shrink leaves leaf_rows as it is (scann_defaults).
+LEAF_SHRINK_ROWS = 1_000_000
 
 
 def scann_defaults(
@@ -91,6 +99,8 @@ def scann_defaults(
   leaf_rows: int = 0,
   avq: float | None = None,
   soar_lambda: float | None = None,
+  group_rows: int = 0,
+  leaf_shrink: float = 0.0,
 ) -> ScannParams:
   """ScaNN knobs for mining k neighbours from `num_rows` rows (zeros: scaled to L).
 
@@ -111,8 +121,8 @@ def scann_defaults(
   changed no recall@32 measured on trained W of 10^6 and 10^7 rows: the loss is the leaves
   not searched).
   Recall at a fixed R falls as L grows at one leaf size (~3.2 times the rows at 10 times L
-  on the full-label stand-in); smaller leaves at larger L (leaf_rows) hold it, at a build
-  that grows as L^2 / leaf_rows.
+  on the full-label stand-in); leaves that shrink as L grows (leaf_shrink) hold it, and a
+  build in groups (group_rows) keeps their build from growing as L^2 / leaf_rows.
 
   Args:
     num_rows: rows in the index (one W shard).
@@ -122,12 +132,18 @@ def scann_defaults(
     leaf_rows: > 0, exactly num_rows / leaf_rows leaves (unless num_leaves is given), under
       either rule: a leaf size that holds for every shard of W, whatever their number
       (config.negatives.scann_leaf_rows).
+    leaf_shrink: > 0, leaves of leaf_rows x (LEAF_SHRINK_ROWS / num_rows)^leaf_shrink rows
+      instead (leaf_rows at 10^6 rows, smaller above; config.negatives.scann_leaf_shrink).
     avq, soar_lambda: partitioner options for inner products (None: off), as the serving
       index uses them (serve_index.serving_params).
+    group_rows: > 0, build the leaves group by group (GroupedScannIndex), groups of about
+      this many rows (config.negatives.scann_group_rows); 0, one index.
   Returns:
     The ScannParams to build with.
   """
   sqrt_rule = max(2 * math.sqrt(num_rows), 16)
+  if leaf_rows and leaf_shrink:
+    leaf_rows = max(1, round(leaf_rows * (LEAF_SHRINK_ROWS / num_rows) ** leaf_shrink))
   if leaf_rows and not num_leaves:
     leaves = num_rows // leaf_rows
   elif rows_per_query:
@@ -154,6 +170,7 @@ def scann_defaults(
     min(num_rows, sample),
     avq=avq,
     soar_lambda=soar_lambda,
+    group_rows=group_rows if 0 < group_rows < num_rows else 0,
   )
 
 
@@ -202,6 +219,17 @@ class ScannIndex:
     """(n, k) ids, -1 where the searched leaves held fewer than k rows (ScaNN pads those
     slots with id 0 and a NaN score: not k copies of label 0). leaves_to_search, reorder:
     instead of the build's (benchmarks search one build with several)."""
+    return self.search_scored(queries, k, leaves_to_search, reorder)[0]
+
+  def search_scored(
+    self,
+    queries: np.ndarray,
+    k: int,
+    leaves_to_search: int | None = None,
+    reorder: int | None = None,
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """`search`'s ids (int32, -1 for an empty slot) and their scores (float32, the exact
+    inner products after re-ranking; -inf for an empty slot)."""
     ids, scores = self.searcher.search_batched_parallel(
       np.ascontiguousarray(queries, np.float32),
       final_num_neighbors=k,
@@ -210,7 +238,32 @@ class ScannIndex:
     )
     # ScaNN returns uint32 ids: cast before -1 meets them (numpy >= 2.5 raises on a -1 that
     # would have to become a uint32).
-    return np.where(np.isnan(scores), -1, ids.astype(np.int32))
+    empty = np.isnan(scores)
+    return (
+      np.where(empty, -1, ids.astype(np.int32)),
+      np.where(empty, -np.inf, scores).astype(np.float32),
+    )
+
+  def leaf_centres(self) -> np.ndarray:
+    """(num_leaves, d) float32: the centres a query's leaves are ranked by, row i leaf i.
+
+    Read from ScaNN's serialized partitioner (its Python API has no accessor); the
+    serialization also writes the index's data, so this costs one write of it."""
+    from scann.partitioning import partitioner_pb2
+
+    tmp = tempfile.mkdtemp(prefix="scann-centres-")
+    try:
+      self.searcher.serialize(tmp, relative_path=True)
+      partitioner = partitioner_pb2.SerializedPartitioner()
+      with open(os.path.join(tmp, "serialized_partitioner.pb"), "rb") as f:
+        partitioner.ParseFromString(f.read())
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    root = partitioner.kmeans.kmeans_tree.root
+    order = [child.leaf_id for child in root.children]
+    if order != list(range(len(order))):
+      raise RuntimeError(f"ScaNN's leaves are not numbered in order: {order[:10]}...")
+    return np.asarray([c.dimension for c in root.centers], np.float32)
 
   def save(self, path: str) -> None:
     """ScaNN's own serialization into the directory `path`, with asset paths relative to
@@ -229,18 +282,198 @@ class ScannIndex:
     return index
 
 
+# The coarse k-means that splits rows into groups: centres trained on this many rows per
+# group, for this many Lloyd iterations after k-means++ seeding, all with a fixed seed (the
+# same rows give the same groups, and so the same negatives).
+GROUP_TRAINING_ROWS = 256
+GROUP_KMEANS_ITERATIONS = 10
+# Groups each row is put in (its nearest centres). With one, a row's natural neighbours
+# across a group's border land in leaves of another group, trained without them: on 500,000
+# trained W rows in leaves of 500 (plain k-means), recall@32 at 64,000 rows per query read
+# 0.82 for one flat index, 0.80 / 0.76 / 0.71 built in 2 / 6 / 25 groups, and 0.84 in 6
+# groups with each row in two (twice the leaves and index, the same rows per leaf).
+GROUP_SPILL = 2
+
+
+def coarse_groups(
+  rows: np.ndarray, num_groups: int, spill: int = 1, block: int = 1 << 18
+) -> np.ndarray:
+  """Each row's `spill` nearest centres of a k-means with `num_groups` (squared L2).
+
+  Args:
+    rows: (L, d) float32 rows (a memmap is read block by block).
+    num_groups: centres, at most L.
+    spill: groups per row (at most num_groups).
+    block: rows assigned per matmul (bounds the (block, num_groups) score array).
+  Returns:
+    (L, spill) int32 group ids, nearest first."""
+  rng = np.random.default_rng(0)
+  sample = np.sort(rng.choice(len(rows), min(len(rows), GROUP_TRAINING_ROWS * num_groups), False))
+  train = np.asarray(rows[sample], np.float32)
+  # k-means++ seeding (each next centre drawn in proportion to its squared distance from
+  # the nearest one so far): Lloyd's iterations from uniformly drawn rows can leave two
+  # centres in one cluster and one across two.
+  centres = np.empty((num_groups, train.shape[1]), np.float32)
+  centres[0] = train[rng.integers(len(train))]
+  nearest_sq = ((train - centres[0]) ** 2).sum(1)
+  for g in range(1, num_groups):
+    total = nearest_sq.sum()
+    pick = rng.choice(len(train), p=nearest_sq / total) if total > 0 else rng.integers(len(train))
+    centres[g] = train[pick]
+    nearest_sq = np.minimum(nearest_sq, ((train - centres[g]) ** 2).sum(1))
+
+  def closeness(x: np.ndarray) -> np.ndarray:
+    # argmin |x - c|^2 = argmax (x . c - |c|^2 / 2)
+    return x @ centres.T - 0.5 * (centres * centres).sum(1)
+
+  for _ in range(GROUP_KMEANS_ITERATIONS):
+    owner = np.argmax(closeness(train), axis=1)
+    sums = np.zeros_like(centres, np.float64)
+    np.add.at(sums, owner, train)
+    counts = np.bincount(owner, minlength=num_groups)
+    held = counts > 0  # a centre that lost all its rows stays where it was
+    centres[held] = (sums[held] / counts[held, None]).astype(np.float32)
+  spill = min(spill, num_groups)
+  out = np.empty((len(rows), spill), np.int32)
+  for s in range(0, len(rows), block):
+    score = closeness(np.asarray(rows[s : s + block], np.float32))
+    near = np.argpartition(-score, spill - 1, axis=1)[:, :spill] if spill < num_groups else None
+    if near is None:
+      near = np.broadcast_to(np.arange(num_groups), score.shape)
+    order = np.argsort(-np.take_along_axis(score, near, 1), axis=1, kind="stable")
+    out[s : s + block] = np.take_along_axis(near, order, 1)
+  return out
+
+
+class GroupedScannIndex:
+  """A ScaNN index built group by group, searched as one.
+
+  A flat index's build seeds its leaf centres by k-means++ over their training sample and
+  assigns every row to a leaf, leaves x rows work each: with leaves of a fixed size,
+  O(L^2) (49 minutes for 20,000 leaves of 500 rows at 10^7 rows on 2 cores). Here a coarse
+  k-means splits the rows into groups of about `params.group_rows` rows, each row in its
+  GROUP_SPILL nearest groups, and each group gets its own ScaNN index with its share of the
+  leaves (leaves of the same size), so the build is O(L x group_rows / leaf rows). A query
+  scores every group's leaf centres (one matmul), takes the num_leaves_to_search best
+  across groups, and searches each group with as many leaves as it holds of those; the
+  groups' candidates are merged by their exact scores, a row found in two groups once."""
+
+  def __init__(
+    self,
+    rows: np.ndarray,
+    k: int,
+    params: ScannParams,
+    threads: int = 0,
+    spill: int = GROUP_SPILL,
+    progress=None,
+  ):
+    """spill: groups per row (GROUP_SPILL); progress: called with (groups built, groups)
+    after each group (None: silent)."""
+    self.params = params
+    num_rows = len(rows)
+    num_groups = max(1, num_rows // params.group_rows)
+    group = coarse_groups(rows, num_groups, spill)
+    row_of = np.repeat(np.arange(num_rows), group.shape[1])
+    order = np.argsort(group.ravel(), kind="stable")
+    bounds = np.searchsorted(group.ravel()[order], np.arange(num_groups + 1))
+    # Leaves of the same size as one flat index of num_leaves would have.
+    rows_per_leaf = num_rows / params.num_leaves
+    sample_share = params.training_sample_size / num_rows
+    self.members: list[np.ndarray] = []
+    self.indexes: list[ScannIndex] = []
+    centres, leaf_group = [], []
+    for g in range(num_groups):
+      members = row_of[order[bounds[g] : bounds[g + 1]]]
+      if not len(members):
+        continue
+      group_params = dataclasses.replace(
+        params,
+        num_leaves=max(1, min(len(members), round(len(members) / rows_per_leaf))),
+        training_sample_size=max(1, min(len(members), round(len(members) * sample_share))),
+        group_rows=0,
+      )
+      index = ScannIndex(np.asarray(rows[members], np.float32), k, group_params, threads)
+      centres.append(index.leaf_centres())
+      leaf_group.append(np.full(len(centres[-1]), len(self.indexes), np.int32))
+      self.members.append(members.astype(np.int64))
+      self.indexes.append(index)
+      if progress is not None:
+        progress(g + 1, num_groups)
+    self.centres = np.concatenate(centres)
+    self.leaf_group = np.concatenate(leaf_group)
+
+  @property
+  def num_leaves(self) -> int:
+    return len(self.centres)
+
+  def search(
+    self,
+    queries: np.ndarray,
+    k: int,
+    leaves_to_search: int | None = None,
+    reorder: int | None = None,
+    query_block: int = 4096,
+  ) -> np.ndarray:
+    """As ScannIndex.search: (n, k) ids into the rows, best first, -1 for an empty slot.
+    leaves_to_search counts leaves across all groups."""
+    queries = np.ascontiguousarray(queries, np.float32)
+    n, groups = len(queries), len(self.indexes)
+    m = min(leaves_to_search or self.params.num_leaves_to_search, self.num_leaves)
+    # Leaves each query opens in each group: its m best leaf centres across all groups.
+    opened = np.zeros((n, groups), np.int32)
+    for s in range(0, n, query_block):
+      scores = queries[s : s + query_block] @ self.centres.T
+      if m >= self.num_leaves:
+        opened[s : s + len(scores)] = np.bincount(self.leaf_group, minlength=groups)
+        continue
+      best = np.argpartition(-scores, m - 1, axis=1)[:, :m]
+      cell = np.arange(len(scores))[:, None] * groups + self.leaf_group[best]
+      opened[s : s + len(scores)] = np.bincount(
+        cell.ravel(), minlength=len(scores) * groups
+      ).reshape(len(scores), groups)
+    best_ids = np.full((n, k), -1, np.int64)
+    best_scores = np.full((n, k), -np.inf, np.float32)
+    for g, index in enumerate(self.indexes):
+      for leaves in np.unique(opened[:, g]):
+        if leaves == 0:
+          continue
+        rows = np.flatnonzero(opened[:, g] == leaves)
+        ids, scores = index.search_scored(queries[rows], k, int(leaves), reorder)
+        ids = np.where(ids >= 0, self.members[g][np.maximum(ids, 0)], -1)
+        # A row in two groups: keep the copy already merged.
+        seen = (ids[:, :, None] == best_ids[rows][:, None, :]).any(-1) & (ids >= 0)
+        scores = np.where(seen, -np.inf, scores)
+        ids = np.where(seen, -1, ids)
+        both_ids = np.concatenate([best_ids[rows], ids], axis=1)
+        both_scores = np.concatenate([best_scores[rows], scores], axis=1)
+        # best first; ties: lower id first; empty slots (-inf) last
+        keep = np.lexsort((both_ids, -both_scores), axis=1)[:, :k]
+        best_ids[rows] = np.take_along_axis(both_ids, keep, 1)
+        best_scores[rows] = np.take_along_axis(both_scores, keep, 1)
+    return np.where(np.isfinite(best_scores), best_ids, -1).astype(np.int32)
+
+
 def build_index(
-  rows: np.ndarray, k: int, backend: str, scann_knobs: dict | None = None, threads: int = 0
+  rows: np.ndarray,
+  k: int,
+  backend: str,
+  scann_knobs: dict | None = None,
+  threads: int = 0,
+  progress=None,
 ):
   """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap).
   threads > 0: ScaNN's thread count (the exact index's matmul follows the BLAS pool, which
-  the refresh worker's environment sets)."""
+  the refresh worker's environment sets). progress: a grouped build's callback
+  (GroupedScannIndex)."""
   if backend == "auto":
     backend = "exact" if len(rows) <= 50_000 else "scann"
   if backend == "exact":
     return ExactIndex(rows)
   if backend == "scann":
-    return ScannIndex(rows, k, scann_defaults(len(rows), k, **(scann_knobs or {})), threads)
+    params = scann_defaults(len(rows), k, **(scann_knobs or {}))
+    if params.group_rows:
+      return GroupedScannIndex(rows, k, params, threads, progress=progress)
+    return ScannIndex(rows, k, params, threads)
   raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
 
 

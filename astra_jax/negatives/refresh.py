@@ -158,7 +158,9 @@ def _mine_shards(
   for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
     rows = np.asarray(vectors[start : start + hi - lo])
     t0 = time.time()
-    index = index_lib.build_index(rows, job.k, job.backend, job.scann_knobs, job.threads)
+    index = index_lib.build_index(
+      rows, job.k, job.backend, job.scann_knobs, job.threads, _GroupProgress(s, t0)
+    )
     t1 = time.time()
     block = negatives[:, s * job.k : (s + 1) * job.k]
     index_lib.mine(
@@ -187,6 +189,22 @@ def _mine_shards(
       negative_recalls.append(index_lib.overlap_at_k(np.asarray(block[sample]), exact_negatives))
     del index
   return build_s, search_s, recalls, negative_recalls
+
+
+class _GroupProgress:
+  """Prints a grouped index build's progress to the worker's log, about every tenth."""
+
+  def __init__(self, shard: int, start: float):
+    self.shard, self.start, self.shown = shard, start, 0
+
+  def __call__(self, built: int, groups: int) -> None:
+    if built * 10 // groups > self.shown or built == groups:
+      self.shown = built * 10 // groups
+      print(
+        f"refresh: shard {self.shard}: {built}/{groups} index groups built "
+        f"({time.time() - self.start:.0f} s)",
+        flush=True,
+      )
 
 
 class _FirstSearchKept:
