@@ -117,22 +117,22 @@ FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
 # The refresh at a fixed cost per query: FULL_LABEL_ROWS_PER_QUERY rows scored
-# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows
-# (negatives.scann_leaf_rows), AVQ leaf centres and SOAR spilling as the serving index (scann_avq,
-# scann_soar_lambda). Measured on the trained W of a 10^6-label run (topics of 1,024 labels,
-# 16 words each, unigrams; 1,000 queries; recall@32 of the top 32 / of the 32 negatives
-# mined with positives removed; docs/results/full_labels_knobs.md): plain k-means leaves of
-# 4,000 rows, 64k rows 0.80 / 0.66; AVQ + SOAR, 64k rows in leaves of 2,000 / 1,000 / 500
-# rows 0.89 / 0.93 / 0.95 (negatives 0.76 / 0.82 / 0.88); in leaves of 2,000, 128k / 256k
-# rows 0.95 / 0.98 (negatives 0.87 / 0.94). Leaves of 2,000, not smaller: a build assigns
-# each of the L rows to a leaf centre (twice with SOAR), L^2 / leaf_rows distances, so its
-# cost at 10^7 grows as the leaves shrink; the search's cost grows with the rows scored only.
-# At 10^7 labels (5,000 leaves, centres trained on 500 rows per leaf) 128k / 256k / 512k
-# rows read 0.83 / 0.91 / 0.96 (negatives 0.66 / 0.78 / 0.87): 256k is the least of these
-# that holds 0.9 at both sizes. Leaves of 500 rows at 10^7 reach 0.9 at ~96k rows (1.3
-# times what leaves of 2,000 need at 10^6) but take 49 minutes to build here, not 13.
+# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows at 10^6 rows per
+# W shard, shrinking as 1 / sqrt(rows) above (FULL_LABEL_LEAF_SHRINK; 632 at 10^7), built in
+# groups of FULL_LABEL_GROUP_ROWS rows (negatives.scann_group_rows), AVQ leaf centres and
+# SOAR spilling as the serving index (scann_avq, scann_soar_lambda). Measured on the trained
+# W of 10^6- and 10^7-label runs (topics of 1,024 labels, 16 words each, unigrams; 1,000
+# queries; recall@32 of the top 32; docs/results/full_labels_knobs.md): at one leaf size the
+# rows a query must score for recall 0.9 grow 3.2-3.3 times from 10^6 to 10^7 labels (leaves
+# of 2,000: ~74k -> ~235k), at any of 2,000 / 1,000 / 500 rows; leaves that shrink as L grows
+# hold them within 2 times, and a flat index of such leaves took 49 minutes to build at 10^7
+# (leaves of 500) because its k-means grows as L^2 / leaf_rows. Built in groups (each row in
+# its two nearest), the build grows as L x group_rows / leaf_rows. 256k rows per query: 0.98
+# at 10^6 and, at 10^7, 0.91 in one index of 2,000-row leaves.
 FULL_LABEL_ROWS_PER_QUERY = 256_000
 FULL_LABEL_LEAF_ROWS = 2_000
+FULL_LABEL_LEAF_SHRINK = 0.5
+FULL_LABEL_GROUP_ROWS = 80_000
 FULL_LABEL_SCANN_AVQ = 1.0
 FULL_LABEL_SCANN_SOAR_LAMBDA = 1.5
 
@@ -367,7 +367,7 @@ def full_label_variant(
     * no label texts as training rows: L of them would outnumber the queries;
     * FULL_LABEL_K_H hard + FULL_LABEL_K_R random negatives per query (see there);
     * refreshes at a fixed cost per query, FULL_LABEL_ROWS_PER_QUERY rows in leaves of
-      FULL_LABEL_LEAF_ROWS (see there);
+      FULL_LABEL_LEAF_ROWS at 10^6 rows, smaller above, built in groups (see there);
     * W initialised from the label texts' embeddings (`classifier.init=label_text`);
     * its own data directory (data/<name>-full-labels): other sizes are other datasets.
   `--config.data.synthetic.num_labels=N` (and `data.num_labels`) runs it at fewer labels.
@@ -401,9 +401,11 @@ def full_label_variant(
   c.negatives.scann_rows_per_query = FULL_LABEL_ROWS_PER_QUERY
   c.negatives.scann_avq = FULL_LABEL_SCANN_AVQ
   c.negatives.scann_soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
-  # A leaf size, not a count: each W shard's index has (its rows) / this many leaves, at
-  # any --config.data.synthetic.num_labels and any mesh.model.
+  # A leaf size, not a count: each W shard's index has (its rows) / (this, shrunk by the
+  # shard's rows) leaves, at any --config.data.synthetic.num_labels and any mesh.model.
   c.negatives.scann_leaf_rows = FULL_LABEL_LEAF_ROWS
+  c.negatives.scann_leaf_shrink = FULL_LABEL_LEAF_SHRINK
+  c.negatives.scann_group_rows = FULL_LABEL_GROUP_ROWS
   # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000
   # times fewer queries than labels most rows would otherwise stay random vectors, whose
   # exact top-k is arbitrary (a refresh's recall@k_h was 0.10 at 10^6 labels with

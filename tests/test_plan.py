@@ -5,6 +5,7 @@ synthetic stand-in trains end to end."""
 import copy
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -429,6 +430,7 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
   assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
   assert c.negatives.scann_leaf_rows == 2000 and c.classifier.init == "label_text"
+  assert (c.negatives.scann_leaf_shrink, c.negatives.scann_group_rows) == (0.5, 80_000)
   assert c.negatives.scann_leaves == 0  # a leaf size, so that every shard has its share
   # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
   assert (c.negatives.scann_avq, c.negatives.scann_soar_lambda) == (1.0, 1.5)
@@ -436,14 +438,17 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   from astra_jax.negatives import index as index_lib
 
   params = index_lib.scann_defaults(10_000_000, 32, **train.refresh_index_knobs(c))
-  # 5,000 leaves of 2,000 rows, each searched leaf worth twice its rows with SOAR's copies.
-  assert (params.num_leaves, params.avq, params.soar_lambda) == (5000, 1.0, 1.5)
-  assert params.num_leaves_to_search == c.negatives.scann_rows_per_query // (2 * 2000)
-  # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: 9,524,976 // 2,000 =
-  # 4,762 leaves, and as many searched as on one device.
+  # Leaves of 2,000 x (10^6 / 10^7)^0.5 = 632 rows: 10^7 // 632 = 15,822, built in groups of
+  # 80,000 rows; each searched leaf worth twice its rows with SOAR's copies.
+  assert (params.num_leaves, params.avq, params.soar_lambda) == (15_822, 1.0, 1.5)
+  assert params.group_rows == 80_000
+  assert params.num_leaves_to_search == math.ceil(256_000 / (2 * 10_000_000 / 15_822))
+  # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: leaves of
+  # round(2,000 x (10^6 / 9,524,976)^0.5) = 648 rows, 9,524,976 // 648 = 14,699 of them,
+  # each shard's own leaf size as if it were the whole index.
   half = index_lib.scann_defaults(19_049_952 // 2, 32, **train.refresh_index_knobs(c))
-  assert half.num_leaves == 4762
-  assert half.num_leaves_to_search == params.num_leaves_to_search
+  assert half.num_leaves == 14_699
+  assert half.num_leaves_to_search == math.ceil(256_000 / (2 * 9_524_976 / 14_699))
   assert train.refresh_index_knobs(load_config("experiments/demo.py"))["avq"] is None
   assert c.encoder.ngram.orders == 1
   assert s.topic_size % s.group_size == 0 and s.topic_words >= 3  # a group takes 3 words

@@ -433,21 +433,30 @@ class GroupedScannIndex:
       ).reshape(len(scores), groups)
     best_ids = np.full((n, k), -1, np.int64)
     best_scores = np.full((n, k), -np.inf, np.float32)
+    budget = reorder or self.params.reorder
     for g, index in enumerate(self.indexes):
       for leaves in np.unique(opened[:, g]):
         if leaves == 0:
           continue
         rows = np.flatnonzero(opened[:, g] == leaves)
-        ids, scores = index.search_scored(queries[rows], k, int(leaves), reorder)
+        # Each group re-ranks its share of the candidates, in proportion to its share of
+        # the leaves opened: the query's whole budget in every group it opens a leaf of
+        # re-scored, on 10^7 rows, tens of times the candidates a flat index re-scores.
+        share = max(k, math.ceil(budget * leaves / m))
+        ids, scores = index.search_scored(queries[rows], k, int(leaves), share)
         ids = np.where(ids >= 0, self.members[g][np.maximum(ids, 0)], -1)
-        # A row in two groups: keep the copy already merged.
-        seen = (ids[:, :, None] == best_ids[rows][:, None, :]).any(-1) & (ids >= 0)
-        scores = np.where(seen, -np.inf, scores)
-        ids = np.where(seen, -1, ids)
         both_ids = np.concatenate([best_ids[rows], ids], axis=1)
         both_scores = np.concatenate([best_scores[rows], scores], axis=1)
-        # best first; ties: lower id first; empty slots (-inf) last
-        keep = np.lexsort((both_ids, -both_scores), axis=1)[:, :k]
+        # best first, empty slots (-inf) last; a stable sort keeps ties in the order the
+        # groups were searched (lexsort by id too took a third of the search's time).
+        order = np.argsort(-both_scores, axis=1, kind="stable")
+        both_ids = np.take_along_axis(both_ids, order, 1)
+        both_scores = np.take_along_axis(both_scores, order, 1)
+        # A row found in two groups has the same exact score in both (the same float row
+        # re-scored by the same kernel), so its copies sit side by side: keep the first.
+        again = np.zeros(both_ids.shape, bool)
+        again[:, 1:] = (both_ids[:, 1:] == both_ids[:, :-1]) & (both_ids[:, 1:] >= 0)
+        keep = np.argsort(again, axis=1, kind="stable")[:, :k]
         best_ids[rows] = np.take_along_axis(both_ids, keep, 1)
         best_scores[rows] = np.take_along_axis(both_scores, keep, 1)
     return np.where(np.isfinite(best_scores), best_ids, -1).astype(np.int32)
