@@ -105,6 +105,14 @@ def test_node_plan_equals_hand_counts():
     == 38_334_008
   )
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
+  # A ScaNN index: an fp32 copy and codes of the shard's rows; built in groups, each row
+  # in two of them, twice that.
+  c.negatives.index = "scann"
+  flat = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
+  assert by_name(flat.worker_items, "ANN index") == 2 * 500 * 64 * 4
+  c.negatives.scann_group_rows = 100
+  grouped = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
+  assert by_name(grouped.worker_items, "ANN index") == 2 * 2 * 500 * 64 * 4
   # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
   # snapshot per process), 2 negatives generations
   # per process, (3 kept + best + one being written) checkpoints, the export.

@@ -439,9 +439,9 @@ class GroupedScannIndex:
         if leaves == 0:
           continue
         rows = np.flatnonzero(opened[:, g] == leaves)
-        # Each group re-ranks its share of the candidates, in proportion to its share of
-        # the leaves opened: the query's whole budget in every group it opens a leaf of
-        # re-scored, on 10^7 rows, tens of times the candidates a flat index re-scores.
+        # Each group re-ranks its share of the budget, in proportion to the leaves the
+        # query opens in it: at 10^7 rows a query opens leaves in tens of groups, and the
+        # whole budget in each re-scored tens of times what a flat index does.
         share = max(k, math.ceil(budget * leaves / m))
         ids, scores = index.search_scored(queries[rows], k, int(leaves), share)
         ids = np.where(ids >= 0, self.members[g][np.maximum(ids, 0)], -1)

@@ -35,6 +35,7 @@ from astra_jax.data import catalog, synthetic
 from astra_jax.errors import InputError
 from astra_jax.model import architectures, pretrained
 from astra_jax.model.encoder_config import EncoderConfig
+from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.schedule import NegativeSchedule
 
 GiB = 2**30
@@ -419,11 +420,14 @@ def make_plan(
   )
   nnz = int(data.num_train * lpp) + (rows - data.num_train) if lpp else None
   if index_kind == "scann":
+    # A grouped build (negatives.scann_group_rows) holds each row in GROUP_SPILL groups.
+    copies = index_lib.GROUP_SPILL if nc.get("scann_group_rows", 0) else 1
     worker = [
       Item(
-        f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {R:,} rows)",
-        2 * R * d * 4,
-        "2 x W shard",
+        f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {copies * R:,} rows"
+        + (f", each row in {copies} groups)" if copies > 1 else ")"),
+        2 * copies * R * d * 4,
+        f"2 x {copies} x W shard" if copies > 1 else "2 x W shard",
       )
     ]
   else:
