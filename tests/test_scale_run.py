@@ -35,6 +35,9 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
     "--num_test=300",
     "--predict_queries=2",
     "--set=train.batch_size=256",
+    # The tiny refresh worker lives about a second: sample often enough to see it (at the
+    # default 0.5 s a loaded machine once missed it in the killed run).
+    "--poll_s=0.1",
     f"--work_dir={tmp_path / 'work'}",
     f"--out={out}",
   )

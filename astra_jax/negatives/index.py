@@ -412,25 +412,30 @@ class GroupedScannIndex:
     k: int,
     leaves_to_search: int | None = None,
     reorder: int | None = None,
-    query_block: int = 4096,
+    query_block: int = 1024,
   ) -> np.ndarray:
     """As ScannIndex.search: (n, k) ids into the rows, best first, -1 for an empty slot.
-    leaves_to_search counts leaves across all groups."""
+    leaves_to_search counts leaves across all groups. query_block: queries whose leaf
+    centre scores are ranked at once (float32 scores and the partial sort's int64 indices,
+    12 bytes per query and centre: 0.4 GB for 1,024 queries and 31,642 centres)."""
     queries = np.ascontiguousarray(queries, np.float32)
     n, groups = len(queries), len(self.indexes)
     m = min(leaves_to_search or self.params.num_leaves_to_search, self.num_leaves)
     # Leaves each query opens in each group: its m best leaf centres across all groups.
     opened = np.zeros((n, groups), np.int32)
     for s in range(0, n, query_block):
-      scores = queries[s : s + query_block] @ self.centres.T
+      block = queries[s : s + query_block]
       if m >= self.num_leaves:
-        opened[s : s + len(scores)] = np.bincount(self.leaf_group, minlength=groups)
+        opened[s : s + len(block)] = np.bincount(self.leaf_group, minlength=groups)
         continue
-      best = np.argpartition(-scores, m - 1, axis=1)[:, :m]
-      cell = np.arange(len(scores))[:, None] * groups + self.leaf_group[best]
-      opened[s : s + len(scores)] = np.bincount(
-        cell.ravel(), minlength=len(scores) * groups
-      ).reshape(len(scores), groups)
+      negated = block @ self.centres.T
+      np.negative(negated, out=negated)
+      # A copy of the m columns, so that argpartition's (block, K) int64 array goes now.
+      best = np.argpartition(negated, m - 1, axis=1)[:, :m].copy()
+      del negated
+      cell = np.arange(len(block))[:, None] * groups + self.leaf_group[best]
+      counts = np.bincount(cell.ravel(), minlength=len(block) * groups)
+      opened[s : s + len(block)] = counts.reshape(len(block), groups)
     best_ids = np.full((n, k), -1, np.int64)
     best_scores = np.full((n, k), -np.inf, np.float32)
     budget = reorder or self.params.reorder
