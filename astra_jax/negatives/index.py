@@ -315,12 +315,12 @@ def coarse_groups(
   # centres in one cluster and one across two.
   centres = np.empty((num_groups, train.shape[1]), np.float32)
   centres[0] = train[rng.integers(len(train))]
-  nearest_sq = ((train - centres[0]) ** 2).sum(1)
+  nearest_sq = ((train - centres[0]) ** 2).sum(1, dtype=np.float64)
   for g in range(1, num_groups):
     total = nearest_sq.sum()
     pick = rng.choice(len(train), p=nearest_sq / total) if total > 0 else rng.integers(len(train))
     centres[g] = train[pick]
-    nearest_sq = np.minimum(nearest_sq, ((train - centres[g]) ** 2).sum(1))
+    nearest_sq = np.minimum(nearest_sq, ((train - centres[g]) ** 2).sum(1, dtype=np.float64))
 
   def closeness(x: np.ndarray) -> np.ndarray:
     # argmin |x - c|^2 = argmax (x . c - |c|^2 / 2)
