@@ -21,8 +21,9 @@ Each phase's wall seconds and the peak resident memory of its processes: the dri
 peak) and keeps the trainer and the refresh worker (`astra_jax.negatives.refresh`) apart.
 
 Writes one JSON object: num_labels, num_train, num_test, config, overrides, phases {name:
-{seconds, peak_rss_bytes, refresh_worker_peak_rss_bytes}}, refreshes [{epoch, recall,
-build_s, search_s, wait_s}], step_time_s (median wall seconds per step of the resumed
+{seconds, peak_rss_bytes, refresh_worker_peak_rss_bytes}} (the worker's: the sampler's, or
+the peak it reported if larger), refreshes [{epoch, recall, build_s, search_s, wait_s,
+peak_rss_bytes (the worker's own)}], step_time_s (median wall seconds per step of the resumed
 run), resume_metrics_equal, metrics, popularity_baseline, kill_after_checkpoint_step,
 resumed_from_step, steps_per_epoch, predictions (the first query's top labels).
 """
@@ -78,6 +79,13 @@ class Phase:
   peak_rss_bytes: int  # the largest peak of any process but the worker
   refresh_worker_peak_rss_bytes: int  # the refresh worker's, 0 if none ran
   samples: list  # (time, trainer RSS bytes) every poll
+
+
+def add_reported_worker_peak(phase: Phase, results: dict) -> None:
+  """Folds the peaks the phase's refresh workers reported (results.json's refreshes) into
+  what the sampler saw: a worker that lives less than --poll_s can end between samples."""
+  reported = [r.get("peak_rss_bytes") or 0 for r in results["negatives"]["refreshes"]]
+  phase.refresh_worker_peak_rss_bytes = max([phase.refresh_worker_peak_rss_bytes, *reported])
 
 
 def _status_bytes(pid: int, field: str) -> int:
@@ -161,7 +169,9 @@ def run_phase(name: str, argv: list[str], log_path: str, until=None) -> Phase:
         sampler.samples.append((time.time(), _status_bytes(proc.pid, "VmRSS")))
         os.killpg(proc.pid, signal.SIGKILL)
         killed = True
-      time.sleep(0.2)
+      # The kill must land before the next checkpoint: a small run's steps take ~0.1 s, and
+      # checking costs one directory listing.
+      time.sleep(0.02)
     sampler.stop()
   seconds = time.time() - t0
   if proc.returncode != 0 and not killed:
@@ -296,6 +306,7 @@ def main(argv):
   )
   with open(os.path.join(killed_dir, "results.json")) as f:
     results = json.load(f)
+  add_reported_worker_peak(phases["train_killed"], results)
   samples = phases["train_resumed"].samples
   for name in ("final_evaluation", "export"):
     span = results["phase_spans"][name]
@@ -367,6 +378,7 @@ def main(argv):
             "wait_s",
             "num_queries",
             "num_labels",
+            "peak_rss_bytes",
             "error",
           )
         }
@@ -399,6 +411,7 @@ def main(argv):
     )
     with open(os.path.join(reference_dir, "results.json")) as f:
       reference = json.load(f)
+    add_reported_worker_peak(phases["train_reference"], reference)
     record = write_record(reference)
   print(
     json.dumps(

@@ -145,6 +145,11 @@ def test_coarse_groups_find_separated_clusters():
   np.testing.assert_array_equal(near[:, 1], [second[c] for c in np.argmin(d, 1)])
 
 
+def _nearest_centre(rows: np.ndarray, centres: np.ndarray) -> np.ndarray:
+  """Each row's nearest centre by squared L2, as ScaNN assigns rows to plain leaves."""
+  return np.argmin(((rows[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+
+
 def test_leaf_centres_are_the_centres_scann_opens_leaves_by():
   # Plain leaves (no AVQ, no SOAR): ScaNN puts each row in the leaf of its nearest centre
   # (squared L2) and opens a query's leaves by inner product with the centres. So with one
@@ -157,7 +162,7 @@ def test_leaf_centres_are_the_centres_scann_opens_leaves_by():
   idx = index_lib.ScannIndex(w, 10, params)
   centres = idx.leaf_centres()
   assert centres.shape == (12, 8)
-  home = np.argmin(((w[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+  home = _nearest_centre(w, centres)
   for query in q:
     found = idx.search(query[None], 3000, leaves_to_search=1, reorder=3000)[0]
     leaf = np.argmax(centres @ query)
@@ -200,7 +205,7 @@ def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
   for members, index in zip(idx.members, idx.indexes):
     c = index.leaf_centres()
     copy_rows.append(members)
-    copy_leaves.append(first + np.argmin(((w[members][:, None] - c[None]) ** 2).sum(-1), axis=1))
+    copy_leaves.append(first + _nearest_centre(w[members], c))
     first += len(c)
   copy_rows, copy_leaves = np.concatenate(copy_rows), np.concatenate(copy_leaves)
   for query in q:
@@ -738,6 +743,10 @@ def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, k
     order = [j for j in np.argsort(-scores[i], kind="stable") if j not in set(labels.row(i))]
     shares.append(len(set(order[: job.k]) & set(mined[i])) / job.k)
   assert stats["negatives_recall"] == pytest.approx(np.mean(shares), abs=1e-4)
+  # run here, synchronously: the peak it reports is this process's, up to now
+  import resource
+
+  assert 0 < stats["peak_rss_bytes"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   # 3 of 40 leaves (of ~80 in the grouped build: its rows are in two groups each)
   assert 0.2 < stats["negatives_recall"] < 1.0
   exact = run_job(

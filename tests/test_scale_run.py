@@ -35,8 +35,10 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
     "--num_test=300",
     "--predict_queries=2",
     "--set=train.batch_size=256",
-    # The tiny refresh worker lives about a second: sample often enough to see it (at the
-    # default 0.5 s a loaded machine once missed it in the killed run).
+    # At the default 0.5 s, on an idle machine, the kill meant for just after checkpoint 10
+    # landed after checkpoint 12 in half the runs (this tiny run's steps take ~0.1 s and its
+    # checkpoints complete asynchronously); sampling /proc every 0.1 s slows it enough that
+    # 4 runs of 4 passed. A kill the trainer itself makes at a step would not race; not built.
     "--poll_s=0.1",
     f"--work_dir={tmp_path / 'work'}",
     f"--out={out}",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -136,6 +137,8 @@ def run_job(job: RefreshJob) -> dict:
     "query_rows": [int(row_lo), int(row_hi)],
     "num_labels": len(vectors),
     "num_shards": len(shards),
+    # The peak of the process that ran it: the worker's (the trainer's when synchronous).
+    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
   }
   with atomic_text_writer(job.stats_path) as f:
     json.dump(stats, f)
