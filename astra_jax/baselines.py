@@ -1,198 +1,23 @@
 """What a classic method gets for free on a dataset in the XC layout: label popularity and
-character n-gram TF-IDF k-nearest-neighbour votes. A trained model that does not beat these
-is not worth its training time.
+character n-gram TF-IDF k-nearest-neighbour votes (`evaluation/baselines.py` says how each
+is computed). A trained model that does not beat these is not worth its training time.
 
   python -m astra_jax.baselines --data=DIR [--split=test|validation] [--filter_self=off|on|auto]
 
-- popularity: every query gets the most frequent training labels;
-- TF-IDF kNN: char 2-4-gram TF-IDF (scikit-learn's TfidfVectorizer: within-word n-grams,
-  sublinear tf, l2-normalised) of the texts; a query's k = 20 most cosine-similar training
-  points vote for their labels with their similarity (`astra_jax.knn.vote`);
-- label-text TF-IDF (when label texts exist): labels ranked by the cosine of the query's
-  TF-IDF vector with their text's.
-
 scikit-learn is an optional extra (`pip install astra_jax[baselines]`); without it only
-popularity is computed. The training run (`astra_jax.train`) puts the kNN numbers in
-results.json beside the popularity baseline when scikit-learn is installed.
+popularity is computed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import sys
 
-import numpy as np
-from absl import flags, logging
+from absl import flags
 
-from astra_jax import cli, evaluation, knn
-from astra_jax.data import dataset, self_filter, validation, xc_format
-from astra_jax.data.xc_format import SparseRows
-from astra_jax.errors import InputError
-
-KNN_K = 20
-NGRAMS = (2, 4)
-
-
-def sklearn_available() -> bool:
-  try:
-    import sklearn  # noqa: F401
-
-    return True
-  except ImportError:
-    return False
-
-
-@dataclasses.dataclass(frozen=True)
-class TextData:
-  """A dataset's raw texts and label rows (no tokenizer needed)."""
-
-  train_texts: list[str]
-  train_labels: SparseRows
-  test_texts: list[str]
-  test_labels: SparseRows
-  label_texts: list[str] | None
-  test_filter: np.ndarray
-  num_labels: int
-
-
-def load_texts(
-  data_dir: str,
-  layout: str = "auto",
-  use_content: bool = False,
-  validation_fraction: float = 0.0,
-  validation_seed: int = 0,
-  filter_self: str = "off",
-) -> TextData:
-  """Reads texts and labels; with validation_fraction > 0 the test set is the validation
-  split that `data.validation_fraction` carves (the same rows); filter_self (off | on |
-  auto) filters each test row's own item as `data.filter_self` does (data/self_filter.py)."""
-  layout = layout if layout != "auto" else dataset.detect_layout(data_dir)
-  trn_x, tst_x, lbl_x = (os.path.join(data_dir, f) for f in dataset.LAYOUTS[layout])
-  read = lambda p: xc_format.read_texts(p, use_content=use_content)
-  if layout == "json":
-    num_labels = len(read(lbl_x))
-    train_labels = xc_format.read_json_labels(trn_x, num_labels)
-    test_labels = xc_format.read_json_labels(tst_x, num_labels)
-  else:
-    train_labels = xc_format.read_sparse(os.path.join(data_dir, "trn_X_Y.txt"))
-    num_labels = train_labels.num_cols
-    test_labels = xc_format.read_sparse(os.path.join(data_dir, "tst_X_Y.txt"), num_labels)
-  train_texts, test_texts = read(trn_x), read(tst_x)
-  label_texts = read(lbl_x) if os.path.exists(lbl_x) else None
-  path = dataset.filter_file_path(data_dir, dataset.FILTER_FILE)
-  test_filter = (
-    xc_format.read_filter(path, test_labels.num_rows, num_labels)
-    if path
-    else np.zeros((0, 2), np.int64)
-  )
-  if validation_fraction:
-    keep, val = validation.split_rows(len(train_texts), validation_fraction, validation_seed)
-    test_texts = [train_texts[i] for i in val]
-    test_labels = validation.take_rows(train_labels, val)
-    train_texts = [train_texts[i] for i in keep]
-    train_labels = validation.take_rows(train_labels, keep)
-    test_filter = np.zeros((0, 2), np.int64)
-  if filter_self != "off":
-    if label_texts is None:
-      raise InputError(f"filter_self={filter_self} needs label texts at {lbl_x}")
-    _, own, _ = self_filter.own_item_pairs(
-      filter_self, train_texts, train_labels, test_texts, test_labels, label_texts
-    )
-    test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
-  return TextData(
-    train_texts, train_labels, test_texts, test_labels, label_texts, test_filter, num_labels
-  )
-
-
-def _score(rank: evaluation.Ranker, data: TextData, ks: tuple[int, ...]) -> dict[str, float]:
-  return evaluation.rank_filter_score(rank, data.test_labels, data.test_filter, None, ks)
-
-
-def popularity(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
-  return _score(
-    evaluation.popularity_ranker(data.train_labels, data.test_labels.num_rows), data, ks
-  )
-
-
-def _vectorizer():
-  from sklearn.feature_extraction.text import TfidfVectorizer
-
-  # Word-boundary character n-grams with sublinear term frequencies: the usual choice for
-  # short texts (package names and titles), within 0.3 P@1 of the README's floor.
-  return TfidfVectorizer(
-    analyzer="char_wb", ngram_range=NGRAMS, sublinear_tf=True, dtype=np.float32
-  )
-
-
-def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-  """Exact top-k of the sparse cosine similarities (rows are l2-normalised)."""
-  ids, sims = [], []
-  k = min(k, keys.shape[0])
-  for start in range(0, queries.shape[0], block):
-    s = (queries[start : start + block] @ keys.T).toarray()
-    top = np.argpartition(-s, k - 1, axis=1)[:, :k]
-    top_s = np.take_along_axis(s, top, 1)
-    order = np.argsort(-top_s, axis=1, kind="stable")
-    ids.append(np.take_along_axis(top, order, 1)), sims.append(np.take_along_axis(top_s, order, 1))
-  return np.concatenate(ids), np.concatenate(sims)
-
-
-def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K) -> dict[str, float]:
-  """P@k etc. of the similarity-weighted vote of the k nearest training points."""
-  vec = _vectorizer()
-  train = vec.fit_transform(data.train_texts)
-  test = vec.transform(data.test_texts)
-  neighbors, sims = _sparse_topk(test, train, k)
-  return _score(lambda k_out: knn.vote(neighbors, sims, data.train_labels, k_out), data, ks)
-
-
-def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
-  """Labels ranked by their text's TF-IDF cosine with the query's."""
-  vec = _vectorizer()
-  vec.fit(data.train_texts + data.label_texts)
-  labels = vec.transform(data.label_texts)
-  queries = vec.transform(data.test_texts)
-  return _score(lambda k: _sparse_topk(queries, labels, k)[0], data, ks)
-
-
-def for_training_run(config) -> dict:
-  """`eval.tfidf_baseline`: {"tfidf_knn_baseline": metrics} on the run's test split, when
-  scikit-learn is installed ({} otherwise or when off)."""
-  if not config.eval.tfidf_baseline:
-    return {}
-  if not sklearn_available():
-    logging.warning("eval.tfidf_baseline: scikit-learn is not installed; skipped")
-    return {}
-  texts = load_texts(
-    config.data.dir,
-    config.data.layout,
-    config.data.use_content,
-    filter_self=config.data.get("filter_self", "off"),
-  )
-  return {"tfidf_knn_baseline": tfidf_knn(texts, tuple(config.eval.ks))}
-
-
-def run_all(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, dict[str, float]]:
-  """{method: metrics}; the TF-IDF methods only when scikit-learn is installed."""
-  out = {"label popularity": popularity(data, ks)}
-  if sklearn_available():
-    out["TF-IDF kNN (char 2-4, k=20)"] = tfidf_knn(data, ks)
-    if data.label_texts is not None:
-      out["TF-IDF query-label text (char 2-4)"] = tfidf_label_text(data, ks)
-  return out
-
-
-def table(results: dict[str, dict[str, float]], ks: tuple[int, ...] = (1, 3, 5)) -> str:
-  """A markdown table of P@k."""
-  head = "| method | " + " | ".join(f"P@{k}" for k in ks) + " |"
-  rule = "|---|" + "---|" * len(ks)
-  rows = [
-    f"| {name} | " + " | ".join(f"{m[f'P@{k}']:.2f}" for k in ks) + " |"
-    for name, m in results.items()
-  ]
-  return "\n".join([head, rule, *rows])
+from astra_jax.data import xc_format
+from astra_jax.evaluation import baselines
+from astra_jax.runtime import cli
 
 
 def define_flags() -> None:
@@ -217,10 +42,11 @@ def define_flags() -> None:
 
 
 def main(argv: list[str]) -> None:
+  """Prints (and with --output writes) the baselines' metrics."""
   del argv  # cli.run allows none
   f = flags.FLAGS
   try:
-    data = load_texts(
+    data = baselines.load_texts(
       f.data,
       f.layout,
       f.use_content,
@@ -228,11 +54,11 @@ def main(argv: list[str]) -> None:
       f.validation_seed,
       f.filter_self,
     )
-    results = run_all(data)
+    results = baselines.run_all(data)
   except OSError as e:  # an InputError ends the run in cli.run
     sys.exit(f"error: {e}")
-  print(table(results))
-  if not sklearn_available():
+  print(baselines.table(results))
+  if not baselines.sklearn_available():
     print(
       "(TF-IDF baselines skipped: scikit-learn is not installed; "
       "pip install 'astra_jax[baselines]')"

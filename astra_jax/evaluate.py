@@ -16,11 +16,12 @@ import sys
 import numpy as np
 from absl import flags
 
-from astra_jax import cli, evaluation, metrics, metrics_table
-from astra_jax.data import xc_format
+from astra_jax.data import sparse_rows, xc_format
+from astra_jax.evaluation import metrics, metrics_table, ranking
+from astra_jax.runtime import cli
 
 
-def ranked_from_scores(scores: xc_format.SparseRows, k: int) -> np.ndarray:
+def ranked_from_scores(scores: sparse_rows.SparseRows, k: int) -> np.ndarray:
   """Top-k label ids per row of a sparse score matrix, best first (ties: lower id first)."""
   out = np.full((scores.num_rows, k), -1, np.int64)
   for i in range(scores.num_rows):
@@ -37,7 +38,7 @@ def evaluate_files(
   train_m = xc_format.read_sparse(train, truth_m.num_cols)
   pred_m = xc_format.read_sparse(pred, truth_m.num_cols)
   if pred_m.num_rows != truth_m.num_rows:
-    raise xc_format.XCFormatError(
+    raise sparse_rows.XCFormatError(
       pred, None, f"{pred_m.num_rows} rows, but {truth} has {truth_m.num_rows}"
     )
   filt = (
@@ -46,7 +47,7 @@ def evaluate_files(
     else np.zeros((0, 2), np.int64)
   )
   inv = metrics.inverse_propensity(train_m, A, B)
-  return evaluation.rank_filter_score(
+  return ranking.rank_filter_score(
     lambda k: ranked_from_scores(pred_m, k), truth_m, filt, inv, tuple(ks)
   )
 
@@ -69,7 +70,7 @@ def main(argv):
   F = flags.FLAGS
   try:
     result = evaluate_files(F.pred, F.truth, F.train, F.filter, F.A, F.B, tuple(F.k))
-  except (xc_format.XCFormatError, OSError) as e:
+  except (sparse_rows.XCFormatError, OSError) as e:
     sys.exit(f"error: {e}")
   print(metrics_table.format_table({"predictions": result}, tuple(F.k)))
   if F.out:

@@ -8,25 +8,19 @@ from __future__ import annotations
 import os
 import sys
 
-from astra_jax import host_memory
+from astra_jax.runtime import host_memory
 
 host_memory.keep_freed_memory()  # before jax starts its threads (see host_memory.py)
 
+import jax  # noqa: E402
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-import jax  # noqa: E402
-
-from astra_jax import (  # noqa: E402
-  checkpoint,
-  cli,
-  device_check,
-  distributed,
-  faults,
-  metrics_table,
-  train,
-)
-from astra_jax.errors import InputError  # noqa: E402
+from astra_jax.evaluation import metrics_table  # noqa: E402
+from astra_jax.parallel import device_check  # noqa: E402
+from astra_jax.runtime import cli, distributed, faults  # noqa: E402
+from astra_jax.runtime.errors import InputError  # noqa: E402
+from astra_jax.training import checkpoint, train  # noqa: E402
 
 PREEMPTED_EXIT_CODE = 75  # SIGTERM/SIGINT: checkpoint written, rerun to resume
 # Also written (by the leader, once its checkpoint is saved): a launcher whose job step

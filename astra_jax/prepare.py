@@ -37,10 +37,11 @@ import zipfile
 from absl import flags, logging
 from ml_collections import config_flags
 
-from astra_jax import cli, config_base, tmpnames
+from astra_jax.config import base as config_base
 from astra_jax.data import dataset, label_cache, synthetic
-from astra_jax.errors import InputError
 from astra_jax.model import pretrained
+from astra_jax.runtime import cli, tmpnames
+from astra_jax.runtime.errors import InputError
 
 # Files a data directory can use, by name (see data/dataset.py LAYOUTS).
 DATA_FILES = {name for layout in dataset.LAYOUTS.values() for name in layout} | {

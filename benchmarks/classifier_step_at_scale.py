@@ -20,18 +20,19 @@ One JSON line per (L, random_draws). Medians of --steps timed calls after 3 warm
 import statistics
 import time
 
-from astra_jax import host_memory
+from astra_jax.runtime import host_memory
 
 host_memory.keep_freed_memory()  # as main.py does; before jax starts threads
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import jsonl  # noqa: E402  (benchmarks/jsonl.py)
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from astra_jax import classifier, classifier_bench, loss, sharding  # noqa: E402
-
-import jsonl  # noqa: E402  (benchmarks/jsonl.py)
+from astra_jax.parallel import sharding  # noqa: E402
+from astra_jax.reproduce import classifier_bench  # noqa: E402
+from astra_jax.xc import classifier, loss  # noqa: E402
 
 flags.DEFINE_list("num_labels", ["2e7"], "label counts L")
 flags.DEFINE_integer("batch_size", 2048, "queries per step (B)")

@@ -38,9 +38,9 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from astra_jax.data import label_cache, synthetic, tokenize  # noqa: E402
-
 import jsonl  # noqa: E402  (benchmarks/jsonl.py)
+
+from astra_jax.data import label_cache, synthetic, tokenize  # noqa: E402
 
 flags.DEFINE_integer("rows", 1_000_000, "training rows to generate")
 flags.DEFINE_string("out", None, "JSON lines appended here")
@@ -247,7 +247,7 @@ def _label_reads(labels) -> dict:
 def _training_reads(data) -> dict:
   """What a training process reads beyond opening: propensities and popularity (counts),
   then batches of positives and their tokens, as the sampler draws them."""
-  from astra_jax import metrics
+  from astra_jax.evaluation import metrics
   from astra_jax.negatives.sampler import NegativeSampler
 
   t0 = time.time()

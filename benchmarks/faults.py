@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 from test_checkpoint import _cmd, _env  # noqa: E402  (the command the tests resume with)
 
-from astra_jax import checkpoint  # noqa: E402
+from astra_jax.training import checkpoint  # noqa: E402
 
 
 def run(workdir: str, data: str, *extra: str) -> tuple[int, str]:

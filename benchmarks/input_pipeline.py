@@ -21,16 +21,15 @@ import os
 import statistics
 import time
 
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax import config_base
+from astra_jax.config import base as config_base
 from astra_jax.data import catalog
-from astra_jax.data.pipeline import TrainBatches
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.training.pipeline import TrainBatches
 
 flags.DEFINE_list(
   "configs",

@@ -16,12 +16,12 @@ label_text_P@1, label_text_P@5, ratio_P@1.
 import json
 import os
 
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax import baselines, metrics, predict
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.evaluation import baselines, metrics
+from astra_jax.serving.predictor import Predictor
 
 flags.DEFINE_list(
   "workdirs",
@@ -53,7 +53,7 @@ def measure(workdir: str) -> dict:
   )
   if texts.label_texts is None:
     raise ValueError(f"{d}: no label texts to rank by")
-  p = predict.Predictor.from_workdir(workdir, index="exact")
+  p = Predictor.from_workdir(workdir, index="exact")
   queries = p.encode(p.to_tokens(texts.test_texts)[0])
   labels = p.encode(p.to_tokens(texts.label_texts)[0])
   row = {"workdir": workdir, "data_dir": d}

@@ -14,13 +14,13 @@ import time
 
 import jax
 import jax.numpy as jnp
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax import classifier, sharding, sparse_momentum
-from astra_jax.classifier_bench import B, D, LR, WD, make_batch
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.parallel import sharding
+from astra_jax.reproduce.classifier_bench import LR, WD, B, D, make_batch
+from astra_jax.xc import classifier, sparse_momentum
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6"], "label counts")
 flags.DEFINE_integer("steps", 100, "timed steps of each, after 20 warm-up steps")

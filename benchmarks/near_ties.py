@@ -23,17 +23,16 @@ import json
 import os
 
 import jax.numpy as jnp
+import jsonl  # benchmarks/jsonl.py
 import ml_collections
 import numpy as np
 from absl import app, flags
 from tokenizers import Tokenizer
 
+from astra_jax.ann import index as index_lib
 from astra_jax.data import xc_format
 from astra_jax.model import architectures
 from astra_jax.model.ngram_bag import hashed_ngrams
-from astra_jax.negatives import index as index_lib
-
-import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_string("work_dir", None, "a scale_run.py work directory", required=True)
 flags.DEFINE_integer("epoch", 2, "the refresh whose inputs are read (refresh_inputs/*_epochE)")

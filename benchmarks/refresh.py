@@ -16,19 +16,19 @@ import time
 
 import jax
 import jax.numpy as jnp
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import optim, sharding
-from astra_jax.batch import LabelBatch, TrainBatch
-from astra_jax.config_base import base_config
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.config.base import base_config
+from astra_jax.data.batch import LabelBatch, TrainBatch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.refresh import RefreshJob, RefreshWorker, save_labels
-from astra_jax.steps import init_sparse_state, make_sparse_train_step, shard_state
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.parallel import sharding
+from astra_jax.training import optim
+from astra_jax.training.steps import init_sparse_state, make_sparse_train_step, shard_state
 
 flags.DEFINE_list("num_labels", ["100000", "1000000"], "label counts")
 flags.DEFINE_integer("num_queries", 100_000, "training queries mined per refresh")

@@ -40,14 +40,12 @@ import itertools
 import resource
 import time
 
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax import rowsets
-from astra_jax.data import xc_format
-from astra_jax.negatives import index as index_lib
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.ann import index as index_lib
+from astra_jax.data import rowsets, xc_format
 
 flags.DEFINE_list("num_labels", ["1e6", "1e7"], "label counts")
 flags.DEFINE_integer("d", 64, "row dimension")

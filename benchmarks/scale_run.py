@@ -42,7 +42,8 @@ import time
 
 from absl import app, flags
 
-from astra_jax import checkpoint, config_base
+from astra_jax.config import base as config_base
+from astra_jax.training import checkpoint
 
 flags.DEFINE_string("config", "experiments/ss20m.py:full_labels", "experiment config[:variant]")
 flags.DEFINE_string("out", None, "the JSON file to write")

@@ -30,10 +30,11 @@ import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
-from astra_jax import export, predict
 from astra_jax.model import pretrained
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.model.weights import load_hf_weights
+from astra_jax.serving import export
+from astra_jax.serving.predictor import Predictor
 
 flags.DEFINE_list("num_labels", ["100000", "1000000"], "classifier rows L")
 flags.DEFINE_list("dims", ["64", "384"], "embedding dimensions d (64: MiniLM + bottleneck)")
@@ -71,7 +72,7 @@ def _ms(xs, p):
   return round(1000 * float(np.percentile(xs, p)), 3)
 
 
-def time_single(p: predict.Predictor, texts, k: int) -> dict:
+def time_single(p: Predictor, texts, k: int) -> dict:
   parts = {"total": [], "tokenize": [], "encoder": [], "index": []}
   for t in texts:
     t0 = time.perf_counter()
@@ -86,7 +87,7 @@ def time_single(p: predict.Predictor, texts, k: int) -> dict:
   return out
 
 
-def time_batched(p: predict.Predictor, texts, k: int, batch_size: int, batches: int) -> dict:
+def time_batched(p: Predictor, texts, k: int, batch_size: int, batches: int) -> dict:
   parts = {"total": [], "tokenize": [], "encoder": [], "index": []}
   for b in range(batches):
     chunk = texts[b * batch_size : (b + 1) * batch_size]
@@ -137,7 +138,7 @@ def one_config(L: int, d: int, F, root: str, rng) -> list[dict]:
   results, found = [], {}
   for kind in ("scann", "exact"):
     t0 = time.time()
-    p = predict.Predictor.from_workdir(wd, kind)
+    p = Predictor.from_workdir(wd, kind)
     start_s = time.time() - t0
     texts = query_texts(p.tokenizer, n_text, rng)
     t0 = time.time()
@@ -154,7 +155,7 @@ def one_config(L: int, d: int, F, root: str, rng) -> list[dict]:
       row["build_s"] = p.index.build_s
       row["scann_params"] = dataclasses.asdict(p.index.index.params)
       t0 = time.time()
-      again = predict.Predictor.from_workdir(wd, kind)
+      again = Predictor.from_workdir(wd, kind)
       row["restart_s"], row["restart_loaded_index"] = round(time.time() - t0, 2), again.index.loaded
       del again
     row["single"] = time_single(p, texts[: F.single if kind == "scann" else F.single_exact], F.k)

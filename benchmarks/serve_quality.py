@@ -16,8 +16,9 @@ import time
 
 from absl import app, flags
 
-from astra_jax import metrics, predict
-from astra_jax.data import dataset, xc_format
+from astra_jax.data import dataset, xc_format, xc_lines
+from astra_jax.evaluation import metrics
+from astra_jax.serving.predictor import Predictor
 
 flags.DEFINE_string("workdir", None, "training workdir with model/")
 flags.DEFINE_integer("k", 5, "metrics at 1, 3 and this")
@@ -34,7 +35,9 @@ def test_split(cfg: dict, n: int):
     os.path.join(d, dataset.LAYOUTS[layout][1]), "auto", dc["use_content"]
   )
   if layout == "json":
-    num_labels = sum(1 for _ in xc_format._lines(os.path.join(d, dataset.LAYOUTS["json"][2])))
+    num_labels = sum(
+      1 for _ in xc_lines.numbered_lines(os.path.join(d, dataset.LAYOUTS["json"][2]))
+    )
     truth = xc_format.read_json_labels(os.path.join(d, dataset.LAYOUTS["json"][1]), num_labels)
   else:
     truth = xc_format.read_sparse(os.path.join(d, "tst_X_Y.txt"))
@@ -62,8 +65,8 @@ def main(_):
     cfg = json.load(f)
   texts, truth, filt = test_split(cfg, F.max_rows)
   knobs = {k: int(v) for k, v in (kv.split("=") for kv in F.scann_knobs.split(",") if kv)}
-  exact = evaluate(predict.Predictor.from_workdir(F.workdir, "exact"), texts, truth, filt, F.k)
-  p = predict.Predictor.from_workdir(F.workdir, "scann", scann_knobs=knobs)
+  exact = evaluate(Predictor.from_workdir(F.workdir, "exact"), texts, truth, filt, F.k)
+  p = Predictor.from_workdir(F.workdir, "scann", scann_knobs=knobs)
   scann = evaluate(p, texts, truth, filt, F.k)
   overlap = (exact["ids"][:, :, None] == scann["ids"][:, None, :]).any(-1).mean()
   res_path = os.path.join(F.workdir, "results.json")

@@ -31,19 +31,19 @@ import functools
 import statistics
 import time
 
-from astra_jax import host_memory
+from astra_jax.runtime import host_memory
 
 host_memory.keep_freed_memory()  # as main.py does; before jax starts threads
 
 import jax  # noqa: E402
 import jax.numpy as jnp
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax import classifier_bench, loss
-from astra_jax.classifier_bench import B, D, KH, KP, KR, LR, WD, make_batch
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.reproduce import classifier_bench
+from astra_jax.reproduce.classifier_bench import KH, KP, KR, LR, WD, B, D, make_batch
+from astra_jax.xc import loss
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6", "1e7"], "label counts")
 flags.DEFINE_list(

@@ -9,13 +9,12 @@ negatives per query; each line: strategy, P@1, P@3, P@5, PSP@5, train_time_s, re
 
 import os
 
+import jsonl  # benchmarks/jsonl.py
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from astra_jax import train
 from astra_jax.negatives import strategies
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.training import train
 
 config_flags.DEFINE_config_file("config", "experiments/demo.py", "experiment config")
 flags.DEFINE_string("out", None, "JSON lines output")

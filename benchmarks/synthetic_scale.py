@@ -18,12 +18,11 @@ import shutil
 import tempfile
 import time
 
+import jsonl  # benchmarks/jsonl.py
 from absl import app, flags
 
-from astra_jax import config_base
+from astra_jax.config import base as config_base
 from astra_jax.data import synthetic
-
-import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_integer("num_labels", 10_000_000, "labels to generate")
 flags.DEFINE_integer("num_train", 100_000, "training queries")

@@ -16,11 +16,10 @@ from __future__ import annotations
 import statistics
 import time
 
+import jsonl  # benchmarks/jsonl.py
 from absl import app, flags
 
 from astra_jax.model.encoder_config import EncoderConfig  # jax-free
-
-import jsonl  # benchmarks/jsonl.py
 
 flags.DEFINE_string("dtype", "float32", "float32 | bfloat16 | float16 (autocast)")
 flags.DEFINE_bool("tf32", False, "allow TF32 for fp32 matmuls on CUDA (PyTorch's default: no)")

@@ -39,22 +39,23 @@ import functools
 import statistics
 import time
 
-from astra_jax import host_memory
+from astra_jax.runtime import host_memory
 
 host_memory.keep_freed_memory()  # as main.py does; before jax starts threads
 
 import jax  # noqa: E402
 import jax.numpy as jnp
+import jsonl  # benchmarks/jsonl.py
 import numpy as np
 import optax
 from absl import app, flags
 from flax import nnx
 
-from astra_jax import config_base, optim, sharding, steps
-from astra_jax.batch import LabelBatch, TrainBatch
+from astra_jax.config import base as config_base
+from astra_jax.data.batch import LabelBatch, TrainBatch
 from astra_jax.model.encoder import Encoder, EncoderConfig
-
-import jsonl  # benchmarks/jsonl.py
+from astra_jax.parallel import sharding
+from astra_jax.training import optim, steps
 
 flags.DEFINE_list(
   "parts", ["matmul", "encoder", "astra_d384", "astra_d64", "pipeline"], "what to time"
@@ -207,9 +208,9 @@ def astra_step(cfg: EncoderConfig):
 def pipeline_wait(cfg: EncoderConfig) -> dict:
   """The astra_d64 step fed by the real input pipeline: seconds waiting on the prefetch
   queue (TrainBatches.wait_seconds) against wall time."""
-  from astra_jax.data.pipeline import TrainBatches
-  from astra_jax.data.xc_format import SparseRows
+  from astra_jax.data.sparse_rows import SparseRows
   from astra_jax.negatives.sampler import NegativeSampler
+  from astra_jax.training.pipeline import TrainBatches
 
   mesh, state, step = astra_setup(cfg)
   rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pas
 --config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
 --config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
 
-Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py: global
+Hyper-parameters: the appendix table's row, translated by astra_jax/config/paper_configs.py: global
 batch 16 x 16 = 256, 16 x 50 = 800 hard and 16 x 400 = 6,400 random negatives per query,
 classifier lr 0.01 x 256. Gradient accumulation 16: the smallest that leaves a quarter of a
 V100-32GB free in fp32 with DistilBERT and the classifier's momentum (a velocity as large
@@ -28,8 +28,8 @@ as W; python -m astra_jax.plan). One device (the paper's single-V100 timings);
 --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
 
-from astra_jax import paper_configs
-from astra_jax.config_base import base_config
+from astra_jax.config import paper_configs
+from astra_jax.config.base import base_config
 
 
 def get_config(variant: str = ""):

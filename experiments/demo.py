@@ -7,7 +7,7 @@ Runs end to end in a few minutes on 2 CPU cores.
 
 import os
 
-from astra_jax.config_base import base_config
+from astra_jax.config.base import base_config
 
 
 def get_config():

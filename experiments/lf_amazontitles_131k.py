@@ -17,7 +17,7 @@ sentence-transformers/msmarco-distilbert-base-v4): put it (config.json, model.sa
 tokenizer files) in $ASTRA_MODELS_DIR/msmarco-distilbert-base-v4 (default models/), or pass
 --config.encoder.hf_dir=DIR (the tokenizer follows). Without it: an error;
 --config.encoder.hf_dir=all-MiniLM-L6-v2 trains the installed MiniLM (d = 384) instead.
-Hyper-parameters: the appendix table's row, translated by astra_jax/paper_configs.py:
+Hyper-parameters: the appendix table's row, translated by astra_jax/config/paper_configs.py:
 global batch 16 x 32 = 512, 16 x 50 = 800 hard and 16 x 400 = 6,400 random negatives per
 query, classifier lr 0.05 x 512. Gradient accumulation 4: the
 smallest that leaves a quarter of a V100-32GB free in fp32 with DistilBERT (python -m
@@ -25,8 +25,8 @@ astra_jax.plan). One device (the
 paper's single-V100 timings); --config.mesh.data=-1 spreads the same batch over all GPUs.
 """
 
-from astra_jax import paper_configs
-from astra_jax.config_base import base_config
+from astra_jax.config import paper_configs
+from astra_jax.config.base import base_config
 
 
 def get_config(variant: str = ""):

@@ -29,8 +29,8 @@ batches or fewer GPUs). Encoder: DistilBERT (see lf_amazontitles_131k.py for whe
 looked for; without it, an error).
 """
 
-from astra_jax import paper_configs
-from astra_jax.config_base import base_config
+from astra_jax.config import paper_configs
+from astra_jax.config.base import base_config
 
 
 def get_config(variant: str = ""):

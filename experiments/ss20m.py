@@ -27,8 +27,8 @@ random per query, i.e. 120 and 800 per W shard. Encoder: DistilBERT (see
 lf_amazontitles_131k.py for where it is looked for; without it, an error).
 """
 
-from astra_jax import paper_configs
-from astra_jax.config_base import base_config
+from astra_jax.config import paper_configs
+from astra_jax.config.base import base_config
 
 
 def get_config(variant: str = ""):

@@ -50,7 +50,7 @@ whole run on 2 unloaded cores), against 37.70 / 21.09 / 14.18 for TF-IDF label t
 (`python -m astra_jax.baselines --data=PATH --filter_self=auto`).
 """
 
-from astra_jax.config_base import base_config
+from astra_jax.config.base import base_config
 
 
 def get_config(variant: str = "minilm"):

@@ -56,7 +56,7 @@ def repo_root() -> str:
 @pytest.fixture(scope="session")
 def load_config() -> Callable:
   """`load(path, arg=None)`: the config of `experiments/...` (path relative to the root)."""
-  from astra_jax import config_base  # after XLA_FLAGS is set above
+  from astra_jax.config import base as config_base  # after XLA_FLAGS is set above
 
   def load(path: str, arg: str | None = None):
     return config_base.load_config(os.path.join(REPO, path), arg)
@@ -111,7 +111,7 @@ def ngame_dataset() -> Callable:
   written with English words all-MiniLM's tokenizer knows. Labels are colour x thing (48);
   a query names its 1-2 labels' words among filler words."""
   from astra_jax.data import xc_format
-  from astra_jax.data.xc_format import SparseRows
+  from astra_jax.data.sparse_rows import SparseRows
 
   def write(d, seed: int = 0, n_train: int = 1500, n_test: int = 200) -> int:
     rng = np.random.default_rng(seed)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from astra_jax import train
-from astra_jax.errors import InputError
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import train
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
   ],
 )
 def test_config_combinations_that_cannot_train_are_refused(changes, match):
-  from astra_jax import config_base
+  from astra_jax.config import base as config_base
 
   c = config_base.load_config("experiments/demo.py")
   c.data.dir = c.data.dir or "/some/dir"
@@ -146,7 +146,7 @@ def test_config_combinations_that_cannot_train_are_refused(changes, match):
 
 
 def test_a_synthetic_generator_version_this_code_cannot_write_is_refused():
-  from astra_jax import config_base
+  from astra_jax.config import base as config_base
   from astra_jax.data import synthetic
 
   c = config_base.load_config("experiments/demo.py")  # a synthetic-data config
@@ -160,7 +160,7 @@ def test_a_synthetic_generator_version_this_code_cannot_write_is_refused():
 
 
 def test_more_hidden_label_words_than_a_label_has_are_refused():
-  from astra_jax import config_base
+  from astra_jax.config import base as config_base
 
   c = config_base.load_config("experiments/demo.py")
   c.data.synthetic.hidden_own_words = 3

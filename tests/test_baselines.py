@@ -10,9 +10,9 @@ import tarfile
 import numpy as np
 import pytest
 
-from astra_jax import baselines
 from astra_jax.data import xc_format
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import baselines
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REAL_DATA_DIR = os.environ.get("ASTRA_TEST_DATA")

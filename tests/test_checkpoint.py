@@ -13,12 +13,12 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from flax import nnx
 
 from astra_jax.model import factory
-from astra_jax import checkpoint, optim, sharding, steps, train
-from astra_jax.errors import InputError
+from astra_jax.parallel import sharding
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import checkpoint, optim, steps, train
 
 
 def _start(demo, workdir, data_dir):
@@ -292,7 +292,7 @@ def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
 
 
 def test_has_complete_step_needs_every_commit_marker(tmp_path):
-  from astra_jax import checkpoint as ck
+  from astra_jax.training import checkpoint as ck
 
   assert not ck.has_complete_step(str(tmp_path))  # no checkpoints/ at all
   step = tmp_path / "checkpoints" / "12"

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from astra_jax import classifier, loss, sharding
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.parallel import sharding
+from astra_jax.xc import classifier, loss
 
 L, B, D, K_P, K_H, K_R = 22, 8, 4, 3, 2, 5
 

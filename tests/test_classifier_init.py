@@ -5,8 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from astra_jax import classifier_init, config_base
-from astra_jax.errors import InputError
+from astra_jax.config import base as config_base
+from astra_jax.runtime.errors import InputError
+from astra_jax.xc import classifier_init
 
 
 def _config(init, scale=1.0):
@@ -52,7 +53,7 @@ def test_label_text_needs_label_texts_and_known_inits():
 def test_w_is_born_split_over_model_with_the_unsplit_rows(init, monkeypatch):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from astra_jax import sharding
+  from astra_jax.parallel import sharding
 
   mesh = sharding.make_mesh(2, 4, jax.devices()[:8])
   label_tokens = np.arange(22).reshape(11, 2)

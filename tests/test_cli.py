@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from astra_jax import cli
+from astra_jax.runtime import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = {"third_party_logs"}  # cli.run gives every tool this one

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from astra_jax import config_base
+from astra_jax.config import base as config_base
 from astra_jax.data import dataset
 
 

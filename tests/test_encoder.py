@@ -4,11 +4,11 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_bert
 import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-import numpy_bert
 from astra_jax.data.tokenize import load_tokenizer
 from astra_jax.model.encoder import Encoder, EncoderConfig, dropout_mask
 from astra_jax.model.weights import WeightsError, hf_name, load_hf_weights

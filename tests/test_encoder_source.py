@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from astra_jax import config_base
-from astra_jax.errors import InputError
+from astra_jax.config import base as config_base
 from astra_jax.model import encoder_source
+from astra_jax.runtime.errors import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIG = "experiments/lf_amazontitles_131k.py"

@@ -4,8 +4,8 @@ case."""
 import numpy as np
 import pytest
 
-from astra_jax import evaluation, metrics
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import metrics, ranking
 
 
 def test_popularity_ranking_filtered_and_scored_by_hand():
@@ -14,13 +14,13 @@ def test_popularity_ranking_filtered_and_scored_by_hand():
   truth = SparseRows.from_lists([[0], [1, 2]], 3)
   filter_pairs = np.array([[0, 2]])  # row 0 may not be predicted label 2
   asked = []
-  rank = evaluation.popularity_ranker(train, 2)
+  rank = ranking.popularity_ranker(train, 2)
 
   def spy(k):
     asked.append(k)
     return rank(k)
 
-  m = evaluation.rank_filter_score(spy, truth, filter_pairs, None, (1, 2))
+  m = ranking.rank_filter_score(spy, truth, filter_pairs, None, (1, 2))
   # One filtered pair per row at most: 2 + 1 labels asked for, so 2 remain after the filter.
   assert asked == [3]
   # Row 0: [0, 1] (2 filtered out), hits at 1; row 1: [2, 0], hits at 1.
@@ -36,13 +36,13 @@ def test_sums_of_blocks_are_the_scores_of_the_whole():
   ranked = np.stack([rng.permutation(20)[:8] for _ in range(10)])
   filter_pairs = np.array([[1, ranked[1, 0]], [7, ranked[7, 2]]])
   inv_prop = 1 + rng.random(20)
-  whole = evaluation.rank_filter_score(
+  whole = ranking.rank_filter_score(
     lambda k: ranked[:, :k], truth, filter_pairs, inv_prop, (1, 3, 5)
   )
   sums = {}
   for lo, hi in ((0, 4), (4, 10)):
     in_block = filter_pairs[(filter_pairs[:, 0] >= lo) & (filter_pairs[:, 0] < hi)]
-    block = evaluation.rank_filter_sums(
+    block = ranking.rank_filter_sums(
       lambda k, lo=lo, hi=hi: ranked[lo:hi, :k],
       truth.row_range(lo, hi),
       in_block - [lo, 0],

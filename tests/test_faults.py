@@ -15,10 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-from astra_jax import checkpoint, faults, train
 from astra_jax.data import xc_format
-from astra_jax.degraded import Degraded
-from astra_jax.errors import InputError
+from astra_jax.runtime import faults
+from astra_jax.runtime.degraded import Degraded
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import checkpoint, train
 
 
 def _run(demo, workdir, data_dir, *extra):
@@ -289,8 +290,8 @@ class _Negatives:
 
 
 def test_every_epoch_without_its_refresh_is_counted_and_fail_stops_in_one_line():
-  from astra_jax.degraded import RefreshFailedStop, note_epoch_start
   from astra_jax.negatives.schedule import NegativeSplit
+  from astra_jax.runtime.degraded import RefreshFailedStop, note_epoch_start
 
   failed = {"epoch": 2, "ok": False, "error": "killed by signal 9"}
   d = Degraded()

@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from astra_jax import config_base, sharding, train, train_log
+from astra_jax.config import base as config_base
 from astra_jax.negatives.schedule import NegativeSplit
+from astra_jax.parallel import sharding
+from astra_jax.training import train, train_log
 
 
 def _fp16_config(small_synthetic):
@@ -92,7 +94,7 @@ def test_train_log_counts_skipped_steps_per_window(tmp_path):
 
 
 def test_matmul_precision_is_validated_and_kept_by_old_workdirs():
-  from astra_jax import checkpoint
+  from astra_jax.training import checkpoint
 
   c = config_base.base_config()
   c.data.dir, c.data.tokenizer_dir = "/x", "/y"

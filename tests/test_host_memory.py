@@ -10,7 +10,7 @@ import pytest
 
 _PROBE = r"""
 import resource, sys
-from astra_jax import host_memory
+from astra_jax.runtime import host_memory
 print(host_memory.keep_freed_memory())
 import numpy as np
 faults = []
@@ -70,7 +70,7 @@ def test_classifier_buffer_is_backed_by_huge_pages():
   import jax
   import jax.numpy as jnp
 
-  from astra_jax import host_memory
+  from astra_jax.runtime import host_memory
 
   w = jax.block_until_ready(jnp.ones((1 << 20, 64), jnp.float32))  # 256 MiB on the CPU
   pointer = w.addressable_shards[0].data.unsafe_buffer_pointer()

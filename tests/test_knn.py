@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from astra_jax import knn
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import knn
 
 
 def test_vote_sums_similarities_per_label_by_hand():

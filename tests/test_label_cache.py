@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from astra_jax.data import label_cache, sparse_reader, synthetic, tokenize, xc_format
-from astra_jax.data.xc_format import SparseRows, WithLabelRows, XCFormatError
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows, XCFormatError
 from astra_jax.negatives import refresh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

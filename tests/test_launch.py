@@ -178,8 +178,9 @@ def test_first_job_steps_print_their_commands():
 
 def test_device_check_refuses_fewer_gpus_than_planned():
   from types import SimpleNamespace
-  from astra_jax import device_check
-  from astra_jax.errors import InputError
+
+  from astra_jax.parallel import device_check
+  from astra_jax.runtime.errors import InputError
 
   gpus = [SimpleNamespace(platform="gpu")] * 8
   device_check.check_devices(gpus, {"ASTRA_EXPECT_GPUS": "8"})
@@ -191,7 +192,7 @@ def test_device_check_refuses_fewer_gpus_than_planned():
 
 
 def test_refresh_threads_follow_the_task_not_the_machine(monkeypatch):
-  from astra_jax import cpu_budget
+  from astra_jax.runtime import cpu_budget
 
   monkeypatch.setattr(cpu_budget.os, "sched_getaffinity", lambda pid: set(range(96)))
   assert cpu_budget.task_cpus({}) == 96
@@ -254,8 +255,8 @@ def test_scripts_are_shellcheck_clean():
 
 
 def test_distributed_arguments_from_the_environment():
-  from astra_jax import distributed
-  from astra_jax.errors import InputError
+  from astra_jax.runtime import distributed
+  from astra_jax.runtime.errors import InputError
 
   explicit = {"JAX_COORDINATOR_ADDRESS": "h:1234", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
   assert distributed.initialize_kwargs(explicit) == {

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from astra_jax import loss
-from astra_jax.batch import LabelBatch
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.batch import LabelBatch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.xc import loss
 
 
 def sp(x):  # softplus, written independently of jax
@@ -196,9 +196,9 @@ def test_weight_matches_the_paper_before_tau_s():
 
 def test_uptodate_mining_is_the_exact_top_k_of_non_positives():
   """Every positive is excluded, also those beyond the k_p the sampler kept."""
-  from astra_jax.data.xc_format import SparseRows
+  from astra_jax.data.sparse_rows import SparseRows
   from astra_jax.negatives.sampler import NegativeSampler
-  from astra_jax.steps import mine_in_step
+  from astra_jax.training.steps import mine_in_step
 
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(3, 4)).astype(np.float32)

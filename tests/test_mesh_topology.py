@@ -8,8 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from astra_jax import checkpoint, mesh_topology, sharding, train
-from astra_jax.errors import InputError
+from astra_jax.parallel import mesh_topology, sharding
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import checkpoint, train
 
 
 @dataclasses.dataclass(frozen=True)

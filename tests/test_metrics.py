@@ -1,6 +1,6 @@
 """Metrics against two hand-computed golden cases (the second with test rows of different
 |y|) and a naive per-row implementation written from pyxclib's definitions (loops, no
-vectorisation, nothing shared with astra_jax.metrics)."""
+vectorisation, nothing shared with astra_jax.evaluation.metrics)."""
 
 import math
 import subprocess
@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import evaluate, metrics
+from astra_jax import evaluate
 from astra_jax.data import xc_format
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import metrics
 
 TRAIN = [[0, 1], [0], [0, 2], [0, 1], [3], [0, 4]]
 TEST = [[0, 2], [3, 4], []]

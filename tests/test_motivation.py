@@ -7,13 +7,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from astra_jax.model import factory
-from astra_jax import config_base, export, loss, reproduce, steps
+from astra_jax import reproduce
+from astra_jax.config import base as config_base
 from astra_jax.data import label_subset
 from astra_jax.data.dataset import RowConcat, XCData
-from astra_jax.data.xc_format import SparseRows, WithLabelRows
-from astra_jax.errors import InputError
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
+from astra_jax.model import factory
 from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.runtime.errors import InputError
+from astra_jax.serving import export
+from astra_jax.training import encoder_init, steps
+from astra_jax.xc import loss
 
 L = 8
 TRAIN_ROWS = [[0, 3], [1], [2, 5, 7], [4], [6, 1], [3, 4], [7], [5, 0]]
@@ -147,7 +151,7 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
     pad_id=0,
   )
   c.encoder.init_from_workdir = str(tmp_path / "run")
-  started = factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
+  started = encoder_init.start_encoder(c, vocab_size=50, pad_id=0, seed=2)
   want = dict(nnx.to_flat_state(params))
   got = dict(nnx.to_flat_state(nnx.state(started, nnx.Param)))
   assert got.keys() == want.keys()
@@ -163,7 +167,7 @@ def test_encoder_starts_from_an_exported_model(tmp_path):
   c.encoder.init_from_workdir = str(tmp_path / "run")
   c.encoder.hidden_size, c.encoder.intermediate_size = 32, 64
   with pytest.raises(InputError, match="init_from_workdir"):
-    factory.build_encoder(c, vocab_size=50, pad_id=0, seed=2)
+    encoder_init.start_encoder(c, vocab_size=50, pad_id=0, seed=2)
 
 
 def test_motivation_table_runs(tmp_path):

@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from astra_jax.data.xc_format import SparseRows
-from astra_jax.negatives import index as index_lib
+from astra_jax.ann import index as index_lib
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.refresh import (
   RefreshFailed,
   RefreshJob,
@@ -706,8 +706,8 @@ def test_overlap_at_k_by_hand():
 
 
 def test_row_subset_keeps_the_rows_in_the_order_asked():
-  from astra_jax import rowsets
-  from astra_jax.data.xc_format import WithLabelRows
+  from astra_jax.data import rowsets
+  from astra_jax.data.sparse_rows import WithLabelRows
 
   labels = SparseRows.from_lists([[1, 2], [3], [], [4, 5, 6]], 7)
   sub = rowsets.row_subset(labels, np.array([3, 0, 2]))

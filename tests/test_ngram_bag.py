@@ -8,12 +8,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from astra_jax import config_base, export, plan, predict, train
-from astra_jax.errors import InputError
+from astra_jax import plan
+from astra_jax.config import base as config_base
 from astra_jax.model import architectures, factory
 from astra_jax.model.interface import QueryEncoder, QueryHead
 from astra_jax.model.ngram_bag import NgramBagEncoder, hashed_ngrams
 from astra_jax.model.ngram_bag_config import NgramBagConfig
+from astra_jax.runtime.errors import InputError
+from astra_jax.serving import export
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train
 
 
 def test_hashed_ngrams_by_hand():
@@ -144,7 +148,7 @@ def test_a_registered_architecture_trains_exports_and_predicts(
   assert isinstance(model.encoder_cfg, _TokenMeanShape) and model.encoder_cfg.hidden_size == 16
   # The exported encoder is the registered module: its mean of token vectors, ranked by W,
   # is what the Predictor returns.
-  p = predict.Predictor.from_workdir(str(tmp_path / "wd"), index="exact")
+  p = Predictor.from_workdir(str(tmp_path / "wd"), index="exact")
   texts = ["a b c", "some other query"]
   tokens = p.to_tokens(texts)[0]
   table = np.asarray(

@@ -3,7 +3,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from astra_jax import optim
+from astra_jax.training import optim
 
 
 def cfg(**kw):

@@ -2,9 +2,9 @@ import jax
 import numpy as np
 import pytest
 
-from astra_jax.data.pipeline import TrainBatches, data_group_bounds, epoch_order
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.training.pipeline import TrainBatches, data_group_bounds, epoch_order
 
 
 def make(n=50, batch=8, seed=0, **kw):
@@ -53,8 +53,8 @@ def test_the_data_groups_blocks_are_where_the_label_sharding_puts_them():
   # hold block g of each micro-batch's rows.
   from jax.sharding import NamedSharding
 
-  from astra_jax import sharding
-  from astra_jax.batch import LABEL_AXES
+  from astra_jax.data.batch import LABEL_AXES
+  from astra_jax.parallel import sharding
 
   mesh = sharding.make_mesh(2, 2, jax.devices()[:4])
   spec = sharding._spec(LABEL_AXES.pos_ids, True)

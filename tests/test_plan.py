@@ -13,10 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax.model import factory
-from astra_jax import config_base, plan
+from astra_jax import plan
+from astra_jax.config import base as config_base
 from astra_jax.data import catalog
-from astra_jax.errors import InputError
+from astra_jax.model import factory
+from astra_jax.runtime.errors import InputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = {d.config for d in catalog.DATASETS.values()}
@@ -200,7 +201,8 @@ def test_byte_counts_equal_what_jax_allocates():
   import jax
   from flax import nnx
 
-  from astra_jax import optim, sharding
+  from astra_jax.parallel import sharding
+  from astra_jax.training import optim, steps
 
   c = small_config(labels=1001, model=4)
   p = plan.plan_config(c, "h100-80gb")
@@ -213,7 +215,7 @@ def test_byte_counts_equal_what_jax_allocates():
   assert nbytes(adam) == item(p, "Adam m, v") + 8
   mesh = sharding.make_mesh(c.mesh.data, c.mesh.model)
   w = jax.numpy.zeros((sharding.padded_rows(1001, mesh), 64), jax.numpy.float32)
-  placed, _ = sharding.shard_params({"encoder": params, "classifier": w}, {}, mesh)
+  placed, _ = steps.shard_params({"encoder": params, "classifier": w}, {}, mesh)
   shards = placed["classifier"].addressable_shards
   assert len(shards) == 8 and all(s.data.nbytes == item(p, "W shard") for s in shards)
 
@@ -223,7 +225,7 @@ def test_activation_plan_covers_what_xla_keeps():
   import jax.numpy as jnp
   from flax import nnx
 
-  from astra_jax import steps
+  from astra_jax.training import steps
 
   c = config_base.base_config()  # the tiny BERT: hidden 64, 2 layers x 2 heads, ffn 128
   c.data.max_len = 48
@@ -371,7 +373,7 @@ def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
-  from astra_jax import train
+  from astra_jax.training import train
 
   c = load_config("experiments/ss20m.py", "synthetic,2e-5")
   assert (c.data.synthetic.num_labels, c.data.synthetic.num_train) == (381, 2924)
@@ -442,8 +444,8 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   assert c.negatives.scann_leaves == 0  # a leaf size, so that every shard has its share
   # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
   assert (c.negatives.scann_avq, c.negatives.scann_soar_lambda) == (1.0, 1.5)
-  from astra_jax import train
-  from astra_jax.negatives import index as index_lib
+  from astra_jax.ann import index as index_lib
+  from astra_jax.training import train
 
   params = index_lib.scann_defaults(10_000_000, 32, **train.refresh_index_knobs(c))
   # Leaves of 2,000 x (10^6 / 10^7)^0.5 = 632 rows: 10^7 // 632 = 15,822, built in groups of

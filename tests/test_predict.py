@@ -7,19 +7,23 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy_bert
 import pytest
 
-import numpy_bert
-from astra_jax import export, metrics, predict, train
+from astra_jax.ann import exact_topk
 from astra_jax.data import xc_format
+from astra_jax.evaluation import metrics
 from astra_jax.model.weights import hf_name
+from astra_jax.serving import export
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train
 
 
 def test_blocked_topk_equals_dense_ranking():
   rng = np.random.default_rng(0)
   emb = rng.normal(size=(37, 8)).astype(np.float32)
   w = rng.normal(size=(1003, 8)).astype(np.float32)  # not a multiple of the label block
-  scores, ids = predict.topk(emb, jnp.asarray(w), k=7, query_block=16, label_block=128)
+  scores, ids = exact_topk.topk(emb, jnp.asarray(w), k=7, query_block=16, label_block=128)
   dense = emb @ w.T
   want = np.argsort(-dense, axis=1, kind="stable")[:, :7]
   np.testing.assert_array_equal(ids, want)
@@ -27,7 +31,7 @@ def test_blocked_topk_equals_dense_ranking():
 
 
 def test_k_larger_than_labels():
-  s, i = predict.topk(np.ones((2, 3), np.float32), jnp.eye(3, dtype=jnp.float32), k=10)
+  s, i = exact_topk.topk(np.ones((2, 3), np.float32), jnp.eye(3, dtype=jnp.float32), k=10)
   assert i.shape == (2, 3) and sorted(i[0]) == [0, 1, 2]
 
 
@@ -51,12 +55,12 @@ def trained(tmp_path_factory, load_config):
 
 @pytest.fixture(scope="module")
 def exact(trained):
-  return predict.Predictor.from_workdir(trained[0], index="exact")
+  return Predictor.from_workdir(trained[0], index="exact")
 
 
 @pytest.fixture(scope="module")
 def scann(trained):
-  return predict.Predictor.from_workdir(trained[0], index="scann")
+  return Predictor.from_workdir(trained[0], index="scann")
 
 
 def _test_texts(data_dir, n=None):
@@ -87,7 +91,7 @@ def test_training_exports_a_self_contained_model(trained):
 def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   # ScaNN cannot partition 12 rows into its 16 leaves: such a model is searched exactly.
   small = dataclasses.replace(exact.model, classifier=exact.model.classifier[:12])
-  p = predict.Predictor(small, index="scann")
+  p = Predictor(small, index="scann")
   assert p.index_kind == "exact"
   ids = p.predict(["apple"], k=5).ids
   assert ids.shape == (1, 5) and (ids >= 0).all() and (ids < 12).all()
@@ -170,7 +174,7 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   assert "scann_assets.pbtxt" in mtimes and "astra_index.json" in mtimes
   # Built once, by the training run's ANN evaluation (eval.search=scann); both the module's
   # Predictor and this one reload it.
-  again = predict.Predictor.from_workdir(wd)
+  again = Predictor.from_workdir(wd)
   assert again.index.loaded and scann.index.loaded
   assert mtimes == {
     f: os.stat(os.path.join(index_dir, f)).st_mtime_ns for f in os.listdir(index_dir)
@@ -178,13 +182,13 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   texts = _test_texts(trained[1], 50)
   np.testing.assert_array_equal(again.predict(texts).ids, scann.predict(texts).ids)
   # Other knobs: rebuilt and saved for them.
-  other = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
+  other = Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
   assert not other.index.loaded
   assert json.load(open(meta_file))["params"]["num_leaves_to_search"] == 3
   # A directory that another process is replacing (here: an asset already gone) is built
   # anew, not a crash.
   os.remove(os.path.join(index_dir, "scann_config.pb"))
-  rebuilt = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
+  rebuilt = Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 3})
   assert not rebuilt.index.loaded
   np.testing.assert_array_equal(rebuilt.predict(texts).ids, other.predict(texts).ids)
 
@@ -192,7 +196,7 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
 @pytest.mark.slow
 def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained, exact):
   wd, data = trained
-  p = predict.Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 1, "reorder": 10})
+  p = Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 1, "reorder": 10})
   emb = exact.encode(exact.to_tokens(_test_texts(data, 100))[0])
   w = np.load(os.path.join(wd, "model", "classifier.npy"))
   s, i = p.index.search(emb, 5)
@@ -207,8 +211,8 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
 
 @pytest.mark.slow
 def test_scann_build_is_deterministic(trained, exact):
-  from astra_jax.negatives.index import ScannIndex
-  from astra_jax.serve_index import serving_params
+  from astra_jax.ann.index import ScannIndex
+  from astra_jax.serving.serve_index import serving_params
 
   w = np.load(os.path.join(trained[0], "model", "classifier.npy"))
   emb = exact.encode(exact.to_tokens(_test_texts(trained[1], 100))[0])
@@ -285,17 +289,17 @@ def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
     timeout=300,
   )
   assert r.returncode == 0, r.stderr[-3000:]
-  ex = predict.Predictor.from_workdir(wd, index="exact").predict(lines[:3], k=3)
+  ex = Predictor.from_workdir(wd, index="exact").predict(lines[:3], k=3)
   assert [json.loads(l)["ids"] for l in r.stdout.decode().splitlines()] == ex.ids.tolist()
 
 
 def test_workdir_without_a_finished_model(tmp_path, repo_root):
   with pytest.raises(export.ModelNotFoundError, match=f"{tmp_path}/model does not exist"):
-    predict.Predictor.from_workdir(str(tmp_path))
+    Predictor.from_workdir(str(tmp_path))
   (tmp_path / "model").mkdir()  # what a crash before the final rename could never leave,
   (tmp_path / "model" / "classifier.npy").write_bytes(b"")  # but a hand-made one can
   with pytest.raises(export.ModelNotFoundError, match=r"model\.json is missing"):
-    predict.Predictor.from_workdir(str(tmp_path))
+    Predictor.from_workdir(str(tmp_path))
   r = subprocess.run(
     [sys.executable, "-m", "astra_jax.predict", f"--workdir={tmp_path}"],
     cwd=repo_root,
@@ -337,7 +341,7 @@ def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeyp
 def test_export_writes_each_shard_of_w_without_gathering_it(tmp_path):
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from astra_jax import sharding
+  from astra_jax.parallel import sharding
 
   mesh = sharding.make_mesh(2, 4, jax.devices()[:8])  # two data replicas of each shard
   w = np.random.default_rng(0).normal(size=(12, 5)).astype(np.float32)
@@ -355,9 +359,9 @@ def test_a_model_that_filtered_own_items_never_predicts_the_query_itself(trained
   assert model.meta["filter_self"] is False  # the demo's queries are not its labels
   names = model.label_texts
   queries = [names[3], names[7], "no label has this text"]
-  plain = predict.Predictor(model, index="exact").predict(queries, k=6)
+  plain = Predictor(model, index="exact").predict(queries, k=6)
   model.meta["filter_self"] = True
-  own = predict.Predictor(model, index="exact").predict(queries, k=5)
+  own = Predictor(model, index="exact").predict(queries, k=5)
   for r, label in enumerate([3, 7, None]):
     want = [j for j in plain.ids[r] if j != label][:5]
     assert list(own.ids[r]) == want and label not in own.ids[r]

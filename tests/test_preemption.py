@@ -10,9 +10,11 @@ import time
 
 import pytest
 
-from astra_jax import checkpoint, config_base, evaluation, final_eval, train
+from astra_jax.config import base as config_base
+from astra_jax.evaluation import final_eval, ranking
 from astra_jax.negatives import manager, refresh
-from astra_jax.watchdog import HANG_EXIT_CODE, HangWatchdog
+from astra_jax.runtime.watchdog import HANG_EXIT_CODE, HangWatchdog
+from astra_jax.training import checkpoint, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METRICS = ("P@1", "P@3", "P@5", "nDCG@5", "PSP@1", "PSP@5")
@@ -79,7 +81,7 @@ def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_ru
   # 2. The rerun resumes the refresh; SIGTERM comes after 2 of the final evaluation's 3
   # blocks of test rows.
   blocks = []
-  block_sums = evaluation.ModelEvaluator.block_sums
+  block_sums = ranking.ModelEvaluator.block_sums
 
   def signalled_block_sums(self, lo, hi):
     blocks.append((lo, hi))
@@ -87,7 +89,7 @@ def test_sigterm_during_a_refresh_and_the_final_evaluation_resume_to_the_same_ru
       os.kill(os.getpid(), signal.SIGTERM)
     return block_sums(self, lo, hi)
 
-  monkeypatch.setattr(evaluation.ModelEvaluator, "block_sums", signalled_block_sums)
+  monkeypatch.setattr(ranking.ModelEvaluator, "block_sums", signalled_block_sums)
   with pytest.raises(checkpoint.Preempted, match="final evaluation stopped after 240 of 300"):
     train.train_and_evaluate(c, wd)
   assert blocks == [(0, 120), (120, 240)]

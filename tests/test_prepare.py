@@ -5,7 +5,8 @@ import subprocess
 import sys
 import zipfile
 
-from astra_jax import config_base, prepare
+from astra_jax import prepare
+from astra_jax.config import base as config_base
 from astra_jax.data import dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,10 +7,10 @@ import shutil
 import jax
 import pytest
 
-from astra_jax import checkpoint, train
-from astra_jax.degraded import Degraded
-from astra_jax.errors import InputError
-from astra_jax.progress import VERSION, Progress
+from astra_jax.runtime.degraded import Degraded
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import checkpoint, train
+from astra_jax.training.progress import VERSION, Progress
 
 # The keys of the progress dict train.py saved before the record had a version, as that
 # code wrote it (`save` in train_and_evaluate at e26d41d), listed here independently of

@@ -6,7 +6,11 @@ results.json."""
 import numpy as np
 import pytest
 
-from astra_jax import baselines, evaluation, export, predict, train
+from astra_jax.ann import exact_topk
+from astra_jax.evaluation import baselines, ranking
+from astra_jax.serving import export
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +41,9 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   # W alone: the exported classifiers ranked by the plain dense kernel over all test rows.
   data, _ = train.load_splits(c)
   model = export.load_model(str(tmp_path / "wd"))
-  emb = predict.Predictor(model, index="exact").encode(np.asarray(data.test_tokens))
-  ranked = predict.topk(emb, model.classifier, 5)[1]
-  dense = evaluation.rank_filter_score(
+  emb = Predictor(model, index="exact").encode(np.asarray(data.test_tokens))
+  ranked = exact_topk.topk(emb, model.classifier, 5)[1]
+  dense = ranking.rank_filter_score(
     lambda k: ranked, data.test_labels, data.test_filter, None, (1, 3, 5)
   )
   for k in ("P@1", "P@3", "P@5"):

@@ -8,7 +8,7 @@ import textwrap
 
 def test_freed_temporaries_leave_resident_memory_once_released(repo_root):
   script = textwrap.dedent("""
-      from astra_jax import host_memory
+      from astra_jax.runtime import host_memory
       assert host_memory.keep_freed_memory()
       import numpy as np
       base = host_memory.resident_bytes()

@@ -241,7 +241,7 @@ def test_stale_results_are_run_again(tmp_path, monkeypatch):
   logs = []
   assert reproduce.load_or_run(run, str(tmp_path), log=logs.append) == {"fresh": True}
   assert "differs in data.synthetic.generator" in logs[0] and not os.path.exists(ckpt)
-  from astra_jax import classifier_bench
+  from astra_jax.reproduce import classifier_bench
 
   bench = reproduce.Run("bench_astra_L10", bench=("astra", 10))
   _write(str(tmp_path), bench.name, {"step_ms": 1.0, "code": classifier_bench.code_fingerprint()})

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
 
 
@@ -69,7 +69,7 @@ def test_shard_errors():
 def test_shared_member_matches_the_pairwise_lookup():
   """shared_member (the batch's shared random ids) against rowsets.member on the broadcast
   (B, K) array, with repeated shared ids and repeated set entries."""
-  from astra_jax import rowsets
+  from astra_jax.data import rowsets
 
   rng = np.random.default_rng(3)
   for _ in range(20):
@@ -133,7 +133,7 @@ def test_per_query_draws_masks_and_shards(num_shards):
 def test_member_matches_brute_force(monkeypatch, mode):
   """The (row, id) table in one chunk and in chunks of 1-3 rows; the id filter, also with
   one thread's table reused by 30 calls of different shapes (each must leave it all-False)."""
-  from astra_jax import rowsets
+  from astra_jax.data import rowsets
 
   monkeypatch.setattr(rowsets, "_CHUNK_BYTES", {"table": 1 << 21, "chunks": 40}.get(mode, 0))
   monkeypatch.setattr(rowsets, "_TABLE_PER_ID", 1 << 20)
@@ -157,7 +157,7 @@ def test_member_matches_brute_force(monkeypatch, mode):
 
 def test_rows_of_lists_each_rows_labels_in_order():
   """(position, label) pairs against the rows' lists, with empty and repeated rows."""
-  from astra_jax import rowsets
+  from astra_jax.data import rowsets
 
   lists = [[3, 1], [], [7], [0, 2, 4, 6], []]
   labels = SparseRows.from_lists(lists, 8)

@@ -5,7 +5,11 @@ import os
 import numpy as np
 import pytest
 
-from astra_jax import config_base, predict, score_fusion, train
+from astra_jax.ann import exact_topk
+from astra_jax.config import base as config_base
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train
+from astra_jax.xc import score_fusion
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +24,7 @@ def test_fused_topk_equals_the_dense_formula():
   w = rng.normal(size=(203, 6)).astype(np.float32)
   z = rng.normal(size=(203, 6)).astype(np.float32)
   fusion = score_fusion.LabelTextFusion(text_weight=0.4, text_scale=5.0, dim=6)
-  scores, ids = predict.topk(
+  scores, ids = exact_topk.topk(
     fusion.query_rows(emb), fusion.label_rows(w, z), 7, query_block=16, label_block=64, score=fusion
   )
   cos = (emb / np.linalg.norm(emb, axis=1, keepdims=True)) @ (
@@ -37,10 +41,10 @@ def test_zero_text_weight_ranks_as_the_classifiers():
   emb = rng.normal(size=(20, 4)).astype(np.float32)
   w = rng.normal(size=(50, 4)).astype(np.float32)
   off = score_fusion.LabelTextFusion(text_weight=0.0, text_scale=5.0, dim=4)
-  _, fused = predict.topk(
+  _, fused = exact_topk.topk(
     off.query_rows(emb), off.label_rows(w, rng.normal(size=(50, 4))), 5, 8, 16, score=off
   )
-  _, plain = predict.topk(emb, w, 5, 8, 16)
+  _, plain = exact_topk.topk(emb, w, 5, 8, 16)
   np.testing.assert_array_equal(fused, plain)
 
 
@@ -71,7 +75,7 @@ def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
   wd = str(tmp_path / "wd")
   train.train_and_evaluate(c, wd)
   assert os.path.isdir(os.path.join(wd, "warmstart"))
-  p = predict.Predictor.from_workdir(wd, index="scann")  # fused: exact search
+  p = Predictor.from_workdir(wd, index="scann")  # fused: exact search
   assert p.fusion == score_fusion.LabelTextFusion(0.5, 5.0, 16)
   texts = p.model.label_texts[:5]
   out = p.predict(texts, k=4)

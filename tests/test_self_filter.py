@@ -6,9 +6,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from astra_jax import baselines, train
 from astra_jax.data import self_filter, validation, xc_format
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import baselines
+from astra_jax.training import train
 
 LABELS = ["alpha: first", "beta: second", "gamma: third", "delta: fourth", "alpha: first"]
 
@@ -101,7 +102,7 @@ def test_dataset_warns_when_a_filtered_own_item_is_a_test_label(tmp_path, load_c
 
 
 def test_filter_self_must_be_a_mode(load_config):
-  from astra_jax import config_base
+  from astra_jax.config import base as config_base
 
   c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir, c.data.filter_self = "x", "yes"

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from astra_jax import score_fusion, sharding
-from astra_jax.sharded_topk import ShardedSearch
+from astra_jax.ann.sharded_topk import ShardedSearch
+from astra_jax.parallel import sharding
+from astra_jax.xc import score_fusion
 
 
 def _mesh(data: int, model: int) -> jax.sharding.Mesh:

@@ -8,12 +8,14 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tiny_step import KH, B, L, problem
 
-from astra_jax import loss, loss_scale, optim, sharding, steps
-from astra_jax.batch import LabelBatch, TrainBatch
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.batch import LabelBatch, TrainBatch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.sampler import NegativeSampler
-from tiny_step import B, KH, L, problem
+from astra_jax.parallel import sharding
+from astra_jax.training import loss_scale, optim, steps
+from astra_jax.xc import loss
 
 
 def _run(step_fn, state, batches, put_batch):

@@ -6,9 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
-from astra_jax import checkpoint, optim, sharding, sparse_momentum, steps, train
 from tiny_step import B, L, problem
+
+from astra_jax.parallel import sharding
+from astra_jax.training import checkpoint, optim, steps, train
+from astra_jax.xc import sparse_momentum
 
 BETA, WD = 0.9, 0.05
 
@@ -208,7 +210,7 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   )
   w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
   one = sharding.make_mesh(1, 1)
-  params, opt_state = sharding.shard_params(
+  params, opt_state = steps.shard_params(
     {"encoder": {"b": jnp.ones(2)}, "classifier": w}, {"momentum": state}, one
   )
   ck = checkpoint.Checkpoints(str(tmp_path))
@@ -216,7 +218,7 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   ck.close()
   mesh = sharding.make_mesh(2, 4)
   padded = sparse_momentum.init(64, d, 8)
-  template = sharding.shard_params(
+  template = steps.shard_params(
     {"encoder": {"b": jnp.ones(2)}, "classifier": jnp.zeros((64, d))}, {"momentum": padded}, mesh
   )
   ck = checkpoint.Checkpoints(str(tmp_path))

@@ -6,11 +6,13 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax import classifier, optim, sharding, steps
-from astra_jax.batch import TrainBatch
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.batch import TrainBatch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.parallel import sharding
+from astra_jax.training import optim, steps
+from astra_jax.xc import classifier
 
 
 def test_update_by_hand_with_duplicate_ids():

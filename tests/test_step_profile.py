@@ -2,7 +2,7 @@
 
 import pytest
 
-from astra_jax.step_profile import PHASES, StepProfiler
+from astra_jax.training.step_profile import PHASES, StepProfiler
 
 
 def test_breakup_medians_and_backward_by_difference():

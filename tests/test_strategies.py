@@ -5,11 +5,12 @@ import dataclasses
 
 import pytest
 
-from astra_jax import config_base, steps, train
-from astra_jax.errors import InputError
+from astra_jax.config import base as config_base
 from astra_jax.negatives import strategies
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.negatives.strategies import HardShare, IndexOver, Strategy
+from astra_jax.runtime.errors import InputError
+from astra_jax.training import steps, train
 
 
 def test_unknown_name_names_the_field_and_the_choices():

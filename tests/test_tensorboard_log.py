@@ -15,7 +15,7 @@ import pytest
 from tensorboardX.proto import event_pb2
 from tensorboardX.record_writer import masked_crc32c
 
-from astra_jax.tensorboard_log import EventLog
+from astra_jax.training.tensorboard_log import EventLog
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

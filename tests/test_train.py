@@ -10,10 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax import config_base, evaluation, export, predict, train, train_log
-from astra_jax.predict import Predictor
-from astra_jax.data import xc_format
+from astra_jax.ann import exact_topk
+from astra_jax.config import base as config_base
+from astra_jax.data import sparse_rows, xc_format
+from astra_jax.evaluation import ranking
 from astra_jax.negatives.schedule import NegativeSplit
+from astra_jax.serving import export
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train, train_log
 
 
 @pytest.mark.slow
@@ -34,12 +38,12 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   saved = json.loads((tmp_path / "wd" / "results.json").read_text())
   assert saved["num_test_evaluated"] == 400 and saved["degraded"]["evals_on_subset"] == 1
   # The sharded final evaluation against the exported model ranked by the unsharded exact
-  # kernel (predict.topk) over the same 400 rows.
+  # kernel (exact_topk.topk) over the same 400 rows.
   data, _ = train.load_splits(c)
   model = export.load_model(str(tmp_path / "wd"))
   emb = Predictor(model, index="exact").encode(np.asarray(data.test_tokens[:400]))
-  ranked = predict.topk(emb, model.classifier, 5)[1]
-  dense = evaluation.rank_filter_score(
+  ranked = exact_topk.topk(emb, model.classifier, 5)[1]
+  dense = ranking.rank_filter_score(
     lambda k: ranked,
     data.test_labels.head(400),
     data.test_filter[data.test_filter[:, 0] < 400],
@@ -166,7 +170,7 @@ def test_texts_and_labels_of_different_lengths(tmp_path, ngame_dataset, load_con
   c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir = str(d)
   with pytest.raises(
-    xc_format.XCFormatError, match=r"test\.raw\.txt: 199 texts but tst_X_Y\.txt has 200"
+    sparse_rows.XCFormatError, match=r"test\.raw\.txt: 199 texts but tst_X_Y\.txt has 200"
   ):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
 

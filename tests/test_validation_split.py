@@ -5,8 +5,8 @@ import pytest
 
 from astra_jax.data import validation
 from astra_jax.data.dataset import RowConcat, XCData
-from astra_jax.data.xc_format import SparseRows
-from astra_jax.errors import InputError
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.runtime.errors import InputError
 
 
 def _data(n=20, labels=6, augmented=True):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from astra_jax import warmstart
-from astra_jax.data.xc_format import SparseRows, WithLabelRows
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.model.ngram_bag import NgramBagEncoder
 from astra_jax.model.ngram_bag_config import NgramBagConfig
+from astra_jax.training import warmstart
 
 
 def test_loss_by_hand_with_a_shared_label_masked():
@@ -148,7 +148,7 @@ def test_stage_saves_on_the_checkpoint_clock_and_always_at_its_end(tmp_path, mon
 
 
 def test_no_label_texts_is_a_config_error(tmp_path):
-  from astra_jax.errors import InputError
+  from astra_jax.runtime.errors import InputError
 
   queries, texts, rows = _problem()
   graphdef, start = _encoder()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from astra_jax.data import xc_format
-from astra_jax.data.xc_format import SparseRows, XCFormatError
+from astra_jax.data.sparse_rows import SparseRows, XCFormatError
 
 
 def write(path, text):

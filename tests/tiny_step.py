@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from astra_jax.batch import TrainBatch
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data.batch import TrainBatch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model.encoder import Encoder, EncoderConfig
 from astra_jax.negatives.sampler import NegativeSampler
 

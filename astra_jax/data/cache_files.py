@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from astra_jax import tmpnames
+from astra_jax.runtime import tmpnames
 
 NPY_HEADER_BYTES = 128  # a version-1.0 header padded to 128 bytes: room for any 1-D shape
 

@@ -9,10 +9,10 @@ import os
 import numpy as np
 from absl import logging
 
-from astra_jax import tmpnames
-from astra_jax.data import label_cache, self_filter, tokenize, xc_format
-from astra_jax.data.xc_format import SparseRows, WithLabelRows, XCFormatError
-from astra_jax.errors import InputError
+from astra_jax.data import label_cache, self_filter, tokenize, xc_format, xc_lines
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows, XCFormatError
+from astra_jax.runtime import tmpnames
+from astra_jax.runtime.errors import InputError
 
 # Text files per layout: (train, test, labels). Label matrices are trn_X_Y.txt / tst_X_Y.txt
 # except for "json", where they come from target_ind.
@@ -131,7 +131,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
   # Labels: binary caches built once (label_cache), then memory-mapped.
   if layout == "json":
     lbl_texts_path = need(lbl_x)
-    num_labels = sum(1 for _ in xc_format._lines(lbl_texts_path))
+    num_labels = sum(1 for _ in xc_lines.numbered_lines(lbl_texts_path))
     train_labels = label_cache.cached_labels(trn_x, cache_dir, json_num_labels=num_labels)
     test_labels = label_cache.cached_labels(tst_x, cache_dir, json_num_labels=num_labels)
   else:

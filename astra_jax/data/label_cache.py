@@ -23,8 +23,8 @@ import numpy as np
 from absl import logging
 
 from astra_jax.data import cache_files, sparse_reader, xc_format
-from astra_jax.data.xc_format import SparseRows, XCFormatError
-from astra_jax.errors import InputError
+from astra_jax.data.sparse_rows import SparseRows, XCFormatError
+from astra_jax.runtime.errors import InputError
 
 FORMAT_VERSION = 1
 _PROGRESS_SECONDS = 10.0

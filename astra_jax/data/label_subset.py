@@ -16,9 +16,9 @@ import dataclasses
 import numpy as np
 
 from astra_jax.data.dataset import RowConcat, XCData
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.data.validation import RowSubset
-from astra_jax.data.xc_format import SparseRows, WithLabelRows
-from astra_jax.errors import InputError
+from astra_jax.runtime.errors import InputError
 
 
 def sample_labels(num_labels: int, size: int, seed: int) -> np.ndarray:

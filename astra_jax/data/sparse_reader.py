@@ -6,7 +6,7 @@ edges, ids from their digits), so memory is bounded by the block, not by the fil
 core parses well over 50 MB/s. A block the fast path does not take as it is (any byte
 other than digits, ':', '.', blanks and newlines; a token without exactly one ':'; an id
 out of range or over 10 digits; more rows than the header's) goes through the line
-parser (`xc_format.parse_row`), which accepts what it accepted before and words every
+parser (`xc_lines.parse_row`), which accepts what it accepted before and words every
 error with the file and line. Rows come out sorted with each label once, as before.
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from astra_jax.data import xc_format
-from astra_jax.data.xc_format import SparseRows, XCFormatError
+from astra_jax.data import xc_lines
+from astra_jax.data.sparse_rows import SparseRows, XCFormatError
 
 BLOCK_BYTES = 16 << 20  # ~1M pairs: the per-byte temporaries stay near 100 MB
 _MAX_ID_DIGITS = 10  # longer ids go to the line parser (which names an out-of-range one)
@@ -73,7 +73,7 @@ class SparseFileReader:
     self.duplicates = _Duplicates()
     self.rows_read = self.lines_read = self.bytes_read = 0  # lines: rows + blank lines past them
     self._eof = self._header_read = False
-    self.file = xc_format._open_binary(self.path)
+    self.file = xc_lines.open_binary(self.path)
     try:
       self.rows, self.cols = self._read_header(num_cols)
     except BaseException:
@@ -90,7 +90,7 @@ class SparseFileReader:
     if not raw and not newline:
       raise XCFormatError(self.path, 1, "empty file: expected a header 'rows cols'")
     header = _decode(self.path, 1, raw).rstrip("\r")
-    return xc_format.parse_header(self.path, 1, header, num_cols)
+    return xc_lines.parse_header(self.path, 1, header, num_cols)
 
   def _read(self, n: int) -> bytes:
     try:
@@ -144,7 +144,7 @@ class SparseFileReader:
   ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """The line parser over one block: slow, but it takes what the fast path leaves and
     words each error as the reader always has."""
-    sorted_unique = xc_format._SortedUnique(self.path)
+    sorted_unique = xc_lines.SortedUnique(self.path)
     lengths, indices, values = [], [], []
     for offset, raw in enumerate(data.split(b"\n")[:-1]):
       lineno = first_line + offset
@@ -154,7 +154,7 @@ class SparseFileReader:
           raise XCFormatError(self.path, lineno, f"more rows than the header's {self.rows}")
         continue
       if line:
-        idx, val = xc_format.parse_row(self.path, lineno, line, self.cols, sorted_unique)
+        idx, val = xc_lines.parse_row(self.path, lineno, line, self.cols, sorted_unique)
         indices.append(idx.astype(np.int32))
         values.append(val)
       lengths.append(len(indices[-1]) if line else 0)

@@ -33,8 +33,8 @@ import time
 import numpy as np
 from absl import logging
 
-from astra_jax import cpu_budget, tmpnames
 from astra_jax.data import xc_format
+from astra_jax.runtime import cpu_budget, tmpnames
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"

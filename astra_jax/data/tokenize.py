@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from astra_jax.data import cache_files, xc_format
-from astra_jax.errors import InputError
+from astra_jax.data import cache_files, sparse_rows, xc_format
+from astra_jax.runtime.errors import InputError
 
 _BATCH = 8192  # texts per call into the Rust tokenizer (which parallelises internally)
 
@@ -178,7 +178,7 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
   checkpoint = done
   for batch in _batches(texts, _BATCH):
     if done + len(batch) > rows:
-      raise xc_format.XCFormatError(text_path, None, f"more texts than its {rows} lines")
+      raise sparse_rows.XCFormatError(text_path, None, f"more texts than its {rows} lines")
     tokens[done : done + len(batch)] = tokenize_texts(batch, tokenizer, max_len)
     done += len(batch)
     progress(done)
@@ -186,7 +186,7 @@ def _build(text_path: str, stem: str, want: dict, tokenizer_dir: str) -> None:
       _checkpoint(tokens, partial_meta, want, done)
       checkpoint = done
   if done != rows:
-    raise xc_format.XCFormatError(text_path, None, f"{done} texts but {rows} lines")
+    raise sparse_rows.XCFormatError(text_path, None, f"{done} texts but {rows} lines")
   truncated = sum(
     int((tokens[s : s + _CHECKPOINT_ROWS, -1] != pad).sum())
     for s in range(0, rows, _CHECKPOINT_ROWS)

@@ -14,8 +14,8 @@ import dataclasses
 import numpy as np
 
 from astra_jax.data.dataset import RowConcat, XCData
-from astra_jax.data.xc_format import SparseRows, WithLabelRows
-from astra_jax.errors import InputError
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
+from astra_jax.runtime.errors import InputError
 
 
 class RowSubset:

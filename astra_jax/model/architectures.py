@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
-from astra_jax.errors import InputError
 from astra_jax.model import pretrained
 from astra_jax.model.encoder_config import EncoderConfig
 from astra_jax.model.ngram_bag_config import NgramBagConfig
+from astra_jax.runtime.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)

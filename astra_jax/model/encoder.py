@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from astra_jax.model.dropout import dropout as _dropout
-from astra_jax.model.dropout import dropout_mask  # noqa: F401 (re-exported)
+from astra_jax.model.dropout import (
+  dropout as _dropout,
+  dropout_mask,  # noqa: F401 (re-exported)
+)
 from astra_jax.model.encoder_config import EncoderConfig  # noqa: F401 (re-exported)
 from astra_jax.model.interface import QueryHead
 

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 
-from astra_jax.errors import InputError
+from astra_jax.runtime.errors import InputError
 
 
 @dataclasses.dataclass(frozen=True)

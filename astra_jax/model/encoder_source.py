@@ -16,8 +16,8 @@ import hashlib
 import os
 from typing import NamedTuple
 
-from astra_jax.errors import InputError
 from astra_jax.model import pretrained
+from astra_jax.runtime.errors import InputError
 
 MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
 MINILM = "all-MiniLM-L6-v2"

@@ -1,18 +1,16 @@
 """Builds the encoder `config.encoder` describes (the architecture registry's module),
-with its starting weights: a pretrained checkpoint, a finished run's exported model, or
-random."""
+with its starting weights: a pretrained checkpoint, or random."""
 
 from __future__ import annotations
 
 import os
 
-import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from astra_jax.errors import InputError
 from astra_jax.model import architectures, encoder_source, pretrained
 from astra_jax.model.interface import QueryEncoder
+from astra_jax.model.weights import load_hf_weights
 
 
 def encoder_for_shape(shape, seed: int = 0) -> QueryEncoder:
@@ -31,7 +29,8 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> QueryEncod
     seed: the random init's seed.
   Returns:
     The encoder (a `QueryEncoder`), with `encoder.hf_dir`'s weights when the architecture
-    loads them, then `encoder.init_from_workdir`'s when set.
+    loads them (`encoder.init_from_workdir` is training.encoder_init's, above the exported
+    model's format).
   Raises:
     InputError: an unknown architecture, a shape the data cannot use, missing weights.
   """
@@ -43,41 +42,9 @@ def build_encoder(config, vocab_size: int, pad_id: int, seed: int) -> QueryEncod
     encoder_source.check(ec)  # weights missing: an error unless load_weights=False
     hf_dir = pretrained.resolve(ec.hf_dir) if ec.hf_dir else ""
     if hf_dir and ec.load_weights:
-      from astra_jax.model.weights import load_hf_weights
-
       weights = os.path.join(hf_dir, encoder_source.WEIGHTS_FILE)
       load_hf_weights(model, weights)
       logging.info("loaded encoder weights from %s", weights)
     elif hf_dir:
       logging.info("encoder.load_weights=False: %s randomly initialised", hf_dir)
-  if ec.get("init_from_workdir", ""):
-    init_from_exported(model, ec.init_from_workdir)
   return model
-
-
-def init_from_exported(model: QueryEncoder, workdir: str) -> None:
-  """Copies the encoder weights of WORKDIR/model (export.py) into `model`.
-
-  Args:
-    model: the encoder the config built.
-    workdir: a finished run's workdir (`encoder.init_from_workdir`).
-  Raises:
-    InputError: no exported model there, or its encoder has another shape.
-  """
-  from astra_jax.export import load_model
-
-  exported = load_model(workdir)
-  ours = nnx.state(model, nnx.Param)
-  theirs = dict(nnx.to_flat_state(exported.encoder_params))
-  for path, var in nnx.to_flat_state(ours):
-    got = theirs.get(path)
-    if got is None or tuple(got.shape) != tuple(var.shape):
-      raise InputError(
-        f"config.encoder.init_from_workdir={workdir}: its encoder's "
-        f"{'/'.join(map(str, path))} is "
-        f"{'missing' if got is None else tuple(got.shape)}, this config's is "
-        f"{tuple(var.shape)}; give the encoder that run's shape"
-      )
-    var.set_value(jnp.asarray(got.get_value(), var.dtype))
-  nnx.update(model, ours)
-  logging.info("encoder initialised from %s", os.path.join(workdir, "model"))

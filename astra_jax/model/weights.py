@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from absl import logging
 from flax import nnx
 
-from astra_jax.errors import InputError
 from astra_jax.model.encoder import Encoder
+from astra_jax.runtime.errors import InputError
 
 _BERT_LAYER = {
   "attention.query": "attention.self.query",

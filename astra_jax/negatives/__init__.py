@@ -1,2 +1,7 @@
-"""Hard negatives: an ANN index over classifier rows (or label embeddings), mined for every
-training query, refreshed on the schedule of the paper's Algorithm 1."""
+"""Negatives for a training step: the strategy registry (strategies; add a
+sampling strategy there), the per-epoch split of k_h and k_r (schedule), the sampler that
+draws them, the refresh manager that keeps stale hard negatives coming (manager), and the
+refresh worker that mines them off the critical path (refresh).
+
+Layer 7 of 13: may import runtime, data, model, parallel, xc, ann.
+"""

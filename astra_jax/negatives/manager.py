@@ -27,9 +27,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from astra_jax import distributed
-from astra_jax.data.xc_format import SparseRows
-from astra_jax.negatives import index as index_lib
+from astra_jax.ann import index as index_lib
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives.refresh import (
   RefreshFailed,
   RefreshJob,
@@ -38,6 +37,7 @@ from astra_jax.negatives.refresh import (
   run_job,
 )
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
+from astra_jax.runtime import distributed
 
 VectorsFn = Callable[[], np.ndarray]  # (L, d) label vectors to index, now
 EmbedFn = Callable[[np.ndarray], np.ndarray]  # training row ids -> (n, d) embeddings, now

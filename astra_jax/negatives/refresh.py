@@ -27,10 +27,11 @@ import time
 
 import numpy as np
 
-from astra_jax import cpu_budget, rowsets, tmpnames
-from astra_jax.data import label_cache
-from astra_jax.data.xc_format import SparseRows, WithLabelRows, atomic_text_writer
-from astra_jax.negatives import index as index_lib
+from astra_jax.ann import index as index_lib
+from astra_jax.data import label_cache, rowsets
+from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
+from astra_jax.data.xc_format import atomic_text_writer
+from astra_jax.runtime import cpu_budget, tmpnames
 
 
 @dataclasses.dataclass

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from astra_jax import rowsets
-from astra_jax.batch import LabelBatch
-from astra_jax.data.xc_format import SparseRows
+from astra_jax.data import rowsets
+from astra_jax.data.batch import LabelBatch
+from astra_jax.data.sparse_rows import SparseRows
 
 
 class NegativeSampler:

@@ -15,7 +15,7 @@ import dataclasses
 import enum
 from collections.abc import Callable
 
-from astra_jax.errors import InputError
+from astra_jax.runtime.errors import InputError
 
 
 class IndexOver(enum.Enum):

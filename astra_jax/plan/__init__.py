@@ -1,6 +1,10 @@
-"""The memory planner: estimates (estimates.py), their text (report.py) and the command
-line (__main__.py: `python -m astra_jax.plan`). Importing it imports neither jax nor the
-model code, and defines no flags."""
+"""`python -m astra_jax.plan`: the memory, time and disk a config needs, per device
+and per node, before a run starts: estimates (estimates.py), their text (report.py) and the
+command line (__main__.py). Importing it imports neither jax nor the model code, and defines
+no flags.
+
+Layer 12 of 13: may import the layers 1-11.
+"""
 
 from astra_jax.plan.estimates import (
   GPUS,

@@ -19,9 +19,9 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-from astra_jax import cli
 from astra_jax.plan.estimates import GPUS, plan_config
 from astra_jax.plan.report import format_plan
+from astra_jax.runtime import cli
 
 DOES_NOT_FIT_EXIT = 3  # --check
 

@@ -30,13 +30,13 @@ import json
 import math
 import os
 
-from astra_jax import paper_configs
+from astra_jax.ann import index as index_lib
+from astra_jax.config import paper_configs
 from astra_jax.data import catalog, synthetic
-from astra_jax.errors import InputError
 from astra_jax.model import architectures, pretrained
 from astra_jax.model.encoder_config import EncoderConfig
-from astra_jax.negatives import index as index_lib
 from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.runtime.errors import InputError
 
 GiB = 2**30
 # Memory per device (TPU chips too, for the TPU VM recipe in launch/README.md).
@@ -690,7 +690,7 @@ def _encoder_note(config, source: str) -> str:
     return (
       f"the paper's encoder {want} is not in {config.encoder.hf_dir}: planned with its "
       f"published shape; training needs its files there (or "
-      f"--config.encoder.hf_dir=all-MiniLM-L6-v2, see astra_jax/paper_configs.py)"
+      f"--config.encoder.hf_dir=all-MiniLM-L6-v2, see astra_jax/config/paper_configs.py)"
     )
   if want and config.encoder.hf_dir == "all-MiniLM-L6-v2":
     return f"planned with all-MiniLM-L6-v2 as asked, not the paper's encoder {want}"

@@ -1,6 +1,10 @@
-"""Reproducing the paper's tables: the paper's numbers (paper.py), the runs behind each
-table (runs.py), the tables and the files written (tables.py), and the command line
-(__main__.py: `python -m astra_jax.reproduce`)."""
+"""`python -m astra_jax.reproduce`: the paper's tables and figures from the
+configs: the paper's numbers (paper.py), the runs behind each table (runs.py), the tables and
+the files written (tables.py), the classifier-step timing some tables use
+(classifier_bench.py), and the command line (__main__.py).
+
+Layer 13 of 13: may import every other package.
+"""
 
 from astra_jax.reproduce.runs import (
   ABLATION,

@@ -16,7 +16,7 @@ and OUT/<table>.csv.
 --jobs=N runs N of a table's runs at once as child processes (reproduce/parallel.py).
 Training tables run a reduced-scale synthetic stand-in of a paper dataset (the paper's
 column is the real dataset); timebreakup and memory time the L-dependent classifier step
-(astra_jax/classifier_bench.py).
+(astra_jax/reproduce/classifier_bench.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import sys
 
 from absl import flags
 
-from astra_jax import cli, host_memory
 from astra_jax.reproduce.paper import NEEDS_GPUS
 from astra_jax.reproduce.tables import ALL_CPU, TABLES, reproduce, write_index
+from astra_jax.runtime import cli, host_memory
 
 WRONG_TABLE_EXIT = 2
 

@@ -151,7 +151,7 @@ def _reusable(run: Run, root: str) -> bool:
 
 
 if __name__ == "__main__":
-  from astra_jax import host_memory
+  from astra_jax.runtime import host_memory
 
   host_memory.keep_freed_memory()  # before jax starts, as the command line does
   load_or_run(from_json(sys.argv[1]), sys.argv[2])

@@ -59,15 +59,15 @@ class Run:
 
   def execute(self, workdir: str) -> dict:
     if self.bench is not None:
-      from astra_jax import classifier_bench
+      from astra_jax.reproduce import classifier_bench
 
       return classifier_bench.measure(*self.bench)
-    from astra_jax import train
+    from astra_jax.training import train
 
     return train.train_and_evaluate(self.config(), workdir)
 
   def config(self):
-    from astra_jax import config_base
+    from astra_jax.config import base as config_base
 
     c = config_base.load_config(self.config_file, self.variant)
     for key, value in self.overrides:
@@ -98,11 +98,11 @@ def stale(run: Run, cached: dict) -> str:
   changes are not detected: delete the run to re-measure), or a benchmark made by other
   classifier-step code."""
   if run.bench is not None:
-    from astra_jax import classifier_bench
+    from astra_jax.reproduce import classifier_bench
 
     same = cached.get("code") == classifier_bench.code_fingerprint()
     return "" if same else "measured with other classifier-step code"
-  from astra_jax import checkpoint
+  from astra_jax.training import checkpoint
 
   # data.tokenizer_dir is filled in when the run starts
   diff = [
@@ -241,7 +241,7 @@ def real_ablation_runs(data_dir: str, seeds: int = 1) -> list[Run]:
 def paper_refreshes_tau(epochs: int) -> int:
   """τ_s = τ_r that gives the stand-in's `epochs` the paper's number of refreshes (it trains
   LF-AmazonTitles-131K for 75 epochs with τ = 5: 14 refreshes)."""
-  from astra_jax import config_base
+  from astra_jax.config import base as config_base
 
   paper_epochs = config_base.load_config(STAND_IN).train.epochs
   return max(1, round(5 * epochs / paper_epochs))

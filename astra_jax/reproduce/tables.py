@@ -21,6 +21,7 @@ from astra_jax.reproduce.paper import (
 from astra_jax.reproduce.runs import (
   ABLATION,
   BENCH_LABELS,
+  FULL_LABEL_TTVSPERF_QUERIES,
   MOTIVATION_HARD,
   MOTIVATION_LABELS,
   MOTIVATION_SCALE_FACTOR,
@@ -32,7 +33,6 @@ from astra_jax.reproduce.runs import (
   STAND_IN,
   TAU_STAND_IN,
   Run,
-  FULL_LABEL_TTVSPERF_QUERIES,
   ablation_runs,
   bench_runs,
   full_label_plot_runs,
@@ -338,7 +338,7 @@ _STAND_IN_NOTE = (
 )
 _BENCH_NOTE = (
   "Ours: the L-dependent classifier step alone (d=64, B=256, k_p=7, k_h=50, "
-  "k_r=400, float32, CPU; `astra_jax/classifier_bench.py`) at L = 1e4, 1e5, 1e6. "
+  "k_r=400, float32, CPU; `astra_jax/reproduce/classifier_bench.py`) at L = 1e4, 1e5, 1e6. "
   "Paper: one V100, the named datasets. "
 )
 

@@ -1,0 +1,111 @@
+"""Exact top-k labels by <w_l, E(x)> in bounded memory.
+
+Scores are computed one (query block x label block) tile at a time and merged into a running
+top-k (`merge_topk`, which the sharded search on the mesh shares), so memory is
+O(qb x (lb + k)), never O(n x L). Training's evaluation and serving's exact index use it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def dot_scores(queries: jax.Array, rows: jax.Array) -> jax.Array:
+  """<w_l, e>: the classifiers' scores of a query block against a label block."""
+  return queries @ rows.T.astype(jnp.float32)
+
+
+def merge_topk(
+  best_s: jax.Array, best_i: jax.Array, s: jax.Array, ids: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+  """One tile's scores merged into a running top-k.
+
+  Args:
+    best_s, best_i: (q, k) the running top-k's scores and ids, best first.
+    s: (q, t) the tile's scores (-inf where a row must not be returned).
+    ids: (t,) the tile's label ids.
+    k: labels kept.
+  Returns:
+    (scores, ids) (q, k) of the best k of both, best first.
+  """
+  cand_s = jnp.concatenate([best_s, s], axis=1)
+  cand_i = jnp.concatenate([best_i, jnp.broadcast_to(ids, s.shape)], axis=1)
+  top_s, pos = jax.lax.top_k(cand_s, k)
+  return top_s, jnp.take_along_axis(cand_i, pos, axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels", "score"))
+def topk_block(
+  queries: jax.Array,
+  w_blocks: jax.Array,
+  k: int,
+  label_block: int,
+  num_labels: int,
+  score=dot_scores,
+):
+  """queries (qb, d); w_blocks (nb, lb, d) -> (scores (qb, k), ids (qb, k)); `score`
+  (hashable: it is part of the compiled function) scores a query block against a label
+  block."""
+  qb = queries.shape[0]
+  init = (jnp.full((qb, k), -jnp.inf, jnp.float32), jnp.full((qb, k), -1, jnp.int32))
+
+  def body(carry, xs):
+    best_s, best_i = carry
+    w, b = xs
+    s = score(queries, w)
+    ids = b * label_block + jnp.arange(label_block, dtype=jnp.int32)
+    s = jnp.where(ids[None, :] < num_labels, s, -jnp.inf)
+    return merge_topk(best_s, best_i, s, ids, k), None
+
+  (s, i), _ = jax.lax.scan(body, init, (w_blocks, jnp.arange(w_blocks.shape[0], dtype=jnp.int32)))
+  return s, i
+
+
+def label_blocks(classifier, label_block: int) -> jax.Array:
+  """W (L, d) -> (nb, label_block, d), zero-padded (padded ids are masked in the kernel)."""
+  L, d = classifier.shape
+  nb = -(-L // label_block)
+  w = jnp.pad(jnp.asarray(classifier, jnp.float32), ((0, nb * label_block - L), (0, 0)))
+  return w.reshape(nb, label_block, d)
+
+
+def topk(
+  embeddings: np.ndarray,
+  classifier: jax.Array,
+  k: int,
+  query_block: int = 1024,
+  label_block: int = 32768,
+  score=dot_scores,
+) -> tuple[np.ndarray, np.ndarray]:
+  """Top-k labels for every row of `embeddings`: (scores, ids), best first.
+
+  Args:
+    embeddings: (n, d') query rows.
+    classifier: (L, d') label rows.
+    k: labels per query (at most L).
+    query_block: queries per compiled call (the last block is padded to it).
+    label_block: label rows scored at a time (bounds the (query_block, label_block) scores).
+    score: (query block, label block) -> scores; <w_l, e> by default, the fused score of
+      `score_fusion.LabelTextFusion` with its query and label rows.
+  Returns:
+    (scores (n, k) float32, ids (n, k) int32).
+  """
+  L, d = classifier.shape
+  k = min(k, L)
+  label_block = min(label_block, L)
+  w_blocks = label_blocks(classifier, label_block)
+  n = len(embeddings)
+  scores = np.empty((n, k), np.float32)
+  ids = np.empty((n, k), np.int32)
+  for start in range(0, n, query_block):
+    q = np.asarray(embeddings[start : start + query_block], np.float32)
+    m = len(q)
+    if m < query_block and n > query_block:  # keep one compiled shape
+      q = np.pad(q, ((0, query_block - m), (0, 0)))
+    s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, L, score)
+    scores[start : start + m], ids[start : start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
+  return scores, ids

@@ -1,0 +1,234 @@
+"""Exact top-k over W where it lives: no device ever holds more of W than its own shard.
+
+W's rows are split over the mesh's 'model' axis (sharding.py); a block of test queries is
+split over every device, like the training batch. Inside `jax.shard_map` each device
+
+  1. encodes its own queries (the encoder is data parallel) and all-gathers its data
+     group's embeddings over 'model' (B/D x d numbers),
+  2. scores them against its own R = L'/M rows of W in tiles of `label_block` rows, keeping
+     a running top-k, so its memory is O(B/D x (label_block + k)) and no (B, L) array exists,
+  3. all-gathers the group's candidates over 'model' (M x B/D x k scores and ids: k / R of
+     what gathering W would move) and keeps the best k,
+  4. keeps the rows of the queries it encoded.
+
+So only queries and candidates cross devices and processes, each process reads and ranks
+only the test rows its devices hold, and the per-row metric sums are added across
+processes at the end (evaluation.mesh_rank_filter_sums). Tiles are read from the shard in
+place with a clamped dynamic slice (the last tile overlaps its predecessor, whose rows are
+masked), so the shard is never padded or copied.
+
+The label-text fusion (score_fusion.py) runs through the same kernel with E(z_l)/|E(z_l)|
+laid out like W, each tile's [w_l | E(z_l)/|E(z_l)|] assembled on the fly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax.ann.exact_topk import dot_scores, merge_topk
+from astra_jax.parallel.sharding import ALL
+from astra_jax.xc.score_fusion import LabelTextFusion
+
+EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
+
+
+def _tile_topk(
+  queries: jax.Array,
+  label_parts: tuple[jax.Array, ...],
+  k: int,
+  label_block: int,
+  first_id: jax.Array,
+  num_labels: int,
+  score,
+) -> tuple[jax.Array, jax.Array]:
+  """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
+  label arrays (each (R, .)), one tile of `label_block` rows at a time."""
+  rows = label_parts[0].shape[0]
+  lb = min(label_block, rows)
+  tiles = -(-rows // lb)
+  q = queries.shape[0]
+  local = jnp.arange(lb, dtype=jnp.int32)
+
+  def body(t, carry):
+    best_s, best_i = carry
+    nominal = t * lb
+    start = jnp.minimum(nominal, rows - lb)  # the last tile is moved back inside the shard
+    tile = jnp.concatenate(
+      [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
+    )
+    s = score(queries, tile)
+    ids = first_id + start + local
+    # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
+    keep = (start + local >= nominal) & (ids < num_labels)
+    s = jnp.where(keep[None, :], s, -jnp.inf)
+    return merge_topk(best_s, best_i, s, ids, k)
+
+  init = (jnp.full((q, k), -jnp.inf, jnp.float32), jnp.full((q, k), -1, jnp.int32))
+  return jax.lax.fori_loop(0, tiles, body, init)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSearch:
+  """Exact top-k of encoded token rows against W's shards on `mesh` (module docstring).
+
+  Attributes:
+    mesh: the (data, model) mesh W is laid out on.
+    num_labels: L; W's padded rows [L, L') are never returned.
+    label_block: W rows scored per tile on each device.
+    fusion: the label-text fusion, or None for <w_l, E(x)>.
+  """
+
+  mesh: jax.sharding.Mesh
+  num_labels: int
+  label_block: int = 32768
+  fusion: LabelTextFusion | None = None
+
+  @property
+  def devices(self) -> int:
+    return self.mesh.devices.size
+
+  def block_rows(self, batch_size: int) -> int:
+    """Query rows per call: `batch_size` rounded up to a multiple of the devices."""
+    return -(-batch_size // self.devices) * self.devices
+
+  def kernel(self, encode: EncodeFn, k: int):
+    """jit((encoder params, ids (Q, T) split over all devices, W (L', d) split over 'model'
+    [, unit label texts (L', d)]) -> (scores, ids) (Q, k), split like the ids). One per
+    (search, encoder, k) for the process's life: every evaluation of a run reuses it."""
+    return _kernel(self, encode, k)
+
+  def label_parts(
+    self, classifier: jax.Array, label_texts: np.ndarray | None
+  ) -> tuple[jax.Array, ...]:
+    """The arrays the kernel scores: (W,) or (W, E(z_l)/|E(z_l)|), both split over 'model'."""
+    if self.fusion is None:
+      return (classifier,)
+    if label_texts is None:
+      raise ValueError("a label-text fusion needs the label texts' embeddings")
+    texts = np.asarray(label_texts, np.float32)
+    texts = np.pad(texts, ((0, classifier.shape[0] - len(texts)), (0, 0)))
+    return (classifier, unit_rows(texts, self.mesh))
+
+  def search_rows(
+    self,
+    encode: EncodeFn,
+    enc_params,
+    tokens,
+    lo: int,
+    hi: int,
+    k: int,
+    label_parts: tuple[jax.Array, ...],
+    batch_size: int,
+  ) -> list[tuple[int, np.ndarray]]:
+    """Top-k label ids of token rows [lo, hi) that this process's devices rank.
+
+    Args:
+      encode: the inference-mode encoder (embedding.make_embed_fn).
+      enc_params: its parameters (replicated on the mesh, or a host copy).
+      tokens: (n, T) token ids, e.g. a memory-mapped token file; each process reads only
+        the rows its devices hold.
+      lo, hi: the global rows to rank.
+      k: labels per row.
+      label_parts: `label_parts(W, E(z_l))`.
+      batch_size: query rows per call (rounded to the devices; the last call is padded).
+    Returns:
+      [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
+      in row order (padding rows past `hi` dropped).
+    """
+    kernel = self.kernel(encode, k)
+    q = self.block_rows(batch_size)
+    sharding = NamedSharding(self.mesh, P(ALL))
+    out = []
+    for start in range(lo, hi, q):
+      stop = min(start + q, hi)
+
+      def read(index, start=start, stop=stop):
+        a = start + (index[0].start or 0)
+        b = start + (q if index[0].stop is None else index[0].stop)
+        ids = np.asarray(tokens[min(a, stop) : min(b, stop)], np.int32)
+        return np.pad(ids, ((0, (b - a) - len(ids)), (0, 0)))
+
+      ids = jax.make_array_from_callback((q, tokens.shape[1]), sharding, read)
+      _, top = kernel(enc_params, ids, *label_parts)
+      for shard in top.addressable_shards:
+        a = start + (shard.index[0].start or 0)
+        n = min(stop - a, shard.data.shape[0])
+        if n > 0:
+          out.append((a, np.asarray(shard.data)[:n]))
+    return sorted(out, key=lambda x: x[0])
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
+  """ShardedSearch.kernel's compiled function."""
+  mesh, fusion, num_labels, label_block = (
+    search.mesh,
+    search.fusion,
+    search.num_labels,
+    search.label_block,
+  )
+  score = dot_scores if fusion is None else fusion
+
+  def body(emb, *label_parts):
+    group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
+    if fusion is not None:
+      group = fusion.device_query_rows(group)
+    rows = label_parts[0].shape[0]
+    first_id = jax.lax.axis_index("model") * rows
+    s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score)
+    # The group's (q, M k) candidates -> its best k, then this device's own queries.
+    cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
+    cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
+    top_s, pos = jax.lax.top_k(cand_s, k)
+    top_i = jnp.take_along_axis(cand_i, pos, axis=1)
+    mine = emb.shape[0]
+    start = jax.lax.axis_index("model") * mine
+    return (
+      jax.lax.dynamic_slice_in_dim(top_s, start, mine),
+      jax.lax.dynamic_slice_in_dim(top_i, start, mine),
+    )
+
+  parts = 1 if fusion is None else 2
+  sharded = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P(ALL),) + (P("model"),) * parts,
+    out_specs=(P(ALL), P(ALL)),
+    check_vma=False,
+  )
+  query_sharding = NamedSharding(mesh, P(ALL))
+
+  def run(enc_params, ids, *label_parts):
+    emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
+    return sharded(emb, *label_parts)
+
+  return jax.jit(run)
+
+
+def on_mesh(classifier: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:
+  """W split over `mesh`'s 'model' axis: as it is when the train state put it there (the
+  sparse step), else placed so (the dense step's W, on one device of a 1 x 1 mesh)."""
+  target = NamedSharding(mesh, P("model"))
+  sharding = getattr(classifier, "sharding", None)
+  if sharding is not None and sharding.is_equivalent_to(target, classifier.ndim):
+    return classifier
+  return jax.device_put(classifier, target)
+
+
+def unit_rows(x: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
+  """Rows scaled to unit norm, split over 'model' like W (zero rows stay zero)."""
+  sharding = NamedSharding(mesh, P("model"))
+
+  @functools.partial(jax.jit, out_shardings=sharding)
+  def unit(x):
+    x = x.astype(jnp.float32)
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+  return unit(jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]))

@@ -1,0 +1,271 @@
+"""Evaluation: every ranking in the repository is scored by one function, rank -> filter ->
+score, so that training's evaluations, the final one, the baselines and the standalone
+evaluator (evaluate.py) agree on what a metric is.
+
+A ranker is asked for k labels per test row, k = max(ks) + the most filtered pairs of a
+row, so that max(ks) remain after the filter removes its (row, label) pairs; then
+metrics.py scores the top max(ks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from astra_jax.ann import sharded_topk
+from astra_jax.data import dataset
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.evaluation import knn, metrics
+from astra_jax.model.embedding import EmbedFn, embed, host_local
+from astra_jax.runtime import distributed
+from astra_jax.xc import score_fusion
+
+Ranker = Callable[[int], np.ndarray]  # k -> (n, >= k) label ids, best first (-1: none)
+
+
+def rank_filter_sums(
+  rank: Ranker,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
+  """metrics.row_sums of a ranking after the filter: the one scoring path.
+
+  Args:
+    rank: k -> ranked label ids of the test rows.
+    truth: the test rows' labels (n rows).
+    filter_pairs: (m, 2) (row, label) pairs to drop from the ranking, rows in [0, n).
+    inv_prop: inverse propensities (None: no PS metrics).
+    ks: the cut-offs.
+  Returns:
+    The rows' metric sums (metrics.from_sums turns sums of any blocks into metrics).
+  """
+  ranked = rank(max(ks) + metrics.max_filtered_per_row(filter_pairs))
+  ranked = metrics.remove_filtered(ranked, filter_pairs, max(ks))
+  return metrics.row_sums(ranked, truth, inv_prop, ks)
+
+
+def zero_sums(
+  truth: SparseRows, inv_prop: np.ndarray | None, ks: tuple[int, ...]
+) -> dict[str, float]:
+  """metrics.row_sums of no rows: every key the metrics have, each zero."""
+  return metrics.row_sums(np.zeros((0, max(ks)), np.int64), truth.row_range(0, 0), inv_prop, ks)
+
+
+def ranked_rows_sums(
+  ids: np.ndarray,
+  first: int,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
+  """`rank_filter_sums` of test rows [first, first + len(ids)) already ranked as `ids`
+  (at least max(ks) + their most filtered pairs labels each); `filter_pairs` may hold other
+  rows' pairs too (global row ids)."""
+  last = first + len(ids)
+  rows = filter_pairs[:, 0]
+  mine = filter_pairs[(rows >= first) & (rows < last)] - np.array([first, 0])
+  return rank_filter_sums(lambda _: ids, truth.row_range(first, last), mine, inv_prop, ks)
+
+
+def rank_filter_score(
+  rank: Ranker,
+  truth: SparseRows,
+  filter_pairs: np.ndarray,
+  inv_prop: np.ndarray | None,
+  ks: tuple[int, ...],
+) -> dict[str, float]:
+  """`rank_filter_sums` as metrics x100 (P@k, nDCG@k and, with inv_prop, PSP@k, PSnDCG@k)."""
+  sums = rank_filter_sums(rank, truth, filter_pairs, inv_prop, ks)
+  return metrics.as_percent(metrics.from_sums(sums, truth.num_rows, ks))
+
+
+def popularity_ranker(train_labels: SparseRows, num_rows: int) -> Ranker:
+  """Every one of `num_rows` test rows gets the most frequent training labels."""
+  counts = train_labels.column_counts()
+
+  def rank(k: int) -> np.ndarray:
+    top = np.argsort(-counts, kind="stable")[:k]
+    return np.broadcast_to(top, (num_rows, len(top)))
+
+  return rank
+
+
+# ----------------------------------------------------------------- the trained model
+@dataclasses.dataclass(frozen=True)
+class ModelEvaluator:
+  """The trained model's metrics on a test set, ranked where W lives (sharded_topk.py):
+  each process encodes and ranks only the rows its devices hold, and the metric sums are
+  added across processes. Training's evaluations and the final one (final_eval.py) use it.
+
+  Attributes:
+    search: the sharded exact top-k (mesh, L, tile size, fusion).
+    embed_fn: the inference-mode encoder.
+    encoder: its parameters (replicated on the mesh).
+    label_parts: what the kernel scores, split over 'model' (ShardedSearch.label_parts).
+    tokens: (n, T) the test rows' tokens.
+    truth: the test rows' labels.
+    filter_pairs: (m, 2) (row, label) pairs removed from the ranking.
+    inv_prop: inverse propensities (None: no PS metrics).
+    ks: the cut-offs.
+    batch_size: query rows per compiled call.
+  """
+
+  search: sharded_topk.ShardedSearch
+  embed_fn: EmbedFn
+  encoder: Any
+  label_parts: tuple
+  tokens: np.ndarray
+  truth: SparseRows
+  filter_pairs: np.ndarray
+  inv_prop: np.ndarray | None
+  ks: tuple[int, ...]
+  batch_size: int
+
+  @classmethod
+  def for_model(
+    cls,
+    mesh: jax.sharding.Mesh,
+    embed_fn: EmbedFn,
+    params: dict,
+    data: dataset.XCData,
+    config,
+    inv_prop: np.ndarray | None,
+    fused: bool = True,
+  ) -> ModelEvaluator:
+    """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
+    `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
+    alone when `fused` is False)."""
+    w = sharded_topk.on_mesh(params["classifier"], mesh)
+    fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
+    texts = None
+    if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
+      texts = embed(
+        embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size
+      )
+    search = sharded_topk.ShardedSearch(mesh, data.num_labels, config.eval.label_block, fusion)
+    return cls(
+      search,
+      embed_fn,
+      params["encoder"],
+      search.label_parts(w, texts),
+      data.test_tokens,
+      data.test_labels,
+      data.test_filter,
+      inv_prop,
+      tuple(config.eval.ks),
+      config.eval.batch_size,
+    )
+
+  def block_sums(self, lo: int, hi: int) -> dict[str, float]:
+    """metrics.row_sums of test rows [lo, hi), summed over every process."""
+    rows = self.filter_pairs[:, 0]
+    block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
+    k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
+    sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
+    for first, ids in self.search.search_rows(
+      self.embed_fn, self.encoder, self.tokens, lo, hi, k, self.label_parts, self.batch_size
+    ):
+      sums = metrics.add_sums(
+        sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
+      )
+    return distributed.sum_over_processes(sums)
+
+  def score(self, num_rows: int | None = None) -> dict[str, float]:
+    """Metrics x100 of the first `num_rows` test rows (all of them by default)."""
+    n = self.truth.num_rows if num_rows is None else num_rows
+    return metrics.as_percent(metrics.from_sums(self.block_sums(0, n), n, self.ks))
+
+
+# ----------------------------------------------------------------- training's evaluations
+def evaluate_model(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  max_rows: int = 0,
+  fused: bool = True,
+) -> dict[str, float]:
+  """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
+  the config's score (by W alone when `fused` is False)."""
+  n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
+  evaluator = ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop, fused)
+  return evaluator.score(n)
+
+
+def popularity_baseline(
+  data: dataset.XCData, config, inv_prop: np.ndarray, num_rows: int | None = None
+) -> dict[str, float]:
+  """Every test row (the first `num_rows`) gets the most frequent training labels (filter
+  applied)."""
+  n = data.test_labels.num_rows if num_rows is None else num_rows
+  filt = data.test_filter[data.test_filter[:, 0] < n]
+  return rank_filter_score(
+    popularity_ranker(data.train_labels, n),
+    data.test_labels.head(n),
+    filt,
+    inv_prop,
+    tuple(config.eval.ks),
+  )
+
+
+def diagnostics(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  train_data: dataset.XCData,
+  eval_data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  max_rows: int = 0,
+) -> dict[str, float]:
+  """What each evaluation reports beside the model's metrics, as the config asks: the kNN
+  vote over the encoder's own embeddings (`eval.knn_diagnostic`) and the ranking by W alone
+  when the score mixes in the label texts (`eval.classifier_alone`).
+
+  Returns:
+    {"kNN-E P@k": ..., "W-alone P@k": ...}, each part only when asked for.
+  """
+  out = knn_diagnostic(embed_fn, params, train_data, eval_data, config)
+  fusion = score_fusion.from_config(config, params["classifier"].shape[1])
+  if config.eval.classifier_alone and fusion is not None:
+    # The negative-sampling strategies change W, not the text term; the fused score dilutes
+    # their differences (docs/real_data.md).
+    alone = evaluate_model(
+      mesh, embed_fn, params, eval_data, config, inv_prop, max_rows, fused=False
+    )
+    out.update({f"W-alone {k}": v for k, v in alone.items() if k.startswith("P@")})
+  return out
+
+
+def knn_diagnostic(
+  embed_fn: EmbedFn, params: dict, train_data: dataset.XCData, eval_data: dataset.XCData, config
+) -> dict[str, float]:
+  """`eval.knn_diagnostic` > 0: {"kNN-E P@k": ...}, the vote of that many nearest original
+  training rows under the encoder's own embeddings (knn.py); {} when off."""
+  k = config.eval.knn_diagnostic
+  if not k:
+    return {}
+  enc = host_local(params["encoder"])
+  bs = config.eval.batch_size
+  n_train = train_data.num_train_original
+  keys = embed(embed_fn, enc, train_data.train_tokens[np.arange(n_train)], bs)
+  queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))], bs)
+  neighbors, sims = knn.embedding_neighbors(queries, keys, k)
+  train_labels = train_data.train_labels.head(n_train)
+
+  def rank(k_out: int) -> np.ndarray:
+    return knn.vote(neighbors, sims, train_labels, k_out)
+
+  m = rank_filter_score(
+    rank, eval_data.test_labels, eval_data.test_filter, None, tuple(config.eval.ks)
+  )
+  return {f"kNN-E {name}": v for name, v in m.items() if name.startswith("P@")}

@@ -1,0 +1,6 @@
+"""The device mesh and the sharding rules (sharding: encoder data parallel, W's
+rows split over 'model'), the multi-node device grid (mesh_topology), and the check of the
+devices jax sees against the launcher's plan (device_check).
+
+Layer 4 of 13: may import runtime, data, model.
+"""

@@ -1,0 +1,353 @@
+"""The trained model as a self-contained directory, `WORKDIR/model/`, for prediction.
+
+  model.json            format version, model id, encoder architecture and shape, max_len,
+                        pad id, L, d
+                        (written last: a directory without it is not a model)
+  encoder.safetensors   encoder parameters, one tensor per NNX parameter path ("layers/0/...")
+  classifier.npy        W[:L] float32 (opens with np.load(mmap_mode="r"))
+  tokenizer/            the training tokenizer's files, copied
+  labels.txt            one label text per line, when the dataset has label texts
+  config.json           the training config
+
+Encoder parameters go to safetensors rather than an orbax checkpoint: it is one flat file
+read with the same library as HF weights, memory-mappable, and has no async/multi-host
+machinery or orbax-version coupling, none of which an inference export needs.
+
+The directory is written under a temporary name and renamed into place, so a crash never
+leaves a half-written `model/` that a later run would trust. Re-exporting replaces the whole
+directory, including any ScaNN index cached inside it (it indexed the old W).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from astra_jax.data import dataset, xc_format
+from astra_jax.data.label_subset import sample_labels
+from astra_jax.model import architectures
+from astra_jax.model.factory import encoder_for_shape
+from astra_jax.model.interface import EncoderShape
+from astra_jax.runtime import distributed, tmpnames
+from astra_jax.runtime.errors import InputError
+
+FORMAT_VERSION = 1
+MODEL_DIR = "model"
+CLASSIFIER_ROWS_FILE = ".classifier-rows.npy"  # W written by every process, then moved in
+
+
+class ModelNotFoundError(InputError, FileNotFoundError):
+  """No finished model where one was expected; the message names the path."""
+
+
+@dataclasses.dataclass
+class Model:
+  """A trained model as `load_model` reads it from WORKDIR/model: the encoder (config,
+  graph and parameters), W, the tokenizer's directory and the label texts."""
+
+  path: str  # WORKDIR/model
+  model_id: str  # changes on every export (keys cached indexes)
+  encoder_cfg: EncoderShape
+  graphdef: nnx.GraphDef
+  encoder_params: nnx.State
+  classifier: np.ndarray  # (L, d) float32, memory-mapped
+  tokenizer_dir: str
+  max_len: int
+  pad_id: int
+  label_texts: list[str] | None
+  meta: dict
+
+
+def model_dir(workdir: str) -> str:
+  return os.path.join(workdir, MODEL_DIR)
+
+
+def _fsync(path: str) -> None:
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def replace_dir(tmp: str, dest: str) -> None:
+  """Moves the finished directory `tmp` onto `dest` (replacing it). rename(2) cannot swap
+  directories, so an old `dest` is first renamed aside; a crash in between leaves no
+  `dest` (and the old one under `.old-*`), never a partial one."""
+  for root, _, files in os.walk(tmp):
+    for name in files:
+      _fsync(os.path.join(root, name))
+  old = None
+  if os.path.exists(dest):
+    old = f"{dest}.old-{tmpnames.unique_suffix()}"
+    os.rename(dest, old)
+  os.rename(tmp, dest)
+  _fsync(os.path.dirname(os.path.abspath(dest)))
+  if old:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack", ".onnx", ".pt", ".ckpt")
+
+
+def copy_tokenizer(src: str, dst: str) -> None:
+  """The top-level files of a tokenizer directory, without model weights: a HF model
+  directory (e.g. all-MiniLM-L6-v2) doubles as the tokenizer directory."""
+  os.makedirs(dst)
+  for name in os.listdir(src):
+    path = os.path.join(src, name)
+    if os.path.isfile(path) and not name.startswith(".") and not name.endswith(_WEIGHT_SUFFIXES):
+      shutil.copy2(path, os.path.join(dst, name))
+
+
+def _flat_params(params: nnx.State) -> dict[str, np.ndarray]:
+  return {
+    "/".join(map(str, path)): np.asarray(var.get_value(), np.float32)
+    for path, var in nnx.to_flat_state(params)
+  }
+
+
+def save_model(
+  workdir: str,
+  *,
+  encoder_cfg: EncoderShape,
+  encoder_params: nnx.State,
+  classifier: np.ndarray | str,
+  tokenizer_dir: str,
+  max_len: int,
+  pad_id: int,
+  label_texts: list[str] | None = None,
+  train_config: dict | None = None,
+  extra: dict | None = None,
+) -> str:
+  """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
+  the path of a finished float32 .npy of it (write_classifier_rows), moved into the model."""
+  from safetensors.numpy import save as safetensors_save
+
+  rows_file = classifier if isinstance(classifier, str) else None
+  classifier = (
+    np.load(rows_file, mmap_mode="r") if rows_file else np.asarray(classifier, np.float32)
+  )
+  if classifier.ndim != 2 or classifier.shape[1] != encoder_cfg.embed_dim:
+    raise ValueError(
+      f"classifier shape {classifier.shape} does not match the encoder's d={encoder_cfg.embed_dim}"
+    )
+  if label_texts is not None and len(label_texts) != len(classifier):
+    raise ValueError(f"{len(label_texts)} label texts for {len(classifier)} classifier rows")
+  dest = model_dir(workdir)
+  tmp = os.path.join(workdir, f".{MODEL_DIR}.tmp-{tmpnames.unique_suffix()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    # Not save_file: it creates the file 0600, unreadable to a model dir's other users.
+    with open(os.path.join(tmp, "encoder.safetensors"), "wb") as f:
+      f.write(safetensors_save(_flat_params(encoder_params)))
+    if rows_file:
+      os.replace(rows_file, os.path.join(tmp, "classifier.npy"))
+    else:
+      np.save(os.path.join(tmp, "classifier.npy"), classifier)
+    copy_tokenizer(tokenizer_dir, os.path.join(tmp, "tokenizer"))
+    if label_texts is not None:
+      xc_format.write_texts(os.path.join(tmp, "labels.txt"), label_texts)
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+      json.dump(train_config or {}, f, indent=1)
+    meta = {
+      "format_version": FORMAT_VERSION,
+      "model_id": uuid.uuid4().hex,
+      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+      "encoder_arch": architectures.of_shape(encoder_cfg).name,
+      "encoder": dataclasses.asdict(encoder_cfg),
+      "max_len": int(max_len),
+      "pad_id": int(pad_id),
+      "num_labels": int(classifier.shape[0]),
+      "embed_dim": int(classifier.shape[1]),
+      "label_texts": label_texts is not None,
+      **(extra or {}),
+    }
+    with open(os.path.join(tmp, "model.json"), "w") as f:  # last: marks the model complete
+      json.dump(meta, f, indent=1)
+    replace_dir(tmp, dest)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return dest
+
+
+def label_texts_of(data_cfg, data_dir: str) -> list[str] | None:
+  """The dataset's label texts (any layout), or None when it has none."""
+  layout = data_cfg.layout if data_cfg.layout != "auto" else dataset.detect_layout(data_dir)
+  path = os.path.join(data_dir, dataset.LAYOUTS[layout][2])
+  if not os.path.exists(path):
+    return None
+  return xc_format.read_texts(path, "auto", data_cfg.use_content)
+
+
+def write_classifier_rows(classifier, num_labels: int, path: str) -> None:
+  """W[:L] as a float32 .npy at `path`, each process writing the rows its devices hold, one
+  shard at a time: W is never gathered onto one device or host. Every process calls it
+  (the workdir is on a file system they share, as checkpoints already need).
+
+  Args:
+    classifier: W (L' >= L rows), a jax.Array split over 'model' or a host array.
+    num_labels: L; padded rows past it are not written.
+    path: the .npy to write (replaced).
+  """
+  if distributed.is_leader():
+    np.lib.format.open_memmap(
+      path, mode="w+", dtype=np.float32, shape=(num_labels, classifier.shape[1])
+    ).flush()
+  distributed.barrier("export: classifier file created")
+  out = np.load(path, mmap_mode="r+")
+  # One writer per row: the first replica of each shard (data replicas hold copies).
+  shards = (
+    [s for s in classifier.addressable_shards if s.replica_id == 0]
+    if isinstance(classifier, jax.Array)
+    else [None]
+  )
+  for shard in shards:
+    start = 0 if shard is None else (shard.index[0].start or 0)
+    if start >= num_labels:
+      continue  # padding rows only
+    rows = np.asarray(classifier if shard is None else shard.data, np.float32)
+    stop = min(start + len(rows), num_labels)
+    out[start:stop] = rows[: stop - start]
+  out.flush()
+  del out
+  distributed.barrier("export: classifier rows written")
+
+
+def save_trained_model(
+  workdir: str,
+  config,
+  encoder_cfg: EncoderShape,
+  params: dict,
+  data: dataset.XCData,
+  metrics: dict | None = None,
+) -> str | None:
+  """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
+  tokenizer and label texts of its dataset. Every process writes its own rows of W
+  (write_classifier_rows); process 0 writes the rest."""
+  rows_file = os.path.join(workdir, CLASSIFIER_ROWS_FILE)
+  write_classifier_rows(params["classifier"], data.num_labels, rows_file)
+  if jax.process_index() != 0:
+    return None
+  texts = label_texts_of(config.data, data.data_dir) if data.label_tokens is not None else None
+  if texts is not None and config.data.get("label_subset", 0):  # the subset's, in its order
+    kept = sample_labels(len(texts), config.data.label_subset, config.data.label_subset_seed)
+    texts = [texts[i] for i in kept]
+  return save_model(
+    workdir,
+    encoder_cfg=encoder_cfg,
+    encoder_params=params["encoder"],
+    classifier=rows_file,
+    tokenizer_dir=config.data.tokenizer_dir,
+    max_len=config.data.max_len,
+    pad_id=data.pad_id,
+    label_texts=texts,
+    train_config=json.loads(config.to_json()),
+    extra={
+      "data_dir": os.path.abspath(data.data_dir),
+      "test_metrics": metrics or {},
+      "scoring": dict(config.get("scoring", {})),
+      # Whether the run filtered each query's own item (data.filter_self): the Predictor
+      # does the same.
+      "filter_self": config.data.get("filter_self", "off") == "on"
+      or len(data.train_self_pairs) > 0,
+    },
+  )
+
+
+def load_model(workdir: str) -> Model:
+  """Reads the model a finished training run exported to WORKDIR/model.
+
+  Args:
+    workdir: the training run's workdir (the model is its `model/` directory).
+  Returns:
+    The Model: encoder parameters on the host, W memory-mapped from classifier.npy.
+  Raises:
+    ModelNotFoundError: no finished model (its message names the path and says how one is
+      made); an interrupted export never leaves one, as model.json is written last.
+    InputError: a file of the model is unreadable or does not match model.json.
+  """
+  from safetensors.numpy import load_file
+
+  path = model_dir(workdir)
+  meta_path = os.path.join(path, "model.json")
+  if not os.path.exists(meta_path):
+    why = (
+      "the directory does not exist"
+      if not os.path.isdir(workdir)
+      else f"{path} does not exist"
+      if not os.path.isdir(path)
+      else f"{meta_path} is missing"
+    )
+    raise ModelNotFoundError(
+      f"no finished model in workdir {workdir!r}: {why}. A model is written at the end of "
+      f"training (python -m astra_jax.main --config=... --workdir={workdir}); a run that "
+      f"stopped early leaves none."
+    )
+  try:
+    with open(meta_path) as f:
+      meta = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise InputError(f"{meta_path}: unreadable: {e}") from None
+  if meta.get("format_version") != FORMAT_VERSION:
+    raise InputError(
+      f"{meta_path}: format_version {meta.get('format_version')!r}, this code "
+      f"reads {FORMAT_VERSION}"
+    )
+  try:
+    cfg = architectures.shape_from_json(meta)
+  except (TypeError, InputError) as e:
+    raise InputError(f"{meta_path}: its encoder record is not one this code builds: {e}") from None
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: encoder_for_shape(cfg)), nnx.Param)
+  weights_path = os.path.join(path, "encoder.safetensors")
+  try:
+    tensors = load_file(weights_path)
+  except Exception as e:  # safetensors raises its own error types for bad headers
+    raise InputError(f"{weights_path}: cannot read: {e}") from None
+  for p, var in nnx.to_flat_state(params):
+    name = "/".join(map(str, p))
+    if name not in tensors or tensors[name].shape != tuple(var.shape):
+      got = tensors[name].shape if name in tensors else "missing"
+      raise InputError(
+        f"{weights_path}: tensor {name!r} is {got}, model.json's encoder wants {tuple(var.shape)}"
+      )
+    var.set_value(jnp.asarray(tensors[name], var.dtype))
+  w_path = os.path.join(path, "classifier.npy")
+  try:
+    w = np.load(w_path, mmap_mode="r")
+  except (OSError, ValueError) as e:
+    raise InputError(f"{w_path}: cannot read: {e}") from None
+  if w.shape != (meta["num_labels"], cfg.embed_dim) or w.dtype != np.float32:
+    raise InputError(
+      f"{w_path}: {w.dtype} {w.shape}, model.json says float32 "
+      f"({meta['num_labels']}, {cfg.embed_dim})"
+    )
+  labels = None
+  if meta.get("label_texts"):
+    labels = xc_format.read_texts(os.path.join(path, "labels.txt"), "lines")
+    if len(labels) != len(w):
+      raise InputError(f"{path}/labels.txt: {len(labels)} lines for {len(w)} labels")
+  return Model(
+    path,
+    meta["model_id"],
+    cfg,
+    graphdef,
+    params,
+    w,
+    os.path.join(path, "tokenizer"),
+    meta["max_len"],
+    meta["pad_id"],
+    labels,
+    meta,
+  )

@@ -1,0 +1,570 @@
+"""train_and_evaluate(config, workdir): data -> encoder + classifier -> train -> evaluate.
+
+This module builds a run's parts and reads top to bottom; the loop itself is trainer.py's,
+the steps steps.py's, the evaluations ranking.py's. Outputs in the workdir:
+results.json, time_breakup.json, metrics.jsonl (one JSON object per log line / evaluation).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+
+import jax
+import ml_collections
+from absl import logging
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax.config import base as config_base
+from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
+from astra_jax.evaluation import ann_eval, baselines, final_eval, metrics, ranking
+from astra_jax.model import encoder_source, pretrained
+from astra_jax.model.embedding import embed, make_embed_fn
+from astra_jax.negatives import strategies
+from astra_jax.negatives.manager import HardNegatives
+from astra_jax.negatives.sampler import NegativeSampler
+from astra_jax.negatives.schedule import NegativeSchedule
+from astra_jax.negatives.strategies import IndexOver
+from astra_jax.parallel import device_check, sharding
+from astra_jax.runtime import cpu_budget, distributed, faults, host_memory
+from astra_jax.runtime.errors import InputError
+from astra_jax.runtime.watchdog import HangWatchdog
+from astra_jax.serving.export import save_trained_model
+from astra_jax.training import checkpoint, optim, steps, warmstart
+from astra_jax.training.encoder_init import start_encoder
+from astra_jax.training.pipeline import TrainBatches, data_group_bounds
+from astra_jax.training.step_profile import StepProfiler
+from astra_jax.training.train_log import TrainLog
+from astra_jax.training.trainer import RunParts, Trainer
+from astra_jax.xc import classifier_init, score_fusion
+
+
+# ------------------------------------------------------------------------------- data
+def prepare_data(config: ml_collections.ConfigDict) -> dataset.XCData:
+  """Generates the synthetic dataset when asked (cached by its spec), then loads."""
+  dc = config.data
+  if dc.synthetic.enabled:
+    if distributed.is_leader():
+      synthetic.ensure_generated(dc.dir, synthetic.spec_from_config(dc.synthetic), workers=0)
+    distributed.barrier("synthetic data")
+    with dc.unlocked():
+      if not dc.tokenizer_dir:
+        dc.tokenizer_dir = os.path.join(dc.dir, "tokenizer")
+  with dc.unlocked():
+    dc.tokenizer_dir = pretrained.resolve(dc.tokenizer_dir)
+  if not distributed.is_leader():  # the leader tokenizes (cached) first, the others read
+    distributed.barrier("tokenized data")
+  data = dataset.load(dc)
+  if distributed.is_leader():
+    distributed.barrier("tokenized data")
+  if dc.get("label_subset", 0):
+    data = label_subset.restrict(data, dc.label_subset, dc.label_subset_seed)
+    logging.info(
+      "label subset: %d labels (seed %d), %d training and %d test queries",
+      data.num_labels,
+      dc.label_subset_seed,
+      data.num_train_original,
+      data.test_labels.num_rows,
+    )
+  return data
+
+
+# ------------------------------------------------------------------------------- setup
+def load_splits(config: ml_collections.ConfigDict) -> tuple[dataset.XCData, dataset.XCData]:
+  """(training data, the periodic evaluations' data): the validation split when
+  `data.validation_fraction` carves one, else the test split (the same object)."""
+  data = prepare_data(config)
+  if not config.data.validation_fraction:
+    return data, data
+  split = validation.carve(data, config.data.validation_fraction, config.data.validation_seed)
+  return split.train, split.validation
+
+
+def uses_sparse_step(config: ml_collections.ConfigDict) -> bool:
+  """The sparse ASTRA step, or the dense one (a dense-only strategy touches every label)."""
+  return (
+    config.optim.classifier_update == "sparse"
+    and not strategies.get(config.negatives.strategy).dense_update_only
+  )
+
+
+def check_layout(config: ml_collections.ConfigDict, mesh, sparse: bool) -> int:
+  """Checks the mesh and batch split the config asks for; returns the micro-batch size."""
+  num_devices = mesh.devices.size
+  device_check.check_mesh(num_devices)
+  if num_devices > 1 and not sparse:
+    raise InputError(
+      "config.mesh: a multi-device mesh needs optim.classifier_update=sparse "
+      f"and a strategy that is not dense-only "
+      f"({config.negatives.strategy} is)"
+    )
+  accum = config.train.grad_accum_steps
+  micro_batch = config.train.batch_size // accum
+  if config.train.batch_size % accum or micro_batch % num_devices:
+    raise InputError(
+      f"config.train.batch_size={config.train.batch_size} must split into "
+      f"grad_accum_steps={accum} micro-batches divisible by the mesh's "
+      f"{num_devices} devices"
+    )
+  return micro_batch
+
+
+def make_state_and_steps(
+  config: ml_collections.ConfigDict,
+  graphdef,
+  params: dict,
+  mesh,
+  total_steps: int,
+  sparse: bool,
+  steps_per_epoch: int,
+) -> tuple[steps.TrainState, steps.Steps]:
+  """The train state laid out on the mesh and the run's jitted steps (for `uptodate` also
+  the step that mines k_h in the step)."""
+  nc, strategy = config.negatives, strategies.get(config.negatives.strategy)
+  if sparse:
+    tx = optim.encoder_optimizer(config.optim, total_steps)
+    beta = config.optim.classifier_momentum
+    state = steps.shard_state(
+      steps.init_sparse_state(
+        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0, mesh
+      ),
+      mesh,
+    )
+    train_step = steps.make_sparse_train_step(
+      graphdef,
+      tx,
+      optim.classifier_schedule(config.optim, total_steps),
+      config.optim.classifier_weight_decay,
+      mesh,
+      config.train.batch_size,
+      optim.loss_scaling(config),
+      beta,
+    )
+  else:
+    tx = optim.make_optimizer(config.optim, total_steps)
+    state = steps.init_dense_state(tx, params)
+    train_step = steps.make_train_step(
+      graphdef, tx, 0, config.train.full_label_block if strategy.full_loss else 0
+    )
+  # uptodate mines k_h in the step from tau_s on (before, the sampler's k_h + k_r random)
+  mining_step = steps.make_train_step(graphdef, tx, nc.k_h) if strategy.mined_in_step else None
+  return state, steps.Steps(train_step, mining_step)
+
+
+def back_with_huge_pages(classifier: jax.Array) -> None:
+  """The sparse step's V on transparent huge pages (CPU backend only): the donated V keeps
+  its buffer, so once covers the run."""
+  t = time.time()
+  advised = host_memory.back_with_huge_pages(classifier)
+  if advised:
+    logging.info(
+      "classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9, time.time() - t
+    )
+
+
+def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Creates the workdir, or refuses one that holds a run of another config: before any long
+  work, a rerun must be the same run. Every process compares (the leader writes), and all
+  stop with the one line, none at a later collective's timeout."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise InputError(f"--workdir={workdir} is a file, not a directory")
+  os.makedirs(workdir, exist_ok=True)
+  refused = None
+  try:
+    checkpoint.check_config(workdir, json.loads(config.to_json()), distributed.is_leader())
+  except InputError as e:
+    refused = e
+  if distributed.any_true([refused is not None])[0]:
+    raise refused or InputError(
+      f"{workdir}/config.json: another process refused this workdir's config"
+    )
+
+
+def refresh_index_knobs(config: ml_collections.ConfigDict) -> dict:
+  """The ScaNN knobs a refresh builds with (`index.scann_defaults`' keywords; zeros and
+  partitioner options left at 0 mean "scaled to L" and "off")."""
+  nc = config.negatives
+  return {
+    "num_leaves": nc.scann_leaves,
+    "leaves_to_search": nc.scann_leaves_to_search,
+    "reorder": nc.scann_reorder,
+    "rows_per_query": nc.scann_rows_per_query,
+    "leaf_rows": nc.scann_leaf_rows,
+    "group_rows": nc.scann_group_rows,
+    "leaf_shrink": nc.scann_leaf_shrink,
+    "avq": nc.scann_avq or None,
+    "soar_lambda": nc.scann_soar_lambda or None,
+  }
+
+
+def make_hard_negatives(
+  config: ml_collections.ConfigDict,
+  schedule: NegativeSchedule,
+  sampler: NegativeSampler,
+  mesh,
+  data: dataset.XCData,
+  dim: int,
+  workdir: str,
+) -> HardNegatives:
+  """The refresh manager for the W shards this process holds (each process mines its own)."""
+  nc = config.negatives
+  local_shards = sharding.local_model_shards(mesh)
+  groups = sharding.local_data_groups(mesh)
+  bounds = data_group_bounds(data.train_labels.num_rows, mesh.shape["data"])
+  return HardNegatives(
+    schedule,
+    workdir if jax.process_count() == 1 else os.path.join(workdir, f"process{jax.process_index()}"),
+    data.train_labels,
+    dim,
+    nc.index,
+    refresh_index_knobs(config),
+    nc.recall_sample,
+    config.train.seed,
+    nc.inject_fault,
+    shards=sampler.shard_bounds[local_shards].tolist(),
+    shard_ids=local_shards,
+    num_shards=mesh.shape["model"],
+    # The training rows whose batches this process's data groups draw (pipeline.py): the
+    # data replicas of a W shard divide its queries.
+    query_rows=(int(bounds[groups[0]]), int(bounds[groups[-1] + 1])),
+    # One file of collected query embeddings for all processes (each holds them all).
+    queries_dir=os.path.join(workdir, "negatives"),
+    writes_queries=distributed.is_leader(),
+    threads=cpu_budget.refresh_threads(nc.refresh_threads, config.train.input_threads),
+  )
+
+
+def make_negatives_and_batches(
+  config: ml_collections.ConfigDict,
+  data: dataset.XCData,
+  mesh,
+  micro_batch: int,
+  dim: int,
+  workdir: str,
+) -> tuple[HardNegatives, TrainBatches]:
+  """The refresh manager (the schedule's hard negatives) and the training batches (the
+  sampler's positives, hard and random negatives, this process's token rows)."""
+  nc = config.negatives
+  schedule = NegativeSchedule.from_config(config)
+  if schedule.index_over is IndexOver.LABEL_TEXT and data.label_tokens is None:
+    raise InputError(
+      f"config.negatives.strategy={nc.strategy} indexes label-text embeddings, "
+      f"but {data.data_dir} has no label texts"
+    )
+  sampler = NegativeSampler(
+    data.train_labels,
+    nc.k_p,
+    nc.k_h,
+    nc.k_r,
+    mesh.shape["model"],
+    per_query_random=nc.random_draws == "per_query",
+    all_positives=(
+      max(1, data.train_labels.max_row_length()) if schedule.strategy.needs_all_positives else 0
+    ),
+  )
+  hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
+  accum = config.train.grad_accum_steps
+  batches = TrainBatches(
+    data.train_tokens,
+    sampler,
+    config.train.batch_size,
+    config.train.seed,
+    config.train.prefetch,
+    accum,
+    sharding.process_token_rows(mesh, accum, micro_batch),
+    config.train.input_threads,
+    data_groups=mesh.shape["data"],
+    held_groups=sharding.local_data_groups(mesh),
+  )
+  return hard_negatives, batches
+
+
+def starting_classifier(
+  config: ml_collections.ConfigDict,
+  workdir: str,
+  mesh,
+  rows: int,
+  d: int,
+  data: dataset.XCData,
+  embed_fn,
+  enc_params,
+) -> jax.Array:
+  """W's start (classifier_init.py), born split over 'model'; zeros where a checkpoint will
+  replace it.
+
+  Args:
+    rows: W's rows, padded to a multiple of the 'model' axis.
+    d: the embedding width.
+    embed_fn, enc_params: the encoder, for a start from the label texts' embeddings.
+  Returns:
+    The (rows, d) float32 W, sharded by rows.
+  """
+  w_layout = NamedSharding(mesh, P("model"))
+  if checkpoint.has_complete_step(workdir):
+    # The resume replaces W by the checkpoint's: its start would be thrown away (from the
+    # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
+    return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
+  return classifier_init.initial_classifier(
+    config,
+    rows,
+    d,
+    config.train.seed,
+    data.label_tokens,
+    lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
+    w_layout,
+  )
+
+
+def train_log(
+  config: ml_collections.ConfigDict, workdir: str, batches: TrainBatches, total_steps: int
+) -> TrainLog:
+  """The progress log: metrics.jsonl and TensorBoard events from the leader (which writes
+  the run's files), log lines from every process."""
+  leader = distributed.is_leader()
+  return TrainLog(
+    os.path.join(workdir, "metrics.jsonl") if leader else os.devnull,
+    config,
+    batches,
+    total_steps,
+    tensorboard_dir=workdir if leader else None,
+  )
+
+
+def check_fusion(config: ml_collections.ConfigDict, data: dataset.XCData, d: int) -> None:
+  """The label-text fusion (score_fusion.py) needs the labels' texts."""
+  if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
+    raise InputError(
+      f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
+      f"the fused score needs label texts, and {data.data_dir} has none"
+    )
+
+
+def release_setup_memory() -> None:
+  """Hands the set-up's freed blocks back to the system: W's start (at 10^7 labels the label
+  texts' embeddings, a host W and its device copy) and a restored checkpoint leave blocks
+  no step reuses, which main.py's malloc settings would keep resident for the whole run."""
+  released = host_memory.release_freed_memory()
+  logging.info(
+    "set-up: %.2f GB of freed memory released, %.2f GB resident",
+    released / 1e9,
+    host_memory.resident_bytes() / 1e9,
+  )
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains, evaluates and writes the workdir's files (module docstring); returns the
+  results.json record. float32 matmuls run at `encoder.matmul_precision` throughout (a
+  context, so that it ends with the run: jit keys its compilations on it); the training
+  steps under a hang watchdog (`train.hang_timeout_s`, watchdog.py)."""
+  config_base.validate(config)
+  precision = config.encoder.matmul_precision
+  with (
+    jax.default_matmul_precision(None if precision == "default" else precision),
+    HangWatchdog(config.train.hang_timeout_s, jax.process_index()) as hang_watchdog,
+  ):
+    return _train_and_evaluate(config, workdir, hang_watchdog)
+
+
+def _train_and_evaluate(
+  config: ml_collections.ConfigDict, workdir: str, hang_watchdog: HangWatchdog
+) -> dict:
+  config = copy.deepcopy(config)  # data preparation fills in derived fields
+  claim_workdir(config, workdir)
+  t_start = time.time()
+
+  # ---- data and model
+  data, eval_data = load_splits(config)
+  encoder = start_encoder(config, data.vocab_size, data.pad_id, config.train.seed)
+  graphdef, enc_params = nnx.split(encoder, nnx.Param)
+  d = encoder.cfg.embed_dim
+  sparse = uses_sparse_step(config)
+  mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+  micro_batch = check_layout(config, mesh, sparse)
+  # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
+  # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
+  rows = sharding.padded_rows(data.num_labels, mesh)
+  check_fusion(config, data, d)
+  if config.warmstart.epochs:
+    enc_params = warmstart.run(
+      config,
+      graphdef,
+      enc_params,
+      data.train_tokens,
+      data.label_tokens,
+      warmstart.training_pairs(data.train_labels, data.num_train_original),
+      workdir,
+    )
+  embed_fn = make_embed_fn(graphdef)
+  w = starting_classifier(config, workdir, mesh, rows, d, data, embed_fn, enc_params)
+
+  # ---- negatives and batches
+  hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d, workdir)
+  steps_per_epoch = batches.steps_per_epoch
+  total_steps = steps_per_epoch * config.train.epochs
+
+  # ---- state, steps, trainer
+  state, run_steps = make_state_and_steps(
+    config,
+    graphdef,
+    {"encoder": enc_params, "classifier": w},
+    mesh,
+    total_steps,
+    sparse,
+    steps_per_epoch,
+  )
+  del w  # the state holds W from here
+  n_params = sum(x.size for x in jax.tree.leaves(enc_params))
+  logging.info(
+    "encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",
+    encoder.cfg.model_type,
+    n_params,
+    d,
+    data.num_labels,
+    d,
+    steps_per_epoch,
+    config.train.epochs,
+  )
+  parts = RunParts(
+    config,
+    workdir,
+    data,
+    eval_data,
+    # Propensities from the original training rows (label-text rows would add 1 to each n_l).
+    metrics.inverse_propensity(
+      data.train_labels.head(data.num_train_original),
+      config.data.propensity_A,
+      config.data.propensity_B,
+    ),
+    embed_fn,
+    mesh,
+    batches,
+    hard_negatives,
+    run_steps,
+    StepProfiler(graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh),
+    train_log(config, workdir, batches, total_steps),
+    hang_watchdog,
+  )
+  trainer = Trainer(parts, state)
+
+  # ---- train: the same command with the same workdir resumes from the last checkpoint
+  try:
+    trainer.restore()
+    if sparse:
+      back_with_huge_pages(trainer.state.classifier)
+    release_setup_memory()
+    for epoch in range(trainer.progress.epoch, config.train.epochs):
+      trainer.run_epoch(epoch)
+  finally:
+    trainer.close()
+  hard_negatives.finish()
+  hang_watchdog.disarm()
+
+  # ---- evaluate and export
+  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg)
+  results = results_record(trainer, final, ann, phase_spans, t_start, n_params)
+  if distributed.is_leader():
+    write_json(os.path.join(workdir, "time_breakup.json"), results["time_breakup"])
+    write_json(os.path.join(workdir, "results.json"), results)
+  final_eval.clear(workdir)
+  return results
+
+
+def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
+  """After training: the final evaluation, the export, the ANN evaluation when asked for
+  and the validation split's; each recorded in the progress log.
+
+  Returns:
+    (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
+    phases {name: [start, end]}).
+  """
+  p = trainer.parts
+  config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
+  params = trainer.state.params
+  t_eval = time.time()
+  final = trainer.final_evaluation()
+  final.update(
+    ranking.diagnostics(
+      p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
+    )
+  )
+  t_export = time.time()
+  with faults.writing(
+    os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
+  ):
+    save_trained_model(workdir, config, encoder_cfg, params, data, final)
+  # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
+  # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
+  phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
+  logging.info(
+    "final evaluation %.1f s, export %.1f s", t_export - t_eval, phase_spans["export"][1] - t_export
+  )
+  ann = None
+  if config.eval.search == "scann":
+    t_ann = time.time()
+    ann = ann_eval.evaluate(workdir, data, config, p.inv_prop, trainer.final_rows).report(final)
+    phase_spans["ann_evaluation"] = [t_ann, time.time()]
+  if eval_data is not data:
+    val = ranking.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
+    val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
+    trainer.record_eval(config.train.epochs, "validation", val)
+  trainer.record_eval(config.train.epochs, "test", final)
+  return final, ann, phase_spans
+
+
+def results_record(
+  trainer: Trainer,
+  final: dict,
+  ann: dict | None,
+  phase_spans: dict,
+  t_start: float,
+  n_params: int,
+) -> dict:
+  """results.json: the run's size, times, metrics beside the baselines, the negatives'
+  record, the layout, what degraded, and the config."""
+  p, progress = trainer.parts, trainer.progress
+  config, data = p.config, p.data
+  return {
+    "data_dir": os.path.abspath(data.data_dir),
+    "strategy": config.negatives.strategy,
+    "num_labels": data.num_labels,
+    "num_train": data.num_train_original,
+    "num_train_with_label_texts": data.train_labels.num_rows,
+    "num_test": data.test_labels.num_rows,
+    "num_test_evaluated": trainer.final_rows,
+    "epochs": config.train.epochs,
+    "steps": progress.global_step,
+    "train_time_s": round(progress.train_seconds, 2),
+    "skipped_steps": trainer.skipped_steps,
+    "first_step_s": trainer.first_step_s,
+    "matmul_precision": config.encoder.matmul_precision,
+    "total_time_s": round(time.time() - t_start, 2),
+    "phase_spans": phase_spans,
+    "metrics": final,
+    **final,
+    "popularity_baseline": ranking.popularity_baseline(
+      data, config, p.inv_prop, trainer.final_rows
+    ),
+    **(baselines.for_training_run(config) if distributed.is_leader() else {}),
+    "evaluations": progress.evals,
+    "time_breakup": p.profiler.breakup(progress.step_times, config.train.batch_size),
+    "negatives": {**p.hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
+    "device": str(jax.devices()[0].platform),
+    "num_devices": jax.device_count(),
+    "num_processes": jax.process_count(),
+    "mesh": dict(p.mesh.shape),
+    "grad_accum_steps": config.train.grad_accum_steps,
+    "degraded": progress.degraded.to_json(),
+    **({"ann_eval": ann} if ann else {}),
+    "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
+    "config": json.loads(config.to_json()),
+  }
+
+
+def write_json(path: str, record: dict) -> None:
+  """Atomically; a disk error raises faults.DiskFull naming `path`."""
+  text = json.dumps(record, indent=1)
+  with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
+    f.write(text)

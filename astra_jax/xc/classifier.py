@@ -1,0 +1,279 @@
+"""The classifier: its model-parallel kernel and its O(rows touched) updates.
+
+The kernel (`classifier_grads`) runs inside `jax.shard_map` on the (data, model) mesh of
+sharding.py, W's rows split over 'model'. Each device
+  1. all-gathers its data group's embeddings over 'model' (B/D x d numbers),
+  2. gathers the rows it owns: positives (global ids, so masked to the shard; partial
+     scores are psum'd over 'model', B/D x k_p numbers), its own block of hard negatives and
+     its own random draws (the sampler groups both by shard, so they are all local),
+  3. takes the gradient of its part of the estimator (loss.estimator_terms: the positives'
+     term, the same on every shard, and its own negatives' terms) w.r.t. the scores locally,
+  4. reduce-scatters dloss/dE(x) back to the queries it encoded,
+  5. returns the row gradients in factored form: the gradient of a per-query row is
+     dloss/dscore times its query's embedding, so it keeps the B x K coefficients and the
+     B x d embeddings, all-gathered over 'data' (every data replica of a shard applies the
+     same update), not the B x K x d gradients: d times less to all-gather and to keep for
+     the micro-batches of an accumulated step.
+`classifier_update` then forms each micro-batch's row gradients in turn and scatter-adds
+them into the donated shard of V (W = scale * V, below). With classifier momentum,
+`classifier_momentum_update` does the same into W and its velocity, catching the touched
+rows up first, and the kernel reads rows caught up (sparse_momentum.py). Nothing in a step
+is O(L), and the row gradients held at once are one micro-batch's.
+
+SGD with decoupled weight decay in O(rows touched) per step. Dense SGD + decoupled decay
+updates every row each step: W <- (1 - lr wd) W - lr G, where G is non-zero only on the
+rows the batch touched. We keep W = scale * V instead. The decay of all rows is one scalar
+multiply, scale <- scale (1 - lr wd), and the gradient goes into the touched rows of V:
+V[ids] <- V[ids] - (lr / scale_new) G[ids] (a scatter-add into the donated buffer, so
+duplicate ids add up exactly like the dense gradient). This is the dense update, exactly,
+not an approximation ("decay of touched rows" would be a different optimizer). `fold`
+multiplies the scale back into V (O(L)); the trainer folds at epoch ends, before anything
+outside the step reads W, and whenever the scale falls below 1e-2 (float range). With
+optim.classifier_momentum > 0 the update is sparse_momentum.py's instead (each row caught
+up from the step it was last touched; its docstring derives it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from astra_jax.data.batch import LabelBatch
+from astra_jax.parallel.sharding import ALL, label_specs
+from astra_jax.xc import loss, sparse_momentum
+from astra_jax.xc.sparse_momentum import MOMENTUM_SPEC
+
+
+def _unless_single(mesh: jax.sharding.Mesh, collective):
+  """`collective(x, axis, ...)`, or x itself where the mesh axis has one device: the
+  identity, but XLA:CPU still copied the operand (a per-query step's B k_r x d row
+  gradients: 3.5 of 9.5 ms on a 1 x 1 mesh, benchmarks/step_vs_labels.py)."""
+
+  def apply(x, axis, **kwargs):
+    return x if mesh.shape[axis] == 1 else collective(x, axis, **kwargs)
+
+  return apply
+
+
+def _local_rows(v: jax.Array, scale: jax.Array, labels: LabelBatch, momentum) -> tuple:
+  """Inside the kernel: for positives, hard and random negatives, (local ids, rows) of the
+  ids this shard owns (W = scale * V, or V's rows caught up by `momentum`); another shard's
+  id reads as rows_per_shard with a zero row."""
+  rows_per_shard = v.shape[0]
+  offset = jax.lax.axis_index("model") * rows_per_shard
+
+  def local(ids):
+    lid = ids - offset
+    mine = (lid >= 0) & (lid < rows_per_shard)
+    safe = jnp.clip(lid, 0, rows_per_shard - 1)
+    rows = (
+      scale * v[safe].astype(jnp.float32)
+      if momentum is None
+      else sparse_momentum.current_rows(v, momentum, safe)
+    )
+    return jnp.where(mine, lid, rows_per_shard), jnp.where(mine[..., None], rows, 0.0)
+
+  return tuple(local(ids) for ids in (labels.pos_ids, labels.hard_ids, labels.rand_ids))
+
+
+def classifier_forward(mesh: jax.sharding.Mesh):
+  """(emb (B, d), V (Lp, d), label arrays of one micro-batch, scale) -> the scores of
+  positives (B, k_p), hard negatives (B, k_h) and random negatives (B, k_r) (shared draws:
+  each data group's queries against the draw), laid out like their ids: the forward half of
+  `classifier_grads`, for the step profiler, with W never gathered."""
+  all_gather, psum = (_unless_single(mesh, c) for c in (jax.lax.all_gather, jax.lax.psum))
+
+  def body(emb, v, scale, labels):
+    emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
+    (_, pos_r), (_, hard_r), (_, rand_r) = _local_rows(v, scale, labels, None)
+    return (
+      psum(loss.score_rows(emb_group, pos_r), "model"),
+      loss.score_rows(emb_group, hard_r),
+      loss.score_rows(emb_group, rand_r),
+    )
+
+  def forward(emb, v, labels, scale):
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(P(ALL), P("model"), P(), label_specs(labels)),
+      out_specs=(P("data"), P("data", "model"), P("data", "model")),
+      check_vma=False,
+    )(emb, v, scale, labels)
+
+  return jax.jit(forward)
+
+
+def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
+  """(emb (B, d), V (Lp, d), scale, one micro-batch's LabelBatch[, momentum]) ->
+  (loss, dloss/demb (B, d), row_grads).
+
+  W's rows are scale * V's, or with `momentum` (a sparse_momentum.MomentumState; scale is
+  then unused) V's rows caught up from their last touched step.
+
+  row_grads, per shard (out spec P('model') on every leaf), the gradient w.r.t. W's rows:
+    ids (n, K) int32    local row ids of the per-query rows (positives, hard negatives, and
+                        random negatives when drawn per query); rows_per_shard marks a row
+                        that is not this shard's (dropped by the update)
+    coef (n, K) f32     dloss/dscore of each
+    queries (n, d) f32  the embeddings they were scored with: row ids[i, k] has gradient
+                        coef[i, k] * queries[i]
+    shared_ids (m,), shared_grads (m, d): rows with their summed gradients (a shared random
+                        draw, m = k_r; m = 0 with per-query draws)
+  n is the whole batch's queries (all-gathered over 'data'). Loss and gradients are for the
+  mean over `global_batch` queries."""
+
+  all_gather, psum, psum_scatter = (
+    _unless_single(mesh, c) for c in (jax.lax.all_gather, jax.lax.psum, jax.lax.psum_scatter)
+  )
+
+  def body(emb, v, scale, labels, momentum):
+    emb_group = all_gather(emb, "model", tiled=True).astype(jnp.float32)
+    (pos_l, pos_r), (hard_l, hard_r), (rand_l, rand_r) = _local_rows(v, scale, labels, momentum)
+    per_query = labels.per_query_random
+    pos_s = psum(loss.score_rows(emb_group, pos_r), "model")
+    hard_s, rand_s = loss.score_rows(emb_group, hard_r), loss.score_rows(emb_group, rand_r)
+
+    def estimator(pos_s, hard_s, rand_s):
+      """Positives' term (the same on every shard) + this shard's negatives' terms."""
+      terms = loss.estimator_terms((pos_s, hard_s, rand_s), labels)
+      pos, neg = terms.positives.sum(), terms.negatives_total()
+      return (pos + neg) / global_batch, (pos / global_batch, neg / global_batch)
+
+    (_, (pos, neg)), (d_pos, d_hard, d_rand) = jax.value_and_grad(
+      estimator, argnums=(0, 1, 2), has_aux=True
+    )(pos_s, hard_s, rand_s)
+    value = psum(pos + psum(neg, "model"), "data")
+    d = emb.shape[-1]
+    d_emb_group = (
+      jnp.einsum("bk,bkd->bd", d_pos, pos_r)
+      + jnp.einsum("bk,bkd->bd", d_hard, hard_r)
+      + (jnp.einsum("bk,bkd->bd", d_rand, rand_r) if per_query else d_rand @ rand_r)
+    )
+    d_emb = psum_scatter(d_emb_group, "model", scatter_dimension=0, tiled=True)
+    queried = [(pos_l, d_pos), (hard_l, d_hard)] + ([(rand_l, d_rand)] if per_query else [])
+    gather_data = lambda x: all_gather(x, "data", tiled=True)
+    row_grads = {
+      "ids": gather_data(jnp.concatenate([l for l, _ in queried], axis=1)),
+      "coef": gather_data(jnp.concatenate([g for _, g in queried], axis=1)),
+      "queries": gather_data(emb_group),
+    }
+    if per_query:
+      row_grads["shared_ids"] = jnp.zeros((0,), jnp.int32)
+      row_grads["shared_grads"] = jnp.zeros((0, d), jnp.float32)
+    else:  # one draw serves the data group: its rows' gradients add up over 'data'
+      row_grads["shared_ids"] = rand_l
+      row_grads["shared_grads"] = psum(d_rand.T @ emb_group, "data")
+    return value, d_emb.astype(emb.dtype), row_grads
+
+  def kernel(emb, v, scale, labels, momentum=None):
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(
+        P(ALL),
+        P("model"),
+        P(),
+        label_specs(labels),
+        None if momentum is None else MOMENTUM_SPEC,
+      ),
+      out_specs=(P(), P(ALL), P("model")),
+      # row_grads are identical across data replicas (all-gathered), which
+      # the vma checker cannot infer; the mesh-equivalence tests check it.
+      check_vma=False,
+    )(emb, v, scale, labels, momentum)
+
+  return kernel
+
+
+def _rows_and_grads(g: dict) -> tuple[jax.Array, jax.Array]:
+  """One micro-batch's factored row gradients (`classifier_grads`) as (ids (n K + m,),
+  gradients (n K + m, d)): row ids[i, k] gets coef[i, k] * queries[i], then the shared rows."""
+  n, k = g["ids"].shape
+  grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
+  return (
+    jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]]),
+    jnp.concatenate([grads, g["shared_grads"]]),
+  )
+
+
+def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
+  """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
+  decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
+  shard into its own rows. One micro-batch's (n K, d) gradients exist at a time."""
+
+  def body(v, scale, row_grads, lr):
+    new_scale = decayed_scale(scale, lr, weight_decay)
+    step = -lr / new_scale
+
+    def add_micro_batch(v, g):
+      return add_rows(v, *_rows_and_grads(g), step), None
+
+    v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
+    return v, new_scale
+
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P("model"), P(), P(None, "model"), P()),
+    out_specs=(P("model"), P()),
+    check_vma=False,
+  )
+
+
+def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, beta: float):
+  """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply) ->
+  (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the dense
+  optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
+  apply=False: a step that changes nothing (identity transition, zero gradients)."""
+
+  def body(w, state, row_grads, lr, apply):
+    state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
+
+    def add_micro_batch(carry, g):
+      w, state = carry
+      return sparse_momentum.add_gradients(w, state, *_rows_and_grads(g), lr), None
+
+    (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
+    return w, state
+
+  return jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P()),
+    out_specs=(P("model"), MOMENTUM_SPEC),
+    check_vma=False,
+  )
+
+
+def decayed_scale(scale: jax.Array, lr: jax.Array, weight_decay: float) -> jax.Array:
+  """The scale after one step's decay of every row: scale (1 - lr wd)."""
+  return scale * (1.0 - lr * weight_decay)
+
+
+def add_rows(v: jax.Array, ids: jax.Array, grads: jax.Array, step: jax.Array) -> jax.Array:
+  """V[ids] += step * grads, duplicates adding up; ids out of range are dropped (another
+  shard's rows, padding)."""
+  return v.at[ids].add((step * grads).astype(v.dtype), mode="drop")
+
+
+def sgd_update(
+  v: jax.Array,
+  scale: jax.Array,
+  ids: jax.Array,
+  grads: jax.Array,
+  lr: jax.Array,
+  weight_decay: float,
+) -> tuple[jax.Array, jax.Array]:
+  """ids: (n,) row ids (duplicates allowed); grads: (n, d) dLoss/dW rows for them."""
+  new_scale = decayed_scale(scale, lr, weight_decay)
+  return add_rows(v, ids, grads, -(lr / new_scale)), new_scale
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def fold(v: jax.Array, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """V * scale, scale = 1: the true W."""
+  return (v * scale).astype(v.dtype), jnp.ones_like(scale)

@@ -1,0 +1,77 @@
+"""The model's score with the label texts' similarity added (NGAME's and DEXA's inference).
+
+With `scoring.label_text_weight` = beta > 0 a query x ranks label l by
+
+    (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(s cos(E(x), E(z_l))),
+
+the classifier's probability mixed with the similarity of x to the label's own text z_l
+under the same encoder (s = `scoring.label_text_scale`). On tail-heavy data most rows of W
+have seen one or two positives, while E(z_l) exists for every label with a text, the more
+so after the siamese warm start (`warmstart.py`) has placed queries near their labels'
+texts: the second term ranks the tail where W is weakest. Both terms are probabilities, so
+the mix needs no calibration beyond beta and s, chosen on a validation split
+(docs/real_data.md).
+
+Scoring runs through the exact blocked kernels over rows [w_l | E(z_l)/|E(z_l)|] (L, 2d)
+and queries [E(x) | E(x)/|E(x)|] (n, 2d): exact over all L, in bounded memory; training's
+evaluations on W's shards (sharded_topk.py), the Predictor on W in one piece (serving/predictor.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelTextFusion:
+  """The fused score; hashable, so `exact_topk.topk` compiles it into its kernel.
+
+  Attributes:
+    text_weight: beta, the label-text term's weight in [0, 1].
+    text_scale: s, the inverse temperature of the cosine similarity.
+    dim: d, the embedding width (the rows carry 2d columns).
+  """
+
+  text_weight: float
+  text_scale: float
+  dim: int
+
+  def query_rows(self, embeddings: np.ndarray) -> np.ndarray:
+    """(n, 2d) [E(x) | E(x)/|E(x)|]."""
+    e = np.asarray(embeddings, np.float32)
+    return np.concatenate([e, _unit(e)], axis=1)
+
+  def device_query_rows(self, embeddings: jax.Array) -> jax.Array:
+    """`query_rows` inside a compiled function."""
+    norms = jnp.linalg.norm(embeddings, axis=1, keepdims=True)
+    return jnp.concatenate([embeddings, embeddings / jnp.maximum(norms, 1e-12)], axis=1)
+
+  def label_rows(self, classifier: np.ndarray, label_text_embeddings: np.ndarray) -> np.ndarray:
+    """(L, 2d) [w_l | E(z_l)/|E(z_l)|]."""
+    return np.concatenate(
+      [np.asarray(classifier, np.float32), _unit(label_text_embeddings)], axis=1
+    )
+
+  def __call__(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
+    d = self.dim
+    rows = rows.astype(jnp.float32)
+    classifier = jax.nn.sigmoid(queries[:, :d] @ rows[:, :d].T)
+    text = jax.nn.sigmoid(self.text_scale * (queries[:, d:] @ rows[:, d:].T))
+    return (1.0 - self.text_weight) * classifier + self.text_weight * text
+
+
+def from_config(config, dim: int) -> LabelTextFusion | None:
+  """The config's fusion (`scoring.*`), or None when `scoring.label_text_weight` is 0."""
+  sc = config.get("scoring")
+  if sc is None or not sc.label_text_weight:
+    return None
+  return LabelTextFusion(float(sc.label_text_weight), float(sc.label_text_scale), dim)
