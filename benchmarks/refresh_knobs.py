@@ -44,8 +44,9 @@ import jsonl  # benchmarks/jsonl.py
 import numpy as np
 from absl import app, flags
 
-from astra_jax.ann import index as index_lib
+from astra_jax.ann import grouped_index, index as index_lib
 from astra_jax.data import rowsets, xc_format
+from astra_jax.negatives import mining
 
 flags.DEFINE_list("num_labels", ["1e6", "1e7"], "label counts")
 flags.DEFINE_integer("d", 64, "row dimension")
@@ -175,7 +176,7 @@ def main(argv):
     exact = exact_index.search(q, FLAGS.k)
     exact_ms = 1000 * (time.time() - t0) / len(q)
     if positives is not None:
-      exact_negatives = index_lib.mine(exact_index, q, positives, FLAGS.k, L)
+      exact_negatives = mining.mine(exact_index, q, positives, FLAGS.k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
     for partitioner, exact_leaf_rows, group_rows, sample in itertools.product(
       FLAGS.partitioner,
@@ -195,7 +196,7 @@ def main(argv):
         params = dataclasses.replace(params, training_sample_size=min(L, sample))
       t0 = time.time()
       if params.group_rows:
-        index = index_lib.GroupedScannIndex(w, FLAGS.k, params)
+        index = grouped_index.GroupedScannIndex(w, FLAGS.k, params)
         centroids = index.num_leaves
       else:
         index = index_lib.ScannIndex(w, FLAGS.k, params)
@@ -213,12 +214,12 @@ def main(argv):
         t0 = time.time()
         got = index.search(q, FLAGS.k, search, params.reorder)
         search_ms = 1000 * (time.time() - t0) / len(q)
-        recall = index_lib.overlap_at_k(got, exact)
+        recall = mining.overlap_at_k(got, exact)
         negatives_recall = None
         if positives is not None:
           searched = _SearchedWith(index, search, params.reorder)
-          mined = index_lib.mine(searched, q, positives, FLAGS.k, L)
-          negatives_recall = round(index_lib.overlap_at_k(mined, exact_negatives), 4)
+          mined = mining.mine(searched, q, positives, FLAGS.k, L)
+          negatives_recall = round(mining.overlap_at_k(mined, exact_negatives), 4)
         jsonl.emit(
           {
             "num_labels": L,

@@ -66,9 +66,7 @@ def _imports(modules: dict[str, str]) -> dict[str, set[str]]:
           up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
           base = ".".join(up + ([base] if base else []))
         # `from pkg import sub` imports the submodule; `from pkg import name`, pkg itself.
-        names = [
-          f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
-        ]
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
       else:
         continue
       found |= {r for n in names if n.startswith("astra_jax") and (r := resolve(n))}

@@ -7,8 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from astra_jax.ann import index as index_lib
+from astra_jax.ann import grouped_index, index as index_lib
 from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.negatives import mining
 from astra_jax.negatives.refresh import (
   RefreshFailed,
   RefreshJob,
@@ -51,8 +52,8 @@ def test_mined_negatives_never_contain_positives(backend):
   rows[0] = []
   labels = SparseRows.from_lists(rows, 3000)
   k = 10
-  idx = index_lib.build_index(w, k, backend)
-  neg = index_lib.mine(idx, q, labels, k, 3000)
+  idx = mining.build_index(w, k, backend)
+  neg = mining.mine(idx, q, labels, k, 3000)
   assert neg.shape == (300, k) and neg.dtype == np.int32
   assert (neg >= 0).all()  # always filled: extra candidates are retrieved as needed
   for i in range(300):
@@ -71,8 +72,8 @@ def test_scann_slots_it_cannot_fill_are_empty_not_label_zero():
   q = rng.normal(size=(20, 16)).astype(np.float32)
   offset = 3000  # the index holds shard 1's rows, labels [3000, 6000)
   labels = SparseRows.from_lists([[offset + int(rng.integers(3000))] for _ in range(20)], 6000)
-  idx = index_lib.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 2})
-  neg = index_lib.mine(idx, q, labels, 32, 3000, offset=offset)
+  idx = mining.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 2})
+  neg = mining.mine(idx, q, labels, 32, 3000, offset=offset)
   assert (neg < 0).any()  # the case this test is about happened
   for row in neg:
     ids = row[row >= 0]
@@ -93,7 +94,7 @@ def test_scann_padding_survives_strict_promotion(monkeypatch):
 
   monkeypatch.setattr(index_lib.np, "where", strict_where)
   w, rng = clustered(3000, d=16)
-  idx = index_lib.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 1})
+  idx = mining.build_index(w, 32, "scann", {"num_leaves": 200, "leaves_to_search": 1})
   ids = idx.search(rng.normal(size=(20, 16)).astype(np.float32), 32)
   assert ids.dtype == np.int32 and (ids < 0).any() and (ids < 3000).all()
 
@@ -102,10 +103,10 @@ def test_scann_recall_with_default_knobs():
   w, rng = clustered(100_000, d=64, n_clusters=2000)
   # Queries near label vectors, as trained query embeddings are near their positives' rows.
   q = (w[rng.integers(0, len(w), 500)] + 0.3 * rng.normal(size=(500, 64))).astype(np.float32)
-  idx = index_lib.build_index(w, 50, "scann")
+  idx = mining.build_index(w, 50, "scann")
   assert isinstance(idx, index_lib.ScannIndex)
   exact = index_lib.ExactIndex(w).search(q, 50)
-  assert index_lib.overlap_at_k(idx.search(q, 50), exact) >= 0.9
+  assert mining.overlap_at_k(idx.search(q, 50), exact) >= 0.9
 
 
 def test_scann_search_rescoring_every_row_of_every_leaf_is_exact():
@@ -119,7 +120,7 @@ def test_scann_search_rescoring_every_row_of_every_leaf_is_exact():
   exact = index_lib.ExactIndex(w).search(q, 10)
   np.testing.assert_array_equal(idx.search(q, 10, leaves_to_search=20, reorder=2000), exact)
   # The build's own knobs (2 of 20 leaves) miss some of it.
-  assert index_lib.overlap_at_k(idx.search(q, 10), exact) < 1.0
+  assert mining.overlap_at_k(idx.search(q, 10), exact) < 1.0
 
 
 def test_coarse_groups_find_separated_clusters():
@@ -130,13 +131,13 @@ def test_coarse_groups_find_separated_clusters():
   centres = np.array([[0.0, 0.0], [100.0, 0.0], [0.0, 300.0]], np.float32)
   truth = np.repeat(np.arange(3), [50, 70, 30])
   rows = (centres[truth] + rng.normal(size=(150, 2))).astype(np.float32)
-  near = index_lib.coarse_groups(rows, 3, spill=2, block=16)
+  near = grouped_index.coarse_groups(rows, 3, spill=2, block=16)
   group = near[:, 0]
   # the same partition up to the groups' names, and the same names on a second call
   for c in range(3):
     assert len(np.unique(group[truth == c])) == 1
   assert len(np.unique(group)) == 3
-  np.testing.assert_array_equal(near, index_lib.coarse_groups(rows, 3, spill=2))
+  np.testing.assert_array_equal(near, grouped_index.coarse_groups(rows, 3, spill=2))
   # each row's second group is another cluster's, the nearer of the two other centres
   assert (near[:, 1] != near[:, 0]).all()
   second = {c: group[truth == c][0] for c in range(3)}
@@ -178,7 +179,7 @@ def test_grouped_scann_index_searching_everything_is_exact():
   params = index_lib.scann_defaults(
     4000, 10, num_leaves=40, leaves_to_search=4, reorder=10, group_rows=1000
   )
-  idx = index_lib.GroupedScannIndex(w, 10, params)
+  idx = grouped_index.GroupedScannIndex(w, 10, params)
   # each row in two of the four groups, and leaves of ~100 rows: twice the leaves
   assert len(idx.indexes) == 4 and abs(idx.num_leaves - 80) <= 4
   rows, copies = np.unique(np.concatenate(idx.members), return_counts=True)
@@ -187,7 +188,7 @@ def test_grouped_scann_index_searching_everything_is_exact():
   # each group re-ranks its share of the budget (20 of 80 leaves: a quarter of 16,000 =
   # 4,000, all of a group's ~2,000 rows)
   np.testing.assert_array_equal(idx.search(q, 10, leaves_to_search=80, reorder=16_000), exact)
-  assert index_lib.overlap_at_k(idx.search(q, 10), exact) < 1.0  # 4 of ~80 leaves miss some
+  assert mining.overlap_at_k(idx.search(q, 10), exact) < 1.0  # 4 of ~80 leaves miss some
 
 
 def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
@@ -199,7 +200,7 @@ def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
   params = index_lib.scann_defaults(
     3000, 10, num_leaves=30, leaves_to_search=5, reorder=3000, group_rows=1000
   )
-  idx = index_lib.GroupedScannIndex(w, 10, params)
+  idx = grouped_index.GroupedScannIndex(w, 10, params)
   # (row, leaf) for each of a row's copies, leaves numbered as idx.centres
   copy_rows, copy_leaves, first = [], [], 0
   for members, index in zip(idx.members, idx.indexes):
@@ -218,9 +219,9 @@ def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
 def test_build_index_groups_only_when_asked():
   w = np.random.default_rng(4).normal(size=(3000, 8)).astype(np.float32)
   knobs = {"num_leaves": 12, "leaves_to_search": 2}
-  assert isinstance(index_lib.build_index(w, 5, "scann", knobs), index_lib.ScannIndex)
-  grouped = index_lib.build_index(w, 5, "scann", {**knobs, "group_rows": 1500})
-  assert isinstance(grouped, index_lib.GroupedScannIndex) and len(grouped.indexes) == 2
+  assert isinstance(mining.build_index(w, 5, "scann", knobs), index_lib.ScannIndex)
+  grouped = mining.build_index(w, 5, "scann", {**knobs, "group_rows": 1500})
+  assert isinstance(grouped, grouped_index.GroupedScannIndex) and len(grouped.indexes) == 2
   # a group as large as the rows is one index
   assert index_lib.scann_defaults(3000, 5, group_rows=3000).group_rows == 0
 
@@ -702,7 +703,7 @@ def test_overlap_at_k_by_hand():
   found = np.array([[1, 2, 3], [4, -1, -1], [7, 8, 9]])
   truth = np.array([[3, 2, 9], [4, 5, -1], [-1, -1, -1]])
   # 2 of 3, 1 of the 2 true ones (empty slots ignored), and a row with no truth counts as 1.
-  assert index_lib.overlap_at_k(found, truth) == pytest.approx((2 / 3 + 1 / 2 + 1) / 3)
+  assert mining.overlap_at_k(found, truth) == pytest.approx((2 / 3 + 1 / 2 + 1) / 3)
 
 
 def test_row_subset_keeps_the_rows_in_the_order_asked():

@@ -27,8 +27,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from astra_jax.ann import index as index_lib
 from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.negatives import mining
 from astra_jax.negatives.refresh import (
   RefreshFailed,
   RefreshJob,
@@ -328,7 +328,7 @@ class HardNegatives:
       self.queries = None
       os.replace(paths["queries"] + ".partial", paths["queries"])
     distributed.barrier(f"negatives: queries of refresh {r} written")
-    index_lib.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
+    mining.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
     # With tau_r = 1 the refresh for r - 1 is still pending: r's worker starts at its swap.
     self.deferred.append(r)
     self._launch_deferred()
@@ -353,9 +353,9 @@ class HardNegatives:
   # ----------------------------------------------------------------------- helpers
   def _write_inputs(self, epoch: int, vectors: np.ndarray, embed_fn: EmbedFn) -> None:
     paths = self._paths(epoch)
-    index_lib.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
+    mining.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
     if self.writes_queries:
-      index_lib.save_atomic(
+      mining.save_atomic(
         paths["queries"], np.asarray(embed_fn(np.arange(self.num_rows)), np.float32)
       )
     distributed.barrier(f"negatives: queries of refresh {epoch} written")

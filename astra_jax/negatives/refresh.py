@@ -31,6 +31,7 @@ from astra_jax.ann import index as index_lib
 from astra_jax.data import label_cache, rowsets
 from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
+from astra_jax.negatives import mining
 from astra_jax.runtime import cpu_budget, tmpnames
 
 
@@ -162,12 +163,12 @@ def _mine_shards(
   for s, ((lo, hi), start) in enumerate(zip(shards, starts)):
     rows = np.asarray(vectors[start : start + hi - lo])
     t0 = time.time()
-    index = index_lib.build_index(
+    index = mining.build_index(
       rows, job.k, job.backend, job.scann_knobs, job.threads, _GroupProgress(s, t0)
     )
     t1 = time.time()
     block = negatives[:, s * job.k : (s + 1) * job.k]
-    index_lib.mine(
+    mining.mine(
       index,
       queries,
       labels,
@@ -189,8 +190,8 @@ def _mine_shards(
         job.k,
         lo,
       )
-      recalls.append(index_lib.overlap_at_k(index.search(queries[sample], job.k), exact_top))
-      negative_recalls.append(index_lib.overlap_at_k(np.asarray(block[sample]), exact_negatives))
+      recalls.append(mining.overlap_at_k(index.search(queries[sample], job.k), exact_top))
+      negative_recalls.append(mining.overlap_at_k(np.asarray(block[sample]), exact_negatives))
     del index
   return build_s, search_s, recalls, negative_recalls
 
@@ -231,7 +232,7 @@ def _exact_sample(
   """Exact search's top k (local ids) and the k negatives it mines (global ids, positives
   removed) for the sampled queries: at 10^7 rows the exact scan is the check's cost."""
   exact = _FirstSearchKept(index_lib.ExactIndex(rows))
-  negatives = index_lib.mine(exact, queries, positives, k, len(rows), offset=offset)
+  negatives = mining.mine(exact, queries, positives, k, len(rows), offset=offset)
   return exact.first[:, : min(k, len(rows))], negatives
 
 

@@ -30,7 +30,7 @@ import json
 import math
 import os
 
-from astra_jax.ann import index as index_lib
+from astra_jax.ann import grouped_index
 from astra_jax.config import paper_configs
 from astra_jax.data import catalog, synthetic
 from astra_jax.model import architectures, pretrained
@@ -421,7 +421,7 @@ def make_plan(
   nnz = int(data.num_train * lpp) + (rows - data.num_train) if lpp else None
   if index_kind == "scann":
     # A grouped build (negatives.scann_group_rows) holds each row in GROUP_SPILL groups.
-    copies = index_lib.GROUP_SPILL if nc.get("scann_group_rows", 0) else 1
+    copies = grouped_index.GROUP_SPILL if nc.get("scann_group_rows", 0) else 1
     worker = [
       Item(
         f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {copies * R:,} rows"
