@@ -73,20 +73,20 @@ flags.DEFINE_list(
   "exact_leaf_rows",
   ["0"],
   "> 0: L / this many leaves (index.scann_defaults' leaf_rows, config.negatives."
-  "scann_leaf_rows); 0: the fixed-cost rule's own (at least 2 sqrt(L) leaves); a list "
+  "index.leaf_rows); 0: the fixed-cost rule's own (at least 2 sqrt(L) leaves); a list "
   "builds one index each",
 )
 flags.DEFINE_float(
   "leaf_shrink",
   0.0,
   "> 0: leaves of exact_leaf_rows x (10^6 / L)^this rows (index.scann_defaults' "
-  "leaf_shrink, config.negatives.scann_leaf_shrink)",
+  "leaf_shrink, config.negatives.index.leaf_shrink)",
 )
 flags.DEFINE_list(
   "group_rows",
   ["0"],
   "> 0: build the index in groups of about this many rows (index.GroupedScannIndex, "
-  "config.negatives.scann_group_rows); 0: one flat index; a list builds one index each",
+  "config.negatives.index.group_rows); 0: one flat index; a list builds one index each",
 )
 flags.DEFINE_list(
   "training_sample_size",

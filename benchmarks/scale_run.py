@@ -385,7 +385,7 @@ def main(argv):
         }
         for r in results["negatives"]["refreshes"]
       ],
-      "scann_rows_per_query": config.negatives.scann_rows_per_query,
+      "scann_rows_per_query": config.negatives.index.rows_per_query,
       "kill_after_checkpoint_step": kill_step,
       "resumed_from_step": resumed_from,
       "steps_per_epoch": steps_per_epoch,

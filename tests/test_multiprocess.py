@@ -32,7 +32,7 @@ def _overrides(data_dir):
     "--config.negatives.tau_r=1",
     "--config.negatives.k_h=4",
     "--config.negatives.k_r=32",
-    "--config.negatives.index=exact",
+    "--config.negatives.index.kind=exact",
     "--config.mesh.data=2",
     "--config.mesh.model=2",
   ]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from astra_jax.ann import grouped_index, index as index_lib
+from astra_jax.ann.index import IndexKnobs
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives import mining
 from astra_jax.negatives.refresh import (
@@ -20,6 +21,8 @@ from astra_jax.negatives.refresh import (
 )
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 from astra_jax.negatives.strategies import IndexOver, get as strategy
+
+EXACT = IndexKnobs(kind="exact")
 
 
 def clustered(n_rows, d=32, n_clusters=200, seed=0):
@@ -427,7 +430,7 @@ def test_a_process_holds_the_negatives_of_its_query_rows_and_shards(tmp_path):
   embed = lambda rows: q[rows]
   shards = [[0, 6], [6, 12]]
   full = HardNegatives(
-    schedule, str(tmp_path / "full"), labels, 4, "exact", shards=shards, num_shards=2
+    schedule, str(tmp_path / "full"), labels, 4, EXACT, shards=shards, num_shards=2
   )
   want = np.asarray(full.start_epoch(0, lambda: w, embed)[0][np.arange(10)])  # (10, 2, 2)
 
@@ -437,7 +440,7 @@ def test_a_process_holds_the_negatives_of_its_query_rows_and_shards(tmp_path):
       str(workdir),
       labels,
       4,
-      "exact",
+      EXACT,
       shards=[[6, 12]],
       shard_ids=[1],
       num_shards=2,
@@ -475,7 +478,13 @@ def test_checkpointed_negatives_follow_the_workdir_and_the_shard_count(tmp_path)
   def manager(workdir, shards):
     bounds = [[s * 12 // shards, (s + 1) * 12 // shards] for s in range(shards)]
     return HardNegatives(
-      schedule, str(workdir), labels, dim=4, backend="exact", shards=bounds, num_shards=shards
+      schedule,
+      str(workdir),
+      labels,
+      dim=4,
+      index=EXACT,
+      shards=bounds,
+      num_shards=shards,
     )
 
   a = manager(tmp_path / "a", 2)
@@ -506,7 +515,7 @@ def _tiny_refresh(tmp_path, tau_r: int, epochs: int):
   )
   rng = np.random.default_rng(0)
   w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4))
-  make = lambda: HardNegatives(schedule, str(tmp_path), labels, dim=4, backend="exact")
+  make = lambda: HardNegatives(schedule, str(tmp_path), labels, dim=4, index=EXACT)
   return make, (lambda: w), (lambda rows: q[rows])
 
 
@@ -577,7 +586,13 @@ def test_curriculum_epochs_keep_the_mined_columns_and_say_how_many_train(tmp_pat
   # T = 6, mined 3 per shard; hard 2/6 of T at tau_s = 1 rising to 3 (half) at epoch 3.
   schedule = NegativeSchedule(strategy("curriculum"), k_h=2, k_r=4, tau_s=1, tau_r=10, epochs=4)
   m = HardNegatives(
-    schedule, str(tmp_path), labels, dim=4, backend="exact", shards=[[0, 6], [6, 12]], num_shards=2
+    schedule,
+    str(tmp_path),
+    labels,
+    dim=4,
+    index=EXACT,
+    shards=[[0, 6], [6, 12]],
+    num_shards=2,
   )
   mined = np.tile(np.array([[0, 1, 2, 6, 7, 8]], np.int32), (10, 1))
   m._commit(1, mined)

@@ -108,10 +108,10 @@ def test_node_plan_equals_hand_counts():
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
   # A ScaNN index: an fp32 copy and codes of the shard's rows; built in groups, each row
   # in two of them, twice that.
-  c.negatives.index = "scann"
+  c.negatives.index.kind = "scann"
   flat = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
   assert by_name(flat.worker_items, "ANN index") == 2 * 500 * 64 * 4
-  c.negatives.scann_group_rows = 100
+  c.negatives.index.group_rows = 100
   grouped = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
   assert by_name(grouped.worker_items, "ANN index") == 2 * 2 * 500 * 64 * 4
   # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
@@ -437,13 +437,13 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   assert c.encoder.arch == "ngram_bag"
   assert (c.encoder.hidden_size, c.encoder.bottleneck_dim) == (64, 0)
   assert not c.data.augment_label_text  # 19M label rows would swamp 2e5 queries
-  assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index) == (32, 224, "scann")
-  assert c.negatives.scann_rows_per_query > 0  # a refresh at a fixed cost per query
-  assert c.negatives.scann_leaf_rows == 2000 and c.classifier.init == "label_text"
-  assert (c.negatives.scann_leaf_shrink, c.negatives.scann_group_rows) == (0.5, 80_000)
-  assert c.negatives.scann_leaves == 0  # a leaf size, so that every shard has its share
+  assert (c.negatives.k_h, c.negatives.k_r, c.negatives.index.kind) == (32, 224, "scann")
+  assert c.negatives.index.rows_per_query > 0  # a refresh at a fixed cost per query
+  assert c.negatives.index.leaf_rows == 2000 and c.classifier.init == "label_text"
+  assert (c.negatives.index.leaf_shrink, c.negatives.index.group_rows) == (0.5, 80_000)
+  assert c.negatives.index.num_leaves == 0  # a leaf size, so that every shard has its share
   # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
-  assert (c.negatives.scann_avq, c.negatives.scann_soar_lambda) == (1.0, 1.5)
+  assert (c.negatives.index.avq, c.negatives.index.soar_lambda) == (1.0, 1.5)
   from astra_jax.ann import index as index_lib
   from astra_jax.training import train
 

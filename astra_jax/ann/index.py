@@ -75,6 +75,43 @@ class ScannParams:
   group_rows: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class IndexKnobs:
+  """The refresh index's settings (`config.negatives.index`): its kind, and overrides of
+  `scann_defaults` (zeros: scaled to L, or off).
+
+  Attributes:
+    kind: "auto" (exact up to 50k rows, else scann), "exact" or "scann".
+    num_leaves, leaves_to_search, reorder, rows_per_query, leaf_rows, leaf_shrink,
+      group_rows, avq, soar_lambda: `scann_defaults`' keywords of those names.
+  """
+
+  kind: str = "auto"
+  num_leaves: int = 0
+  leaves_to_search: int = 0
+  reorder: int = 0
+  rows_per_query: int = 0
+  leaf_rows: int = 0
+  leaf_shrink: float = 0.0
+  group_rows: int = 0
+  avq: float = 0.0
+  soar_lambda: float = 0.0
+
+  @classmethod
+  def from_config(cls, index_config) -> IndexKnobs:
+    """The record of `config.negatives.index` (a ConfigDict or a mapping)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return cls(**{name: index_config[name] for name in names})
+
+  def scann_knobs(self) -> dict:
+    """`scann_defaults`' keywords (the partitioner options None where off)."""
+    knobs = dataclasses.asdict(self)
+    del knobs["kind"]
+    knobs["avq"] = self.avq or None
+    knobs["soar_lambda"] = self.soar_lambda or None
+    return knobs
+
+
 LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
 # Rows the leaf centres are trained on, per leaf, under the fixed-cost rule. On a trained W
 # of 10^6 rows in 500 leaves (AVQ + SOAR; recall@32 at 32k / 128k rows per query): 50 per
@@ -127,17 +164,17 @@ def scann_defaults(
   Args:
     num_rows: rows in the index (one W shard).
     k: neighbours wanted per query.
-    num_leaves, leaves_to_search, reorder: explicit knobs (config.negatives.scann_*).
-    rows_per_query: the fixed-cost rule's budget (config.negatives.scann_rows_per_query).
+    num_leaves, leaves_to_search, reorder: explicit knobs (config.negatives.index.*).
+    rows_per_query: the fixed-cost rule's budget (config.negatives.index.rows_per_query).
     leaf_rows: > 0, exactly num_rows / leaf_rows leaves (unless num_leaves is given), under
       either rule: a leaf size that holds for every shard of W, whatever their number
-      (config.negatives.scann_leaf_rows).
+      (config.negatives.index.leaf_rows).
     leaf_shrink: > 0, leaves of leaf_rows x (LEAF_SHRINK_ROWS / num_rows)^leaf_shrink rows
-      instead (leaf_rows at 10^6 rows, smaller above; config.negatives.scann_leaf_shrink).
+      instead (leaf_rows at 10^6 rows, smaller above; config.negatives.index.leaf_shrink).
     avq, soar_lambda: partitioner options for inner products (None: off), as the serving
       index uses them (serve_index.serving_params).
     group_rows: > 0, build the leaves group by group (GroupedScannIndex), groups of about
-      this many rows (config.negatives.scann_group_rows); 0, one index.
+      this many rows (config.negatives.index.group_rows); 0, one index.
   Returns:
     The ScannParams to build with.
   """

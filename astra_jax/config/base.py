@@ -127,31 +127,20 @@ def base_config() -> ml_collections.ConfigDict:
   c.negatives.random_draws = "per_query"
   c.negatives.tau_s = 5  # first epoch with hard negatives
   c.negatives.tau_r = 5  # epochs between index refreshes
-  c.negatives.index = "auto"  # auto (exact up to 50k labels, else scann) | exact | scann
-  c.negatives.scann_leaves = 0  # 0: scaled to L (2 sqrt(L))
-  c.negatives.scann_leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
-  c.negatives.scann_reorder = 0  # 0: max(20 k, 1000)
-  # > 0: rows a query scores, whatever L (leaves of ~1000 rows, as many searched as hold
-  # them): a refresh's cost O(N) instead of O(N L); 0: a third of the leaves (index.py).
-  c.negatives.scann_rows_per_query = 0
-  # > 0: each W shard's index has (shard rows) / this many leaves, however many shards
-  # there are (scann_leaves, when set, is a count per shard); 0: the rule's own.
-  c.negatives.scann_leaf_rows = 0
-  # > 0, with scann_leaf_rows: leaves of scann_leaf_rows x (10^6 / shard rows)^this rows,
-  # smaller as L grows, so that the rows a query scores for a given recall grow more
-  # slowly than at one leaf size (index.scann_defaults); 0: one size.
-  c.negatives.scann_leaf_shrink = 0.0
-  # > 0: each W shard's index is built in groups of about this many rows (a coarse k-means,
-  # then one ScaNN index per group with its share of the leaves), searched as one index over
-  # all the groups' leaves: a build of O(L x group_rows / leaf rows) instead of O(L^2 / leaf
-  # rows), the same leaves opened per query (index.GroupedScannIndex); 0: one index.
-  c.negatives.scann_group_rows = 0
-  # The partitioner of the refresh's index, as the serving index uses it on inner products
-  # (serve_index.py): anisotropic (AVQ) leaf centres at this eta and SOAR's second copy of
-  # each row at this lambda; 0: off. Each searched leaf then costs twice its rows, and the
-  # same rows scored find more of a query's near-ties (README, "Refresh cost at large L").
-  c.negatives.scann_avq = 0.0
-  c.negatives.scann_soar_lambda = 0.0
+  # The refresh's index over each W shard (ann/index.py, `IndexKnobs`): its kind, and
+  # overrides of `index.scann_defaults` (0: scaled to L, or off). docs/scale.md says when
+  # to set which.
+  c.negatives.index = ml_collections.ConfigDict()
+  c.negatives.index.kind = "auto"  # auto (exact up to 50k labels, else scann) | exact | scann
+  c.negatives.index.num_leaves = 0  # 0: scaled to L (2 sqrt(L))
+  c.negatives.index.leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
+  c.negatives.index.reorder = 0  # 0: max(20 k, 1000)
+  c.negatives.index.rows_per_query = 0  # > 0: rows a query scores, whatever L
+  c.negatives.index.leaf_rows = 0  # > 0: leaves of this many rows in every shard
+  c.negatives.index.leaf_shrink = 0.0  # > 0: leaves shrink as (10^6 / shard rows)^this
+  c.negatives.index.group_rows = 0  # > 0: built in groups of this many rows
+  c.negatives.index.avq = 0.0  # > 0: anisotropic leaf centres at this eta
+  c.negatives.index.soar_lambda = 0.0  # > 0: SOAR's second copy of each row at this lambda
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
@@ -340,24 +329,24 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"use per_query or shared, got {c.negatives.random_draws!r}",
   )
   need(
-    c.negatives.index in ("auto", "exact", "scann"),
-    "negatives.index",
-    f"unknown index {c.negatives.index!r}; use auto, exact or scann",
+    c.negatives.index.kind in ("auto", "exact", "scann"),
+    "negatives.index.kind",
+    f"unknown index {c.negatives.index.kind!r}; use auto, exact or scann",
   )
   need(
-    c.negatives.scann_rows_per_query >= 0,
-    "negatives.scann_rows_per_query",
-    f"must be >= 0 (0: a third of the leaves), got {c.negatives.scann_rows_per_query}",
+    c.negatives.index.rows_per_query >= 0,
+    "negatives.index.rows_per_query",
+    f"must be >= 0 (0: a third of the leaves), got {c.negatives.index.rows_per_query}",
   )
   need(
-    c.negatives.scann_leaf_shrink >= 0,
-    "negatives.scann_leaf_shrink",
-    f"must be >= 0 (0: leaves of one size), got {c.negatives.scann_leaf_shrink}",
+    c.negatives.index.leaf_shrink >= 0,
+    "negatives.index.leaf_shrink",
+    f"must be >= 0 (0: leaves of one size), got {c.negatives.index.leaf_shrink}",
   )
   need(
-    c.negatives.scann_group_rows >= 0,
-    "negatives.scann_group_rows",
-    f"must be >= 0 (0: one index per W shard), got {c.negatives.scann_group_rows}",
+    c.negatives.index.group_rows >= 0,
+    "negatives.index.group_rows",
+    f"must be >= 0 (0: one index per W shard), got {c.negatives.index.group_rows}",
   )
   need(
     c.negatives.refresh_threads >= 0,

@@ -117,10 +117,10 @@ FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
 # The refresh at a fixed cost per query: FULL_LABEL_ROWS_PER_QUERY rows scored
-# (negatives.scann_rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows at 10^6 rows per
+# (negatives.index.rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows at 10^6 rows per
 # W shard, shrinking as 1 / sqrt(rows) above (FULL_LABEL_LEAF_SHRINK; 632 at 10^7), built in
-# groups of FULL_LABEL_GROUP_ROWS rows (negatives.scann_group_rows), AVQ leaf centres and
-# SOAR spilling as the serving index (scann_avq, scann_soar_lambda). Measured on the trained
+# groups of FULL_LABEL_GROUP_ROWS rows (negatives.index.group_rows), AVQ leaf centres and
+# SOAR spilling as the serving index (avq, soar_lambda). Measured on the trained
 # W of 10^6- and 10^7-label runs (topics of 1,024 labels, 16 words each, unigrams; 1,000
 # queries; recall@32 of the top 32; docs/results/full_labels_knobs.md): at one leaf size the
 # rows a query must score for recall 0.9 grow 3.2-3.3 times from 10^6 to 10^7 labels (leaves
@@ -399,15 +399,15 @@ def full_label_variant(
   s.topic_size, s.topic_words = FULL_LABEL_TOPIC_SIZE, FULL_LABEL_TOPIC_WORDS
   c.negatives.k_h = FULL_LABEL_K_H
   c.negatives.k_r = FULL_LABEL_K_R
-  c.negatives.index = "scann"
-  c.negatives.scann_rows_per_query = FULL_LABEL_ROWS_PER_QUERY
-  c.negatives.scann_avq = FULL_LABEL_SCANN_AVQ
-  c.negatives.scann_soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
+  c.negatives.index.kind = "scann"
+  c.negatives.index.rows_per_query = FULL_LABEL_ROWS_PER_QUERY
+  c.negatives.index.avq = FULL_LABEL_SCANN_AVQ
+  c.negatives.index.soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
   # A leaf size, not a count: each W shard's index has (its rows) / (this, shrunk by the
   # shard's rows) leaves, at any --config.data.synthetic.num_labels and any mesh.model.
-  c.negatives.scann_leaf_rows = FULL_LABEL_LEAF_ROWS
-  c.negatives.scann_leaf_shrink = FULL_LABEL_LEAF_SHRINK
-  c.negatives.scann_group_rows = FULL_LABEL_GROUP_ROWS
+  c.negatives.index.leaf_rows = FULL_LABEL_LEAF_ROWS
+  c.negatives.index.leaf_shrink = FULL_LABEL_LEAF_SHRINK
+  c.negatives.index.group_rows = FULL_LABEL_GROUP_ROWS
   # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000
   # times fewer queries than labels most rows would otherwise stay random vectors, whose
   # exact top-k is arbitrary (a refresh's recall@k_h was 0.10 at 10^6 labels with

@@ -27,10 +27,13 @@ import jax
 import numpy as np
 from absl import logging
 
+from astra_jax.ann.index import IndexKnobs
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives import mining
+from astra_jax.negatives.held_blocks import HeldBlocks
 from astra_jax.negatives.refresh import (
   RefreshFailed,
+  RefreshFiles,
   RefreshJob,
   RefreshWorker,
   positives_source,
@@ -39,6 +42,7 @@ from astra_jax.negatives.refresh import (
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
 from astra_jax.runtime import distributed
 
+DEFAULT_INDEX = IndexKnobs()  # "auto", the ScaNN knobs scaled to L
 VectorsFn = Callable[[], np.ndarray]  # (L, d) label vectors to index, now
 EmbedFn = Callable[[np.ndarray], np.ndarray]  # training row ids -> (n, d) embeddings, now
 
@@ -52,8 +56,7 @@ class HardNegatives:
     workdir: the run's workdir (files go to its `negatives/`).
     train_labels: the training rows' positives (removed from the mined negatives).
     dim: d, the width of the collected query embeddings.
-    backend: the index ("auto", "scann" or "exact"; negatives/index.py).
-    scann_knobs: overrides of the ScaNN defaults (negatives/index.py).
+    index: the index each refresh builds (ann/index.py).
     recall_sample: queries whose recall against exact search each refresh reports.
     seed: the refreshes' seed (refresh e uses seed + e).
     inject_fault: a fault for the first refresh (tests and benchmarks/faults.py).
@@ -78,8 +81,7 @@ class HardNegatives:
     workdir: str,
     train_labels: SparseRows,
     dim: int,
-    backend: str = "auto",
-    scann_knobs: dict | None = None,
+    index: IndexKnobs = DEFAULT_INDEX,
     recall_sample: int = 1000,
     seed: int = 0,
     inject_fault: str = "",
@@ -94,7 +96,7 @@ class HardNegatives:
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.query_rows = tuple(query_rows or (0, self.num_rows))
-    self.backend, self.scann_knobs = backend, dict(scann_knobs or {})
+    self.index = index
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
     self.threads = threads  # each worker's thread budget (cpu_budget.refresh_threads)
     # Polled while the trainer waits for a refresh: a stop request (SIGTERM) ends the wait
@@ -128,38 +130,30 @@ class HardNegatives:
       os.makedirs(self.queries_dir, exist_ok=True)
       self.labels_path = positives_source(train_labels, self.dir)
 
-  def _paths(self, epoch: int) -> dict[str, str]:
-    p = lambda name: os.path.join(self.dir, f"{name}_epoch{epoch}")
-    return {
-      "vectors": p("vectors") + ".npy",
-      "queries": os.path.join(self.queries_dir, f"queries_epoch{epoch}.npy"),
-      "out": p("hard") + ".npy",
-      "stats": p("stats") + ".json",
-      "job": p("job") + ".json",
-    }
+  def _paths(self, epoch: int) -> RefreshFiles:
+    return RefreshFiles.at(self.dir, self.queries_dir, epoch)
 
   def _job(self, epoch: int) -> RefreshJob:
     paths = self._paths(epoch)
     fault, self.fault = self.fault, ""  # an injected fault hits the first refresh only
     return RefreshJob(
-      epoch,
-      paths["vectors"],
-      paths["queries"],
-      self.labels_path,
-      paths["out"],
-      paths["stats"],
-      self.schedule.mined_k(),
-      self.backend,
-      self.scann_knobs,
-      self.recall_sample,
-      self.seed + epoch,
-      fault,
-      self.shards,
+      epoch=epoch,
+      vectors_path=paths.vectors,
+      queries_path=paths.queries,
+      labels_path=self.labels_path,
+      out_path=paths.out,
+      stats_path=paths.stats,
+      k=self.schedule.mined_k(),
+      backend=self.index.kind,
+      scann_knobs=self.index.scann_knobs(),
+      recall_sample=self.recall_sample,
+      seed=self.seed + epoch,
+      fault=fault,
+      shards=self.shards,
       threads=self.threads,
       query_rows=list(self.query_rows),
     )
 
-  # ------------------------------------------------------------------------ epochs
   def start_epoch(
     self,
     epoch: int,
@@ -188,51 +182,62 @@ class HardNegatives:
       self.deferred.remove(epoch)
       self._launch(epoch)
     if epoch in self.schedule.refresh_epochs and resumed_rows is None:
-      t0 = time.time()
-      new, error = None, None
-      if epoch in self.pending:
-        self.pending[epoch].join(self.stop_requested)
-      try:
-        if epoch in self.pending:
-          stats = self.pending.pop(epoch).wait()
-        else:  # nothing pipelined (tau_s < 2): collect and mine now, blocking
-          logging.info("negatives: refresh for epoch %d runs synchronously", epoch)
-          self._write_inputs(epoch, vectors_fn(), embed_fn)
-          stats = run_job(self._job(epoch))
-        new = self._load(epoch)
-      except Exception as e:  # RefreshFailed or any other: training goes on with what it had
-        error = str(e)[:300]
-      finally:
-        # Inputs stay until the next refresh is consumed: a resume from the checkpoint
-        # taken just before this one reruns it from them.
-        for old in [r for r in self.consumed if r != epoch]:
-          self._cleanup_inputs(old)
-        self.consumed = [epoch]
-      # Every process must train with the same kind of negatives (the batch shapes depend
-      # on it): a refresh counts only if it succeeded everywhere.
-      if not distributed.all_true(error is None) and error is None:
-        error = "a refresh failed on another process"
-      if error is None:
-        self._commit(epoch, new)
-        stats.update(wait_s=round(time.time() - t0, 3), ok=True)
-        logging.info(
-          "negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, waited %.2fs)",
-          epoch,
-          stats["build_s"],
-          stats["search_s"],
-          stats["recall"],
-          stats["wait_s"],
-        )
-      else:
-        stats = {"epoch": epoch, "ok": False, "error": error, "wait_s": round(time.time() - t0, 3)}
-        logging.warning(
-          "negatives: %s; epoch %d keeps the %s",
-          error,
-          epoch,
-          "previous hard negatives" if self.current is not None else "random negatives",
-        )
-      self.refreshes.append(stats)
+      self._swap_in(epoch, vectors_fn, embed_fn)
     self._launch_deferred()
+    hard, split = self._hard_negatives(epoch)
+    self._start_collecting(epoch, resumed_rows)
+    return hard, split
+
+  def _swap_in(self, epoch: int, vectors_fn: VectorsFn, embed_fn: EmbedFn) -> None:
+    """Waits for `epoch`'s refresh (or runs it in place) and makes its negatives current;
+    a failed refresh leaves the current ones, everywhere alike."""
+    t0 = time.time()
+    new, error = None, None
+    if epoch in self.pending:
+      self.pending[epoch].join(self.stop_requested)
+    try:
+      if epoch in self.pending:
+        stats = self.pending.pop(epoch).wait()
+      else:  # nothing pipelined (tau_s < 2): collect and mine now, blocking
+        logging.info("negatives: refresh for epoch %d runs synchronously", epoch)
+        self._write_inputs(epoch, vectors_fn(), embed_fn)
+        stats = run_job(self._job(epoch))
+      new = self._load(epoch)
+    except Exception as e:  # RefreshFailed or any other: training goes on with what it had
+      error = str(e)[:300]
+    finally:
+      # Inputs stay until the next refresh is consumed: a resume from the checkpoint
+      # taken just before this one reruns it from them.
+      for old in [r for r in self.consumed if r != epoch]:
+        self._cleanup_inputs(old)
+      self.consumed = [epoch]
+    # Every process must train with the same kind of negatives (the batch shapes depend
+    # on it): a refresh counts only if it succeeded everywhere.
+    if not distributed.all_true(error is None) and error is None:
+      error = "a refresh failed on another process"
+    if error is None:
+      self._commit(epoch, new)
+      stats.update(wait_s=round(time.time() - t0, 3), ok=True)
+      logging.info(
+        "negatives: epoch %d swapped in (build %.2fs, search %.2fs, recall %s, waited %.2fs)",
+        epoch,
+        stats["build_s"],
+        stats["search_s"],
+        stats["recall"],
+        stats["wait_s"],
+      )
+    else:
+      stats = {"epoch": epoch, "ok": False, "error": error, "wait_s": round(time.time() - t0, 3)}
+      logging.warning(
+        "negatives: %s; epoch %d keeps the %s",
+        error,
+        epoch,
+        "previous hard negatives" if self.current is not None else "random negatives",
+      )
+    self.refreshes.append(stats)
+
+  def _hard_negatives(self, epoch: int) -> tuple[np.ndarray | None, NegativeSplit]:
+    """This process's hard negatives for `epoch` and the sampler's split of its draws."""
     have = self.current is not None
     h, r = self.schedule.split(epoch, have)
     hard_columns, random_columns = self.schedule.columns(epoch, have)
@@ -244,11 +249,15 @@ class HardNegatives:
       hard = (
         mine
         if len(self.shards) == self.num_shards and (lo, hi) == (0, self.num_rows)
-        else _HeldBlocks(mine, self.shard_ids, self.num_shards, self.query_rows, self.num_rows)
+        else HeldBlocks(mine, self.shard_ids, self.num_shards, self.query_rows, self.num_rows)
       )
+    return hard, NegativeSplit(h, r, random_columns)
+
+  def _start_collecting(self, epoch: int, resumed_rows: np.ndarray | None) -> None:
+    """Opens the file that `epoch`'s embeddings go to, when a refresh collects them now."""
     self.collect_for = self.schedule.refresh_collected_in(epoch)
     if self.collect_for is not None and self.writes_queries:
-      done = self._paths(self.collect_for)["queries"]
+      done = self._paths(self.collect_for).queries
       path = done + ".partial"
       self.filled = np.zeros(self.num_rows, bool)
       if resumed_rows is not None and not os.path.exists(path) and os.path.exists(done):
@@ -258,7 +267,6 @@ class HardNegatives:
         self.filled[resumed_rows] = True
       else:
         self.queries = np.lib.format.open_memmap(path, "w+", np.float32, (self.num_rows, self.dim))
-    return hard, NegativeSplit(h, r, random_columns)
 
   @property
   def collecting(self) -> bool:
@@ -326,9 +334,9 @@ class HardNegatives:
       self.queries.flush()
       del self.queries
       self.queries = None
-      os.replace(paths["queries"] + ".partial", paths["queries"])
+      os.replace(paths.queries + ".partial", paths.queries)
     distributed.barrier(f"negatives: queries of refresh {r} written")
-    mining.save_atomic(paths["vectors"], np.asarray(vectors_fn(), np.float32))
+    mining.save_atomic(paths.vectors, np.asarray(vectors_fn(), np.float32))
     # With tau_r = 1 the refresh for r - 1 is still pending: r's worker starts at its swap.
     self.deferred.append(r)
     self._launch_deferred()
@@ -342,7 +350,7 @@ class HardNegatives:
 
   def _launch(self, r: int) -> None:
     self.pending[r] = RefreshWorker()
-    self.pending[r].start(self._job(r), self._paths(r)["job"])
+    self.pending[r].start(self._job(r), self._paths(r).job)
 
   def _launch_deferred(self) -> None:
     """Starts the oldest deferred refresh when no worker runs (one negatives file being
@@ -350,18 +358,15 @@ class HardNegatives:
     if self.deferred and not self.pending:
       self._launch(self.deferred.pop(0))
 
-  # ----------------------------------------------------------------------- helpers
   def _write_inputs(self, epoch: int, vectors: np.ndarray, embed_fn: EmbedFn) -> None:
     paths = self._paths(epoch)
-    mining.save_atomic(paths["vectors"], np.asarray(vectors, np.float32))
+    mining.save_atomic(paths.vectors, np.asarray(vectors, np.float32))
     if self.writes_queries:
-      mining.save_atomic(
-        paths["queries"], np.asarray(embed_fn(np.arange(self.num_rows)), np.float32)
-      )
+      mining.save_atomic(paths.queries, np.asarray(embed_fn(np.arange(self.num_rows)), np.float32))
     distributed.barrier(f"negatives: queries of refresh {epoch} written")
 
   def _load(self, epoch: int) -> np.ndarray:
-    path = self._paths(epoch)["out"]
+    path = self._paths(epoch).out
     new = np.load(path, mmap_mode="r")
     lo, hi = self.query_rows
     want = (hi - lo, len(self.shards) * self.schedule.mined_k())
@@ -371,7 +376,7 @@ class HardNegatives:
 
   def _commit(self, epoch: int, new: np.ndarray) -> None:
     # The file replaced goes now (module docstring: no checkpoint resume needs it).
-    path = self._paths(epoch)["out"]
+    path = self._paths(epoch).out
     replaced = [self.current_path, self.previous_path]
     self.current, self.current_path, self.current_epoch = new, path, epoch
     self.previous_path = None
@@ -379,7 +384,6 @@ class HardNegatives:
       if old and old != path and os.path.exists(old):
         os.remove(old)
 
-  # ------------------------------------------------------------------- checkpoints
   def flush(self) -> None:
     """Everything collected up to the last step on disk (before a checkpoint names it)."""
     self.collect_pending()
@@ -454,15 +458,13 @@ class HardNegatives:
 
   def _cleanup_inputs(self, epoch: int) -> None:
     paths = self._paths(epoch)
-    keys = (
-      ("vectors", "queries", "job", "stats") if self.writes_queries else ("vectors", "job", "stats")
-    )
-    for key in keys:
-      for p in (paths[key], paths[key] + ".log"):
+    inputs = [paths.vectors, paths.job, paths.stats] + [paths.queries] * self.writes_queries
+    for path in inputs:
+      for p in (path, path + ".log"):
         if os.path.exists(p):
           os.remove(p)
     # A worker killed mid-mining (SIGKILL, OOM) never removes its N x k temporary output.
-    for p in glob.glob(glob.escape(paths["out"]) + ".tmp-*"):
+    for p in glob.glob(glob.escape(paths.out) + ".tmp-*"):
       os.remove(p)
 
   def finish(self) -> None:
@@ -486,32 +488,6 @@ class HardNegatives:
       "k_r": self.schedule.k_r,
       "tau_s": self.schedule.tau_s,
       "tau_r": self.schedule.tau_r,
-      "index": self.backend,
+      "index": self.index.kind,
       "refreshes": self.refreshes,
     }
-
-
-class _HeldBlocks:
-  """(N, S, h) negatives of which this process holds the rows [lo, hi) of the shard blocks
-  `shard_ids`; the others read -1 (none)."""
-
-  def __init__(
-    self,
-    local: np.ndarray,
-    shard_ids: list,
-    num_shards: int,
-    query_rows: tuple[int, int],
-    num_rows: int,
-  ):
-    self.local, self.shard_ids, self.num_shards = local, shard_ids, num_shards
-    (self.lo, self.hi), self.num_rows = query_rows, num_rows
-
-  def __len__(self) -> int:
-    return self.num_rows
-
-  def __getitem__(self, rows) -> np.ndarray:
-    rows = np.asarray(rows)
-    held = np.nonzero((rows >= self.lo) & (rows < self.hi))[0]
-    out = np.full((len(rows), self.num_shards, self.local.shape[-1]), -1, np.int32)
-    out[np.ix_(held, self.shard_ids)] = np.asarray(self.local[rows[held] - self.lo])
-    return out

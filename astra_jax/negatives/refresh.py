@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +34,29 @@ from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
 from astra_jax.negatives import mining
 from astra_jax.runtime import cpu_budget, tmpnames
+
+
+class RefreshFiles(NamedTuple):
+  """The files of one refresh (the manager's `negatives/` directory)."""
+
+  vectors: str  # (L, d) float32 .npy: the label vectors to index
+  queries: str  # (N, d) float32 .npy: the training queries' embeddings
+  out: str  # (N, k) int32 .npy: the mined negatives
+  stats: str  # JSON: build_s, search_s, recall
+  job: str  # JSON: the RefreshJob
+
+  @classmethod
+  def at(cls, directory: str, queries_dir: str, epoch: int) -> RefreshFiles:
+    """The files of the refresh for `epoch` (queries in `queries_dir`, the rest in
+    `directory`)."""
+    name = lambda kind, ext: os.path.join(directory, f"{kind}_epoch{epoch}.{ext}")
+    return cls(
+      vectors=name("vectors", "npy"),
+      queries=os.path.join(queries_dir, f"queries_epoch{epoch}.npy"),
+      out=name("hard", "npy"),
+      stats=name("stats", "json"),
+      job=name("job", "json"),
+    )
 
 
 @dataclasses.dataclass

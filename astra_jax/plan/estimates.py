@@ -406,7 +406,7 @@ def make_plan(
   layout = layout or NodeLayout(G, G, G)
   S = min(M, layout.gpus_per_process)  # W shards per process
   Pn = layout.processes_per_node
-  index_kind = nc.index if nc.index != "auto" else ("exact" if R <= 50_000 else "scann")
+  index_kind = nc.index.kind if nc.index.kind != "auto" else ("exact" if R <= 50_000 else "scann")
   ds = catalog.DATASETS.get(config.data.get("name", ""))
   lpp = (
     config.data.synthetic.mean_labels
@@ -420,8 +420,8 @@ def make_plan(
   )
   nnz = int(data.num_train * lpp) + (rows - data.num_train) if lpp else None
   if index_kind == "scann":
-    # A grouped build (negatives.scann_group_rows) holds each row in GROUP_SPILL groups.
-    copies = grouped_index.GROUP_SPILL if nc.get("scann_group_rows", 0) else 1
+    # A grouped build (negatives.index.group_rows) holds each row in GROUP_SPILL groups.
+    copies = grouped_index.GROUP_SPILL if nc.index.group_rows else 1
     worker = [
       Item(
         f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {copies * R:,} rows"

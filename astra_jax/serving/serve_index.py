@@ -1,7 +1,7 @@
 """ScaNN over the trained classifier rows W, for prediction.
 
 Built once per exported model with the same deterministic builder the hard-negative miner
-uses (`negatives.index.ScannIndex`), saved with ScaNN's own serialization into
+uses (`ann.index.ScannIndex`), saved with ScaNN's own serialization into
 WORKDIR/model/scann/ (atomically: a temporary directory renamed into place) together with
 `astra_index.json` (the model id and knobs it was built for), and reloaded on the next
 start when those still match. A re-export of the model replaces model/ and with it the

@@ -73,7 +73,7 @@ _SYNTHETIC_ON = "data.synthetic.enabled"
 # computed: a saved config without the key reads as that value (not as a changed run).
 ADDED_KEYS = {
   "data.synthetic.hidden_own_words": 0,
-  "negatives.scann_rows_per_query": 0,
+  "negatives.index.rows_per_query": 0,
   "encoder.matmul_precision": "default",
   "optim.encoder_adam_eps": 1e-8,
   "optim.classifier_momentum": 0.0,
@@ -100,11 +100,30 @@ ADDED_KEYS = {
   "data.synthetic.topic_size": 0,
   "data.synthetic.topic_words": 16,
   "data.synthetic.vocab_per_label": 0.0,
-  "negatives.scann_avq": 0.0,
-  "negatives.scann_soar_lambda": 0.0,
-  "negatives.scann_leaf_rows": 0,
-  "negatives.scann_group_rows": 0,
-  "negatives.scann_leaf_shrink": 0.0,
+  "negatives.index.avq": 0.0,
+  "negatives.index.soar_lambda": 0.0,
+  "negatives.index.leaf_rows": 0,
+  "negatives.index.group_rows": 0,
+  "negatives.index.leaf_shrink": 0.0,
+}
+
+# Keys renamed since runs were recorded: a saved config's old key reads as the new one.
+RENAMED_KEYS = {
+  "negatives.index": "negatives.index.kind",
+  "negatives.scann_leaves": "negatives.index.num_leaves",
+  **{
+    f"negatives.scann_{name}": f"negatives.index.{name}"
+    for name in (
+      "leaves_to_search",
+      "reorder",
+      "rows_per_query",
+      "leaf_rows",
+      "leaf_shrink",
+      "group_rows",
+      "avq",
+      "soar_lambda",
+    )
+  },
 }
 
 
@@ -138,7 +157,8 @@ def has_complete_step(workdir: str) -> bool:
 def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
   """(flattened key, saved value, new value) where two configs' JSON differ, FREE_KEYS
   aside."""
-  saved, now = {**ADDED_KEYS, **_flat(saved)}, _flat(now)
+  saved = {RENAMED_KEYS.get(k, k): v for k, v in _flat(saved).items()}
+  saved, now = {**ADDED_KEYS, **saved}, _flat(now)
   # A real-data run does not read the synthetic generator's fields.
   free = (
     FREE_KEYS

@@ -18,6 +18,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.ann.index import IndexKnobs
 from astra_jax.config import base as config_base
 from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
 from astra_jax.evaluation import ann_eval, baselines, final_eval, metrics, ranking
@@ -183,23 +184,6 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
     )
 
 
-def refresh_index_knobs(config: ml_collections.ConfigDict) -> dict:
-  """The ScaNN knobs a refresh builds with (`index.scann_defaults`' keywords; zeros and
-  partitioner options left at 0 mean "scaled to L" and "off")."""
-  nc = config.negatives
-  return {
-    "num_leaves": nc.scann_leaves,
-    "leaves_to_search": nc.scann_leaves_to_search,
-    "reorder": nc.scann_reorder,
-    "rows_per_query": nc.scann_rows_per_query,
-    "leaf_rows": nc.scann_leaf_rows,
-    "group_rows": nc.scann_group_rows,
-    "leaf_shrink": nc.scann_leaf_shrink,
-    "avq": nc.scann_avq or None,
-    "soar_lambda": nc.scann_soar_lambda or None,
-  }
-
-
 def make_hard_negatives(
   config: ml_collections.ConfigDict,
   schedule: NegativeSchedule,
@@ -219,11 +203,10 @@ def make_hard_negatives(
     workdir if jax.process_count() == 1 else os.path.join(workdir, f"process{jax.process_index()}"),
     data.train_labels,
     dim,
-    nc.index,
-    refresh_index_knobs(config),
-    nc.recall_sample,
-    config.train.seed,
-    nc.inject_fault,
+    index=IndexKnobs.from_config(nc.index),
+    recall_sample=nc.recall_sample,
+    seed=config.train.seed,
+    inject_fault=nc.inject_fault,
     shards=sampler.shard_bounds[local_shards].tolist(),
     shard_ids=local_shards,
     num_shards=mesh.shape["model"],
