@@ -18,7 +18,7 @@ from flax import nnx
 from astra_jax.model import factory
 from astra_jax.parallel import sharding
 from astra_jax.runtime.errors import InputError
-from astra_jax.training import checkpoint, optim, steps, train
+from astra_jax.training import checkpoint, optim, run_config, steps, train
 
 
 def _start(demo, workdir, data_dir):
@@ -179,28 +179,28 @@ def _templates(c, mesh, rows):
 
 def test_a_workdir_with_another_config_is_refused(tmp_path, small_synthetic):
   c = small_synthetic()
-  checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+  run_config.check_config(str(tmp_path), json.loads(c.to_json()))
   c.data.dir = "elsewhere"  # the first run stopped before training (e.g. no data): accepted
-  checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+  run_config.check_config(str(tmp_path), json.loads(c.to_json()))
   assert json.loads((tmp_path / "config.json").read_text())["data"]["dir"] == "elsewhere"
   (tmp_path / "checkpoints" / "40").mkdir(parents=True)  # now it has trained
   c.negatives.k_r = 99
   c.train.log_every_steps = 7  # free to change
   with pytest.raises(InputError, match=r"config.json: .*negatives.k_r: 256 -> 99"):
-    checkpoint.check_config(str(tmp_path), json.loads(c.to_json()))
+    run_config.check_config(str(tmp_path), json.loads(c.to_json()))
 
 
 def test_synthetic_data_of_another_generator_is_another_run(tmp_path, small_synthetic):
   c = small_synthetic()
   saved = json.loads(c.to_json())
   del saved["data"]["synthetic"]["generator"]  # a run on the first generator's data
-  diff = checkpoint.config_diff(saved, json.loads(c.to_json()))
+  diff = run_config.config_diff(saved, json.loads(c.to_json()))
   assert [k for k, _, _ in diff] == ["data.synthetic.generator"]
   # A real-data run reads none of the generator's fields: they bind nothing there.
   saved["data"]["synthetic"]["enabled"] = False
   c.data.synthetic.enabled = False
   c.data.synthetic.num_labels += 1
-  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
+  assert run_config.config_diff(saved, json.loads(c.to_json())) == []
 
 
 def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(
@@ -209,13 +209,13 @@ def test_a_config_recorded_before_a_key_was_added_reads_as_its_old_behaviour(
   c = small_synthetic()
   saved = json.loads(c.to_json())
   del saved["data"]["synthetic"]["hidden_own_words"]  # recorded before the key existed
-  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == []
+  assert run_config.config_diff(saved, json.loads(c.to_json())) == []
   c.data.synthetic.hidden_own_words = 1  # other data: another run
-  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
+  assert run_config.config_diff(saved, json.loads(c.to_json())) == [
     ("data.synthetic.hidden_own_words", 0, 1)
   ]
   del saved["optim"]["classifier_momentum"]  # a run recorded without it had none
-  assert checkpoint.config_diff(saved, json.loads(c.to_json())) == [
+  assert run_config.config_diff(saved, json.loads(c.to_json())) == [
     ("data.synthetic.hidden_own_words", 0, 1)
   ]
 

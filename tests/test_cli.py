@@ -164,7 +164,7 @@ def _record(level: int, pathname: str) -> logging.LogRecord:
 
 
 def test_console_keeps_our_info_lines_and_every_warning():
-  ours = os.path.join(REPO, "astra_jax", "train.py")
+  ours = os.path.join(REPO, "astra_jax", "training", "train.py")
   orbax = "/venv/lib/python3.11/site-packages/orbax/checkpoint/checkpoint_manager.py"
   keep = cli.OwnInfoOnly().filter
   assert keep(_record(logging.INFO, ours)) and keep(_record(logging.WARNING, ours))

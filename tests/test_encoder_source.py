@@ -69,9 +69,10 @@ def test_minilm_only_when_asked(tmp_path, monkeypatch):
   c = _paper_config(tmp_path, monkeypatch)
   assert c.encoder.hf_dir == str(tmp_path / "msmarco-distilbert-base-v4")
   with pytest.raises(InputError, match="the paper's encoder"):
-    config_base.validate(c)
+    config_base.check_inputs(c)
   c.encoder.hf_dir = "all-MiniLM-L6-v2"  # the explicit override; the tokenizer follows
   assert c.data.tokenizer_dir == "all-MiniLM-L6-v2"
+  encoder_source.check(c.encoder)
   config_base.validate(c)
 
 
@@ -85,8 +86,9 @@ def test_config_without_weights_is_an_error_unless_load_weights_false(tmp_path, 
     match=r"has config.json but no model.safetensors.*"
     r"--config.encoder.load_weights=False",
   ):
-    config_base.validate(c)
+    config_base.check_inputs(c)
   c.encoder.load_weights = False
+  encoder_source.check(c.encoder)
   config_base.validate(c)
   assert encoder_source.identity(c.encoder, 7).weights_sha256 is None
 
@@ -106,4 +108,15 @@ def test_identity_records_the_weights_hash(tmp_path):
   os.utime(weights, ns=(1, 1))
   assert encoder_source.identity(ec, 1).weights_sha256 == hashlib.sha256(b"other bytes").hexdigest()
   tiny = ml_collections.ConfigDict({"hf_dir": "", "load_weights": True})
-  assert encoder_source.identity(tiny, 5) == ("tiny random BERT", "", 5, None)
+  assert encoder_source.identity(tiny, 5) == ("bert", "bert, randomly initialised", "", 5, None)
+  # An n-gram bag reads no weights from hf_dir (only its tokenizer): it is named as what ran.
+  bag = ml_collections.ConfigDict(
+    {"arch": "ngram_bag", "hf_dir": str(tmp_path), "load_weights": True}
+  )
+  assert encoder_source.identity(bag, 3) == (
+    "ngram_bag",
+    "ngram_bag, randomly initialised",
+    "",
+    3,
+    None,
+  )

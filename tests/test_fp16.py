@@ -94,7 +94,7 @@ def test_train_log_counts_skipped_steps_per_window(tmp_path):
 
 
 def test_matmul_precision_is_validated_and_kept_by_old_workdirs():
-  from astra_jax.training import checkpoint
+  from astra_jax.training import run_config
 
   c = config_base.base_config()
   c.data.dir, c.data.tokenizer_dir = "/x", "/y"
@@ -110,4 +110,4 @@ def test_matmul_precision_is_validated_and_kept_by_old_workdirs():
   saved = json.loads(config_base.base_config().to_json())
   del saved["encoder"]["matmul_precision"], saved["train"]["hang_timeout_s"]
   del saved["negatives"]["refresh_threads"], saved["eval"]["progress_rows"]
-  assert checkpoint.config_diff(saved, now) == []
+  assert run_config.config_diff(saved, now) == []

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from astra_jax import plan
+from astra_jax.ann.index import IndexKnobs
 from astra_jax.config import base as config_base
 from astra_jax.data import catalog
 from astra_jax.model import factory
@@ -283,7 +284,7 @@ def test_every_config_loads_and_validates(path):
     if path in PAPER_CONFIGS and variant == "" and not os.path.isdir(c.encoder.hf_dir):
       # Without the paper's encoder: an error, until MiniLM is chosen explicitly.
       with pytest.raises(InputError, match="the paper's encoder .* is not in"):
-        config_base.validate(c)
+        config_base.check_inputs(c)
       c.encoder.hf_dir = "all-MiniLM-L6-v2"
     config_base.validate(c)
     if path in PAPER_CONFIGS:
@@ -390,7 +391,9 @@ def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   assert r["steps"] == 2 * 6 and np.isfinite(r["P@1"]) and r["P@1"] > 0
   # Stand-in rows have at most max_labels positives: k_p keeps all of them.
   assert c.negatives.k_p == c.data.synthetic.max_labels == 48
-  assert r["encoder"]["name"] == "tiny random BERT" and r["encoder"]["weights_sha256"] is None
+  assert (
+    r["encoder"]["name"] == "bert, randomly initialised" and r["encoder"]["weights_sha256"] is None
+  )
   assert r["encoder"]["parameters"] > 0
 
 
@@ -445,9 +448,10 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   # The serving index's partitioner; unigrams for bag-of-words queries; topics of whole groups.
   assert (c.negatives.index.avq, c.negatives.index.soar_lambda) == (1.0, 1.5)
   from astra_jax.ann import index as index_lib
-  from astra_jax.training import train
 
-  params = index_lib.scann_defaults(10_000_000, 32, **train.refresh_index_knobs(c))
+  params = index_lib.scann_defaults(
+    10_000_000, 32, **IndexKnobs.from_config(c.negatives.index).scann_knobs()
+  )
   # Leaves of 2,000 x (10^6 / 10^7)^0.5 = 632 rows: 10^7 // 632 = 15,822, built in groups of
   # 80,000 rows; each searched leaf worth twice its rows with SOAR's copies.
   assert (params.num_leaves, params.avq, params.soar_lambda) == (15_822, 1.0, 1.5)
@@ -456,10 +460,13 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: leaves of
   # round(2,000 x (10^6 / 9,524,976)^0.5) = 648 rows, 9,524,976 // 648 = 14,699 of them,
   # each shard's own leaf size as if it were the whole index.
-  half = index_lib.scann_defaults(19_049_952 // 2, 32, **train.refresh_index_knobs(c))
+  half = index_lib.scann_defaults(
+    19_049_952 // 2, 32, **IndexKnobs.from_config(c.negatives.index).scann_knobs()
+  )
   assert half.num_leaves == 14_699
   assert half.num_leaves_to_search == math.ceil(256_000 / (2 * 9_524_976 / 14_699))
-  assert train.refresh_index_knobs(load_config("experiments/demo.py"))["avq"] is None
+  demo = load_config("experiments/demo.py")
+  assert IndexKnobs.from_config(demo.negatives.index).scann_knobs()["avq"] is None
   assert c.encoder.ngram.orders == 1
   assert s.topic_size % s.group_size == 0 and s.topic_words >= 3  # a group takes 3 words
   assert (c.mesh.data, c.mesh.model) == (1, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import NamedTuple
 
 import numpy as np
 from absl import logging
@@ -108,17 +109,52 @@ def _require(path: str, hint: str = "") -> str:
   return path
 
 
-def load(data_cfg, cache_dir: str | None = None) -> XCData:
-  """Loads (and tokenizes, cached) the dataset a `config.data` describes."""
-  d = data_cfg.dir
-  hint = data_cfg.get("missing_hint", "")
-  need = lambda path: _require(path, hint)
+class DatasetFiles(NamedTuple):
+  """The files of a dataset directory in one of the LAYOUTS."""
+
+  layout: str
+  train_texts: str
+  test_texts: str
+  label_texts: str  # may not exist (label texts are optional)
+  train_labels: str  # trn_X_Y.txt; the json layout: the train texts themselves
+  test_labels: str
+
+
+def dataset_files(data_cfg) -> DatasetFiles:
+  """The dataset's files, each required one checked.
+
+  Raises:
+    MissingDataError: the layout is not found, or one of its required files is missing
+      (with the config's `data.missing_hint`).
+    InputError: an unknown `data.layout`.
+  """
+  d, hint = data_cfg.dir, data_cfg.get("missing_hint", "")
   layout = data_cfg.layout if data_cfg.layout != "auto" else detect_layout(d, hint)
   if layout not in LAYOUTS:
     raise InputError(f"config.data.layout={layout!r}; use auto, {', '.join(LAYOUTS)}")
   trn_x, tst_x, lbl_x = (os.path.join(d, f) for f in LAYOUTS[layout])
-  need(trn_x), need(tst_x)
-  cache_dir = cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache")
+  if layout == "json":
+    files = DatasetFiles(layout, trn_x, tst_x, lbl_x, trn_x, tst_x)
+    required = (trn_x, tst_x, lbl_x)
+  else:
+    trn_y, tst_y = os.path.join(d, "trn_X_Y.txt"), os.path.join(d, "tst_X_Y.txt")
+    files = DatasetFiles(layout, trn_x, tst_x, lbl_x, trn_y, tst_y)
+    required = (trn_x, tst_x, trn_y, tst_y)
+  for path in required:
+    _require(path, hint)
+  return files
+
+
+def missing_files(data_cfg) -> list[str]:
+  """What `load` would find missing, one message each with what to do (empty: nothing)."""
+  try:
+    dataset_files(data_cfg)
+  except MissingDataError as e:
+    return [str(e)]
+  return []
+
+
+def _writable_cache_dir(cache_dir: str) -> str:
   try:
     os.makedirs(cache_dir, exist_ok=True)
     probe = os.path.join(cache_dir, f".write-test-{tmpnames.unique_suffix()}")
@@ -127,78 +163,122 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     raise InputError(
       f"cache directory {cache_dir} is not writable; set --config.data.cache_dir"
     ) from None
+  return cache_dir
 
-  # Labels: binary caches built once (label_cache), then memory-mapped.
-  if layout == "json":
-    lbl_texts_path = need(lbl_x)
-    num_labels = sum(1 for _ in xc_lines.numbered_lines(lbl_texts_path))
-    train_labels = label_cache.cached_labels(trn_x, cache_dir, json_num_labels=num_labels)
-    test_labels = label_cache.cached_labels(tst_x, cache_dir, json_num_labels=num_labels)
-  else:
-    trn_y = need(os.path.join(d, "trn_X_Y.txt"))
-    train_labels = label_cache.cached_labels(trn_y, cache_dir)
-    num_labels = train_labels.num_cols
-    test_labels = label_cache.cached_labels(
-      need(os.path.join(d, "tst_X_Y.txt")), cache_dir, num_labels
+
+def _label_rows(files: DatasetFiles, cache_dir: str) -> tuple[SparseRows, SparseRows, int]:
+  """(training label rows, test label rows, L), from binary caches built once."""
+  if files.layout == "json":
+    num_labels = sum(1 for _ in xc_lines.numbered_lines(files.label_texts))
+    train = label_cache.cached_labels(files.train_labels, cache_dir, json_num_labels=num_labels)
+    test = label_cache.cached_labels(files.test_labels, cache_dir, json_num_labels=num_labels)
+    return train, test, num_labels
+  train = label_cache.cached_labels(files.train_labels, cache_dir)
+  test = label_cache.cached_labels(files.test_labels, cache_dir, train.num_cols)
+  return train, test, train.num_cols
+
+
+def _own_item_pairs(
+  data_cfg, files: DatasetFiles, train_labels: SparseRows, test_labels: SparseRows
+) -> tuple[np.ndarray, np.ndarray]:
+  """(training rows' own-item pairs, test rows' own-item pairs to filter) under
+  `data.filter_self` (empty when off)."""
+  mode = data_cfg.get("filter_self", "off")
+  none = np.zeros((0, 2), np.int64)
+  if mode == "off":
+    return none, none
+  if not os.path.exists(files.label_texts):
+    raise MissingDataError(
+      f"config.data.filter_self={mode} needs label texts at {files.label_texts}"
     )
+  texts = lambda p: xc_format.read_texts(p, use_content=data_cfg.use_content)
+  train_pairs, own, share = self_filter.own_item_pairs(
+    mode,
+    texts(files.train_texts),
+    train_labels,
+    texts(files.test_texts),
+    test_labels,
+    texts(files.label_texts),
+  )
+  logging.info(
+    "data.filter_self=%s: %d training rows' own items are labels (%.1f%% of those pairs "
+    "positives): %s",
+    mode,
+    len(train_pairs),
+    100 * share,
+    f"filtering {len(own)} test rows' own items" if len(own) else "no filter",
+  )
+  return train_pairs, own
 
+
+def load(data_cfg, cache_dir: str | None = None) -> XCData:
+  """Loads (and tokenizes, cached) the dataset a `config.data` describes.
+
+  Args:
+    data_cfg: `config.data`.
+    cache_dir: where the tokenized and label caches go (default: `data.cache_dir`, else
+      `<data.dir>/astra_cache`).
+  Returns:
+    The dataset, training rows with label texts appended under `data.augment_label_text`.
+  Raises:
+    MissingDataError: a file the layout needs is missing.
+    XCFormatError: a file's line does not parse, or the files disagree in rows.
+  """
+  d = data_cfg.dir
+  files = dataset_files(data_cfg)
+  cache_dir = _writable_cache_dir(cache_dir or data_cfg.cache_dir or os.path.join(d, "astra_cache"))
+  train_labels, test_labels, num_labels = _label_rows(files, cache_dir)
   tok = lambda p: tokenize.cached_tokens(
     p, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len, use_content=data_cfg.use_content
   )
-  train_tokens, test_tokens = tok(trn_x), tok(tst_x)
+  train_tokens, test_tokens = tok(files.train_texts), tok(files.test_texts)
+  json_layout = files.layout == "json"
   xc_format.check_same_rows(
-    trn_x, len(train_tokens), "trn_X_Y.txt" if layout != "json" else trn_x, train_labels.num_rows
+    files.train_texts,
+    len(train_tokens),
+    files.train_texts if json_layout else "trn_X_Y.txt",
+    train_labels.num_rows,
   )
   xc_format.check_same_rows(
-    tst_x, len(test_tokens), "tst_X_Y.txt" if layout != "json" else tst_x, test_labels.num_rows
+    files.test_texts,
+    len(test_tokens),
+    files.test_texts if json_layout else "tst_X_Y.txt",
+    test_labels.num_rows,
   )
   label_tokens = None
-  if os.path.exists(lbl_x):
-    label_tokens = tok(lbl_x)
+  if os.path.exists(files.label_texts):
+    label_tokens = tok(files.label_texts)
     if len(label_tokens) != num_labels:
       raise XCFormatError(
-        lbl_x,
+        files.label_texts,
         None,
         f"{len(label_tokens)} label texts but the label matrices have {num_labels} columns",
       )
   filter_path = filter_file_path(d, data_cfg.filter_file)
-  if filter_path:
-    test_filter = xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
-  else:
-    test_filter = np.zeros((0, 2), np.int64)
-  train_self_pairs = np.zeros((0, 2), np.int64)
-  mode = data_cfg.get("filter_self", "off")
-  if mode != "off":
-    if not os.path.exists(lbl_x):
-      raise MissingDataError(f"config.data.filter_self={mode} needs label texts at {lbl_x}")
-    texts = lambda p: xc_format.read_texts(p, use_content=data_cfg.use_content)
-    train_self_pairs, own, share = self_filter.own_item_pairs(
-      mode, texts(trn_x), train_labels, texts(tst_x), test_labels, texts(lbl_x)
-    )
-    logging.info(
-      "data.filter_self=%s: %d training rows' own items are labels (%.1f%% of those pairs "
-      "positives): %s",
-      mode,
-      len(train_self_pairs),
-      100 * share,
-      f"filtering {len(own)} test rows' own items" if len(own) else "no filter",
-    )
+  test_filter = (
+    xc_format.read_filter(filter_path, test_labels.num_rows, num_labels)
+    if filter_path
+    else np.zeros((0, 2), np.int64)
+  )
+  train_self_pairs, own = _own_item_pairs(data_cfg, files, train_labels, test_labels)
+  if len(own):
     test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
-
   pad_id, vocab_size = tokenize.tokenizer_ids(
-    trn_x, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len
+    files.train_texts, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len
   )
   n_orig = train_labels.num_rows
   if data_cfg.augment_label_text:
     if label_tokens is None:
-      raise MissingDataError(f"config.data.augment_label_text needs label texts at {lbl_x}")
+      raise MissingDataError(
+        f"config.data.augment_label_text needs label texts at {files.label_texts}"
+      )
     train_tokens = RowConcat(train_tokens, label_tokens)
     train_labels = WithLabelRows(train_labels)  # label l's text: one row, positive l
   logging.info(
     "dataset %s (%s layout): L=%d, %d train rows (%d with label texts), %d test rows, "
     "%d filter pairs",
     d,
-    layout,
+    files.layout,
     num_labels,
     n_orig,
     train_labels.num_rows,
@@ -206,16 +286,16 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     len(test_filter),
   )
   return XCData(
-    d,
-    num_labels,
-    train_tokens,
-    train_labels,
-    test_tokens,
-    test_labels,
-    label_tokens,
-    test_filter,
-    pad_id,
-    vocab_size,
-    n_orig,
-    train_self_pairs,
+    data_dir=d,
+    num_labels=num_labels,
+    train_tokens=train_tokens,
+    train_labels=train_labels,
+    test_tokens=test_tokens,
+    test_labels=test_labels,
+    label_tokens=label_tokens,
+    test_filter=test_filter,
+    pad_id=pad_id,
+    vocab_size=vocab_size,
+    num_train_original=n_orig,
+    train_self_pairs=train_self_pairs,
   )

@@ -16,7 +16,7 @@ import hashlib
 import os
 from typing import NamedTuple
 
-from astra_jax.model import pretrained
+from astra_jax.model import architectures, pretrained
 from astra_jax.runtime.errors import InputError
 
 MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
@@ -33,7 +33,8 @@ CONVERT_HINT = (
 class EncoderIdentity(NamedTuple):
   """What results.json records about the trained encoder."""
 
-  name: str  # encoder.hf_dir as configured, or "tiny random BERT"
+  architecture: str  # the registered architecture that ran (config.encoder.arch)
+  name: str  # encoder.hf_dir as configured, or "<architecture>, randomly initialised"
   directory: str  # where its config.json (and weights) were read; "" if none
   parameters: int  # trainable parameters, bottleneck included
   weights_sha256: str | None  # of the loaded weights file; None when randomly initialised
@@ -96,12 +97,14 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 
 def identity(encoder_cfg, parameters: int) -> EncoderIdentity:
   """The record of the encoder `check` accepted and factory.build_encoder built."""
-  if not encoder_cfg.hf_dir:
-    return EncoderIdentity("tiny random BERT", "", parameters, None)
+  arch = encoder_cfg.get("arch", "bert")
+  if not encoder_cfg.hf_dir or not architectures.get(arch).loads_hf_weights:
+    return EncoderIdentity(arch, f"{arch}, randomly initialised", "", parameters, None)
   hf_dir = pretrained.resolve(encoder_cfg.hf_dir)
   weights = os.path.join(hf_dir, WEIGHTS_FILE)
   loaded = encoder_cfg.load_weights and os.path.exists(weights)
   return EncoderIdentity(
+    arch,
     encoder_cfg.hf_dir,
     os.path.abspath(hf_dir),
     parameters,

@@ -102,12 +102,12 @@ def stale(run: Run, cached: dict) -> str:
 
     same = cached.get("code") == classifier_bench.code_fingerprint()
     return "" if same else "measured with other classifier-step code"
-  from astra_jax.training import checkpoint
+  from astra_jax.training import run_config
 
   # data.tokenizer_dir is filled in when the run starts
   diff = [
     k
-    for k, _, _ in checkpoint.config_diff(
+    for k, _, _ in run_config.config_diff(
       cached.get("config", {}), json.loads(run.config().to_json())
     )
     if k != "data.tokenizer_dir"

@@ -28,7 +28,8 @@ from astra_jax.runtime.errors import InputError
 
 # What parsing or loading a config file and its overrides raises for a user's mistake.
 _USER_ERRORS = (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# The package directory (astra_jax/): every module under it counts as ours.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 THIRD_PARTY_LOGS = "third_party_logs"
 
 

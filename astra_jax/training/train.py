@@ -20,9 +20,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.index import IndexKnobs
 from astra_jax.config import base as config_base
-from astra_jax.data import dataset, label_subset, synthetic, validation, xc_format
-from astra_jax.evaluation import ann_eval, baselines, final_eval, metrics, ranking
-from astra_jax.model import encoder_source, pretrained
+from astra_jax.data import dataset, label_subset, synthetic, validation
+from astra_jax.evaluation import final_eval, metrics
+from astra_jax.model import pretrained
 from astra_jax.model.embedding import embed, make_embed_fn
 from astra_jax.negatives import strategies
 from astra_jax.negatives.manager import HardNegatives
@@ -30,13 +30,13 @@ from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.negatives.strategies import IndexOver
 from astra_jax.parallel import device_check, sharding
-from astra_jax.runtime import cpu_budget, distributed, faults, host_memory
+from astra_jax.runtime import cpu_budget, distributed, host_memory
 from astra_jax.runtime.errors import InputError
 from astra_jax.runtime.watchdog import HangWatchdog
-from astra_jax.serving.export import save_trained_model
-from astra_jax.training import checkpoint, optim, steps, warmstart
+from astra_jax.training import checkpoint, optim, run_config, steps, warmstart
 from astra_jax.training.encoder_init import start_encoder
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
+from astra_jax.training.results import evaluate_and_export, results_record, write_json
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
 from astra_jax.training.trainer import RunParts, Trainer
@@ -175,7 +175,7 @@ def claim_workdir(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
   refused = None
   try:
-    checkpoint.check_config(workdir, json.loads(config.to_json()), distributed.is_leader())
+    run_config.check_config(workdir, json.loads(config.to_json()), distributed.is_leader())
   except InputError as e:
     refused = e
   if distributed.any_true([refused is not None])[0]:
@@ -343,6 +343,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   context, so that it ends with the run: jit keys its compilations on it); the training
   steps under a hang watchdog (`train.hang_timeout_s`, watchdog.py)."""
   config_base.validate(config)
+  config_base.check_inputs(config)
   precision = config.encoder.matmul_precision
   with (
     jax.default_matmul_precision(None if precision == "default" else precision),
@@ -411,24 +412,26 @@ def _train_and_evaluate(
     config.train.epochs,
   )
   parts = RunParts(
-    config,
-    workdir,
-    data,
-    eval_data,
+    config=config,
+    workdir=workdir,
+    data=data,
+    eval_data=eval_data,
     # Propensities from the original training rows (label-text rows would add 1 to each n_l).
-    metrics.inverse_propensity(
+    inv_prop=metrics.inverse_propensity(
       data.train_labels.head(data.num_train_original),
       config.data.propensity_A,
       config.data.propensity_B,
     ),
-    embed_fn,
-    mesh,
-    batches,
-    hard_negatives,
-    run_steps,
-    StepProfiler(graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh),
-    train_log(config, workdir, batches, total_steps),
-    hang_watchdog,
+    embed_fn=embed_fn,
+    mesh=mesh,
+    batches=batches,
+    hard_negatives=hard_negatives,
+    steps=run_steps,
+    profiler=StepProfiler(
+      graphdef, steps_per_epoch, config.train.epochs, config.train.profile_steps, mesh
+    ),
+    log=train_log(config, workdir, batches, total_steps),
+    hang_watchdog=hang_watchdog,
   )
   trainer = Trainer(parts, state)
 
@@ -453,101 +456,3 @@ def _train_and_evaluate(
     write_json(os.path.join(workdir, "results.json"), results)
   final_eval.clear(workdir)
   return results
-
-
-def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
-  """After training: the final evaluation, the export, the ANN evaluation when asked for
-  and the validation split's; each recorded in the progress log.
-
-  Returns:
-    (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
-    phases {name: [start, end]}).
-  """
-  p = trainer.parts
-  config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
-  params = trainer.state.params
-  t_eval = time.time()
-  final = trainer.final_evaluation()
-  final.update(
-    ranking.diagnostics(
-      p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
-    )
-  )
-  t_export = time.time()
-  with faults.writing(
-    os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
-  ):
-    save_trained_model(workdir, config, encoder_cfg, params, data, final)
-  # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
-  # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
-  phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
-  logging.info(
-    "final evaluation %.1f s, export %.1f s", t_export - t_eval, phase_spans["export"][1] - t_export
-  )
-  ann = None
-  if config.eval.search == "scann":
-    t_ann = time.time()
-    ann = ann_eval.evaluate(workdir, data, config, p.inv_prop, trainer.final_rows).report(final)
-    phase_spans["ann_evaluation"] = [t_ann, time.time()]
-  if eval_data is not data:
-    val = ranking.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
-    val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
-    trainer.record_eval(config.train.epochs, "validation", val)
-  trainer.record_eval(config.train.epochs, "test", final)
-  return final, ann, phase_spans
-
-
-def results_record(
-  trainer: Trainer,
-  final: dict,
-  ann: dict | None,
-  phase_spans: dict,
-  t_start: float,
-  n_params: int,
-) -> dict:
-  """results.json: the run's size, times, metrics beside the baselines, the negatives'
-  record, the layout, what degraded, and the config."""
-  p, progress = trainer.parts, trainer.progress
-  config, data = p.config, p.data
-  return {
-    "data_dir": os.path.abspath(data.data_dir),
-    "strategy": config.negatives.strategy,
-    "num_labels": data.num_labels,
-    "num_train": data.num_train_original,
-    "num_train_with_label_texts": data.train_labels.num_rows,
-    "num_test": data.test_labels.num_rows,
-    "num_test_evaluated": trainer.final_rows,
-    "epochs": config.train.epochs,
-    "steps": progress.global_step,
-    "train_time_s": round(progress.train_seconds, 2),
-    "skipped_steps": trainer.skipped_steps,
-    "first_step_s": trainer.first_step_s,
-    "matmul_precision": config.encoder.matmul_precision,
-    "total_time_s": round(time.time() - t_start, 2),
-    "phase_spans": phase_spans,
-    "metrics": final,
-    **final,
-    "popularity_baseline": ranking.popularity_baseline(
-      data, config, p.inv_prop, trainer.final_rows
-    ),
-    **(baselines.for_training_run(config) if distributed.is_leader() else {}),
-    "evaluations": progress.evals,
-    "time_breakup": p.profiler.breakup(progress.step_times, config.train.batch_size),
-    "negatives": {**p.hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
-    "device": str(jax.devices()[0].platform),
-    "num_devices": jax.device_count(),
-    "num_processes": jax.process_count(),
-    "mesh": dict(p.mesh.shape),
-    "grad_accum_steps": config.train.grad_accum_steps,
-    "degraded": progress.degraded.to_json(),
-    **({"ann_eval": ann} if ann else {}),
-    "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
-    "config": json.loads(config.to_json()),
-  }
-
-
-def write_json(path: str, record: dict) -> None:
-  """Atomically; a disk error raises faults.DiskFull naming `path`."""
-  text = json.dumps(record, indent=1)
-  with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
-    f.write(text)

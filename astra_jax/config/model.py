@@ -1,0 +1,91 @@
+"""The model's fields: the encoder (`config.encoder`), W's starting rows
+(`config.classifier`) and how the model ranks labels (`config.scoring`)."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from astra_jax.config.require import require
+from astra_jax.model import architectures
+from astra_jax.xc import classifier_init
+
+# encoder.matmul_precision's values, as jax.default_matmul_precision takes them.
+MATMUL_PRECISIONS = ("default", "high", "highest")
+
+
+def add_defaults(c: ml_collections.ConfigDict) -> None:
+  """Adds the sections `encoder`, `classifier`, `scoring` with their defaults."""
+  c.encoder = ml_collections.ConfigDict()
+  # The architecture (astra_jax/model/architectures.py): bert (BERT / DistilBERT, pretrained
+  # from hf_dir or the tiny random one below) | ngram_bag (hashed token n-grams, encoder.ngram).
+  c.encoder.arch = "bert"
+  c.encoder.hf_dir = ""  # dir with config.json (+ model.safetensors); "" = tiny BERT
+  c.encoder.load_weights = True  # load model.safetensors from hf_dir when present
+  # A workdir whose exported model (WORKDIR/model, export.py) gives the encoder's starting
+  # weights; its encoder must have this config's shape. "": none.
+  c.encoder.init_from_workdir = ""
+  c.encoder.hidden_size = 64  # used when hf_dir is empty (random init); ngram_bag's width
+  c.encoder.num_layers = 2
+  c.encoder.num_heads = 2
+  c.encoder.intermediate_size = 128
+  c.encoder.hidden_dropout = 0.1
+  c.encoder.bottleneck_dim = 0  # 64 for very large L (SS datasets)
+  c.encoder.embedding_dropout = 0.5  # the paper's (high) dropout on E(x)
+  c.encoder.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
+  # float32 matmuls (jax_default_matmul_precision): default = the backend's choice, which
+  # on A100/H100 is TF32 (10-bit mantissa inputs); highest = full float32 passes; high
+  # = bf16x3 / TF32-like where the backend has it.
+  c.encoder.matmul_precision = "default"
+  # The ngram_bag encoder: every 1..orders-gram of token ids hashed into hash_buckets vectors.
+  c.encoder.ngram = ml_collections.ConfigDict()
+  c.encoder.ngram.orders = 3
+  c.encoder.ngram.hash_buckets = 1 << 18
+  # > 0: at least the power of two >= this many buckets per token of the tokenizer (then
+  # hash_buckets is a floor), so the share of words that collide does not grow with the
+  # vocabulary: with a fixed table, words of unrelated topics share vectors as L grows.
+  c.encoder.ngram.buckets_per_token = 0
+  c.encoder.ngram.normalize_scale = 10.0  # E(x) scaled to this L2 norm; 0: not normalised
+
+  # W's starting point (astra_jax/xc/classifier_init.py): normal (std
+  # train.classifier_init_std) or label_text (init_scale * E(z_l) / |E(z_l)|, computed with
+  # the encoder as training starts).
+  c.classifier = ml_collections.ConfigDict()
+  c.classifier.init = "normal"
+  c.classifier.init_scale = 1.0
+
+  # How the model ranks labels (astra_jax/xc/score_fusion.py): with label_text_weight = beta > 0,
+  # (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(label_text_scale cos(E(x), E(z_l))), the
+  # label's text similarity mixed in (NGAME's inference); 0: the classifiers alone.
+  c.scoring = ml_collections.ConfigDict()
+  c.scoring.label_text_weight = 0.0
+  c.scoring.label_text_scale = 5.0
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises InputError naming the first bad field of `encoder`, `classifier`, `scoring`."""
+  require(
+    c.encoder.dtype in ("float32", "bfloat16", "float16"),
+    "encoder.dtype",
+    f"unknown dtype {c.encoder.dtype!r}",
+  )
+  require(
+    c.encoder.matmul_precision in MATMUL_PRECISIONS,
+    "encoder.matmul_precision",
+    f"use one of {', '.join(MATMUL_PRECISIONS)}, got {c.encoder.matmul_precision!r}",
+  )
+  classifier_init.validate(c)
+  require(0 <= c.scoring.label_text_weight <= 1, "scoring.label_text_weight", "must be in [0, 1]")
+  require(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
+  require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
+  require(
+    c.encoder.arch in architectures.names(),
+    "encoder.arch",
+    f"unknown {c.encoder.arch!r}; use one of {', '.join(architectures.names())}",
+  )
+  require(
+    c.encoder.ngram.orders >= 1 and c.encoder.ngram.hash_buckets >= 1,
+    "encoder.ngram",
+    "orders and hash_buckets must be >= 1",
+  )
+  require(c.encoder.ngram.buckets_per_token >= 0, "encoder.ngram.buckets_per_token", "must be >= 0")
+  require(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")

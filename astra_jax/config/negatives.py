@@ -1,0 +1,122 @@
+"""The negatives' fields (`config.negatives`): the strategy, k_p, k_h and k_r, the refresh
+schedule (tau_s, tau_r) and the refresh index (`negatives.index`, ann/index.py's IndexKnobs)."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from astra_jax.config.require import require
+from astra_jax.negatives import strategies
+from astra_jax.negatives.strategies import HardShare
+
+
+def add_defaults(c: ml_collections.ConfigDict) -> None:
+  """Adds the sections `negatives` with their defaults."""
+  c.negatives = ml_collections.ConfigDict()
+  c.negatives.strategy = "random+w_hard"  # ASTRA; see astra_jax/negatives/strategies.py
+  c.negatives.k_p = 7  # positives per query (padded with a mask)
+  c.negatives.k_h = 50  # hard negatives per query
+  c.negatives.k_r = 400  # random negatives per query (per W shard)
+  # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw of
+  # k_r serves the whole batch (a B x k_r matmul, B times fewer rows gathered, but every
+  # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates; README)
+  c.negatives.random_draws = "per_query"
+  c.negatives.tau_s = 5  # first epoch with hard negatives
+  c.negatives.tau_r = 5  # epochs between index refreshes
+  # The refresh's index over each W shard (ann/index.py, `IndexKnobs`): its kind, and
+  # overrides of `index.scann_defaults` (0: scaled to L, or off). docs/scale.md says when
+  # to set which.
+  c.negatives.index = ml_collections.ConfigDict()
+  c.negatives.index.kind = "auto"  # auto (exact up to 50k labels, else scann) | exact | scann
+  c.negatives.index.num_leaves = 0  # 0: scaled to L (2 sqrt(L))
+  c.negatives.index.leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
+  c.negatives.index.reorder = 0  # 0: max(20 k, 1000)
+  c.negatives.index.rows_per_query = 0  # > 0: rows a query scores, whatever L
+  c.negatives.index.leaf_rows = 0  # > 0: leaves of this many rows in every shard
+  c.negatives.index.leaf_shrink = 0.0  # > 0: leaves shrink as (10^6 / shard rows)^this
+  c.negatives.index.group_rows = 0  # > 0: built in groups of this many rows
+  c.negatives.index.avq = 0.0  # > 0: anisotropic leaf centres at this eta
+  c.negatives.index.soar_lambda = 0.0  # > 0: SOAR's second copy of each row at this lambda
+  c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
+  # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
+  # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
+  c.negatives.refresh_threads = 0
+  # A refresh that fails (worker error, kill, out of memory): "continue" trains on with the
+  # previous (or random) negatives, a warning every epoch it is missing and counts in
+  # results.json's "degraded"; "fail" stops the run in one line (a rerun retries it).
+  c.negatives.on_refresh_failure = "continue"
+  c.negatives.curriculum_final_hard_fraction = 0.5
+  c.negatives.inject_fault = ""  # tests only: "raise" or "kill" fails the first refresh
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises InputError naming the first bad field of `negatives`."""
+  strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
+  require(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
+  require(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
+  if strategy.allows_hard_only:
+    # k_r = 0: hard negatives only, the paper's Figure 1 oracle and stale strategy (the
+    # estimator then has no random term: the biased hard-only objective).
+    require(c.negatives.k_r >= 0, "negatives.k_r", f"must be >= 0, got {c.negatives.k_r}")
+    require(
+      c.negatives.k_h + c.negatives.k_r >= 1,
+      "negatives.k_h",
+      f"k_h + k_r must be >= 1 (negatives per query), got {c.negatives.k_h} + {c.negatives.k_r}",
+    )
+  else:
+    require(
+      c.negatives.k_r >= 1,
+      "negatives.k_r",
+      f"must be >= 1, got {c.negatives.k_r} (0 only with strategy "
+      f"{', '.join(strategies.names(lambda s: s.allows_hard_only))}: hard negatives alone)",
+    )
+  if strategy.hard_share is HardShare.CURRICULUM:
+    # The hard share rises from k_h / (k_h + k_r) at tau_s: the batches keep k_r random
+    # columns, and the total per query stays k_h + k_r.
+    first = c.negatives.k_h / (c.negatives.k_h + c.negatives.k_r)
+    require(
+      first <= c.negatives.curriculum_final_hard_fraction <= 1,
+      "negatives.curriculum_final_hard_fraction",
+      f"must be in [k_h / (k_h + k_r) = {first:.3g}, 1] (the curriculum's hard share "
+      f"rises from there), got {c.negatives.curriculum_final_hard_fraction}",
+    )
+  require(
+    c.negatives.random_draws in ("per_query", "shared"),
+    "negatives.random_draws",
+    f"use per_query or shared, got {c.negatives.random_draws!r}",
+  )
+  require(
+    c.negatives.index.kind in ("auto", "exact", "scann"),
+    "negatives.index.kind",
+    f"unknown index {c.negatives.index.kind!r}; use auto, exact or scann",
+  )
+  require(
+    c.negatives.index.rows_per_query >= 0,
+    "negatives.index.rows_per_query",
+    f"must be >= 0 (0: a third of the leaves), got {c.negatives.index.rows_per_query}",
+  )
+  require(
+    c.negatives.index.leaf_shrink >= 0,
+    "negatives.index.leaf_shrink",
+    f"must be >= 0 (0: leaves of one size), got {c.negatives.index.leaf_shrink}",
+  )
+  require(
+    c.negatives.index.group_rows >= 0,
+    "negatives.index.group_rows",
+    f"must be >= 0 (0: one index per W shard), got {c.negatives.index.group_rows}",
+  )
+  require(
+    c.negatives.refresh_threads >= 0,
+    "negatives.refresh_threads",
+    "must be >= 0 (0: the task's CPUs less the input threads)",
+  )
+  require(
+    c.negatives.inject_fault in ("", "raise", "kill"),
+    "negatives.inject_fault",
+    "use '', 'raise' or 'kill'",
+  )
+  require(
+    c.negatives.on_refresh_failure in ("continue", "fail"),
+    "negatives.on_refresh_failure",
+    f"must be continue or fail, got {c.negatives.on_refresh_failure!r}",
+  )

@@ -1,0 +1,127 @@
+"""The training fields: the optimizer (`config.optim`), the warm-start stage
+(`config.warmstart`), the loop (`config.train`), the device mesh (`config.mesh`) and
+checkpoints (`config.checkpoint`)."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from astra_jax.config.require import require
+from astra_jax.negatives import strategies
+
+
+def add_defaults(c: ml_collections.ConfigDict) -> None:
+  """Adds the sections `optim`, `warmstart`, `train`, `mesh`, `checkpoint` with their defaults."""
+  c.optim = ml_collections.ConfigDict()
+  c.optim.encoder_lr = 1e-4
+  c.optim.classifier_lr = 0.05
+  c.optim.warmup_steps = 3000
+  c.optim.encoder_weight_decay = 0.0
+  c.optim.encoder_adam_eps = 1e-8  # the paper configs take Renee's 1e-6 (paper_configs.py)
+  c.optim.classifier_weight_decay = 1e-4
+  # SGD momentum beta of the classifier, weight decay inside it (torch's SGD; optim.py). The
+  # sparse update does it at the cost of the rows a step touches (sparse_momentum.py);
+  # its state is a velocity as large as W. 0: plain SGD + decay (W = scale * V).
+  c.optim.classifier_momentum = 0.0
+  c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
+  c.optim.grad_clip_norm = 0.0
+  # Loss scaling for float16 compute: 0 = dynamic (start 2^15, halve on overflow and skip
+  # the update, double after 2000 good steps) when encoder.dtype=float16, off otherwise;
+  # > 0 = that static scale.
+  c.optim.loss_scale = 0.0
+
+  # An optional first stage (astra_jax/training/warmstart.py, NGAME's stage 1): the encoder alone,
+  # trained on (query, positive label text) pairs with in-batch negatives, before W exists.
+  c.warmstart = ml_collections.ConfigDict()
+  c.warmstart.epochs = 0  # 0: no warm start
+  c.warmstart.batch_size = 256  # pairs per step (the in-batch negatives)
+  c.warmstart.lr = 1e-3  # Adam, linear warmup then cosine decay to 0
+  c.warmstart.warmup_steps = 100
+  c.warmstart.inverse_temperature = 20.0  # logits = this x cosine similarity
+
+  c.train = ml_collections.ConfigDict()
+  c.train.epochs = 10
+  c.train.batch_size = 256  # global batch (all devices, all accumulation steps)
+  c.train.grad_accum_steps = 1  # micro-batches per update (batch_size / this each)
+  c.train.seed = 0
+  c.train.log_every_steps = 50
+  c.train.eval_every_epochs = 0  # 0: evaluate at the end only
+  c.train.profile_steps = 20  # steps timed phase by phase for the time break-up
+  c.train.prefetch = 4  # batches prepared ahead of the step
+  c.train.input_threads = 2  # threads preparing them (a fast GPU: more; README)
+  c.train.classifier_init_std = 0.02
+  c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
+  c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
+  # A step (or a collective inside one) that makes no progress for this long ends the
+  # process with every thread's stack (astra_jax/runtime/watchdog.py): a stuck rank would otherwise
+  # hold the whole job until its time limit. 0: no watchdog.
+  c.train.hang_timeout_s = 1800.0
+
+  # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
+  # device the model axis leaves. W's rows are split over 'model'.
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1
+  c.mesh.model = 1
+  # Multi-process runs (one process per GPU): auto = jax.distributed.initialize() when the
+  # environment says so (SLURM with more than one task, or JAX_COORDINATOR_ADDRESS set).
+  c.mesh.distributed = "auto"  # auto | on | off
+
+  # Checkpoints (orbax) in <workdir>/checkpoints: at every epoch end, every `every_steps`
+  # steps and every `every_minutes` minutes (0 = not by that rule), and on SIGTERM/SIGINT.
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.enabled = True
+  c.checkpoint.every_steps = 0
+  c.checkpoint.every_minutes = 30.0
+  c.checkpoint.keep = 3  # the last N, plus the best by P@5 (periodic evals)
+
+
+def validate(c: ml_collections.ConfigDict) -> None:
+  """Raises InputError naming the first bad field of `optim`, `warmstart`, `train`, `mesh`
+  and `checkpoint`."""
+  strategy = strategies.get(c.negatives.strategy)
+  for field in (
+    "train.batch_size",
+    "train.grad_accum_steps",
+    "train.log_every_steps",
+    "train.input_threads",
+    "eval.batch_size",
+    "checkpoint.keep",
+  ):
+    section, name = field.split(".")
+    require(c[section][name] >= 1, field, f"must be >= 1, got {c[section][name]}")
+  require(
+    c.optim.classifier_update in ("sparse", "dense"),
+    "optim.classifier_update",
+    f"use sparse or dense, got {c.optim.classifier_update!r}",
+  )
+  require(
+    0 <= c.optim.classifier_momentum < 1,
+    "optim.classifier_momentum",
+    f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}",
+  )
+  require(c.train.epochs >= 1, "train.epochs", "must be >= 1")
+  dense = c.optim.classifier_update == "dense" or strategy.dense_update_only
+  require(
+    not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
+    "encoder.dtype",
+    "float16 needs loss scaling, which only the sparse step does; the "
+    "dense update (optim.classifier_update=dense, or a dense-only strategy: "
+    + ", ".join(strategies.names(lambda s: s.dense_update_only))
+    + ") runs in "
+    "float32 or bfloat16",
+  )
+  require(
+    c.optim.classifier_lr * c.optim.classifier_weight_decay < 1,
+    "optim.classifier_weight_decay",
+    f"classifier_lr x classifier_weight_decay = "
+    f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
+    "by 1 - lr wd <= 0",
+  )
+  require(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
+  require(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
+  require(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")
+  require(
+    c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0,
+    "warmstart",
+    "lr and inverse_temperature must be > 0",
+  )

@@ -1,0 +1,116 @@
+"""After training: the final evaluation, the export, the ANN and validation evaluations, and
+the results.json record."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+from absl import logging
+
+from astra_jax.data import xc_format
+from astra_jax.evaluation import ann_eval, baselines, ranking
+from astra_jax.model import encoder_source
+from astra_jax.runtime import distributed, faults
+from astra_jax.serving.export import save_trained_model
+from astra_jax.training.trainer import Trainer
+
+
+def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
+  """After training: the final evaluation, the export, the ANN evaluation when asked for
+  and the validation split's; each recorded in the progress log.
+
+  Returns:
+    (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
+    phases {name: [start, end]}).
+  """
+  p = trainer.parts
+  config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
+  params = trainer.state.params
+  t_eval = time.time()
+  final = trainer.final_evaluation()
+  final.update(
+    ranking.diagnostics(
+      p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
+    )
+  )
+  t_export = time.time()
+  with faults.writing(
+    os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
+  ):
+    save_trained_model(workdir, config, encoder_cfg, params, data, final)
+  # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
+  # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
+  phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
+  logging.info(
+    "final evaluation %.1f s, export %.1f s", t_export - t_eval, phase_spans["export"][1] - t_export
+  )
+  ann = None
+  if config.eval.search == "scann":
+    t_ann = time.time()
+    ann = ann_eval.evaluate(workdir, data, config, p.inv_prop, trainer.final_rows).report(final)
+    phase_spans["ann_evaluation"] = [t_ann, time.time()]
+  if eval_data is not data:
+    val = ranking.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
+    val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
+    trainer.record_eval(config.train.epochs, "validation", val)
+  trainer.record_eval(config.train.epochs, "test", final)
+  return final, ann, phase_spans
+
+
+def results_record(
+  trainer: Trainer,
+  final: dict,
+  ann: dict | None,
+  phase_spans: dict,
+  t_start: float,
+  n_params: int,
+) -> dict:
+  """results.json: the run's size, times, metrics beside the baselines, the negatives'
+  record, the layout, what degraded, and the config."""
+  p, progress = trainer.parts, trainer.progress
+  config, data = p.config, p.data
+  return {
+    "data_dir": os.path.abspath(data.data_dir),
+    "strategy": config.negatives.strategy,
+    "num_labels": data.num_labels,
+    "num_train": data.num_train_original,
+    "num_train_with_label_texts": data.train_labels.num_rows,
+    "num_test": data.test_labels.num_rows,
+    "num_test_evaluated": trainer.final_rows,
+    "epochs": config.train.epochs,
+    "steps": progress.global_step,
+    "train_time_s": round(progress.train_seconds, 2),
+    "skipped_steps": trainer.skipped_steps,
+    "first_step_s": trainer.first_step_s,
+    "matmul_precision": config.encoder.matmul_precision,
+    "total_time_s": round(time.time() - t_start, 2),
+    "phase_spans": phase_spans,
+    "metrics": final,
+    **final,
+    "popularity_baseline": ranking.popularity_baseline(
+      data, config, p.inv_prop, trainer.final_rows
+    ),
+    **(baselines.for_training_run(config) if distributed.is_leader() else {}),
+    "evaluations": progress.evals,
+    "time_breakup": p.profiler.breakup(progress.step_times, config.train.batch_size),
+    "negatives": {**p.hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
+    "device": str(jax.devices()[0].platform),
+    "num_devices": jax.device_count(),
+    "num_processes": jax.process_count(),
+    "mesh": dict(p.mesh.shape),
+    "grad_accum_steps": config.train.grad_accum_steps,
+    "degraded": progress.degraded.to_json(),
+    **({"ann_eval": ann} if ann else {}),
+    "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
+    "config": json.loads(config.to_json()),
+  }
+
+
+def write_json(path: str, record: dict) -> None:
+  """Atomically; a disk error raises faults.DiskFull naming `path`."""
+  text = json.dumps(record, indent=1)
+  with faults.writing(path, len(text)), xc_format.atomic_text_writer(path) as f:
+    f.write(text)
