@@ -6,24 +6,16 @@ no flags.
 Layer 12 of 13: may import the layers 1-11.
 """
 
+from astra_jax.plan.disk import PARSE_PEAK_BYTES
 from astra_jax.plan.estimates import (
-  GPUS,
-  PARSE_PEAK_BYTES,
-  DataSize,
-  Item,
-  NodeLayout,
-  Plan,
-  activation_bytes,
-  data_size,
-  encoder_param_count,
-  encoder_shape,
   make_plan,
   plan_config,
-  resident,
   resolve_layout,
   resolve_mesh,
   suggest,
 )
+from astra_jax.plan.inputs import activation_bytes, data_size, encoder_param_count, encoder_shape
+from astra_jax.plan.records import GPUS, DataSize, Item, NodeLayout, Plan, resident
 from astra_jax.plan.report import format_plan
 
 __all__ = [

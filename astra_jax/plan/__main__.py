@@ -19,7 +19,8 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-from astra_jax.plan.estimates import GPUS, plan_config
+from astra_jax.plan.estimates import plan_config
+from astra_jax.plan.records import GPUS
 from astra_jax.plan.report import format_plan
 from astra_jax.runtime import cli
 

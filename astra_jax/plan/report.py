@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from astra_jax.plan.estimates import GPUS, USABLE_FRACTION, GiB, Plan, resident
+from astra_jax.plan.records import GPUS, USABLE_FRACTION, GiB, Plan, resident
 
 
 def _gib(n: int) -> str:

@@ -1,0 +1,154 @@
+"""What the hosts hold in training: a refresh worker's and a training process's memory,
+and a node's, where the files every process maps (label cache, token memmaps) count once
+and each process's own files once per process."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from astra_jax.ann import grouped_index
+from astra_jax.plan.quantities import Quantities
+from astra_jax.plan.records import Item, resident
+
+
+class HostItems(NamedTuple):
+  """A node's memory in training, by process kind, and what the estimate leaves out."""
+
+  worker: list[Item]  # a refresh worker process
+  trainer: list[Item]  # a training process
+  node: list[Item]  # the node: every process and worker, shared files once
+  notes: list[str]
+
+
+def _worker_items(q: Quantities, copies: int) -> list[Item]:
+  R, d, S, mined, own_rows, rows = q.R, q.d, q.S, q.mined, q.own_rows, q.rows
+  if q.index_kind == "scann":
+    worker = [
+      Item(
+        f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {copies * R:,} rows"
+        + (f", each row in {copies} groups)" if copies > 1 else ")"),
+        2 * copies * R * d * 4,
+        f"2 x {copies} x W shard" if copies > 1 else "2 x W shard",
+      )
+    ]
+  else:
+    worker = [
+      Item(
+        f"exact index ({R:,} rows + one 4096-query score block)",
+        R * d * 4 + 4096 * R * 4 * 2,
+        "W shard + 2 x 4096 x rows x 4",
+      )
+    ]
+  return worker + [
+    Item("W snapshot of one shard (loaded)", R * d * 4, "W shard"),
+    Item(
+      f"mined hard negatives being written ({own_rows:,} x {S} x {mined} int32)",
+      q.negatives_own,
+      "N x its data groups / data x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"query embeddings (the run's one file, {rows:,} x {d} fp32)",
+      q.collection,
+      "N x d x 4",
+      paged=True,
+    ),
+  ]
+
+
+def _trainer_items(q: Quantities) -> list[Item]:
+  R, d, S, mined, own_rows, rows = q.R, q.d, q.S, q.mined, q.own_rows, q.rows
+  return [
+    Item(
+      f"W rows of its {S} shard(s) copied for a refresh's snapshot",
+      S * R * d * 4,
+      "shards per process x W shard",
+    ),
+    Item(
+      f"hard negatives in use ({own_rows:,} x {S} x {mined} int32)",
+      q.negatives_own,
+      "N x its data groups / data x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"query embeddings being collected ({rows:,} x {d} fp32, process 0 writes them)",
+      q.collection,
+      "N x d x 4",
+      paged=True,
+    ),
+  ]
+
+
+def host_items(config, q: Quantities) -> HostItems:
+  """A refresh worker's, a training process's and a node's memory (module docstring)."""
+  rows, T, Pn = q.rows, q.T, q.Pn
+  notes = []
+  # A grouped build (negatives.index.group_rows) holds each row in GROUP_SPILL groups.
+  copies = grouped_index.GROUP_SPILL if config.negatives.index.group_rows else 1
+  worker = _worker_items(q, copies)
+  trainer = _trainer_items(q)
+  tokens = Item(
+    f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4, "N x T x 4", paged=True
+  )
+  trainer.insert(0, tokens)
+  label_cache = Item(
+    f"training label matrix (label cache, ~{q.nnz_file:,} pairs)",
+    q.label_cache_bytes,
+    "(N + 1) x 8 + nnz x 4 + L x 4",
+    paged=True,
+  )
+  if q.nnz:
+    worker.append(
+      dataclasses.replace(
+        label_cache, name=f"training positives (label cache, ~{q.nnz_file:,} pairs)"
+      )
+    )
+    trainer.insert(0, label_cache)
+  else:
+    notes.append(
+      "the label matrix is not counted (labels per point unknown): its cache, "
+      "(N + 1) x 8 + nnz x 4 + L x 4 bytes, is mapped once per node"
+    )
+
+  # A node in training: each process's and worker's own memory, each process's own files,
+  # and the files every process maps (label cache, token memmaps) once.
+  per = f"x {Pn} process{'es' if Pn > 1 else ''}"
+  node = [
+    Item(
+      f"training processes' resident memory ({per})",
+      Pn * resident(trainer),
+      "processes per node x the process's resident",
+    ),
+    Item(
+      f"refresh workers' resident memory ({per})",
+      Pn * resident(worker),
+      "processes per node x the worker's resident",
+    ),
+    Item("token memmaps (once per node)", tokens.bytes, tokens.formula, paged=True),
+  ]
+  if q.nnz:
+    node.append(
+      Item("label cache (once per node)", q.label_cache_bytes, label_cache.formula, paged=True)
+    )
+  node += [
+    Item(
+      f"hard negatives in use ({per})",
+      Pn * q.negatives_own,
+      "processes x N x its data groups / data x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      f"hard negatives being mined ({per})",
+      Pn * q.negatives_own,
+      "processes x N x its data groups / data x shards per process x k_mined x 4",
+      paged=True,
+    ),
+    Item(
+      "query-embedding collection (one file for every process)",
+      q.collection,
+      "N x d x 4",
+      paged=True,
+    ),
+  ]
+  return HostItems(worker=worker, trainer=trainer, node=node, notes=notes)

@@ -1,0 +1,124 @@
+"""The planner's records: an estimated item, the dataset's size, the nodes' layout and the
+plan itself, with the GPUs it plans for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+GiB = 2**30
+
+
+# Memory per device (TPU chips too, for the TPU VM recipe in launch/README.md).
+GPUS = {
+  "v100-32gb": 32 * GiB,
+  "v100-16gb": 16 * GiB,
+  "a100-40gb": 40 * GiB,
+  "a100-80gb": 80 * GiB,
+  "h100-80gb": 80 * GiB,
+  "h200-141gb": 141 * GiB,
+  "tpu-v4-32gb": 32 * GiB,
+  "tpu-v5e-16gb": 16 * GiB,
+  "tpu-v5p-95gb": 95 * GiB,
+}
+
+
+USABLE_FRACTION = 0.9
+
+
+@dataclasses.dataclass
+class Item:
+  name: str
+  bytes: int
+  formula: str = ""
+  paged: bool = False  # a memmap: in the page cache when hot, not counted as resident
+
+
+@dataclasses.dataclass
+class DataSize:
+  num_labels: int
+  num_train: int  # training rows before label-text augmentation
+  rows: int  # training rows the loop iterates over (+ label texts)
+  source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeLayout:
+  """How the devices are spread over nodes and processes."""
+
+  num_gpus: int
+  gpus_per_node: int
+  processes_per_node: int
+
+  @property
+  def nodes(self) -> int:
+    return self.num_gpus // self.gpus_per_node
+
+  @property
+  def gpus_per_process(self) -> int:
+    return self.gpus_per_node // self.processes_per_node
+
+
+@dataclasses.dataclass
+class Plan:
+  config_name: str
+  data: DataSize
+  encoder: dict
+  mesh: dict
+  batch: dict
+  negatives: dict
+  gpu: str
+  device_items: list[Item]
+  worker_items: list[Item]  # host RAM of a refresh worker process
+  trainer_items: list[Item]  # host RAM of a training process
+  disk_items: list[Item]  # every file the run writes (one node's share of its processes')
+  notes: list[str]
+  node: dict = dataclasses.field(default_factory=dict)  # NodeLayout + shards per process
+  prep_items: list[Item] = dataclasses.field(default_factory=list)  # a node's preparation
+  node_items: list[Item] = dataclasses.field(default_factory=list)  # a node's RAM in training
+  prep_seconds: dict = dataclasses.field(default_factory=dict)
+  suggestions: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def node_total(self) -> int:
+    return sum(i.bytes for i in self.node_items)
+
+  @property
+  def prep_peak(self) -> int:
+    """A node's preparation: one builder, its phases one after the other."""
+    return max((i.bytes for i in self.prep_items), default=0)
+
+  @property
+  def disk_total(self) -> int:
+    return sum(i.bytes for i in self.disk_items)
+
+  @property
+  def device_total(self) -> int:
+    return sum(i.bytes for i in self.device_items)
+
+  @property
+  def usable(self) -> int:
+    return int(GPUS[self.gpu] * USABLE_FRACTION)
+
+  @property
+  def fits(self) -> bool:
+    return self.device_total <= self.usable
+
+  def to_json(self) -> dict:
+    out = dataclasses.asdict(self)
+    out.update(
+      device_total=self.device_total,
+      usable=self.usable,
+      fits=self.fits,
+      headroom=self.usable - self.device_total,
+      worker_resident=resident(self.worker_items),
+      trainer_resident=resident(self.trainer_items),
+      node_total=self.node_total,
+      node_resident=resident(self.node_items),
+      prep_peak=self.prep_peak,
+      disk_total=self.disk_total,
+    )
+    return out
+
+
+def resident(items: list[Item]) -> int:
+  return sum(i.bytes for i in items if not i.paged)
