@@ -20,7 +20,8 @@ from astra_jax.reproduce.runs import (
   run_dir,
   tau_runs,
 )
-from astra_jax.reproduce.tables import TABLES, plot_motivation, reproduce, write_index
+from astra_jax.reproduce.table_rows import plot_motivation
+from astra_jax.reproduce.tables import TABLES, reproduce, write_index
 
 __all__ = [
   "ABLATION",
