@@ -22,10 +22,9 @@ GROUP_KMEANS_ITERATIONS = 10
 
 
 # Groups each row is put in (its nearest centres). With one, a row's natural neighbours
-# across a group's border land in leaves of another group, trained without them: on 500,000
-# trained W rows in leaves of 500 (plain k-means), recall@32 at 64,000 rows per query read
-# 0.82 for one flat index, 0.80 / 0.76 / 0.71 built in 2 / 6 / 25 groups, and 0.84 in 6
-# groups with each row in two (twice the leaves and index, the same rows per leaf).
+# across a group's border land in leaves of another group, trained without them, and
+# recall at a fixed cost falls as the groups multiply; with each row in two groups (twice
+# the leaves and index, the same rows per leaf) it does not (docs/results/refresh_index.md).
 GROUP_SPILL = 2
 
 
@@ -84,10 +83,10 @@ class GroupedScannIndex:
 
   A flat index's build seeds its leaf centres by k-means++ over their training sample and
   assigns every row to a leaf, leaves x rows work each: with leaves of a fixed size,
-  O(L^2) (49 minutes for 20,000 leaves of 500 rows at 10^7 rows on 2 cores). Here a coarse
-  k-means splits the rows into groups of about `params.group_rows` rows, each row in its
-  GROUP_SPILL nearest groups, and each group gets its own ScaNN index with its share of the
-  leaves (leaves of the same size), so the build is O(L x group_rows / leaf rows). A query
+  O(L^2) (build times: docs/results/refresh_index.md). Here a coarse k-means splits the
+  rows into groups of about `params.group_rows` rows, each row in its GROUP_SPILL nearest
+  groups, and each group gets its own ScaNN index with its share of the leaves (leaves of
+  the same size), so the build is O(L x group_rows / leaf rows). A query
   scores every group's leaf centres (one matmul), takes the num_leaves_to_search best
   across groups, and searches each group with as many leaves as it holds of those; the
   groups' candidates are merged by their exact scores, a row found in two groups once."""
@@ -164,9 +163,9 @@ class GroupedScannIndex:
         continue
       scores = block @ self.centres.T
       # Each query's m-th best score by a partition of the values, then the leaves at or
-      # above it: 2.6 times faster than argpartition's indices at 1,024 x 31,642 (0.10
-      # against 0.26 s), and no (block, K) int64 array. A tie at the m-th score (float
-      # scores of distinct centres; not seen) would open one leaf more.
+      # above it: faster than argpartition's indices (docs/results/refresh_index.md), and
+      # no (block, K) int64 array. A tie at the m-th score (float scores of distinct
+      # centres: unlikely) would open one leaf more.
       kth = self.num_leaves - m
       threshold = np.partition(scores, kth, axis=1)[:, kth]
       query, leaf = np.nonzero(scores >= threshold[:, None])
@@ -183,14 +182,15 @@ class GroupedScannIndex:
         rows = np.flatnonzero(opened[:, g] == leaves)
         # Each group re-ranks its share of the budget, in proportion to the leaves the
         # query opens in it: at 10^7 rows a query opens leaves in tens of groups, and the
-        # whole budget in each re-scored tens of times what a flat index does.
+        # whole budget in each would re-score tens of times what a flat index does.
         share = max(k, math.ceil(budget * leaves / m))
         ids, scores = index.search_scored(queries[rows], k, int(leaves), share)
         ids = np.where(ids >= 0, self.members[g][np.maximum(ids, 0)], -1)
         both_ids = np.concatenate([best_ids[rows], ids], axis=1)
         both_scores = np.concatenate([best_scores[rows], scores], axis=1)
         # best first, empty slots (-inf) last; a stable sort keeps ties in the order the
-        # groups were searched (lexsort by id too took a third of the search's time).
+        # groups were searched (a lexsort by id too is much slower:
+        # docs/results/refresh_index.md).
         order = np.argsort(-both_scores, axis=1, kind="stable")
         both_ids = np.take_along_axis(both_ids, order, 1)
         both_scores = np.take_along_axis(both_scores, order, 1)

@@ -113,13 +113,10 @@ class IndexKnobs:
 
 
 LEAF_ROWS = 1000  # rows per leaf under the fixed-cost rule, once L is large
-# Rows the leaf centres are trained on, per leaf, under the fixed-cost rule. On a trained W
-# of 10^6 rows in 500 leaves (AVQ + SOAR; recall@32 at 32k / 128k rows per query): 50 per
-# leaf 0.65 / 0.90, 250 0.78 / 0.95, 500 0.80 / 0.95, all 2,000 0.80 / 0.95. The earlier
-# rule's floor of 250,000 rows gave 500 per leaf at 10^6 rows but 50 at 10^7, where the
-# centres (and the leaves that follow them) were the noisier part of the growth in rows a
-# query must score (docs/results/full_labels_knobs.md). The k-means then costs about
-# 500 x iterations / leaf_rows times the assignment of the L rows to leaves, which any
+# Rows the leaf centres are trained on, per leaf, under the fixed-cost rule, whatever L: with
+# fewer the centres (and the leaves that follow them) are noisier, and a query must score
+# more rows for the same recall (docs/results/refresh_index.md). The k-means then costs
+# about 500 x iterations / leaf_rows times the assignment of the L rows to leaves, which any
 # build pays: the same order in L.
 TRAINING_ROWS_PER_LEAF = 500
 # The rows at which leaf_shrink leaves leaf_rows as it is (scann_defaults).
@@ -143,23 +140,20 @@ def scann_defaults(
 
   Two rules for the leaves:
   * rows_per_query = 0 (the default): ~2 sqrt(L) leaves, a third of them (at least 64)
-    searched. Measured recall@k: benchmarks/refresh.py (L=1e5, groups of 8 confusable rows,
-    k=50) 0.68 searching 1/10 of the leaves and re-ranking 200, 0.83 with 1/5 and 500, 0.92
-    with 1/3 and 1000; the demo's trained W (L=2000, k=16, 89 leaves) 0.73 searching 32
-    leaves, 0.94 searching 64. Hard negatives are near-ties: breadth matters. But a query
-    then scores L/3 rows, and a refresh costs O(N L): ~10^15 row scores at SS-20M.
+    searched. Hard negatives are near-ties: breadth matters, and recall@k rises with the
+    share of leaves searched (docs/results/refresh_index.md). But a query then scores L/3
+    rows, and a refresh costs O(N L): ~10^15 row scores at SS-20M.
   * rows_per_query = R > 0, a fixed cost per query: ~2 sqrt(L) leaves while that leaves at
     most LEAF_ROWS rows in each, then L / LEAF_ROWS (their number grows with L, not their
     size; leaf_rows sets the size instead), as many leaves searched as hold R rows (SOAR's
     second copies counted), and the leaf centres trained on TRAINING_ROWS_PER_LEAF rows per
     leaf. Recall then holds as L grows only where a query's near-ties live in a
     neighbourhood whose size does not grow with L: benchmarks/refresh_knobs.py measures it.
-  20 k candidates (at least 1,000) are re-ranked exactly either way (64,000 instead of 1,000
-  changed no recall@32 measured on trained W of 10^6 and 10^7 rows: the loss is the leaves
-  not searched).
-  Recall at a fixed R falls as L grows at one leaf size (~3.2 times the rows at 10 times L
-  on the full-label stand-in); leaves that shrink as L grows (leaf_shrink) hold it, and a
-  build in groups (group_rows) keeps their build from growing as L^2 / leaf_rows.
+  20 k candidates (at least 1,000) are re-ranked exactly either way: what a search loses is
+  lost in the leaves it does not open, so a deeper re-ranking does not raise recall.
+  Recall at a fixed R falls as L grows at one leaf size; leaves that shrink as L grows
+  (leaf_shrink) hold it, and a build in groups (group_rows) keeps their build from growing
+  as L^2 / leaf_rows. The measurements behind both: docs/results/refresh_index.md.
 
   Args:
     num_rows: rows in the index (one W shard).

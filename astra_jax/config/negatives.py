@@ -19,7 +19,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.negatives.k_r = 400  # random negatives per query (per W shard)
   # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw of
   # k_r serves the whole batch (a B x k_r matmul, B times fewer rows gathered, but every
-  # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates; README)
+  # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates;
+  # docs/training.md, "Design choices")
   c.negatives.random_draws = "per_query"
   c.negatives.tau_s = 5  # first epoch with hard negatives
   c.negatives.tau_r = 5  # epochs between index refreshes

@@ -39,33 +39,29 @@ PAPER_ENCODER_SHAPES = {
   },
 }
 RENEE_CLASSIFIER_MOMENTUM = 0.9  # torch SGD's momentum in Renée's classifier optimizer
-# Training queries (all epochs together) a default synthetic stand-in processes: minutes
-# with the tiny BERT on 2 CPU cores (SS-20M's: 1,800-3,300 queries/s, 2 minutes).
+# Training queries (all epochs together) a default synthetic stand-in processes, so that it
+# trains in minutes with the tiny BERT on a CPU (docs/results/paper_configs.md).
 SYNTHETIC_QUERY_BUDGET = 400_000
 TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a random tiny
 # BERT needs a larger one to learn at all (demo.py, xc_text.py:tiny)
 # The paper's embedding dropout (0.7-0.85) regularises a pretrained 768-d encoder; on the
 # tiny random BERT's 64-d E(x) it leaves ~10 live coordinates and training collapses to
-# predicting the head label (LF-AmazonTitles-131K stand-in: P@1 0.9-11 at 0.85, 22-79 at 0.2
-# depending on the draws). The demo's value.
+# predicting the head label, so the stand-ins take the demo's value (measured:
+# docs/results/paper_configs.md).
 TINY_EMBEDDING_DROPOUT = 0.2
-# Renée's classifier momentum (0.9) on a stand-in, measured on LF-AmazonTitles-131K's
-# (scale 0.01, 15 epochs, batch 128, seeds 0 / 1): P@1 80.86 / 83.61 without momentum,
-# 67.43 / 62.91 with 0.9, 67.51 / 67.95 with 0.9 and a tenth of the lr (the same
-# steady-state step). Its tables keep plain SGD; --config.optim.classifier_momentum=0.9
-# trains one as the real-data config does.
+# Renée's classifier momentum (0.9) lowers a stand-in's P@1, even with a tenth of the lr, so
+# the stand-ins' tables keep plain SGD; --config.optim.classifier_momentum=0.9 trains one
+# as the real-data config does. Measured: docs/results/paper_configs.md.
 STAND_IN_CLASSIFIER_MOMENTUM = 0.0
 # Fewest negatives per query a stand-in keeps (k_h + k_r) when the paper's share of the
 # labels would leave fewer (SS-20M at 1e-4: 0.2).
 SYNTHETIC_MIN_NEGATIVES = 64
 # The share of training rows whose positives all fit in k_p (negatives.k_p above).
 POSITIVES_COVERED = 0.999
-# Own words (of 2) a stand-in label's text leaves out. With all in its text, the text alone
-# ranks labels better than the trained classifiers do (E(z_l).E(x) vs w_l.E(x), full-L,
-# LF-AmazonTitles-131K stand-in at 0.01: 90.50 vs 87.83 P@1, ratio 1.03); on the real data
-# text-only dual encoders reach 0.91-0.97 of ASTRA's P@1 (the paper's tab:dualencoder,
-# median 0.92). Calibrated on full-L among 0, 1, 2: ratios 1.03, 0.98, 0.20
-# (benchmarks/label_text_share.py).
+# Own words (of 2) a stand-in label's text leaves out: with all of them in it, the text
+# alone ranks labels better than the trained classifiers do, where on the real data
+# text-only dual encoders rank worse than ASTRA (the paper's tab:dualencoder). Calibrated
+# with benchmarks/label_text_share.py: docs/results/paper_configs.md.
 STAND_IN_HIDDEN_OWN_WORDS = 1
 # The full-label stand-in (`full_label_variant`): queries by default (the issue's example
 # for SS-20M), test rows (enough for a P@1 to +-0.5 points), and the negatives per query a
@@ -77,42 +73,34 @@ FULL_LABEL_NUM_TEST = 10_000
 FULL_LABEL_VOCAB_SIZE = 50_000
 # ... and more with more labels: a fixed vocabulary gives each own word 40 labels at 10^6
 # labels and 400 at 10^7, and the labels sharing a query's words outside its topic grow
-# with L (at 10^7 labels and 50,000 words all 13% of a query's exact top 32 outside its
-# topic shared one of its words). 0.05 words per label is 50,000 at 10^6 labels.
+# with L (docs/results/paper_configs.md). 0.05 words per label is 50,000 at 10^6 labels.
 FULL_LABEL_VOCAB_PER_LABEL = 0.05
 # The n-gram bag's table grows with that vocabulary (encoder.ngram.buckets_per_token), so
-# the share of words that collide stays that of 10^6 labels' 2^18 buckets (~22%): 2^21
-# buckets at 10^7 labels (656,256 words), 2^22 at SS-20M's 19M (1.25M words).
+# the share of words that collide stays that of 10^6 labels' 2^18 buckets
+# (docs/results/paper_configs.md).
 FULL_LABEL_BUCKETS_PER_TOKEN = 3
 # A query's positives: SS-20M's 26 per query are bid phrases of one intent, near-duplicates
 # of each other, not 26 unrelated labels. The stand-in draws them from one group of this
 # many confusable labels (the first by popularity, each further one from its group with
-# FULL_LABEL_SAME_GROUP_PROB). With :synthetic's groups of 8 and 0.3, a query mixes ~20
-# unrelated labels' words: its exact top-k are near-ties spread over all of W, which no
-# fixed-cost search finds (recall@32 0.13 / 0.39 / 0.74 scoring 16k / 64k / 256k of 10^6
-# trained rows; docs/results/refresh_knobs_trained.jsonl).
+# FULL_LABEL_SAME_GROUP_PROB): with :synthetic's small, loose groups a query's exact top-k
+# are near-ties spread over all of W, which no fixed-cost search finds
+# (docs/results/paper_configs.md).
 FULL_LABEL_GROUP_SIZE = 32
 FULL_LABEL_SAME_GROUP_PROB = 0.95
 # Topics (synthetic.py): groups of a topic draw their shared words from the topic's own
-# FULL_LABEL_TOPIC_WORDS words. Without them the groups sharing a word are unrelated and
-# spread over all of W, and so are a query's near-ties; a fixed-cost search cannot find
-# them (refresh recall@32 at 64,000 rows per query, 10^6 labels, 10^5 queries, unigram
-# encoder: 0.77 without topics, 0.80 with topics of 1,024 labels and 16 words, 0.93 with 4
-# words; the top 32 less the positives 0.54 / 0.66 / 0.94). 4 words make a topic's groups
-# near-copies of each other (test P@1 15.6 against 71.6 with 16 and 77.4 without topics).
+# FULL_LABEL_TOPIC_WORDS words, so a query's near-ties lie in its topic, where a fixed-cost
+# search finds them; too few words make a topic's groups near-copies of each other. Why
+# 1,024 labels and 16 words: docs/results/paper_configs.md.
 FULL_LABEL_TOPIC_SIZE = 1024
 FULL_LABEL_TOPIC_WORDS = 16
 # The n-gram bag's orders: the stand-in's queries are shuffled bags of words, so their
-# bigrams and trigrams are random word pairs, 2/3 of the bag's inputs and pure noise. With
-# orders 3 a query's exact top 32 held about one of its ~26 positives after the first epoch,
-# and at 10^6 labels (10^5 queries, 3 epochs, no topics) test P@1 was 9.2 and refresh recall@32
-# 0.40; with unigrams 77.4 and 0.77 (docs/results/full_labels_knobs.md).
+# bigrams and trigrams are random word pairs, 2/3 of the bag's inputs and pure noise; why
+# unigrams: docs/results/paper_configs.md.
 FULL_LABEL_NGRAM_ORDERS = 1
 # The classifier's lr. With 0.1 training queries per label (10^5 queries, 10^6 labels) the
-# random negatives' pushes (weight L / k_r = 4,464) dominate every row: at the paper's
-# 0.01 per query x 2,048 = 20, or at 1.0, W's rows grow from norm 1 to ~20 in one epoch and
-# test P@1 falls to 0-1 (popularity 2.85); at 0.01 it is 9.22, the label-text start alone
-# 22.13 (10^6 labels, 3 epochs).
+# random negatives' pushes (weight L / k_r = 4,464) dominate every row, and a larger lr
+# (the paper's 0.01 per query x 2,048 = 20, or 1.0) blows W's rows up and P@1 down
+# (docs/results/paper_configs.md).
 FULL_LABEL_CLASSIFIER_LR = 0.01
 FULL_LABEL_K_H = 32
 FULL_LABEL_K_R = 224
@@ -120,17 +108,10 @@ FULL_LABEL_K_R = 224
 # (negatives.index.rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows at 10^6 rows per
 # W shard, shrinking as 1 / sqrt(rows) above (FULL_LABEL_LEAF_SHRINK; 632 at 10^7), built in
 # groups of FULL_LABEL_GROUP_ROWS rows (negatives.index.group_rows), AVQ leaf centres and
-# SOAR spilling as the serving index (avq, soar_lambda). Measured on the trained
-# W of 10^6- and 10^7-label runs (topics of 1,024 labels, 16 words each, unigrams; 1,000
-# queries; recall@32 of the top 32; docs/results/full_labels_knobs.md): at one leaf size the
-# rows a query must score for recall 0.9 grow 3.2-3.3 times from 10^6 to 10^7 labels (leaves
-# of 2,000: ~74k -> ~235k), at any of 2,000 / 1,000 / 500 rows; leaves that shrink as L grows
-# hold them within 2 times, and a flat index of such leaves took 49 minutes to build at 10^7
-# (leaves of 500) because its k-means grows as L^2 / leaf_rows. Built in groups (each row in
-# its two nearest), the build grows as L x group_rows / leaf_rows. With this rule recall 0.9
-# needs ~78k rows at 10^6 and ~136k at 10^7 (1.7 times); 256k rows read 0.98 / 0.95 (the
-# flat index of 2,000-row leaves: 0.98 / 0.91), and the build at 10^7 takes 440 s on 2
-# cores (flat, leaves of 2,000 rows: 775 s; of 500: 2,933 s).
+# SOAR spilling as the serving index (avq, soar_lambda). At one leaf size the rows a query
+# must score for a given recall grow with L; leaves that shrink as L grows keep that growth
+# small, and a build in groups grows as L x group_rows / leaf_rows, not as a flat index's
+# L^2 / leaf_rows. Why these values: docs/results/paper_configs.md.
 FULL_LABEL_ROWS_PER_QUERY = 256_000
 FULL_LABEL_LEAF_ROWS = 2_000
 FULL_LABEL_LEAF_SHRINK = 0.5
@@ -410,8 +391,7 @@ def full_label_variant(
   c.negatives.index.group_rows = FULL_LABEL_GROUP_ROWS
   # W starts from each label's text embedding (NGAME's classifier init): with 100-1,000
   # times fewer queries than labels most rows would otherwise stay random vectors, whose
-  # exact top-k is arbitrary (a refresh's recall@k_h was 0.10 at 10^6 labels with
-  # R = 16,000) and which no query can rank.
+  # exact top-k is arbitrary and which no query can rank (docs/results/paper_configs.md).
   c.classifier.init = "label_text"
   c.paper.full_labels_num_train = num_train
   return c

@@ -48,7 +48,7 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.train.eval_every_epochs = 0  # 0: evaluate at the end only
   c.train.profile_steps = 20  # steps timed phase by phase for the time break-up
   c.train.prefetch = 4  # batches prepared ahead of the step
-  c.train.input_threads = 2  # threads preparing them (a fast GPU: more; README)
+  c.train.input_threads = 2  # threads preparing them (a fast GPU: more; docs/training.md)
   c.train.classifier_init_std = 0.02
   c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss

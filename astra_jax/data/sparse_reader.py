@@ -2,12 +2,13 @@
 
 The file is read in blocks of `BLOCK_BYTES`, each cut after its last newline; a block's
 pairs are found and converted with numpy over its bytes (a byte-class table, token
-edges, ids from their digits), so memory is bounded by the block, not by the file, and a
-core parses well over 50 MB/s. A block the fast path does not take as it is (any byte
-other than digits, ':', '.', blanks and newlines; a token without exactly one ':'; an id
-out of range or over 10 digits; more rows than the header's) goes through the line
-parser (`xc_lines.parse_row`), which accepts what it accepted before and words every
-error with the file and line. Rows come out sorted with each label once, as before.
+edges, ids from their digits), so memory is bounded by the block, not by the file, and
+parsing runs at numpy's speed (docs/results/implementation_notes.md). A block the fast path
+does not take as it is (any byte other than digits, ':', '.', blanks and newlines; a token
+without exactly one ':'; an id out of range or over 10 digits; more rows than the header's)
+goes through the line parser (`xc_lines.parse_row`), which accepts what the line format
+accepts and words every error with the file and line. Rows come out sorted with each label
+once.
 """
 
 from __future__ import annotations

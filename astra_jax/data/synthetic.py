@@ -43,7 +43,7 @@ _CHUNK = 65536  # rows per generated chunk; fixed so output does not depend on m
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # Bumped when the same spec generates different data: data and results made by an older
 # generator are then made again (train.prepare_data, reproduce.stale).
-GENERATOR_VERSION = 2  # 2: a label drawn twice is drawn again (1 dropped it: rows 4-17% short)
+GENERATOR_VERSION = 2  # 2: a label drawn twice is drawn again (1 dropped it, rows short)
 _MAX_DRAWS_PER_LABEL = 50  # a row of a tiny label set may not find its count of new labels
 
 
@@ -311,9 +311,9 @@ def generate(out_dir: str, spec: SyntheticSpec, workers: int = 1) -> dict:
   splits = (("trn", 3, spec.num_train), ("tst", 4, spec.num_test))
   chunks = sum(-(-n // _CHUNK) for _, _, n in splits)
   workers = min(workers or cpu_budget.task_cpus(), chunks)
-  # Processes only where a split spans chunks (a chunk is ~1.5 ms a query, a process's start
-  # ~1 s); spawned, not forked: the caller may hold JAX's threads, which a fork would copy
-  # mid-lock.
+  # Processes only where a split spans chunks: a chunk's queries take far longer than a
+  # process's start (docs/results/datasets.md); spawned, not forked: the caller may hold
+  # JAX's threads, which a fork would copy mid-lock.
   pool, pop = None, None
   if workers > 1 and chunks > len(splits):
     pool = multiprocessing.get_context("spawn").Pool(workers, _start_worker, (spec,))

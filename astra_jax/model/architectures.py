@@ -147,8 +147,8 @@ def bert_param_count(e: EncoderConfig) -> int:
 
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# XLA keeps more than the minimal set of activations counted below (measured on CPU; see
-# bert_activation_bytes).
+# XLA keeps more than the minimal set of activations counted below (see
+# bert_activation_bytes; the CPU measurements behind the factor: docs/results/planner.md).
 XLA_OVERHEAD = 1.25
 
 
@@ -165,9 +165,8 @@ def bert_activation_bytes(e: EncoderConfig, b: int, T: int) -> tuple[int, str]:
                       probabilities in the compute dtype
   Plus the embeddings (b T H (s + 1)) and the pooling (b T H 4), one more layer's worth for
   the backward pass's own temporaries, all times XLA_OVERHEAD: XLA keeps more than this
-  minimal set (on CPU its temporaries for this encoder's fp32 forward + backward came to
-  0.95-1.2x the count, more with more layers; tests/test_plan.py checks the plan stays
-  above them). Not measured on a GPU, where fusion usually keeps less."""
+  minimal set, more with more layers (tests/test_plan.py checks the plan stays above XLA's
+  temporaries on CPU; docs/results/planner.md). On a GPU, fusion usually keeps less."""
   s = DTYPE_BYTES[e.dtype]
   H, I, nh = e.hidden_size, e.intermediate_size, e.num_heads
   per_layer = b * T * H * (8 * s + 10) + b * T * I * (2 * s + 4) + b * nh * T * T * (9 + s)

@@ -1,8 +1,8 @@
 """Dropout with an explicit key, its mask from a counter-based hash.
 
-Masks come from a hash of (key, element index) rather than `jax.random.bernoulli`:
-threefry costs about 10 ns per element on XLA:CPU (0.3-0.4 s of a 4 s MiniLM step at batch
-256 x 32, where the masks cover 60M elements), while the hash fuses into the masked op.
+Masks come from a hash of (key, element index) rather than `jax.random.bernoulli`: the hash
+fuses into the masked op, while threefry is a separate pass over every element, a visible
+share of a CPU step (docs/results/implementation_notes.md).
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from astra_jax.runtime.errors import InputError
 MODELS_DIR_ENV = "ASTRA_MODELS_DIR"
 MINILM = "all-MiniLM-L6-v2"
 WEIGHTS_FILE = "model.safetensors"
-# How a PyTorch checkpoint becomes model.safetensors (the README has it as a snippet).
+# How a PyTorch checkpoint becomes model.safetensors (docs/datasets.md, "The paper's
+# datasets", shows the same conversion with torch and safetensors).
 CONVERT_HINT = (
   'python -c "from transformers import AutoModel; '
   "AutoModel.from_pretrained('DIR').save_pretrained('DIR', "
@@ -99,14 +100,20 @@ def identity(encoder_cfg, parameters: int) -> EncoderIdentity:
   """The record of the encoder `check` accepted and factory.build_encoder built."""
   arch = encoder_cfg.get("arch", "bert")
   if not encoder_cfg.hf_dir or not architectures.get(arch).loads_hf_weights:
-    return EncoderIdentity(arch, f"{arch}, randomly initialised", "", parameters, None)
+    return EncoderIdentity(
+      architecture=arch,
+      name=f"{arch}, randomly initialised",
+      directory="",
+      parameters=parameters,
+      weights_sha256=None,
+    )
   hf_dir = pretrained.resolve(encoder_cfg.hf_dir)
   weights = os.path.join(hf_dir, WEIGHTS_FILE)
   loaded = encoder_cfg.load_weights and os.path.exists(weights)
   return EncoderIdentity(
-    arch,
-    encoder_cfg.hf_dir,
-    os.path.abspath(hf_dir),
-    parameters,
-    weights_sha256(weights) if loaded else None,
+    architecture=arch,
+    name=encoder_cfg.hf_dir,
+    directory=os.path.abspath(hf_dir),
+    parameters=parameters,
+    weights_sha256=weights_sha256(weights) if loaded else None,
   )

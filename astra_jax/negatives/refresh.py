@@ -361,8 +361,8 @@ def prefer_as_oom_victim() -> bool:
   """Makes this process the kernel's first choice when the machine runs out of memory
   (oom_score_adj 1000; raising it needs no privilege). A refresh worker that dies is
   recorded and training goes on; without it the largest process, the trainer, is the one
-  killed (the 10^7-label scale run: trainer 12.1 GB, worker 5.3 GB). Returns whether it
-  could (False where /proc has no such file)."""
+  killed (docs/results/scale_run.md). Returns whether it could (False where /proc has no
+  such file)."""
   try:
     with open("/proc/self/oom_score_adj", "w") as f:
       f.write("1000")

@@ -149,7 +149,9 @@ class NegativeSampler:
     excluded_ids = np.concatenate([all_pos_ids, hard_ids[hard_mask].astype(np.int64)])
     if self.per_query_random:
       rand_ids = np.empty((b, S, width), np.int32)  # L < 2^31
-      for s, (start, end) in enumerate(self.shard_bounds):  # a scalar bound: 2.5x faster
+      # One draw per shard with scalar bounds: faster than one draw with an array of shard
+      # bounds (docs/results/training.md).
+      for s, (start, end) in enumerate(self.shard_bounds):
         rand_ids[:, s] = rng.integers(0, end - start, size=(b, width), dtype=np.int32)
         rand_ids[:, s] += np.int32(start)
       rand_ids = rand_ids.reshape(b, -1)

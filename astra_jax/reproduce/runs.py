@@ -1,6 +1,12 @@
 """The runs behind the reproduced tables: each training run (a stand-in config, variant and
 overrides) or classifier benchmark as a `Run`, where its results live, and reusing a
-finished run's results.json or running it."""
+finished run's results.json or running it.
+
+The training, config and benchmark modules are imported inside the functions that run or
+compare a Run, not at the top: the tables' scheduler (parallel.py) and the command's
+--help then start without jax, and only a process that runs a Run loads it. The layering
+test counts these imports like any other (tests/test_layout.py).
+"""
 
 from __future__ import annotations
 
@@ -161,7 +167,7 @@ def share_warmstart(run: Run, root: str, wd: str, log: Callable[[str], None] = p
 def discard_training_state(run: Run, wd: str, log: Callable[[str], None] = print) -> None:
   """Removes a finished run's training checkpoints (and a warm start copied from another
   run): they serve only resuming, which a run with results.json never does, and a table's
-  runs would otherwise keep them all (rq3_real's: ~2.9 GB a run, 70 GB for 24). Its
+  runs would otherwise keep them all (gigabytes a run: docs/results/paper_tables.md). Its
   results, metrics and exported model stay."""
   gone = [os.path.join(wd, "checkpoints")]
   if run.warmstart_from:

@@ -1,12 +1,12 @@
 """Keep freed host memory in the process, so XLA:CPU steps stop page-faulting.
 
-XLA:CPU allocates a step's temporaries (2.7 GB for a MiniLM step at batch 256 x 32) with
-malloc on every execution and frees them after. glibc serves such blocks with mmap (or from
-per-thread arenas it trims), so each step faults every page in again and the kernel zeroes
-it: 660k minor faults, about 1 s of system time and 15-20% of the step on the 2-core
-machine (benchmarks/train_step.py). With one arena, no mmap and no trimming, freed blocks
-are reused and the faults drop to zero. The cost: the process keeps its peak heap (RSS does
-not shrink after a large temporary is freed), which a training process wants anyway.
+XLA:CPU allocates a step's temporaries (gigabytes for a MiniLM step) with malloc on every
+execution and frees them after. glibc serves such blocks with mmap (or from per-thread
+arenas it trims), so each step faults every page in again and the kernel zeroes it, a
+sizeable share of the step (benchmarks/train_step.py; docs/results/implementation_notes.md).
+With one arena, no mmap and no trimming, freed blocks are reused and the faults drop to
+zero. The cost: the process keeps its peak heap (RSS does not shrink after a large
+temporary is freed), which a training process wants anyway.
 
 Call `keep_freed_memory()` before jax (or anything that starts threads) is imported: arenas
 already attached to threads are not changed. `main.py` and the benchmarks do; set
@@ -14,16 +14,15 @@ ASTRA_JAX_SYSTEM_MALLOC=1 to leave glibc's defaults alone.
 
 `release_freed_memory()` hands the pages of freed blocks back once, after a one-off peak
 that later steps do not reuse: at 10^7 labels the set-up (W from the label texts: their
-embeddings, a host W, its device copy) left the trainer at 14.1 GB resident before its
-first step, most of it freed; beside a refresh worker and other jobs that is out of memory
-on a 24 GB machine (benchmarks/scale_run.py).
+embeddings, a host W, its device copy) leaves most of the trainer's resident memory freed
+but held, which beside a refresh worker runs a 24 GB machine out of memory
+(benchmarks/scale_run.py; docs/results/scale_run.md).
 
 `back_with_huge_pages(w)` puts a large host array (the classifier on the CPU backend) on 2 MiB
 transparent huge pages. A step gathers and scatters ~15k random rows of W; at L = 1e7
-(2.6 GB) nearly every row is also a TLB miss on 4 KiB pages: the classifier step of
-benchmarks/step_vs_labels.py (shared random draws) took 4.2 ms at 1e7 on 4 KiB pages and
-2.25 ms on huge pages (1.4 ms at 1e4, where W sits in cache). On GPU, nothing to do;
-ASTRA_JAX_NO_HUGE_PAGES=1 turns it off.
+nearly every row is also a TLB miss on 4 KiB pages, which huge pages mostly remove
+(benchmarks/step_vs_labels.py; docs/results/implementation_notes.md). On GPU, nothing to
+do; ASTRA_JAX_NO_HUGE_PAGES=1 turns it off.
 """
 
 from __future__ import annotations

@@ -42,13 +42,10 @@ def serving_params(
   fifth of them (at least 64) searched, max(10 k, 200) candidates re-ranked exactly, and a
   partitioner made for inner products: AVQ centres (eta 1) and SOAR spilling (lambda 1.5).
 
-  Why (2 CPU cores): a query's top labels are spread over several leaves (it matches its
-  positives' groups, not one cluster), so plain k-means leaves need a wide search. On the
-  demo's trained W (89 leaves) searching 29 leaves lost 3.5 points of P@1 with plain
-  leaves, 1.1 with SOAR and 0.35 with AVQ + SOAR; AVQ eta 0.5 or 2 did worse than 1. On
-  1e6 rows (d=64, groups of 8, queries near 1-3 rows) AVQ + SOAR searching 200 / 400 of
-  2000 leaves took 0.41 / 0.76 ms per query for recall@10 0.945 / 0.982 (plain: 0.85 /
-  0.92), at a 20-30% longer build; re-ranking more than 200 added nothing."""
+  Why: a query's top labels are spread over several leaves (it matches its positives'
+  groups, not one cluster), so plain k-means leaves need a wide search; AVQ + SOAR lose
+  the least P@1 for the leaves searched, at a somewhat longer build, and re-ranking more
+  than 200 adds nothing (docs/results/implementation_notes.md)."""
   leaves = num_leaves or int(min(max(2 * math.sqrt(num_rows), 16), 20000))
   search = leaves_to_search or max(min(leaves, 64), leaves // 5)
   return ScannParams(

@@ -102,26 +102,26 @@ def init_sparse_state(
       else jax.jit(make, out_shardings=sparse_momentum.momentum_shardings(mesh))()
     )
   return TrainState(
-    params["encoder"],
-    params["classifier"],
-    tx_encoder.init(params["encoder"]),
-    jnp.float32(1.0),
-    jnp.int32(0),
-    loss_scale.init(initial_loss_scale),
-    momentum,
+    encoder=params["encoder"],
+    classifier=params["classifier"],
+    opt=tx_encoder.init(params["encoder"]),
+    scale=jnp.float32(1.0),
+    step=jnp.int32(0),
+    loss_scale=loss_scale.init(initial_loss_scale),
+    momentum=momentum,
   )
 
 
 def init_dense_state(tx: optax.GradientTransformation, params: dict) -> TrainState:
   """The dense step's state: optax's over all of {"encoder", "classifier"}."""
   return TrainState(
-    params["encoder"],
-    params["classifier"],
-    tx.init(params),
-    jnp.float32(1.0),
-    jnp.int32(0),
-    loss_scale.init(1.0),
-    None,
+    encoder=params["encoder"],
+    classifier=params["classifier"],
+    opt=tx.init(params),
+    scale=jnp.float32(1.0),
+    step=jnp.int32(0),
+    loss_scale=loss_scale.init(1.0),
+    momentum=None,
     dense=True,
   )
 
@@ -203,13 +203,13 @@ def _sparse_opt_dict(state: TrainState) -> dict:
 
 def _from_sparse_opt_dict(params: dict, opt: dict) -> TrainState:
   return TrainState(
-    params["encoder"],
-    params["classifier"],
-    opt["encoder"],
-    opt["scale"],
-    opt["step"],
-    opt["loss_scale"],
-    opt.get("momentum"),
+    encoder=params["encoder"],
+    classifier=params["classifier"],
+    opt=opt["encoder"],
+    scale=opt["scale"],
+    step=opt["step"],
+    loss_scale=opt["loss_scale"],
+    momentum=opt.get("momentum"),
   )
 
 

@@ -287,8 +287,9 @@ def starting_classifier(
   """
   w_layout = NamedSharding(mesh, P("model"))
   if checkpoint.has_complete_step(workdir):
-    # The resume replaces W by the checkpoint's: its start would be thrown away (from the
-    # label texts at 10^7 labels: 1.5 min and ~10 GB of transients on 2 CPU cores).
+    # The resume replaces W by the checkpoint's: its start would be thrown away, and from
+    # the label texts at 10^7 labels it costs minutes and gigabytes of transients
+    # (docs/results/scale_run.md).
     return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
   return classifier_init.initial_classifier(
     config,

@@ -173,8 +173,9 @@ class Trainer:
     self.state = steps.fold_classifier(self.state)  # from here on the classifier is W itself
     with faults.writing(p.hard_negatives.dir, self._collection_bytes()):
       p.hard_negatives.end_epoch(epoch, self._label_vectors, self._embed_train_rows)
-    # A refresh's inputs (a host copy of W: 2.56 GB at 10^7 labels) are written and freed
-    # here while its worker starts: hand the pages back rather than keep them beside it.
+    # A refresh's inputs (a host copy of W, L x d float32: docs/results/scale_run.md) are
+    # written and freed here while its worker starts: hand the pages back rather than keep
+    # them beside it.
     host_memory.release_freed_memory()
     epoch_s = time.time() - self._epoch_t0
     prog.train_seconds += epoch_s

@@ -152,10 +152,10 @@ def run(
       os.path.join(workdir, "warmstart"),
     )
   key = jax.random.key(config.train.seed + 7)
-  # The encoder's Adam state makes a checkpoint three times its size (0.8 GB for the n-gram
-  # bag of xc_text.py:ngram), so between epochs the stage saves on the run's clock
-  # (checkpoint.every_minutes; every epoch without one); the last epoch is always saved, so
-  # a finished stage is restored, never trained again.
+  # The encoder's Adam state makes a checkpoint three times its size (the n-gram bag of
+  # xc_text.py:ngram: docs/results/training.md), so between epochs the stage saves on the
+  # run's clock (checkpoint.every_minutes; every epoch without one); the last epoch is
+  # always saved, so a finished stage is restored, never trained again.
   every_s = 60.0 * config.checkpoint.every_minutes if "checkpoint" in config else 0.0
   last_save = time.time()
   for epoch in range(done, ws.epochs):

@@ -49,8 +49,8 @@ from astra_jax.xc.sparse_momentum import MOMENTUM_SPEC
 
 def _unless_single(mesh: jax.sharding.Mesh, collective):
   """`collective(x, axis, ...)`, or x itself where the mesh axis has one device: the
-  identity, but XLA:CPU still copied the operand (a per-query step's B k_r x d row
-  gradients: 3.5 of 9.5 ms on a 1 x 1 mesh, benchmarks/step_vs_labels.py)."""
+  identity, but XLA:CPU still copies the operand, a third of a per-query step's time on a
+  1 x 1 mesh (docs/results/implementation_notes.md)."""
 
   def apply(x, axis, **kwargs):
     return x if mesh.shape[axis] == 1 else collective(x, axis, **kwargs)

@@ -13,9 +13,9 @@ all of [L] with replacement and the indicator masks out positives and hard negat
 E[random term] = sum_{l not in P u H} softplus(f_l) exactly: the estimator is unbiased for
 the full BCE (Lemma 1). Each query draws its own k_r, as in the paper's Algorithm 1
 (negatives.random_draws=per_query), or one draw serves the whole batch (=shared: a dense
-B x k_r matmul, unbiased too but much noisier; README). The paper draws from [L] \\ H with
-weight (L - k_h)/k_r; drawing from [L] loses the ~k_h/L of draws that hit H, negligible for
-L >> k_h.
+B x k_r matmul, unbiased too but much noisier; docs/training.md, "Design choices"). The
+paper draws from [L] \\ H with weight (L - k_h)/k_r; drawing from [L] loses the ~k_h/L
+of draws that hit H, negligible for L >> k_h.
 
 Reduction: sum over labels, mean over the batch (the paper's peers found mean-over-labels
 trains worse).
