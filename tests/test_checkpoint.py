@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from astra_jax.config import base as config_base
 from astra_jax.model import factory
 from astra_jax.parallel import sharding
 from astra_jax.runtime.errors import InputError
@@ -305,3 +306,18 @@ def test_has_complete_step_needs_every_commit_marker(tmp_path):
   assert ck.has_complete_step(str(tmp_path))
   (tmp_path / "checkpoints" / "damaged").mkdir()  # not a step
   assert ck.has_complete_step(str(tmp_path))
+
+
+def test_a_config_recorded_with_the_flat_index_keys_is_the_same_run():
+  now = json.loads(config_base.base_config().to_json())
+  now["negatives"]["index"]["group_rows"] = 80_000
+  # The layout before negatives.index became a sub-config, written out by hand.
+  old = json.loads(json.dumps(now))
+  index = old["negatives"].pop("index")
+  old["negatives"]["index"] = index.pop("kind")
+  old["negatives"]["scann_leaves"] = index.pop("num_leaves")
+  for name, value in index.items():
+    old["negatives"][f"scann_{name}"] = value
+  assert run_config.config_diff(old, now) == []
+  old["negatives"]["scann_group_rows"] = 0
+  assert run_config.config_diff(old, now) == [("negatives.index.group_rows", 0, 80_000)]

@@ -26,12 +26,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.data.max_len = 32  # 32 titles, 128 full text, 256 Wikipedia
   c.data.use_content = False  # json layout: title + content instead of title
   c.data.augment_label_text = False  # label texts as extra training rows
-  c.data.filter_file = dataset.FILTER_FILE  # relative to data.dir (this default name also
-  # finds Renée's tst_filter_labels.txt); ignored
-  # if absent
-  # Also filter each test (and validation) row's own item, a label whose text is the row's
-  # text, as LF-* datasets' filter files do (astra_jax/data/self_filter.py; needs label
-  # texts): off | on | auto (on when the training rows' own items are not their labels).
+  # In data.dir, ignored if absent (the default name also finds Renée's tst_filter_labels.txt).
+  c.data.filter_file = dataset.FILTER_FILE
+  # Filter each test row's own item (a label with the row's text; data/self_filter.py):
+  # off | on | auto (on when the training rows' own items are not their labels).
   c.data.filter_self = "off"
   c.data.cache_dir = ""  # tokenized memmaps; default <data.dir>/astra_cache
   # A share of the training rows held out as the validation split (deterministic by

@@ -21,14 +21,11 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # 0: the final evaluation scores every test row; > 0: the first this many only (smoke runs
   # at a huge L), said in a warning, results.json's num_test_evaluated and "degraded".
   c.eval.final_max_rows = 0
-  # exact: the final evaluation ranks over all of W (sharded_topk.py). scann: every test row
-  # is also ranked through the exported model's serving index (ann_eval.py), the metrics a
-  # deployment sees at the index's cost; results.json's "ann_eval" compares both on the
-  # rows the exact evaluation covers (set eval.final_max_rows to bound them at huge L).
+  # exact: the final evaluation ranks over all of W; scann: also through the exported
+  # model's serving index (results.json's "ann_eval"; docs/evaluation.md).
   c.eval.search = "exact"
-  # Beside each evaluation, P@k of a k-NN vote over the encoder's own embeddings of the
-  # training rows (astra_jax/evaluation/knn.py): what the encoder knows, next to what W makes of it.
-  # 0: off; > 0: that many neighbours.
+  # > 0: beside each evaluation, P@k of a k-NN vote over the encoder's embeddings of the
+  # training rows with this many neighbours (evaluation/knn.py); 0: off.
   c.eval.knn_diagnostic = 0
   # With a fused score (scoring.label_text_weight > 0), also report each evaluation's P@k by
   # W alone ("W-alone P@k"): one more evaluation pass each time.

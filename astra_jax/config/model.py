@@ -32,30 +32,26 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.encoder.bottleneck_dim = 0  # 64 for very large L (SS datasets)
   c.encoder.embedding_dropout = 0.5  # the paper's (high) dropout on E(x)
   c.encoder.dtype = "float32"  # compute dtype: float32 | bfloat16 | float16
-  # float32 matmuls (jax_default_matmul_precision): default = the backend's choice, which
-  # on A100/H100 is TF32 (10-bit mantissa inputs); highest = full float32 passes; high
-  # = bf16x3 / TF32-like where the backend has it.
+  # float32 matmuls (jax_default_matmul_precision): default (the backend's: TF32 on
+  # A100/H100) | high (bf16x3) | highest (full float32).
   c.encoder.matmul_precision = "default"
   # The ngram_bag encoder: every 1..orders-gram of token ids hashed into hash_buckets vectors.
   c.encoder.ngram = ml_collections.ConfigDict()
   c.encoder.ngram.orders = 3
   c.encoder.ngram.hash_buckets = 1 << 18
-  # > 0: at least the power of two >= this many buckets per token of the tokenizer (then
-  # hash_buckets is a floor), so the share of words that collide does not grow with the
-  # vocabulary: with a fixed table, words of unrelated topics share vectors as L grows.
+  # > 0: at least this many buckets per tokenizer token (a power of two; hash_buckets is a
+  # floor), so that the share of colliding words does not grow with the vocabulary.
   c.encoder.ngram.buckets_per_token = 0
   c.encoder.ngram.normalize_scale = 10.0  # E(x) scaled to this L2 norm; 0: not normalised
 
-  # W's starting point (astra_jax/xc/classifier_init.py): normal (std
-  # train.classifier_init_std) or label_text (init_scale * E(z_l) / |E(z_l)|, computed with
-  # the encoder as training starts).
+  # W's starting point (xc/classifier_init.py): normal (std train.classifier_init_std) or
+  # label_text (init_scale * E(z_l) / |E(z_l)|, by the encoder as training starts).
   c.classifier = ml_collections.ConfigDict()
   c.classifier.init = "normal"
   c.classifier.init_scale = 1.0
 
-  # How the model ranks labels (astra_jax/xc/score_fusion.py): with label_text_weight = beta > 0,
-  # (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(label_text_scale cos(E(x), E(z_l))), the
-  # label's text similarity mixed in (NGAME's inference); 0: the classifiers alone.
+  # How the model ranks labels (xc/score_fusion.py): label_text_weight = beta > 0 mixes in
+  # the label text's similarity, beta sigmoid(label_text_scale cos(E(x), E(z_l))); 0: W alone.
   c.scoring = ml_collections.ConfigDict()
   c.scoring.label_text_weight = 0.0
   c.scoring.label_text_scale = 5.0

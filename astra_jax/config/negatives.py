@@ -17,10 +17,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.negatives.k_p = 7  # positives per query (padded with a mask)
   c.negatives.k_h = 50  # hard negatives per query
   c.negatives.k_r = 400  # random negatives per query (per W shard)
-  # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw of
-  # k_r serves the whole batch (a B x k_r matmul, B times fewer rows gathered, but every
-  # drawn row takes the whole batch's push at weight L/k_r: far noisier W updates;
-  # docs/training.md, "Design choices")
+  # per_query: each query draws its own k_r (the paper's Algorithm 1); shared: one draw
+  # serves the batch (cheaper, far noisier W updates; docs/training.md, "Design choices").
   c.negatives.random_draws = "per_query"
   c.negatives.tau_s = 5  # first epoch with hard negatives
   c.negatives.tau_r = 5  # epochs between index refreshes
@@ -42,9 +40,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
   c.negatives.refresh_threads = 0
-  # A refresh that fails (worker error, kill, out of memory): "continue" trains on with the
-  # previous (or random) negatives, a warning every epoch it is missing and counts in
-  # results.json's "degraded"; "fail" stops the run in one line (a rerun retries it).
+  # A failed refresh: "continue" trains on with the previous (or random) negatives, counted
+  # in results.json's "degraded"; "fail" stops the run in one line (docs/checkpoints.md).
   c.negatives.on_refresh_failure = "continue"
   c.negatives.curriculum_final_hard_fraction = 0.5
   c.negatives.inject_fault = ""  # tests only: "raise" or "kill" fails the first refresh

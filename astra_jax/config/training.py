@@ -19,15 +19,13 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.optim.encoder_weight_decay = 0.0
   c.optim.encoder_adam_eps = 1e-8  # the paper configs take Renee's 1e-6 (paper_configs.py)
   c.optim.classifier_weight_decay = 1e-4
-  # SGD momentum beta of the classifier, weight decay inside it (torch's SGD; optim.py). The
-  # sparse update does it at the cost of the rows a step touches (sparse_momentum.py);
-  # its state is a velocity as large as W. 0: plain SGD + decay (W = scale * V).
+  # The classifier's SGD momentum, decay inside it as torch's SGD (xc/sparse_momentum.py: a
+  # velocity as large as W); 0: plain SGD + decay (W = scale * V).
   c.optim.classifier_momentum = 0.0
   c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
   c.optim.grad_clip_norm = 0.0
-  # Loss scaling for float16 compute: 0 = dynamic (start 2^15, halve on overflow and skip
-  # the update, double after 2000 good steps) when encoder.dtype=float16, off otherwise;
-  # > 0 = that static scale.
+  # Loss scaling for float16 compute (training/loss_scale.py): 0 = dynamic under float16,
+  # off otherwise; > 0 = that static scale.
   c.optim.loss_scale = 0.0
 
   # An optional first stage (astra_jax/training/warmstart.py, NGAME's stage 1): the encoder alone,
@@ -52,9 +50,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.train.classifier_init_std = 0.02
   c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
-  # A step (or a collective inside one) that makes no progress for this long ends the
-  # process with every thread's stack (astra_jax/runtime/watchdog.py): a stuck rank would otherwise
-  # hold the whole job until its time limit. 0: no watchdog.
+  # A step that makes no progress for this long ends the process with every thread's stack
+  # (runtime/watchdog.py), instead of a stuck rank holding the job; 0: no watchdog.
   c.train.hang_timeout_s = 1800.0
 
   # Device mesh: data x model devices; 1 x 1 is the single-device step. data=-1 takes every
