@@ -24,16 +24,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
-from test_checkpoint import _cmd, _env  # noqa: E402  (the command the tests resume with)
+from child_env import cpu_child_env, demo_command_line  # noqa: E402  (the tests' resume run)
 
 from astra_jax.training import checkpoint  # noqa: E402
 
 
 def run(workdir: str, data: str, *extra: str) -> tuple[int, str]:
   p = subprocess.run(
-    _cmd(workdir, data) + list(extra),
+    demo_command_line(workdir, data) + list(extra),
     cwd=ROOT,
-    env=_env(),
+    env=cpu_child_env(1),
     text=True,
     stdout=subprocess.PIPE,
     stderr=subprocess.STDOUT,

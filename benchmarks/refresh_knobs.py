@@ -85,7 +85,7 @@ flags.DEFINE_float(
 flags.DEFINE_list(
   "group_rows",
   ["0"],
-  "> 0: build the index in groups of about this many rows (index.GroupedScannIndex, "
+  "> 0: build the index in groups of about this many rows (grouped_index.GroupedScannIndex, "
   "config.negatives.index.group_rows); 0: one flat index; a list builds one index each",
 )
 flags.DEFINE_list(
@@ -158,7 +158,7 @@ def label_sets(rng: np.random.Generator):
 
 
 class _SearchedWith:
-  """A built index searched with a setting's leaves (index.mine's search interface)."""
+  """A built index searched with a setting's leaves (mining.mine's search interface)."""
 
   def __init__(self, index, leaves_to_search: int, reorder: int):
     self.index, self.leaves, self.reorder = index, leaves_to_search, reorder

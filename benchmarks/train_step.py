@@ -12,7 +12,7 @@ machine load (medians over the rounds; the ratios are what to compare on a share
   astra_d384  the trainer's own step (`steps.make_sparse_train_step`, 1 x 1 mesh): encoder
               as above, classifier gather + estimator + sparse SGD update of W (L x 384)
   astra_d64   the same with the bottleneck d = 64 (the paper's setting for L >= 1e6)
-  pipeline    the real input pipeline (`data.pipeline.TrainBatches` + `NegativeSampler`) feeding
+  pipeline    the real input pipeline (`training.pipeline.TrainBatches` + `NegativeSampler`) feeding
               the astra_d64 step: the share of step time the step waits for a batch
 
 Encoder: the all-MiniLM-L6-v2 shape (6 layers, hidden 384, 12 heads, FFN 1536, vocab

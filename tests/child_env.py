@@ -3,6 +3,7 @@ checkout on the path, and none of the caller's launcher (SLURM_*) or jax (JAX_*)
 but the compilation cache the test session shares."""
 
 import os
+import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Single-threaded Eigen inside an XLA op: two pytest workers (and the runs they start)
@@ -26,3 +27,27 @@ def cpu_child_env(devices: int, **extra: str) -> dict[str, str]:
     **extra,
   )
   return env
+
+
+def demo_command_line(workdir, data_dir) -> list[str]:
+  """A small demo run's argument list: 300 labels, 3 epochs of batches of 64, a refresh
+  every epoch from epoch 2, a checkpoint every 5 steps (the resume tests' run and
+  benchmarks/faults.py's)."""
+  return [
+    sys.executable,
+    "-m",
+    "astra_jax.main",
+    "--config=experiments/demo.py",
+    f"--workdir={workdir}",
+    f"--config.data.dir={data_dir}",
+    "--config.data.synthetic.num_labels=300",
+    "--config.data.synthetic.num_train=1500",
+    "--config.data.synthetic.num_test=300",
+    "--config.train.epochs=3",
+    "--config.train.batch_size=64",
+    "--config.train.profile_steps=0",
+    "--config.optim.warmup_steps=20",
+    "--config.negatives.tau_s=2",
+    "--config.negatives.tau_r=1",
+    "--config.checkpoint.every_steps=5",
+  ]

@@ -17,7 +17,7 @@ import pytest
 # their names.
 sys.path.insert(0, os.path.dirname(__file__))
 
-from child_env import REPO, SERIAL_OPS, cpu_child_env  # noqa: E402
+from child_env import REPO, SERIAL_OPS, cpu_child_env, demo_command_line  # noqa: E402
 
 # Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
 # code runs on the first of them as usual; XLA ops single-threaded (child_env.SERIAL_OPS).
@@ -193,24 +193,4 @@ class DemoCommand(NamedTuple):
 
 @pytest.fixture(scope="session")
 def demo_command() -> DemoCommand:
-  def command(workdir, data_dir) -> list:
-    return [
-      sys.executable,
-      "-m",
-      "astra_jax.main",
-      "--config=experiments/demo.py",
-      f"--workdir={workdir}",
-      f"--config.data.dir={data_dir}",
-      "--config.data.synthetic.num_labels=300",
-      "--config.data.synthetic.num_train=1500",
-      "--config.data.synthetic.num_test=300",
-      "--config.train.epochs=3",
-      "--config.train.batch_size=64",
-      "--config.train.profile_steps=0",
-      "--config.optim.warmup_steps=20",
-      "--config.negatives.tau_s=2",
-      "--config.negatives.tau_r=1",
-      "--config.checkpoint.every_steps=5",
-    ]
-
-  return DemoCommand(command, cpu_child_env(1), REPO)
+  return DemoCommand(demo_command_line, cpu_child_env(1), REPO)

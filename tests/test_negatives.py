@@ -741,7 +741,7 @@ def test_row_subset_keeps_the_rows_in_the_order_asked():
 def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, knobs):
   # The refresh reports two recalls on its sample: the index's top k against exact search,
   # and the k negatives it mined (positives removed) against the k an exact refresh mines.
-  # The second is computed here by brute force, independent of index.mine.
+  # The second is computed here by brute force, independent of mining.mine.
   job = _job_inputs(tmp_path, backend="scann")
   job = RefreshJob(
     **{

@@ -237,7 +237,7 @@ class _GroupProgress:
 
 
 class _FirstSearchKept:
-  """An index whose first search's ids are kept: index.mine's candidates double as the
+  """An index whose first search's ids are kept: mining.mine's candidates double as the
   exact top k, so the recall check scans the shard once for both of its recalls."""
 
   def __init__(self, index):
