@@ -215,3 +215,47 @@ def test_a_workdir_that_is_a_file_is_named(tmp_path, load_config):
   (tmp_path / "wd").write_text("")
   with pytest.raises(InputError, match=r"--workdir=.*wd is a file"):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
+
+
+def test_the_headline_command_without_data_or_encoder_names_both_in_one_line(tmp_path, repo_root):
+  from child_env import cpu_child_env
+
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.main",
+      "--config=experiments/ss20m.py",
+      f"--config.data.dir={tmp_path / 'SS-20M'}",
+      f"--workdir={tmp_path / 'wd'}",
+    ],
+    cwd=repo_root,
+    env=cpu_child_env(1, ASTRA_MODELS_DIR=str(tmp_path / "models")),
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+  errors = [l for l in r.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1, r.stderr
+  line = errors[0]
+  assert "2 inputs are missing" in line
+  assert f"no dataset found in '{tmp_path / 'SS-20M'}'" in line  # the data, and ...
+  assert "python -m astra_jax.main --config=experiments/ss20m.py:synthetic" in line
+  assert str(tmp_path / "models" / "msmarco-distilbert-base-v4") in line  # ... the encoder
+  assert not (tmp_path / "wd" / "results.json").exists()
+
+
+def test_every_missing_dataset_file_is_named(tmp_path):
+  from astra_jax.config import base as config_base
+  from astra_jax.data import dataset
+
+  c = config_base.base_config()
+  c.data.dir = str(tmp_path)
+  (tmp_path / "trn_X.txt").write_text("a\n")  # the renee layout, three files short
+  (missing,) = dataset.missing_files(c.data)
+  for name in ("tst_X.txt", "trn_X_Y.txt", "tst_X_Y.txt"):
+    assert str(tmp_path / name) in missing
+  assert str(tmp_path / "trn_X.txt") not in missing
+  with pytest.raises(InputError, match="missing dataset files"):
+    config_base.check_inputs(c)

@@ -1,6 +1,6 @@
 """astra_jax.baselines: popularity by hand, TF-IDF kNN against a dense reference, and the
-README's floors on the real debian-recommends-20k when $ASTRA_TEST_DATA names a directory
-that holds debian-recommends-20k.tar.gz."""
+floors docs/real_data.md reports on the real debian-recommends-20k when $ASTRA_TEST_DATA
+names a directory that holds debian-recommends-20k.tar.gz."""
 
 import os
 import subprocess

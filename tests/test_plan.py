@@ -410,7 +410,7 @@ DISTILBERT = {
 
 @pytest.mark.parametrize("path", sorted(PAPER_CONFIGS))
 def test_paper_configs_leave_a_quarter_of_a_v100_free(path, tmp_path, monkeypatch):
-  """The README's rule for each paper config's accumulation, with the paper's DistilBERT:
+  """docs/datasets.md's rule for each paper config's accumulation, with the paper's DistilBERT:
   the smallest A that leaves 8 GiB of a V100-32GB free, on the config's own mesh."""
   (tmp_path / "msmarco-distilbert-base-v4").mkdir()
   (tmp_path / "msmarco-distilbert-base-v4" / "config.json").write_text(json.dumps(DISTILBERT))

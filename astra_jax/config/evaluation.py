@@ -30,8 +30,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # With a fused score (scoring.label_text_weight > 0), also report each evaluation's P@k by
   # W alone ("W-alone P@k"): one more evaluation pass each time.
   c.eval.classifier_alone = False
-  # results.json: the TF-IDF kNN baseline beside popularity (needs scikit-learn; skipped
-  # without it) (astra_jax/baselines.py).
+  # results.json: the TF-IDF kNN baseline beside popularity (evaluation/baselines.py; needs
+  # scikit-learn, skipped without it).
   c.eval.tfidf_baseline = False
 
 

@@ -49,6 +49,13 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises InputError naming the first bad field of `negatives`."""
+  flat = sorted(k for k in c.negatives.keys() if k.startswith("scann_"))
+  require(
+    not flat,
+    f"negatives.{flat[0] if flat else ''}",
+    "the refresh index's settings are negatives.index.* now (scann_leaves: "
+    "negatives.index.num_leaves, scann_X: negatives.index.X; CHANGELOG.md)",
+  )
   strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
   require(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   require(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")

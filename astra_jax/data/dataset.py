@@ -103,12 +103,6 @@ def filter_file_path(data_dir: str, filter_file: str) -> str:
   return next((p for p in (os.path.join(data_dir, n) for n in names) if os.path.exists(p)), "")
 
 
-def _require(path: str, hint: str = "") -> str:
-  if not os.path.exists(path):
-    raise MissingDataError(_with_hint(f"missing dataset file {path}.", hint))
-  return path
-
-
 class DatasetFiles(NamedTuple):
   """The files of a dataset directory in one of the LAYOUTS."""
 
@@ -124,8 +118,8 @@ def dataset_files(data_cfg) -> DatasetFiles:
   """The dataset's files, each required one checked.
 
   Raises:
-    MissingDataError: the layout is not found, or one of its required files is missing
-      (with the config's `data.missing_hint`).
+    MissingDataError: the layout is not found, or required files are missing (all of them
+      named, with the config's `data.missing_hint`).
     InputError: an unknown `data.layout`.
   """
   d, hint = data_cfg.dir, data_cfg.get("missing_hint", "")
@@ -140,13 +134,16 @@ def dataset_files(data_cfg) -> DatasetFiles:
     trn_y, tst_y = os.path.join(d, "trn_X_Y.txt"), os.path.join(d, "tst_X_Y.txt")
     files = DatasetFiles(layout, trn_x, tst_x, lbl_x, trn_y, tst_y)
     required = (trn_x, tst_x, trn_y, tst_y)
-  for path in required:
-    _require(path, hint)
+  missing = [path for path in required if not os.path.exists(path)]
+  if missing:
+    files_named = "file" if len(missing) == 1 else "files"
+    raise MissingDataError(_with_hint(f"missing dataset {files_named} {', '.join(missing)}.", hint))
   return files
 
 
 def missing_files(data_cfg) -> list[str]:
-  """What `load` would find missing, one message each with what to do (empty: nothing)."""
+  """What `load` would find missing, as messages naming every missing file and what to do
+  (empty: nothing)."""
   try:
     dataset_files(data_cfg)
   except MissingDataError as e:
@@ -261,7 +258,7 @@ def load(data_cfg, cache_dir: str | None = None) -> XCData:
     else np.zeros((0, 2), np.int64)
   )
   train_self_pairs, own = _own_item_pairs(data_cfg, files, train_labels, test_labels)
-  if len(own):
+  if data_cfg.get("filter_self", "off") != "off":  # the pairs sorted and each once
     test_filter = np.unique(np.concatenate([test_filter, own]), axis=0)
   pad_id, vocab_size = tokenize.tokenizer_ids(
     files.train_texts, cache_dir, data_cfg.tokenizer_dir, data_cfg.max_len

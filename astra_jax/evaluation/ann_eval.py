@@ -76,7 +76,7 @@ def evaluate(
   Args:
     workdir: the run's workdir (its exported `model/`).
     data: the dataset (test tokens, labels, filter).
-    config: the run's config (eval.ks, eval.batch_size, negatives.scann_* are not used: the
+    config: the run's config (eval.ks, eval.batch_size, negatives.index.* are not used: the
       serving knobs are serve_index.serving_params').
     inv_prop: inverse propensities (None: no PS metrics).
     sample_rows: the first rows whose metrics are also reported on their own.

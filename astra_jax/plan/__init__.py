@@ -1,7 +1,9 @@
 """`python -m astra_jax.plan`: the memory, time and disk a config needs, per device
-and per node, before a run starts: estimates (estimates.py), their text (report.py) and the
-command line (__main__.py). Importing it imports neither jax nor the model code, and defines
-no flags.
+and per node, before a run starts: the plan composed (estimates.py) from the sizes its parts
+share (quantities.py), one device's memory (device_memory.py), the hosts' (host_memory.py),
+preparation and disk (disk.py), its inputs and records (inputs.py, records.py); its text
+(report.py) and the command line (__main__.py). Importing it imports neither jax nor the
+model code, and defines no flags.
 
 Layer 12 of 13: may import the layers 1-11.
 """
