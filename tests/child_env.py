@@ -29,14 +29,16 @@ def cpu_child_env(devices: int, **extra: str) -> dict[str, str]:
   return env
 
 
+def main_command(*args: str) -> list[str]:
+  """`python -m astra_jax.main ARGS` under this interpreter."""
+  return [sys.executable, "-m", "astra_jax.main", *args]
+
+
 def demo_command_line(workdir, data_dir) -> list[str]:
   """A small demo run's argument list: 300 labels, 3 epochs of batches of 64, a refresh
   every epoch from epoch 2, a checkpoint every 5 steps (the resume tests' run and
   benchmarks/faults.py's)."""
-  return [
-    sys.executable,
-    "-m",
-    "astra_jax.main",
+  return main_command(
     "--config=experiments/demo.py",
     f"--workdir={workdir}",
     f"--config.data.dir={data_dir}",
@@ -50,4 +52,4 @@ def demo_command_line(workdir, data_dir) -> list[str]:
     "--config.negatives.tau_s=2",
     "--config.negatives.tau_r=1",
     "--config.checkpoint.every_steps=5",
-  ]
+  )

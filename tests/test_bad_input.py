@@ -218,17 +218,14 @@ def test_a_workdir_that_is_a_file_is_named(tmp_path, load_config):
 
 
 def test_the_headline_command_without_data_or_encoder_names_both_in_one_line(tmp_path, repo_root):
-  from child_env import cpu_child_env
+  from child_env import cpu_child_env, main_command
 
   r = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "astra_jax.main",
+    main_command(
       "--config=experiments/ss20m.py",
       f"--config.data.dir={tmp_path / 'SS-20M'}",
       f"--workdir={tmp_path / 'wd'}",
-    ],
+    ),
     cwd=repo_root,
     env=cpu_child_env(1, ASTRA_MODELS_DIR=str(tmp_path / "models")),
     capture_output=True,

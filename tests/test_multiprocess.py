@@ -7,11 +7,10 @@ import json
 import os
 import socket
 import subprocess
-import sys
 
 import numpy as np
 import pytest
-from child_env import REPO as ROOT, cpu_child_env
+from child_env import REPO as ROOT, cpu_child_env, main_command
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +38,7 @@ def _overrides(data_dir):
 
 
 def _main(workdir, data_dir):
-  return [
-    sys.executable,
-    "-m",
-    "astra_jax.main",
-    "--config=experiments/demo.py",
-    f"--workdir={workdir}",
-    *_overrides(data_dir),
-  ]
+  return main_command("--config=experiments/demo.py", f"--workdir={workdir}", *_overrides(data_dir))
 
 
 def _losses(workdir):

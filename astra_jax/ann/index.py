@@ -80,22 +80,20 @@ class IndexKnobs:
   """The refresh index's settings (`config.negatives.index`): its kind, and overrides of
   `scann_defaults` (zeros: scaled to L, or off).
 
-  Attributes:
-    kind: "auto" (exact up to 50k rows, else scann), "exact" or "scann".
-    num_leaves, leaves_to_search, reorder, rows_per_query, leaf_rows, leaf_shrink,
-      group_rows, avq, soar_lambda: `scann_defaults`' keywords of those names.
+  The fields besides `kind` are `scann_defaults`' keywords of those names; these defaults
+  are the config's (config/negatives.py reads them from here).
   """
 
-  kind: str = "auto"
-  num_leaves: int = 0
-  leaves_to_search: int = 0
-  reorder: int = 0
-  rows_per_query: int = 0
-  leaf_rows: int = 0
-  leaf_shrink: float = 0.0
-  group_rows: int = 0
-  avq: float = 0.0
-  soar_lambda: float = 0.0
+  kind: str = "auto"  # auto (exact up to 50k rows, else scann) | exact | scann
+  num_leaves: int = 0  # 0: scaled to L (2 sqrt(L))
+  leaves_to_search: int = 0  # 0: max(64, leaves / 3), at most all leaves
+  reorder: int = 0  # 0: max(20 k, 1000)
+  rows_per_query: int = 0  # > 0: rows a query scores, whatever L
+  leaf_rows: int = 0  # > 0: leaves of this many rows in every shard
+  leaf_shrink: float = 0.0  # > 0: leaves shrink as (10^6 / shard rows)^this
+  group_rows: int = 0  # > 0: built in groups of this many rows
+  avq: float = 0.0  # > 0: anisotropic leaf centres at this eta
+  soar_lambda: float = 0.0  # > 0: SOAR's second copy of each row at this lambda
 
   @classmethod
   def from_config(cls, index_config) -> IndexKnobs:

@@ -3,8 +3,11 @@ schedule (tau_s, tau_r) and the refresh index (`negatives.index`, ann/index.py's
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
+from astra_jax.ann.index import IndexKnobs
 from astra_jax.config.require import require
 from astra_jax.negatives import strategies
 from astra_jax.negatives.strategies import HardShare
@@ -22,20 +25,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.negatives.random_draws = "per_query"
   c.negatives.tau_s = 5  # first epoch with hard negatives
   c.negatives.tau_r = 5  # epochs between index refreshes
-  # The refresh's index over each W shard (ann/index.py, `IndexKnobs`): its kind, and
-  # overrides of `index.scann_defaults` (0: scaled to L, or off). docs/scale.md says when
-  # to set which.
-  c.negatives.index = ml_collections.ConfigDict()
-  c.negatives.index.kind = "auto"  # auto (exact up to 50k labels, else scann) | exact | scann
-  c.negatives.index.num_leaves = 0  # 0: scaled to L (2 sqrt(L))
-  c.negatives.index.leaves_to_search = 0  # 0: max(64, leaves / 3), at most all leaves
-  c.negatives.index.reorder = 0  # 0: max(20 k, 1000)
-  c.negatives.index.rows_per_query = 0  # > 0: rows a query scores, whatever L
-  c.negatives.index.leaf_rows = 0  # > 0: leaves of this many rows in every shard
-  c.negatives.index.leaf_shrink = 0.0  # > 0: leaves shrink as (10^6 / shard rows)^this
-  c.negatives.index.group_rows = 0  # > 0: built in groups of this many rows
-  c.negatives.index.avq = 0.0  # > 0: anisotropic leaf centres at this eta
-  c.negatives.index.soar_lambda = 0.0  # > 0: SOAR's second copy of each row at this lambda
+  # The refresh's index over each W shard: the fields and defaults of ann/index.py's
+  # IndexKnobs, each documented there (kind, num_leaves, ..., soar_lambda; 0: scaled to L,
+  # or off). docs/scale.md says when to set which.
+  c.negatives.index = ml_collections.ConfigDict(dataclasses.asdict(IndexKnobs()))
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
@@ -49,13 +42,13 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
 
 def validate(c: ml_collections.ConfigDict) -> None:
   """Raises InputError naming the first bad field of `negatives`."""
-  flat = sorted(k for k in c.negatives.keys() if k.startswith("scann_"))
-  require(
-    not flat,
-    f"negatives.{flat[0] if flat else ''}",
-    "the refresh index's settings are negatives.index.* now (scann_leaves: "
-    "negatives.index.num_leaves, scann_X: negatives.index.X; CHANGELOG.md)",
-  )
+  for key in sorted(c.negatives.keys()):
+    require(
+      not key.startswith("scann_"),
+      f"negatives.{key}",
+      "the refresh index's settings are negatives.index.* now (scann_leaves: "
+      "negatives.index.num_leaves, scann_X: negatives.index.X; CHANGELOG.md)",
+    )
   strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
   require(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   require(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")

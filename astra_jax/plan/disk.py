@@ -35,9 +35,8 @@ class Preparation(NamedTuple):
 
 def preparation(q: Quantities) -> Preparation:
   """The label parse's and tokenization's memory and CPU seconds (module docstring)."""
-  test_nnz = int(q.num_test * q.lpp) if q.lpp else 0
-  text_bytes = (q.nnz_file + test_nnz) * (len(str(max(q.L - 1, 1))) + LABEL_TEXT_SEPARATOR_BYTES)
-  token_rows = q.rows + q.num_test
+  digits = len(str(max(q.L - 1, 1)))
+  text_bytes = (q.nnz_file + q.test_nnz) * (digits + LABEL_TEXT_SEPARATOR_BYTES)
   # The phases run one after the other: the peak is the larger (Plan.prep_peak).
   items = [
     Item("label parse (16 MB blocks), measured", PARSE_PEAK_BYTES, "bounded by the block"),
@@ -48,8 +47,8 @@ def preparation(q: Quantities) -> Preparation:
   seconds = {
     "label_text_bytes": text_bytes,
     "parse_cpu_s": round(text_bytes / PARSE_BYTES_PER_CPU_S),
-    "tokenize_rows": token_rows,
-    "tokenize_cpu_s": round(token_rows / TOKENIZE_ROWS_PER_CPU_S),
+    "tokenize_rows": q.token_rows,
+    "tokenize_cpu_s": round(q.token_rows / TOKENIZE_ROWS_PER_CPU_S),
   }
   return Preparation(items=items, seconds=seconds)
 
@@ -59,9 +58,8 @@ def disk_items(config, q: Quantities) -> list[Item]:
   each process (the inputs of the refresh last consumed stay beside those being collected:
   a resume reruns it), the negatives generations, the checkpoints and the export."""
   P, L, M, d, T, Pn, S, R = q.P, q.L, q.M, q.d, q.T, q.Pn, q.S, q.R
-  test_nnz = int(q.num_test * q.lpp) if q.lpp else 0
-  token_rows = q.rows + q.num_test
-  test_cache = (q.num_test + 1) * 8 + test_nnz * 4
+  token_rows = q.token_rows
+  test_cache = (q.num_test + 1) * 8 + q.test_nnz * 4
   state = (
     4 * P
     + 8 * P

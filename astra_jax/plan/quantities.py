@@ -32,8 +32,9 @@ class Quantities:
     S, Pn: W shards per process and processes per node.
     index_kind: the refresh index ("exact" or "scann").
     ds: the paper's dataset record, when the config names one.
-    lpp, num_test, nnz: labels per point, test rows and training positives (None /
-      0 when unknown).
+    lpp, num_test, nnz, test_nnz: labels per point, test rows, and the training and test
+      rows' positives (None / 0 when unknown).
+    token_rows: rows tokenized (training, label texts, test).
     own_rows: training rows a process mines for (its data groups' share).
     negatives_own: bytes of a process's hard negatives.
     collection: bytes of the collected query embeddings.
@@ -70,6 +71,8 @@ class Quantities:
   lpp: float | None
   num_test: int
   nnz: int | None
+  test_nnz: int
+  token_rows: int
   own_rows: int
   negatives_own: int
   collection: int
@@ -160,6 +163,8 @@ def quantities(config, data: DataSize, layout: NodeLayout | None) -> tuple[Quant
     lpp=lpp,
     num_test=num_test,
     nnz=nnz,
+    test_nnz=int(num_test * lpp) if lpp else 0,
+    token_rows=rows + num_test,
     own_rows=own_rows,
     negatives_own=negatives_own,
     collection=collection,
