@@ -32,8 +32,13 @@ def merge_topk(
   Returns:
     (scores, ids) (q, k) of the best k of both, best first.
   """
-  cand_s = jnp.concatenate([best_s, s], axis=1)
-  cand_i = jnp.concatenate([best_i, jnp.broadcast_to(ids, s.shape)], axis=1)
+  # The tile's own top-k first, then a merge of two (q, k) lists: the tile's ids are
+  # gathered for k columns only, never broadcast to (q, t), which XLA would otherwise
+  # materialise (and constant-fold at compile time when the tile is the only one). Ties keep
+  # the running list's entry, then the lower position, as one top-k over both would.
+  tile_s, pos = jax.lax.top_k(s, min(k, s.shape[1]))
+  cand_s = jnp.concatenate([best_s, tile_s], axis=1)
+  cand_i = jnp.concatenate([best_i, jnp.take(ids, pos)], axis=1)
   top_s, pos = jax.lax.top_k(cand_s, k)
   return top_s, jnp.take_along_axis(cand_i, pos, axis=1)
 
