@@ -1,6 +1,7 @@
 """The label-text fused score: the blocked top-k against a dense reference."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -73,8 +74,23 @@ def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
   c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 32, 0
   c.negatives.k_r, c.negatives.tau_s = 16, 10
   wd = str(tmp_path / "wd")
-  train.train_and_evaluate(c, wd)
+  t0 = time.time()
+  r = train.train_and_evaluate(c, wd)
+  wall = time.time() - t0
   assert os.path.isdir(os.path.join(wd, "warmstart"))
+  # Every stage's time is recorded, and together they fit inside the run's wall time.
+  stages = r["stage_seconds"]
+  assert list(stages) == [
+    "data_and_encoder",
+    "warm_start",
+    "classifier_init",
+    "training",
+    "final_evaluation",
+    "export",
+  ]
+  assert all(v >= 0 for v in stages.values()) and stages["warm_start"] > 0
+  assert sum(stages.values()) <= min(wall, r["total_time_s"]) + 0.1
+  assert r["device_kind"] and r["encoder"]["architecture"] == "ngram_bag"
   p = Predictor.from_workdir(wd, index="scann")  # fused: exact search
   assert p.fusion == score_fusion.LabelTextFusion(0.5, 5.0, 16)
   texts = p.model.label_texts[:5]

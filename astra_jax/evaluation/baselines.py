@@ -155,8 +155,9 @@ def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[st
 
 
 def for_training_run(config) -> dict:
-  """`eval.tfidf_baseline`: {"tfidf_knn_baseline": metrics} on the run's test split, when
-  scikit-learn is installed ({} otherwise or when off)."""
+  """`eval.tfidf_baseline`: the TF-IDF floors on the run's test split under its filter,
+  {"tfidf_knn_baseline": metrics, "tfidf_label_text_baseline": metrics (when the data has
+  label texts)}, when scikit-learn is installed ({} otherwise or when off)."""
   if not config.eval.tfidf_baseline:
     return {}
   if not sklearn_available():
@@ -168,7 +169,11 @@ def for_training_run(config) -> dict:
     config.data.use_content,
     filter_self=config.data.get("filter_self", "off"),
   )
-  return {"tfidf_knn_baseline": tfidf_knn(texts, tuple(config.eval.ks))}
+  ks = tuple(config.eval.ks)
+  out = {"tfidf_knn_baseline": tfidf_knn(texts, ks)}
+  if texts.label_texts is not None:
+    out["tfidf_label_text_baseline"] = tfidf_label_text(texts, ks)
+  return out
 
 
 def run_all(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, dict[str, float]]:

@@ -41,6 +41,8 @@ def format_results(results: Mapping, results_path: str) -> str:
   rows["label popularity"] = results["popularity_baseline"]
   if "tfidf_knn_baseline" in results:
     rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
+  if "tfidf_label_text_baseline" in results:
+    rows["TF-IDF label text"] = results["tfidf_label_text_baseline"]
   for prefix, name in (
     ("W-alone ", "W alone (no label-text term)"),  # eval.classifier_alone
     ("kNN-E ", "kNN over own E(x)"),  # eval.knn_diagnostic: a kNN vote instead of W

@@ -3,6 +3,7 @@ the results.json record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -16,6 +17,21 @@ from astra_jax.model import encoder_source
 from astra_jax.runtime import distributed, faults
 from astra_jax.serving.export import save_trained_model
 from astra_jax.training.trainer import Trainer
+
+
+@dataclasses.dataclass
+class StageClock:
+  """Wall-clock seconds of a run's stages in this process, in the order they ran (a
+  resumed run's: what this process spent; a restored warm start costs its restore)."""
+
+  seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+  _last: float = dataclasses.field(default_factory=time.time)
+
+  def mark(self, stage: str) -> None:
+    """Ends `stage` now: it took the time since the previous mark (or the clock's start)."""
+    now = time.time()
+    self.seconds[stage] = round(now - self._last, 2)
+    self._last = now
 
 
 def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
@@ -67,10 +83,15 @@ def results_record(
   phase_spans: dict,
   t_start: float,
   n_params: int,
+  stages: StageClock | None = None,
 ) -> dict:
-  """results.json: the run's size, times, metrics beside the baselines, the negatives'
-  record, the layout, what degraded, and the config."""
+  """results.json: the run's size, times (every stage's, `stage_seconds`), metrics beside
+  the baselines, the negatives' record, the layout and device, what degraded, the encoder
+  that ran and the config."""
   p, progress = trainer.parts, trainer.progress
+  stage_seconds = dict(stages.seconds) if stages else {}
+  for phase, (start, end) in phase_spans.items():
+    stage_seconds[phase] = round(end - start, 2)
   config, data = p.config, p.data
   return {
     "data_dir": os.path.abspath(data.data_dir),
@@ -87,6 +108,7 @@ def results_record(
     "first_step_s": trainer.first_step_s,
     "matmul_precision": config.encoder.matmul_precision,
     "total_time_s": round(time.time() - t_start, 2),
+    "stage_seconds": stage_seconds,
     "phase_spans": phase_spans,
     "metrics": final,
     **final,
@@ -98,6 +120,7 @@ def results_record(
     "time_breakup": p.profiler.breakup(progress.step_times, config.train.batch_size),
     "negatives": {**p.hard_negatives.summary(), "per_epoch": progress.negatives_per_epoch},
     "device": str(jax.devices()[0].platform),
+    "device_kind": str(jax.devices()[0].device_kind),
     "num_devices": jax.device_count(),
     "num_processes": jax.process_count(),
     "mesh": dict(p.mesh.shape),

@@ -36,7 +36,7 @@ from astra_jax.runtime.watchdog import HangWatchdog
 from astra_jax.training import checkpoint, optim, run_config, steps, warmstart
 from astra_jax.training.encoder_init import start_encoder
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
-from astra_jax.training.results import evaluate_and_export, results_record, write_json
+from astra_jax.training.results import StageClock, evaluate_and_export, results_record, write_json
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
 from astra_jax.training.trainer import RunParts, Trainer
@@ -359,6 +359,7 @@ def _train_and_evaluate(
   config = copy.deepcopy(config)  # data preparation fills in derived fields
   claim_workdir(config, workdir)
   t_start = time.time()
+  stages = StageClock()
 
   # ---- data and model
   data, eval_data = load_splits(config)
@@ -372,6 +373,7 @@ def _train_and_evaluate(
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
   check_fusion(config, data, d)
+  stages.mark("data_and_encoder")
   if config.warmstart.epochs:
     enc_params = warmstart.run(
       config,
@@ -382,8 +384,10 @@ def _train_and_evaluate(
       warmstart.training_pairs(data.train_labels, data.num_train_original),
       workdir,
     )
+    stages.mark("warm_start")
   embed_fn = make_embed_fn(graphdef)
   w = starting_classifier(config, workdir, mesh, rows, d, data, embed_fn, enc_params)
+  stages.mark("classifier_init")
 
   # ---- negatives and batches
   hard_negatives, batches = make_negatives_and_batches(config, data, mesh, micro_batch, d, workdir)
@@ -448,10 +452,11 @@ def _train_and_evaluate(
     trainer.close()
   hard_negatives.finish()
   hang_watchdog.disarm()
+  stages.mark("training")
 
   # ---- evaluate and export
   final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg)
-  results = results_record(trainer, final, ann, phase_spans, t_start, n_params)
+  results = results_record(trainer, final, ann, phase_spans, t_start, n_params, stages)
   if distributed.is_leader():
     write_json(os.path.join(workdir, "time_breakup.json"), results["time_breakup"])
     write_json(os.path.join(workdir, "results.json"), results)
