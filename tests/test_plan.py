@@ -19,6 +19,7 @@ from astra_jax.config import base as config_base
 from astra_jax.data import catalog
 from astra_jax.model import factory
 from astra_jax.runtime.errors import InputError
+from astra_jax.training import run_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = {d.config for d in catalog.DATASETS.values()}
@@ -278,10 +279,10 @@ def test_cli_json_without_jax(tmp_path):
 @pytest.mark.parametrize("path", sorted(glob.glob("experiments/*.py", root_dir=REPO)))
 def test_every_config_loads_and_validates(path):
   variants = {"experiments/xc_text.py": ["minilm", "tiny", "ngram"], "experiments/demo.py": [None]}
-  for variant in variants.get(path, ["", "synthetic"]):
+  for variant in variants.get(path, ["", "staged", "synthetic"]):
     c = load_config(path, variant)
     c.data.dir = c.data.dir or "/some/dir"  # demo.py and xc_text.py leave it to the user
-    if path in PAPER_CONFIGS and variant == "" and not os.path.isdir(c.encoder.hf_dir):
+    if path in PAPER_CONFIGS and variant != "synthetic" and not os.path.isdir(c.encoder.hf_dir):
       # Without the paper's encoder: an error, until MiniLM is chosen explicitly.
       with pytest.raises(InputError, match="the paper's encoder .* is not in"):
         config_base.check_inputs(c)
@@ -291,6 +292,25 @@ def test_every_config_loads_and_validates(path):
       assert c.data.dir.startswith("data/") and c.negatives.tau_s == c.negatives.tau_r == 5
       assert c.train.batch_size % (c.train.grad_accum_steps * c.mesh.data * c.mesh.model) == 0
       assert c.data.synthetic.enabled == (variant == "synthetic")
+
+
+@pytest.mark.parametrize("path", sorted(PAPER_CONFIGS))
+def test_staged_variant_adds_the_real_data_stages_and_nothing_else(path):
+  plain, staged = load_config(path), load_config(path, "staged")
+  changed = {k for k, _, _ in run_config.config_diff(plain.to_dict(), staged.to_dict())}
+  assert changed == {
+    "warmstart.epochs",
+    "warmstart.batch_size",
+    "warmstart.lr",
+    "classifier.init",
+    "scoring.label_text_weight",
+  }
+  assert staged.warmstart.epochs > 0 and staged.classifier.init == "label_text"
+  assert 0 < staged.scoring.label_text_weight < 1
+  # The paper's row is untouched, Renee's momentum included.
+  assert staged.optim.classifier_momentum == plain.optim.classifier_momentum == 0.9
+  with pytest.raises(ValueError, match="'staged'"):
+    load_config(path, "staged,2")
 
 
 def test_paper_table_translation():

@@ -51,8 +51,17 @@ TINY_ENCODER_LR = 2e-3  # the paper's lrs fine-tune a pretrained encoder; a rand
 TINY_EMBEDDING_DROPOUT = 0.2
 # Renée's classifier momentum (0.9) lowers a stand-in's P@1, even with a tenth of the lr, so
 # the stand-ins' tables keep plain SGD; --config.optim.classifier_momentum=0.9 trains one
-# as the real-data config does. Measured: docs/results/paper_configs.md.
+# as the real-data config does. Measured: docs/results/paper_configs.md. On real data
+# (debian-recommends-20k) momentum with a tenth of the lr equals plain SGD, so the paper
+# configs keep Renée's momentum with Renée's lr (docs/results/real_data_gpu.md).
 STAND_IN_CLASSIFIER_MOMENTUM = 0.0
+# The real-data stages (`set_real_data_stages`), as experiments/xc_text.py's MiniLM recipe
+# chose them on debian-recommends-20k's validation split (docs/real_data.md).
+STAGED_WARMSTART_EPOCHS = 10
+STAGED_WARMSTART_BATCH = 512
+STAGED_WARMSTART_LR = 1e-4
+STAGED_LABEL_TEXT_WEIGHT = 0.5
+STAGED_LABEL_TEXT_SCALE = 5.0
 # Fewest negatives per query a stand-in keeps (k_h + k_r) when the paper's share of the
 # labels would leave fewer (SS-20M at 1e-4: 0.2).
 SYNTHETIC_MIN_NEGATIVES = 64
@@ -213,13 +222,30 @@ def set_encoder(c: ml_collections.ConfigDict, paper_encoder: str) -> None:
   c.optim.encoder_weight_decay = RENEE_ENCODER_DECAY.get(c.data.name, RENEE_ENCODER_DECAY_DEFAULT)
 
 
+def set_real_data_stages(c: ml_collections.ConfigDict) -> None:
+  """The stages a pretrained encoder was measured to need on real data (docs/real_data.md,
+  "The pretrained encoder"): NGAME's first stage on (query, label text) pairs, W started
+  from the warm-started label texts, and the label-text similarity in the score.
+  `experiments/xc_text.py` trains with them; each paper config takes them as `:staged`."""
+  c.warmstart.epochs = STAGED_WARMSTART_EPOCHS
+  c.warmstart.batch_size = STAGED_WARMSTART_BATCH
+  c.warmstart.lr = STAGED_WARMSTART_LR
+  c.classifier.init = "label_text"
+  c.scoring.label_text_weight = STAGED_LABEL_TEXT_WEIGHT
+  c.scoring.label_text_scale = STAGED_LABEL_TEXT_SCALE
+
+
 def apply_variant(
   c: ml_collections.ConfigDict, variant: str, config_file: str
 ) -> ml_collections.ConfigDict:
-  """ "" -> c; "synthetic" or "synthetic,SCALE" -> the synthetic stand-in;
-  "full_labels" or "full_labels,NUM_TRAIN" -> the stand-in at the full label count."""
+  """ "" -> c; "staged" -> c with the real-data stages (`set_real_data_stages`);
+  "synthetic" or "synthetic,SCALE" -> the synthetic stand-in; "full_labels" or
+  "full_labels,NUM_TRAIN" -> the stand-in at the full label count."""
   kind, _, arg = variant.partition(",")
   if kind == "":
+    return c
+  if kind == "staged" and not arg:
+    set_real_data_stages(c)
     return c
   if kind == "full_labels":
     try:
@@ -232,8 +258,8 @@ def apply_variant(
     return full_label_variant(c, num_train, config_file)
   if kind != "synthetic":
     raise ValueError(
-      f"{config_file}:{variant}: the variants are '' (the dataset), "
-      f"'synthetic[,SCALE]' (its synthetic stand-in) and "
+      f"{config_file}:{variant}: the variants are '' (the dataset), 'staged' (the dataset "
+      f"with the real-data stages), 'synthetic[,SCALE]' (its synthetic stand-in) and "
       f"'full_labels[,NUM_TRAIN]' (a stand-in at its full label count)"
     )
   try:

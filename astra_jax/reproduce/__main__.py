@@ -8,7 +8,9 @@ number of hard-negative refreshes), timebreakup, memory, tau_s_ablation,
 tau_r_ablation, ratio_ablation, ttvsperf (PNG), ttvsperf_full_labels (the same at the
 dataset's full 131,073 labels: ASTRA, full-L and random; PNG), motivation (fig:motivation:
 table + PNG), rq3_real (the ablation and full-L on a real dataset, `--data=DIR`, by
-experiments/xc_text.py:ngram; seeds from --seeds),
+experiments/xc_text.py:ngram; seeds from --seeds), encoders_real (the encoders on a real
+dataset, `--data=DIR`: settings chosen on a validation split by its first stage,
+encoders_real_validation, then the test split read once; reproduce/real_encoders.py),
 or all_cpu (the tables docs/results.md
 holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
 results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
