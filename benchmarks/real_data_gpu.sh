@@ -14,7 +14,8 @@ root=${2:?usage: real_data_gpu.sh DATA_DIR WORKDIR OUT_DIR [JOBS]}
 out=${3:?usage: real_data_gpu.sh DATA_DIR WORKDIR OUT_DIR [JOBS]}
 jobs=${4:-6}
 mkdir -p "$out"
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
+PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd)
+export PYTHONPATH PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$root/xla_cache}
 py=${PYTHON:-python3}
 nvidia-smi -L 2>/dev/null

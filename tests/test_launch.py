@@ -14,6 +14,7 @@ SCRIPTS = [
   "launch/single_node.sh",
   "launch/common.sh",
   "launch/first_job.sh",
+  "benchmarks/real_data_gpu.sh",
 ]
 
 
