@@ -13,12 +13,37 @@ The hard-negative refresh mines with them (negatives/mining.py), serving searche
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
 import tempfile
 
 import numpy as np
+from absl import logging
+
+# ScaNN ships wheels for Linux (x86_64, aarch64) only; elsewhere the project installs without
+# it (setup.cfg) and every ScaNN search becomes an exact one.
+SCANN_MISSING = (
+  "ScaNN is not installed (its wheels are for Linux x86_64 and aarch64): hard negatives and "
+  "serving search exactly, O(L) per query"
+)
+
+
+@functools.cache
+def scann_available() -> bool:
+  """Whether ScaNN imports in this process."""
+  try:
+    import scann  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+@functools.cache
+def warn_scann_missing() -> None:
+  """SCANN_MISSING as a warning, once per process (the trainer and its serving index)."""
+  logging.warning(SCANN_MISSING)
 
 
 class ExactIndex:

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from astra_jax.ann import index as index_lib
 from astra_jax.ann.grouped_index import GroupedScannIndex
 from astra_jax.ann.index import ExactIndex, ScannIndex, scann_defaults
 from astra_jax.data import rowsets
@@ -24,12 +25,14 @@ def build_index(
   threads: int = 0,
   progress=None,
 ):
-  """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap).
+  """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap);
+  "scann" where ScaNN is not installed searches exactly (`exact_without_scann` tells).
   threads > 0: ScaNN's thread count (the exact index's matmul follows the BLAS pool, which
   the refresh worker's environment sets). progress: a grouped build's callback
   (GroupedScannIndex)."""
-  if backend == "auto":
-    backend = "exact" if len(rows) <= 50_000 else "scann"
+  backend = resolve_backend(backend, len(rows))
+  if backend == "scann" and not index_lib.scann_available():
+    backend = "exact"
   if backend == "exact":
     return ExactIndex(rows)
   if backend == "scann":
@@ -38,6 +41,19 @@ def build_index(
       return GroupedScannIndex(rows, k, params, threads, progress=progress)
     return ScannIndex(rows, k, params, threads)
   raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
+
+
+def resolve_backend(backend: str, num_rows: int) -> str:
+  """"auto" -> "exact" up to 50k rows, else "scann"; other names unchanged."""
+  if backend == "auto":
+    return "exact" if num_rows <= 50_000 else "scann"
+  return backend
+
+
+def exact_without_scann(backend: str, num_rows: int) -> bool:
+  """Whether `build_index(rows, k, backend)` over `num_rows` rows searches exactly only
+  because ScaNN is not installed."""
+  return resolve_backend(backend, num_rows) == "scann" and not index_lib.scann_available()
 
 
 def remove_positives(

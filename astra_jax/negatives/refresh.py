@@ -163,6 +163,10 @@ def run_job(job: RefreshJob) -> dict:
     "query_rows": [int(row_lo), int(row_hi)],
     "num_labels": len(vectors),
     "num_shards": len(shards),
+    # Shards searched exactly because ScaNN is not installed (degraded.py counts them).
+    "exact_without_scann": sum(
+      mining.exact_without_scann(job.backend, hi - lo) for lo, hi in shards
+    ),
     # The peak of the process that ran it: the worker's (the trainer's when synchronous).
     "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
   }

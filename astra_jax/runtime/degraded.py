@@ -32,6 +32,8 @@ class Degraded:
   evals_on_subset: int = 0  # evaluations on the first test rows only (eval.max_test_rows,
   # eval.final_max_rows)
   checkpoints_set_aside: int = 0  # damaged at resume: moved to checkpoints/damaged/
+  # refreshes whose ScaNN index was an exact search: ScaNN is not installed (ann/index.py)
+  refreshes_exact_without_scann: int = 0
 
   def note(self, field: str, message: str, *args) -> None:
     """Counts one fallback of kind `field` and logs `message % args` as a warning."""
@@ -90,7 +92,10 @@ def note_epoch_start(
           "negatives"
         )
       degraded.refreshes_failed += 1
-    elif pipelined and stats.get("wait_s", 0.0) > LATE_REFRESH_S:
+    elif stats.get("exact_without_scann"):
+      # Counted only: the run said once, as it started, that it searches exactly.
+      degraded.refreshes_exact_without_scann += 1
+    if stats.get("ok") and pipelined and stats.get("wait_s", 0.0) > LATE_REFRESH_S:
       degraded.note(
         "refreshes_late",
         "negatives: the refresh for epoch %d was late: training waited %.1fs for it",

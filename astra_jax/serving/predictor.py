@@ -15,6 +15,7 @@ from absl import logging
 from flax import nnx
 
 from astra_jax.ann import exact_topk
+from astra_jax.ann.index import scann_available, warn_scann_missing
 from astra_jax.data import tokenize
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export, serve_index
@@ -166,6 +167,9 @@ class Predictor:
     right = getattr(self.tokenizer, "padding_side", "right") == "right"
     self.seq_buckets = seq_buckets(model.max_len) if right else (model.max_len,)
     self.num_labels = len(model.classifier)
+    if index == "scann" and not scann_available():
+      warn_scann_missing()
+      index = "exact"
     if index == "scann" and self.num_labels < serve_index.MIN_ROWS:
       logging.info(
         "%d labels: exact search (ScaNN needs at least %d rows, and exact costs nothing here)",

@@ -18,7 +18,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from astra_jax.ann.index import IndexKnobs
+from astra_jax.ann.index import IndexKnobs, scann_available, warn_scann_missing
 from astra_jax.config import base as config_base
 from astra_jax.data import dataset, label_subset, synthetic, validation
 from astra_jax.evaluation import final_eval, metrics
@@ -249,6 +249,8 @@ def make_negatives_and_batches(
     ),
   )
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
+  if schedule.refresh_epochs and not scann_available():
+    warn_scann_missing()  # once; each refresh that searched exactly is counted in `degraded`
   accum = config.train.grad_accum_steps
   batches = TrainBatches(
     data.train_tokens,
