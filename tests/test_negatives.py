@@ -7,11 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from astra_jax.ann import grouped_index, index as index_lib
+from astra_jax.ann import exact_topk, grouped_index, index as index_lib
 from astra_jax.ann.index import IndexKnobs
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives import mining
 from astra_jax.negatives.refresh import (
+  InProcessRefresh,
   RefreshFailed,
   RefreshJob,
   RefreshWorker,
@@ -788,3 +789,29 @@ def test_the_exact_sample_mines_past_more_positives_than_it_searched_for():
   np.testing.assert_array_equal(top, order[:, :2])
   np.testing.assert_array_equal(negatives[0], [order[0, 0] + 1000, order[0, 2] + 1000])
   np.testing.assert_array_equal(negatives[1], order[1, 12:14] + 1000)
+
+
+def test_device_index_is_exact_with_ties_broken_by_lower_id():
+  rng = np.random.default_rng(0)
+  rows = rng.integers(-2, 3, size=(3000, 4)).astype(np.float32)  # many equal scores
+  queries = rng.integers(-2, 3, size=(70, 4)).astype(np.float32)
+  got = exact_topk.DeviceIndex(rows, query_block=32, label_block=1024).search(queries, 9)
+  scores = queries @ rows.T
+  for i in range(len(queries)):
+    want = np.lexsort((np.arange(len(rows)), -scores[i]))[:9]  # score down, then id up
+    np.testing.assert_array_equal(got[i], want)
+
+
+def test_device_refresh_mines_what_the_host_exact_refresh_mines(tmp_path):
+  job = _job_inputs(tmp_path, backend="exact")
+  job.shards = [[0, 700], [700, 2000]]
+  run_job(job)
+  device = RefreshJob(
+    **{**job.__dict__, "backend": "device", "out_path": str(tmp_path / "device.npy")}
+  )
+  refresh = InProcessRefresh()
+  refresh.start(device, str(tmp_path / "device_job.json"))
+  assert refresh.busy and not os.path.exists(device.out_path)  # it runs at the wait
+  stats = refresh.wait()
+  np.testing.assert_array_equal(np.load(device.out_path), np.load(job.out_path))
+  assert stats["recall"] == 1.0 and stats["in_process"] and not refresh.busy

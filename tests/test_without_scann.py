@@ -53,3 +53,21 @@ def test_the_demo_path_runs_without_scann_and_says_so_once(tmp_path):
   assert results["degraded"]["refreshes_exact_without_scann"] == len(refreshes)
   assert results["ann_eval"]["index"] == "exact"
   assert os.path.exists(wd / "model" / "classifier.npy")
+
+
+@pytest.mark.slow
+def test_the_device_backend_refreshes_between_epochs_without_scann(tmp_path):
+  wd = tmp_path / "wd"
+  cmd = demo_command_line(wd, tmp_path / "data") + ["--config.negatives.refresh_backend=device"]
+  env = cpu_child_env(1)
+  env["PYTHONPATH"] = f"{_hidden_scann(tmp_path)}{os.pathsep}{REPO}"
+  r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+  log = r.stdout + r.stderr
+  assert r.returncode == 0, log[-3000:]
+  assert index.SCANN_MISSING not in log  # the device backend needs no ScaNN
+  with open(wd / "results.json") as f:
+    results = json.load(f)
+  refreshes = results["negatives"]["refreshes"]
+  assert refreshes and all(s["ok"] and s["in_process"] and s["recall"] == 1.0 for s in refreshes)
+  # Training waits for an in-process refresh by design: that is not a late refresh.
+  assert not any(results["degraded"].values()), results["degraded"]

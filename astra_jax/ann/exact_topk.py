@@ -2,7 +2,8 @@
 
 Scores are computed one (query block x label block) tile at a time and merged into a running
 top-k (`merge_topk`, which the sharded search on the mesh shares), so memory is
-O(qb x (lb + k)), never O(n x L). Training's evaluation and serving's exact index use it.
+O(qb x (lb + k)), never O(n x L). Training's evaluation, serving's exact index and the
+refresh's device backend (`DeviceIndex`) use it.
 """
 
 from __future__ import annotations
@@ -99,10 +100,22 @@ def topk(
   Returns:
     (scores (n, k) float32, ids (n, k) int32).
   """
-  L, d = classifier.shape
-  k = min(k, L)
-  label_block = min(label_block, L)
+  label_block = min(label_block, len(classifier))
   w_blocks = label_blocks(classifier, label_block)
+  return _blocked_topk(embeddings, w_blocks, len(classifier), k, query_block, label_block, score)
+
+
+def _blocked_topk(
+  embeddings: np.ndarray,
+  w_blocks: jax.Array,
+  num_labels: int,
+  k: int,
+  query_block: int,
+  label_block: int,
+  score=dot_scores,
+) -> tuple[np.ndarray, np.ndarray]:
+  """`topk` over label rows already in blocks (`label_blocks`)."""
+  k = min(k, num_labels)
   n = len(embeddings)
   scores = np.empty((n, k), np.float32)
   ids = np.empty((n, k), np.int32)
@@ -111,6 +124,27 @@ def topk(
     m = len(q)
     if m < query_block and n > query_block:  # keep one compiled shape
       q = np.pad(q, ((0, query_block - m), (0, 0)))
-    s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, L, score)
+    s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, num_labels, score)
     scores[start : start + m], ids[start : start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids
+
+
+class DeviceIndex:
+  """Exact maximum-inner-product search over label rows held on the default device (the
+  refresh's `negatives.refresh_backend=device`): the blocked top-k, a query block at a time.
+  The interface of ann/index.py's host indexes: `search(queries, k) -> (n, k) ids`."""
+
+  exact = True  # recall 1.0 by construction: a refresh skips its recall check
+
+  def __init__(self, rows: np.ndarray, query_block: int = 4096, label_block: int = 32768):
+    self.num_rows = len(rows)
+    self.query_block = query_block
+    self.label_block = min(label_block, self.num_rows)
+    self.w_blocks = label_blocks(rows, self.label_block)
+
+  def search(self, queries: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) int32 ids of each query's top k rows, best first (ties: lower id)."""
+    _, ids = _blocked_topk(
+      queries, self.w_blocks, self.num_rows, k, self.query_block, self.label_block
+    )
+    return ids

@@ -30,6 +30,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # or off). docs/scale.md says when to set which.
   c.negatives.index = ml_collections.ConfigDict(dataclasses.asdict(IndexKnobs()))
   c.negatives.recall_sample = 1000  # queries checked against exact search at each refresh
+  # Where a refresh searches: "host", the index above in a worker process beside training
+  # (the paper's design); "device", exact top-k on the training devices between epochs
+  # (training waits for it; no ScaNN needed; docs/negatives.md says when it pays).
+  c.negatives.refresh_backend = "host"
   # Threads of a refresh worker (ScaNN, numpy's BLAS): 0 = this task's CPUs
   # (SLURM_CPUS_PER_TASK, or the affinity mask) less train.input_threads, at least 1.
   c.negatives.refresh_threads = 0
@@ -50,6 +54,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
       "negatives.index.num_leaves, scann_X: negatives.index.X; CHANGELOG.md)",
     )
   strategy = strategies.get(c.negatives.strategy)  # an unknown one: names the field
+  require(
+    c.negatives.refresh_backend in ("host", "device"),
+    "negatives.refresh_backend",
+    f"use host or device, got {c.negatives.refresh_backend!r}",
+  )
   require(c.negatives.k_p >= 1, "negatives.k_p", f"must be >= 1, got {c.negatives.k_p}")
   require(c.negatives.k_h >= 0, "negatives.k_h", "must be >= 0")
   if strategy.allows_hard_only:

@@ -32,6 +32,7 @@ from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives import mining
 from astra_jax.negatives.held_blocks import HeldBlocks
 from astra_jax.negatives.refresh import (
+  InProcessRefresh,
   RefreshFailed,
   RefreshFiles,
   RefreshJob,
@@ -57,6 +58,8 @@ class HardNegatives:
     train_labels: the training rows' positives (removed from the mined negatives).
     dim: d, the width of the collected query embeddings.
     index: the index each refresh builds (ann/index.py).
+    refresh_backend: "host" (a worker process beside training) or "device" (exact, on the
+      training devices, when the swap waits for it).
     recall_sample: queries whose recall against exact search each refresh reports.
     seed: the refreshes' seed (refresh e uses seed + e).
     inject_fault: a fault for the first refresh (tests and benchmarks/faults.py).
@@ -82,6 +85,7 @@ class HardNegatives:
     train_labels: SparseRows,
     dim: int,
     index: IndexKnobs = DEFAULT_INDEX,
+    refresh_backend: str = "host",
     recall_sample: int = 1000,
     seed: int = 0,
     inject_fault: str = "",
@@ -96,7 +100,7 @@ class HardNegatives:
     self.schedule, self.labels, self.dim = schedule, train_labels, dim
     self.num_rows = train_labels.num_rows
     self.query_rows = tuple(query_rows or (0, self.num_rows))
-    self.index = index
+    self.index, self.refresh_backend = index, refresh_backend
     self.recall_sample, self.seed, self.fault = recall_sample, seed, inject_fault
     self.threads = threads  # each worker's thread budget (cpu_budget.refresh_threads)
     # Polled while the trainer waits for a refresh: a stop request (SIGTERM) ends the wait
@@ -144,7 +148,7 @@ class HardNegatives:
       out_path=paths.out,
       stats_path=paths.stats,
       k=self.schedule.mined_k(),
-      backend=self.index.kind,
+      backend="device" if self.refresh_backend == "device" else self.index.kind,
       scann_knobs=self.index.scann_knobs(),
       recall_sample=self.recall_sample,
       seed=self.seed + epoch,
@@ -349,7 +353,7 @@ class HardNegatives:
     )
 
   def _launch(self, r: int) -> None:
-    self.pending[r] = RefreshWorker()
+    self.pending[r] = InProcessRefresh() if self.refresh_backend == "device" else RefreshWorker()
     self.pending[r].start(self._job(r), self._paths(r).job)
 
   def _launch_deferred(self) -> None:

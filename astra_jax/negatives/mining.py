@@ -26,7 +26,8 @@ def build_index(
   progress=None,
 ):
   """backend: "exact", "scann", or "auto" (exact up to 50k rows, where a matmul is cheap);
-  "scann" where ScaNN is not installed searches exactly (`exact_without_scann` tells).
+  "scann" where ScaNN is not installed searches exactly (`exact_without_scann` tells);
+  "device": exact on this process's default jax device (the trainer's in-process refresh).
   threads > 0: ScaNN's thread count (the exact index's matmul follows the BLAS pool, which
   the refresh worker's environment sets). progress: a grouped build's callback
   (GroupedScannIndex)."""
@@ -35,16 +36,20 @@ def build_index(
     backend = "exact"
   if backend == "exact":
     return ExactIndex(rows)
+  if backend == "device":
+    from astra_jax.ann import exact_topk  # jax: only the trainer runs this backend
+
+    return exact_topk.DeviceIndex(rows)
   if backend == "scann":
     params = scann_defaults(len(rows), k, **(scann_knobs or {}))
     if params.group_rows:
       return GroupedScannIndex(rows, k, params, threads, progress=progress)
     return ScannIndex(rows, k, params, threads)
-  raise ValueError(f"unknown index backend {backend!r}; use auto, exact or scann")
+  raise ValueError(f"unknown index backend {backend!r}; use auto, exact, scann or device")
 
 
 def resolve_backend(backend: str, num_rows: int) -> str:
-  """"auto" -> "exact" up to 50k rows, else "scann"; other names unchanged."""
+  """ "auto" -> "exact" up to 50k rows, else "scann"; other names unchanged."""
   if backend == "auto":
     return "exact" if num_rows <= 50_000 else "scann"
   return backend

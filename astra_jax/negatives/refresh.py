@@ -207,7 +207,7 @@ def _mine_shards(
       query_offset=query_offset,
     )
     build_s, search_s = build_s + t1 - t0, search_s + time.time() - t1
-    if isinstance(index, index_lib.ExactIndex):
+    if getattr(index, "exact", False):
       recalls.append(1.0)
       negative_recalls.append(1.0)
     elif job.recall_sample > 0:
@@ -277,6 +277,37 @@ class RefreshInterrupted(Exception):
 # docstring). Blocked from before its fork until it installs SIG_IGN, so that a signal that
 # comes while it starts up is discarded, not fatal.
 _IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class InProcessRefresh:
+  """A job run in the trainer's process when its swap waits for it (`negatives.
+  refresh_backend=device`: the search runs on the training devices, between epochs, so it
+  cannot overlap the epoch before). RefreshWorker's interface."""
+
+  def __init__(self):
+    self.job: RefreshJob | None = None
+
+  def start(self, job: RefreshJob, job_path: str) -> None:
+    job.save(job_path)  # as the worker's: `python -m astra_jax.negatives.refresh` reruns it
+    self.job = job
+
+  @property
+  def busy(self) -> bool:
+    return self.job is not None
+
+  def join(self, stop_requested) -> None:
+    """Nothing runs before `wait`."""
+
+  def wait(self) -> dict:
+    """Runs the job now; returns its stats or raises RefreshFailed."""
+    job, self.job = self.job, None
+    try:
+      return {**run_job(job), "in_process": True}
+    except Exception as e:
+      raise RefreshFailed(f"refresh for epoch {job.epoch} failed: {e}") from e
+
+  def stop(self) -> None:
+    self.job = None
 
 
 class RefreshWorker:

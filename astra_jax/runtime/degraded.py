@@ -95,7 +95,9 @@ def note_epoch_start(
     elif stats.get("exact_without_scann"):
       # Counted only: the run said once, as it started, that it searches exactly.
       degraded.refreshes_exact_without_scann += 1
-    if stats.get("ok") and pipelined and stats.get("wait_s", 0.0) > LATE_REFRESH_S:
+    # An in-process refresh (negatives.refresh_backend=device) runs while training waits.
+    late = pipelined and not stats.get("in_process") and stats.get("wait_s", 0.0) > LATE_REFRESH_S
+    if stats.get("ok") and late:
       degraded.note(
         "refreshes_late",
         "negatives: the refresh for epoch %d was late: training waited %.1fs for it",

@@ -64,6 +64,7 @@ ADDED_KEYS = {
   "warmstart.inverse_temperature": 20.0,
   "scoring.label_text_weight": 0.0,
   "scoring.label_text_scale": 5.0,
+  "negatives.refresh_backend": "host",
   "data.synthetic.topic_size": 0,
   "data.synthetic.topic_words": 16,
   "data.synthetic.vocab_per_label": 0.0,

@@ -204,6 +204,7 @@ def make_hard_negatives(
     data.train_labels,
     dim,
     index=IndexKnobs.from_config(nc.index),
+    refresh_backend=nc.refresh_backend,
     recall_sample=nc.recall_sample,
     seed=config.train.seed,
     inject_fault=nc.inject_fault,
@@ -249,7 +250,7 @@ def make_negatives_and_batches(
     ),
   )
   hard_negatives = make_hard_negatives(config, schedule, sampler, mesh, data, dim, workdir)
-  if schedule.refresh_epochs and not scann_available():
+  if schedule.refresh_epochs and nc.refresh_backend == "host" and not scann_available():
     warn_scann_missing()  # once; each refresh that searched exactly is counted in `degraded`
   accum = config.train.grad_accum_steps
   batches = TrainBatches(
