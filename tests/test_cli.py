@@ -111,6 +111,7 @@ def test_console_scripts_are_the_tools():
     "astra_jax.main",
     "astra_jax.evaluate",
     "astra_jax.predict",
+    "astra_jax.extend",
     "astra_jax.prepare",
     "astra_jax.plan.__main__",
     "astra_jax.reproduce.__main__",

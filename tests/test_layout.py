@@ -25,7 +25,7 @@ LAYERS = (
   "plan",
   "reproduce",
 )
-COMMANDS = {"__init__", "main", "evaluate", "predict", "prepare", "baselines"}
+COMMANDS = {"__init__", "main", "evaluate", "predict", "prepare", "baselines", "extend"}
 MAX_LINES = 500
 
 

@@ -211,6 +211,8 @@ class Predictor:
     # A query's own item (the label with the query's text) is left out when the training
     # run filtered it (data.filter_self, data/self_filter.py).
     self.own_items: dict[str, list[int]] = {}
+    # Retired labels (serving/grow.py) keep their ids and rows and are never returned.
+    self.retired: set[int] = set(model.meta.get("retired", []))
     if model.meta.get("filter_self") and model.label_texts is not None:
       for label, text in enumerate(model.label_texts):
         self.own_items.setdefault(text.strip(), []).append(label)
@@ -319,7 +321,7 @@ class Predictor:
     t1 = time.perf_counter()
     emb = self.encode(tokens)
     t2 = time.perf_counter()
-    extra = max((len(v) for v in self.own_items.values()), default=0)
+    extra = max((len(v) for v in self.own_items.values()), default=0) + len(self.retired)
     s, i = self.index.search(emb, min(k + extra, self.num_labels))
     if extra:
       s, i = self._without_own_items([checked[j][0] for j in ok], s, i, k)
@@ -336,10 +338,11 @@ class Predictor:
   def _without_own_items(
     self, texts: list[str], scores: np.ndarray, ids: np.ndarray, k: int
   ) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's ranking without the labels whose text is the row's, cut to k."""
+    """Each row's ranking without the labels whose text is the row's and the retired
+    labels, cut to k."""
     out_s, out_i = np.full((len(ids), k), np.nan, np.float32), np.full((len(ids), k), -1, np.int32)
     for r, text in enumerate(texts):
-      own = set(self.own_items.get(text.strip(), ()))
+      own = self.retired | set(self.own_items.get(text.strip(), ()))
       keep = [j for j, label in enumerate(ids[r]) if label not in own][:k]
       out_s[r, : len(keep)], out_i[r, : len(keep)] = scores[r, keep], ids[r, keep]
     return out_s, out_i

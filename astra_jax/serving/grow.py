@@ -1,0 +1,202 @@
+"""A trained model grown with new labels, without retraining (`python -m astra_jax.extend`).
+
+New labels get W rows from their texts alone (zero-shot): the trained encoder's embedding
+of each text, E(z_l) / |E(z_l)|, scaled to the median L2 norm of the trained rows, so that
+a new label scores a query on the same scale as a trained label whose row points the same
+way (the median, not the mean: head labels' rows are the longest and would set it).
+Old labels keep their ids and rows bit for bit; new ones are appended (ids L, L+1, ...); a
+retired label keeps its id and row and is masked from every prediction (`model.json`'s
+`retired`), so ids in logs and downstream tables never change meaning. The grown model is
+a new exported model (serving/export.py's layout) that `Predictor` serves at once, its
+ScaNN index built on first use; a model that mixes label-text similarity into its scores
+(scoring.label_text_weight) ranks the new labels by it too.
+
+Every check runs before anything is written: an empty text, a text that repeats an existing
+label's (or another new one's), a retired id outside the grown label set, or a model this
+code cannot read is one InputError naming the file and line, and no model appears.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from astra_jax.data import tokenize, xc_format
+from astra_jax.runtime.errors import InputError
+from astra_jax.serving import export
+
+# model.json keys save_model writes itself; every other key of the old model is carried over.
+_OWN_KEYS = {
+  "format_version",
+  "model_id",
+  "created",
+  "encoder_arch",
+  "encoder",
+  "max_len",
+  "pad_id",
+  "num_labels",
+  "embed_dim",
+  "label_texts",
+}
+EMBED_BATCH = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowReport:
+  """What a grow did."""
+
+  path: str  # the new model directory
+  old_labels: int
+  new_labels: int
+  retired: tuple[int, ...]  # every retired id of the grown model, old ones included
+  row_scale: float  # the L2 norm every new row was given
+  seconds: float
+
+
+def read_label_texts(path: str) -> list[str]:
+  """New label texts, one per line (`uid->text` lines for *.raw.txt), stripped.
+
+  Raises:
+    InputError: the file is missing or a line is empty (named by its number).
+  """
+  if not os.path.exists(path):
+    raise InputError(f"{path}: no such file of new label texts")
+  texts = [t.strip() for t in xc_format.read_texts(path)]
+  for line, text in enumerate(texts, 1):
+    if not text:
+      raise InputError(f"{path}:{line}: an empty label text")
+  if not texts:
+    raise InputError(f"{path}: no label texts in it")
+  return texts
+
+
+def read_ids(path: str) -> list[int]:
+  """Label ids, one per line (blank lines skipped).
+
+  Raises:
+    InputError: the file is missing or a line is not an integer (named by its number).
+  """
+  if not os.path.exists(path):
+    raise InputError(f"{path}: no such file of label ids")
+  ids = []
+  with open(path) as f:
+    for line, text in enumerate(f, 1):
+      if text.strip():
+        try:
+          ids.append(int(text))
+        except ValueError:
+          raise InputError(f"{path}:{line}: {text.strip()!r} is not a label id") from None
+  return ids
+
+
+def check_new_texts(old: list[str] | None, new: list[str], source: str) -> None:
+  """Raises InputError at the first new text that repeats an existing label's text or an
+  earlier new one (texts compared stripped); `source` names the file in the message."""
+  seen = {t.strip(): i for i, t in enumerate(old or ())}
+  for line, text in enumerate(new, 1):
+    if text in seen:
+      first = seen[text]
+      where = (
+        f"label {first}'s text"
+        if first < len(old or ())
+        else f"line {first - len(old or ()) + 1}'s"
+      )
+      raise InputError(f"{source}:{line}: {text!r} repeats {where}; a label's text names it once")
+    seen[text] = len(old or ()) + line - 1
+
+
+def row_scale(classifier: np.ndarray, exclude: list[int]) -> float:
+  """The median L2 norm of the trained rows (retired ones left out)."""
+  keep = np.ones(len(classifier), bool)
+  keep[list(exclude)] = False
+  norms = np.linalg.norm(np.asarray(classifier[keep], np.float32), axis=1)
+  return float(np.median(norms)) if len(norms) else 1.0
+
+
+def embed_texts(model: export.Model, texts: list[str]) -> np.ndarray:
+  """E(z) of `texts` under the model's encoder and tokenizer, (n, d) float32."""
+  tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
+  graphdef = model.graphdef
+  embed = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
+  out = np.empty((len(texts), model.encoder_cfg.embed_dim), np.float32)
+  for start in range(0, len(texts), EMBED_BATCH):
+    tokens = tokenize.tokenize_texts(texts[start : start + EMBED_BATCH], tokenizer, model.max_len)
+    n = len(tokens)
+    padded = np.full((EMBED_BATCH, model.max_len), model.pad_id, np.int32)
+    padded[:n] = tokens  # one compiled shape
+    out[start : start + n] = np.asarray(embed(model.encoder_params, padded))[:n]
+  return out
+
+
+def _train_config(model_path: str) -> dict:
+  path = os.path.join(model_path, "config.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def grow_model(
+  source_workdir: str,
+  new_texts: list[str],
+  out_workdir: str,
+  retire: list[int] = (),
+  source_name: str = "new labels",
+) -> GrowReport:
+  """Writes OUT_WORKDIR/model: the model of SOURCE_WORKDIR with `new_texts` appended as
+  labels (zero-shot rows, module docstring) and `retire` masked.
+
+  Args:
+    source_workdir: a workdir holding an exported model (WORKDIR/model).
+    new_texts: the new labels' texts, in the order their ids are given.
+    out_workdir: where the grown model goes (its `model/`; may be source_workdir, whose
+      model is then replaced atomically).
+    retire: label ids (old or new) to mask from predictions.
+    source_name: how error messages name where `new_texts` came from.
+  Returns:
+    The GrowReport.
+  Raises:
+    InputError: a check failed (module docstring); nothing was written.
+  """
+  t0 = time.time()
+  model = export.load_model(source_workdir)
+  old_l = len(model.classifier)
+  if model.label_texts is None and new_texts:
+    raise InputError(
+      f"{export.model_dir(source_workdir)}: the model has no label texts (labels.txt), so a "
+      "new label's text cannot be checked against the old ones"
+    )
+  check_new_texts(model.label_texts, new_texts, source_name)
+  total = old_l + len(new_texts)
+  for i in retire:
+    if not 0 <= i < total:
+      raise InputError(f"retired label id {i} is outside the grown model's ids 0..{total - 1}")
+  retired = tuple(sorted(set(model.meta.get("retired", [])) | set(retire)))
+  scale = row_scale(model.classifier, [i for i in retired if i < old_l])
+  emb = embed_texts(model, new_texts) if new_texts else np.zeros((0, model.classifier.shape[1]))
+  norms = np.linalg.norm(emb, axis=1, keepdims=True).clip(1e-12)
+  new_rows = (scale * emb / norms).astype(np.float32)
+  extra = {k: v for k, v in model.meta.items() if k not in _OWN_KEYS}
+  extra.update(
+    retired=list(retired),
+    grown_from={"model_id": model.meta["model_id"], "num_labels": old_l},
+  )
+  path = export.save_model(
+    out_workdir,
+    encoder_cfg=model.encoder_cfg,
+    encoder_params=model.encoder_params,
+    classifier=np.concatenate([np.asarray(model.classifier, np.float32), new_rows]),
+    tokenizer_dir=model.tokenizer_dir,
+    max_len=model.max_len,
+    pad_id=model.pad_id,
+    label_texts=None if model.label_texts is None else list(model.label_texts) + new_texts,
+    train_config=_train_config(model.path),
+    extra=extra,
+  )
+  return GrowReport(path, old_l, len(new_texts), retired, scale, round(time.time() - t0, 3))

@@ -1,0 +1,142 @@
+"""Growing a trained model with new labels (serving/grow.py, `python -m astra_jax.extend`):
+old ids and rows unchanged, new rows from their texts, retired labels masked, and every bad
+input one error with nothing written."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from child_env import REPO, cpu_child_env
+
+from astra_jax.runtime.errors import InputError
+from astra_jax.serving import export, grow
+from astra_jax.serving.predictor import Predictor
+from astra_jax.training import train
+
+NEW = ["a label nobody trained", "another one, with its own words"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, load_config):
+  """A workdir with the demo config shrunk to 100 labels, trained for 1 epoch."""
+  root = tmp_path_factory.mktemp("grow")
+  c = load_config("experiments/demo.py")
+  c.data.dir = str(root / "data")
+  c.data.synthetic.num_labels, c.data.synthetic.num_train = 100, 800
+  c.data.synthetic.num_test = 50
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 64, 0
+  c.optim.warmup_steps, c.negatives.k_r = 5, 32
+  train.train_and_evaluate(c, str(root / "wd"))
+  return str(root / "wd")
+
+
+def _ranking(p: Predictor, texts: list[str]) -> np.ndarray:
+  return p.predict(texts, k=p.num_labels).ids
+
+
+@pytest.mark.slow
+def test_growing_appends_rows_from_texts_and_keeps_every_old_label(trained, tmp_path):
+  old = Predictor.from_workdir(trained, index="exact")
+  report = grow.grow_model(trained, NEW, str(tmp_path / "grown"))
+  grown = Predictor.from_workdir(str(tmp_path / "grown"), index="exact")
+  w_old, w_new = np.asarray(old.model.classifier), np.asarray(grown.model.classifier)
+  assert report.old_labels == 100 and report.new_labels == 2 and w_new.shape[0] == 102
+  np.testing.assert_array_equal(w_new[:100], w_old)  # bit for bit
+  assert grown.model.label_texts == old.model.label_texts + NEW
+  # Each new row: the old encoder's embedding of its text, at the old rows' median norm.
+  emb = old.encode(old.to_tokens(NEW)[0])
+  median = np.median(np.linalg.norm(w_old, axis=1))
+  want = median * emb / np.linalg.norm(emb, axis=1, keepdims=True)
+  np.testing.assert_allclose(w_new[100:], want, rtol=1e-5, atol=1e-6)
+  assert report.row_scale == pytest.approx(median, rel=1e-6)
+  # Old labels rank as before among themselves: the full ranking minus the new ids.
+  texts = old.model.label_texts[:5]
+  before, after = _ranking(old, texts), _ranking(grown, texts)
+  for b, a in zip(before, after):
+    np.testing.assert_array_equal(a[a < 100], b)
+  meta = grown.model.meta
+  assert meta["grown_from"] == {"model_id": old.model.meta["model_id"], "num_labels": 100}
+
+
+@pytest.mark.slow
+def test_a_retired_label_is_never_predicted_and_keeps_its_id(trained, tmp_path):
+  old = Predictor.from_workdir(trained, index="exact")
+  texts = old.model.label_texts[:4]
+  before = _ranking(old, texts)
+  top = int(before[0, 0])
+  grow.grow_model(trained, [], str(tmp_path / "g"), retire=[top])
+  grown = Predictor.from_workdir(str(tmp_path / "g"), index="exact")
+  after = grown.predict(texts, k=10).ids
+  assert top not in after
+  for b, a in zip(before, after):
+    np.testing.assert_array_equal(a, b[b != top][:10])
+  assert grown.model.meta["retired"] == [top] and grown.num_labels == 100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "lines, retire, message",
+  [
+    (["fresh", ""], [], r"new\.txt:2: an empty label text"),
+    (["fresh", "fresh"], [], r"new\.txt:2: 'fresh' repeats line 1's"),
+    (None, [], r"new\.txt:1: .* repeats label 3's text"),
+    (["fresh"], [101], r"retired label id 101 is outside the grown model's ids 0\.\.100"),
+  ],
+)
+def test_bad_input_is_one_error_and_writes_nothing(trained, tmp_path, lines, retire, message):
+  if lines is None:  # an existing label's text
+    lines = [export.load_model(trained).label_texts[3]]
+  path = tmp_path / "new.txt"
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(InputError, match=message):
+    texts = grow.read_label_texts(str(path))
+    grow.grow_model(trained, texts, str(tmp_path / "out"), retire, source_name=str(path))
+  assert not os.path.exists(tmp_path / "out" / "model")
+
+
+@pytest.mark.slow
+def test_a_model_of_another_format_is_refused(trained, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(trained + "/model", copy / "model")
+  meta_path = copy / "model" / "model.json"
+  meta = json.loads(meta_path.read_text())
+  meta_path.write_text(json.dumps({**meta, "format_version": 99}))
+  with pytest.raises(InputError, match="format_version 99"):
+    grow.grow_model(str(copy), ["fresh"], str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out" / "model")
+
+
+@pytest.mark.slow
+def test_the_command_grows_and_reports_errors_in_one_line(trained, tmp_path):
+  new = tmp_path / "new.txt"
+  new.write_text("\n".join(NEW) + "\n")
+  cmd = [sys.executable, "-m", "astra_jax.extend", f"--workdir={trained}", f"--out={tmp_path}/g"]
+  env = cpu_child_env(1)
+  ok = subprocess.run(cmd + [f"--labels={new}"], env=env, cwd=REPO, capture_output=True, text=True)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "grown: 100 labels + 2 new (ids 100..101)" in ok.stderr
+  assert export.load_model(str(tmp_path / "g")).classifier.shape[0] == 102
+  bad = tmp_path / "bad.txt"
+  bad.write_text(NEW[0] + "\n")  # now an existing label of the grown model
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.extend",
+      f"--workdir={tmp_path}/g",
+      f"--labels={bad}",
+      f"--out={tmp_path}/h",
+    ],
+    env=env,
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert r.returncode != 0
+  errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "repeats label 100's text" in errors[0]
+  assert not os.path.exists(tmp_path / "h" / "model")
