@@ -43,13 +43,15 @@ def main(argv) -> None:
   except InputError as e:
     sys.exit(f"error: {e}")
   logging.info(
-    "grown: %d labels + %d new (ids %d..%d), %d retired, new rows of norm %.3g, %.1fs: %s",
+    "grown: %d labels + %d new (ids %d..%d), %d retired; text -> row map fitted on %d "
+    "labels (R^2 %.2f); %.1fs: %s",
     report.old_labels,
     report.new_labels,
     report.old_labels,
     report.old_labels + report.new_labels - 1,
     len(report.retired),
-    report.row_scale,
+    report.fit_labels,
+    report.fit_r2,
     report.seconds,
     report.path,
   )

@@ -47,12 +47,18 @@ def test_growing_appends_rows_from_texts_and_keeps_every_old_label(trained, tmp_
   assert report.old_labels == 100 and report.new_labels == 2 and w_new.shape[0] == 102
   np.testing.assert_array_equal(w_new[:100], w_old)  # bit for bit
   assert grown.model.label_texts == old.model.label_texts + NEW
-  # Each new row: the old encoder's embedding of its text, at the old rows' median norm.
-  emb = old.encode(old.to_tokens(NEW)[0])
-  median = np.median(np.linalg.norm(w_old, axis=1))
-  want = median * emb / np.linalg.norm(emb, axis=1, keepdims=True)
-  np.testing.assert_allclose(w_new[100:], want, rtol=1e-5, atol=1e-6)
-  assert report.row_scale == pytest.approx(median, rel=1e-6)
+  # Each new row: the ridge map from unit text embeddings to trained rows, fitted on all
+  # 100 trained labels, applied to the new text's embedding (a least-squares reference:
+  # the penalty as extra rows of the system).
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  z = np.c_[unit(old.encode(old.to_tokens(old.model.label_texts)[0])), np.ones(100)]
+  lam = grow.RIDGE * np.trace(z.T @ z) / z.shape[1]
+  system = np.r_[z, np.sqrt(lam) * np.eye(z.shape[1])]
+  target = np.r_[w_old, np.zeros((z.shape[1], w_old.shape[1]))]
+  mapping = np.linalg.lstsq(system, target, rcond=None)[0]
+  want = np.c_[unit(old.encode(old.to_tokens(NEW)[0])), np.ones(2)] @ mapping
+  np.testing.assert_allclose(w_new[100:], want, rtol=1e-3, atol=1e-4)
+  assert report.fit_labels == 100 and 0 < report.fit_r2 <= 1
   # Old labels rank as before among themselves: the full ranking minus the new ids.
   texts = old.model.label_texts[:5]
   before, after = _ranking(old, texts), _ranking(grown, texts)

@@ -1,9 +1,11 @@
 """A trained model grown with new labels, without retraining (`python -m astra_jax.extend`).
 
-New labels get W rows from their texts alone (zero-shot): the trained encoder's embedding
-of each text, E(z_l) / |E(z_l)|, scaled to the median L2 norm of the trained rows, so that
-a new label scores a query on the same scale as a trained label whose row points the same
-way (the median, not the mean: head labels' rows are the longest and would set it).
+New labels get W rows from their texts alone (zero-shot), by the map from text to row that
+the trained labels show: a ridge regression w_l ~ M e_l + b over (a sample of) the trained
+labels, e_l = E(z_l) / |E(z_l)| under the trained encoder, applied to each new text. A row
+of the text's direction alone, at the trained rows' median norm, was measured to outrank
+every trained label (docs/serving.md): trained rows also carry what training pushed into
+all of them (the random negatives' pull away from the queries), which b and M restore.
 Old labels keep their ids and rows bit for bit; new ones are appended (ids L, L+1, ...); a
 retired label keeps its id and row and is masked from every prediction (`model.json`'s
 `retired`), so ids in logs and downstream tables never change meaning. The grown model is
@@ -45,6 +47,8 @@ _OWN_KEYS = {
   "label_texts",
 }
 EMBED_BATCH = 1024
+FIT_LABELS = 50_000  # trained labels the text -> row map is fitted on, at most
+RIDGE = 1e-2  # the map's ridge, relative to the mean diagonal of the normal equations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +59,8 @@ class GrowReport:
   old_labels: int
   new_labels: int
   retired: tuple[int, ...]  # every retired id of the grown model, old ones included
-  row_scale: float  # the L2 norm every new row was given
+  fit_labels: int  # trained labels the text -> row map was fitted on
+  fit_r2: float  # the share of the trained rows' variance the map explains on them
   seconds: float
 
 
@@ -111,12 +116,29 @@ def check_new_texts(old: list[str] | None, new: list[str], source: str) -> None:
     seen[text] = len(old or ()) + line - 1
 
 
-def row_scale(classifier: np.ndarray, exclude: list[int]) -> float:
-  """The median L2 norm of the trained rows (retired ones left out)."""
-  keep = np.ones(len(classifier), bool)
-  keep[list(exclude)] = False
-  norms = np.linalg.norm(np.asarray(classifier[keep], np.float32), axis=1)
-  return float(np.median(norms)) if len(norms) else 1.0
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
+
+
+def fit_text_to_row(
+  unit_texts: np.ndarray, rows: np.ndarray, ridge: float = RIDGE
+) -> tuple[np.ndarray, float]:
+  """The ridge map [e, 1] -> w fitted on trained labels.
+
+  Args:
+    unit_texts: (n, d) the labels' unit text embeddings.
+    rows: (n, d) their trained rows.
+    ridge: the penalty, relative to the mean diagonal of [e, 1]^T [e, 1].
+  Returns:
+    ((d + 1, d) the map, the last row the offset b; R^2 of the fit on these labels).
+  """
+  z = np.concatenate([unit_texts, np.ones((len(unit_texts), 1))], axis=1).astype(np.float64)
+  gram = z.T @ z
+  gram += ridge * np.trace(gram) / len(gram) * np.eye(len(gram))
+  m = np.linalg.solve(gram, z.T @ rows.astype(np.float64))
+  resid = rows - z @ m
+  total = ((rows - rows.mean(0)) ** 2).sum()
+  return m.astype(np.float32), float(1.0 - (resid**2).sum() / max(total, 1e-12))
 
 
 def embed_texts(model: export.Model, texts: list[str]) -> np.ndarray:
@@ -178,10 +200,20 @@ def grow_model(
     if not 0 <= i < total:
       raise InputError(f"retired label id {i} is outside the grown model's ids 0..{total - 1}")
   retired = tuple(sorted(set(model.meta.get("retired", [])) | set(retire)))
-  scale = row_scale(model.classifier, [i for i in retired if i < old_l])
-  emb = embed_texts(model, new_texts) if new_texts else np.zeros((0, model.classifier.shape[1]))
-  norms = np.linalg.norm(emb, axis=1, keepdims=True).clip(1e-12)
-  new_rows = (scale * emb / norms).astype(np.float32)
+  d = model.classifier.shape[1]
+  new_rows, fit_n, r2 = np.zeros((0, d), np.float32), 0, 0.0
+  if new_texts:
+    live = np.setdiff1d(np.arange(old_l), [i for i in retired if i < old_l])
+    rng = np.random.default_rng(0)
+    fit = np.sort(rng.choice(live, min(FIT_LABELS, len(live)), replace=False))
+    fit_texts = [model.label_texts[i] for i in fit]
+    mapping, r2 = fit_text_to_row(
+      _unit(embed_texts(model, fit_texts)), np.asarray(model.classifier[fit], np.float32)
+    )
+    fit_n = len(fit)
+    new_rows = (_unit(embed_texts(model, new_texts)) @ mapping[:-1] + mapping[-1]).astype(
+      np.float32
+    )
   extra = {k: v for k, v in model.meta.items() if k not in _OWN_KEYS}
   extra.update(
     retired=list(retired),
@@ -199,4 +231,4 @@ def grow_model(
     train_config=_train_config(model.path),
     extra=extra,
   )
-  return GrowReport(path, old_l, len(new_texts), retired, scale, round(time.time() - t0, 3))
+  return GrowReport(path, old_l, len(new_texts), retired, fit_n, r2, round(time.time() - t0, 3))
