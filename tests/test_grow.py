@@ -146,3 +146,51 @@ def test_the_command_grows_and_reports_errors_in_one_line(trained, tmp_path):
   errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "repeats label 100's text" in errors[0]
   assert not os.path.exists(tmp_path / "h" / "model")
+
+
+@pytest.mark.slow
+def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tmp_path):
+  from astra_jax.training import export_start
+
+  grow.grow_model(trained, NEW, str(tmp_path / "g"))
+  grown = export.load_model(str(tmp_path / "g"))
+  texts = grown.label_texts  # 102: the 100 trained labels, then NEW
+  order = np.random.default_rng(0).permutation(102)
+  data_texts = [texts[i] for i in order] + ["a label the export has never seen"]
+  source, w = export_start.export_rows(str(tmp_path / "g"), data_texts)
+  np.testing.assert_array_equal(source, np.r_[order, -1])
+  w0 = np.zeros((104, w.shape[1]), np.float32)  # padded past L, as on a mesh
+  start = export_start.continue_classifier(w0, source, w)
+  np.testing.assert_array_equal(start[:102], np.asarray(w)[order])
+  assert not start[102:].any()  # the new label keeps its own start (here zero), and padding
+  with pytest.raises(InputError, match=r"the export's label 7 .* and 0 more are not among"):
+    export_start.export_rows(str(tmp_path / "g"), [t for t in texts if t != texts[7]])
+
+
+@pytest.mark.slow
+def test_continuing_with_zero_learning_rates_reproduces_the_model(trained, load_config, tmp_path):
+  """A run from the export that changes nothing exports the same encoder and W."""
+  c = load_config("experiments/demo.py")
+  with open(os.path.join(trained, "config.json")) as f:
+    data_dir = json.load(f)["data"]["dir"]
+  c.data.dir = data_dir
+  c.data.synthetic.num_labels, c.data.synthetic.num_train = 100, 800
+  c.data.synthetic.num_test = 50
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 64, 0
+  c.optim.warmup_steps, c.negatives.k_r = 5, 32
+  c.train.init_from = trained
+  c.optim.encoder_lr = c.optim.classifier_lr = 0.0
+  c.optim.classifier_weight_decay = 0.0
+  train.train_and_evaluate(c, str(tmp_path / "again"))
+  before, after = export.load_model(trained), export.load_model(str(tmp_path / "again"))
+  np.testing.assert_array_equal(np.asarray(after.classifier), np.asarray(before.classifier))
+  for (p, a), (_, b) in zip(
+    nnx_flat(after.encoder_params), nnx_flat(before.encoder_params), strict=True
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(p))
+
+
+def nnx_flat(params):
+  from flax import nnx
+
+  return [(p, v.get_value()) for p, v in nnx.to_flat_state(params)]

@@ -48,6 +48,9 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.train.prefetch = 4  # batches prepared ahead of the step
   c.train.input_threads = 2  # threads preparing them (a fast GPU: more; docs/training.md)
   c.train.classifier_init_std = 0.02
+  # A workdir whose exported model the run continues from: its encoder, and W's rows matched
+  # to this data's labels by text (training/export_start.py). "": none.
+  c.train.init_from = ""
   c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
   # A step that makes no progress for this long ends the process with every thread's stack

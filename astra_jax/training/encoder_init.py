@@ -29,8 +29,9 @@ def start_encoder(config, vocab_size: int, pad_id: int, seed: int) -> QueryEncod
     InputError: as `build_encoder`, or an exported model missing or of another shape.
   """
   model = build_encoder(config, vocab_size, pad_id, seed)
-  if config.encoder.get("init_from_workdir", ""):
-    init_from_exported(model, config.encoder.init_from_workdir)
+  source = config.encoder.get("init_from_workdir", "") or config.train.get("init_from", "")
+  if source:
+    init_from_exported(model, source)
   return model
 
 

@@ -65,6 +65,7 @@ ADDED_KEYS = {
   "scoring.label_text_weight": 0.0,
   "scoring.label_text_scale": 5.0,
   "negatives.refresh_backend": "host",
+  "train.init_from": "",
   "data.synthetic.topic_size": 0,
   "data.synthetic.topic_words": 16,
   "data.synthetic.vocab_per_label": 0.0,

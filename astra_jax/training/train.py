@@ -14,6 +14,7 @@ import time
 
 import jax
 import ml_collections
+import numpy as np
 from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -33,7 +34,8 @@ from astra_jax.parallel import device_check, sharding
 from astra_jax.runtime import cpu_budget, distributed, host_memory
 from astra_jax.runtime.errors import InputError
 from astra_jax.runtime.watchdog import HangWatchdog
-from astra_jax.training import checkpoint, optim, run_config, steps, warmstart
+from astra_jax.serving import export
+from astra_jax.training import checkpoint, export_start, optim, run_config, steps, warmstart
 from astra_jax.training.encoder_init import start_encoder
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
 from astra_jax.training.results import StageClock, evaluate_and_export, results_record, write_json
@@ -294,7 +296,11 @@ def starting_classifier(
     # the label texts at 10^7 labels it costs minutes and gigabytes of transients
     # (docs/results/scale_run.md).
     return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
-  return classifier_init.initial_classifier(
+  if config.train.init_from:
+    source, exported = export_start.export_rows(
+      config.train.init_from, export.label_texts_of(config.data, data.data_dir)
+    )
+  w = classifier_init.initial_classifier(
     config,
     rows,
     d,
@@ -303,6 +309,9 @@ def starting_classifier(
     lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
     w_layout,
   )
+  if config.train.init_from:
+    w = jax.device_put(export_start.continue_classifier(np.asarray(w), source, exported), w_layout)
+  return w
 
 
 def train_log(

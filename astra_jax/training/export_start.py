@@ -1,0 +1,66 @@
+"""A run that continues from an exported model (`train.init_from=WORKDIR`): its encoder's
+weights and its W's rows, each data label's row found by the label's text.
+
+Matching by text, not by id, lets the data's label list differ from the export's order: a
+model grown with new labels (serving/grow.py) appends them, while the dataset that adds
+their training pairs may number them anywhere. A data label whose text the export lacks
+starts as `classifier.init` says (a new label); an export label the data lacks stops the
+run, since a continued run must keep every label it had (retire one instead: serving/grow.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from absl import logging
+
+from astra_jax.runtime.errors import InputError
+from astra_jax.serving import export
+
+
+def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+  """Where each data label's row is in WORKDIR/model's W.
+
+  Args:
+    workdir: the workdir of the exported model the run continues from.
+    data_label_texts: the dataset's label texts, in its label order.
+  Returns:
+    (source (L,) int64: the export's row for each data label, -1 for a new label; the
+    export's W, (L_export, d) float32 memory-mapped).
+  Raises:
+    InputError: no exported model, label texts missing on either side, or an export label
+      whose text the data lacks (named, with how many more).
+  """
+  model = export.load_model(workdir)
+  where = f"config.train.init_from={workdir}"
+  if model.label_texts is None or data_label_texts is None:
+    side = "the exported model" if model.label_texts is None else "the dataset"
+    raise InputError(f"{where}: {side} has no label texts, which map its labels to the data's")
+  row_of = {}
+  for i, text in enumerate(model.label_texts):
+    row_of.setdefault(text.strip(), i)
+  source = np.array([row_of.get(t.strip(), -1) for t in data_label_texts], np.int64)
+  missing = np.setdiff1d(np.arange(len(model.label_texts)), source[source >= 0])
+  missing = np.setdiff1d(missing, model.meta.get("retired", []))
+  if len(missing):
+    first = int(missing[0])
+    raise InputError(
+      f"{where}: the export's label {first} ({model.label_texts[first]!r}) and "
+      f"{len(missing) - 1} more are not among the dataset's label texts; a continued run "
+      "keeps every label (retire one with python -m astra_jax.extend --retire)"
+    )
+  return source, model.classifier
+
+
+def continue_classifier(
+  w_start: np.ndarray, source: np.ndarray, exported: np.ndarray
+) -> np.ndarray:
+  """`w_start` (rows >= L, d) with each data label's row replaced by the export's row."""
+  w = np.array(w_start, np.float32, copy=True)
+  known = np.flatnonzero(source >= 0)
+  w[known] = np.asarray(exported, np.float32)[source[known]]
+  logging.info(
+    "W: %d rows from the exported model, %d new labels from classifier.init",
+    len(known),
+    len(source) - len(known),
+  )
+  return w
