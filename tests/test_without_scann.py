@@ -12,6 +12,9 @@ from child_env import REPO, cpu_child_env, demo_command_line
 from astra_jax.ann import index
 from astra_jax.negatives import mining
 
+# The demo run made smaller still: the path matters here, not what it learns.
+SMALLER = ("--config.data.synthetic.num_train=500", "--config.data.synthetic.num_test=100")
+
 
 def _hidden_scann(tmp_path) -> str:
   """A directory that, first on PYTHONPATH, makes `import scann` fail as if not installed."""
@@ -37,6 +40,7 @@ def test_a_missing_scann_builds_an_exact_index(monkeypatch):
 def test_the_demo_path_runs_without_scann_and_says_so_once(tmp_path):
   wd = tmp_path / "wd"
   cmd = demo_command_line(wd, tmp_path / "data") + [
+    *SMALLER,
     "--config.negatives.index.kind=scann",  # asks for ScaNN where it is missing
     "--config.eval.search=scann",  # and evaluates through the serving index
   ]
@@ -58,7 +62,10 @@ def test_the_demo_path_runs_without_scann_and_says_so_once(tmp_path):
 @pytest.mark.slow
 def test_the_device_backend_refreshes_between_epochs_without_scann(tmp_path):
   wd = tmp_path / "wd"
-  cmd = demo_command_line(wd, tmp_path / "data") + ["--config.negatives.refresh_backend=device"]
+  cmd = demo_command_line(wd, tmp_path / "data") + [
+    *SMALLER,
+    "--config.negatives.refresh_backend=device",
+  ]
   env = cpu_child_env(1)
   env["PYTHONPATH"] = f"{_hidden_scann(tmp_path)}{os.pathsep}{REPO}"
   r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=900)

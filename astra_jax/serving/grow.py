@@ -3,9 +3,9 @@
 New labels get W rows from their texts alone (zero-shot), by the map from text to row that
 the trained labels show: a ridge regression w_l ~ M e_l + b over (a sample of) the trained
 labels, e_l = E(z_l) / |E(z_l)| under the trained encoder, applied to each new text. A row
-of the text's direction alone, at the trained rows' median norm, was measured to outrank
-every trained label (docs/serving.md): trained rows also carry what training pushed into
-all of them (the random negatives' pull away from the queries), which b and M restore.
+of the text's direction alone, at the trained rows' median norm, outranks the trained labels
+(docs/serving.md): trained rows also carry what training pushed into all of them (the random
+negatives' pull away from the queries), which b and M restore.
 Old labels keep their ids and rows bit for bit; new ones are appended (ids L, L+1, ...); a
 retired label keeps its id and row and is masked from every prediction (`model.json`'s
 `retired`), so ids in logs and downstream tables never change meaning. The grown model is
@@ -103,17 +103,17 @@ def read_ids(path: str) -> list[int]:
 def check_new_texts(old: list[str] | None, new: list[str], source: str) -> None:
   """Raises InputError at the first new text that repeats an existing label's text or an
   earlier new one (texts compared stripped); `source` names the file in the message."""
-  seen = {t.strip(): i for i, t in enumerate(old or ())}
+  num_old = len(old or ())
+  seen: dict[str, int] = {}
+  for i, t in enumerate(old or ()):
+    seen.setdefault(t.strip(), i)
   for line, text in enumerate(new, 1):
-    if text in seen:
-      first = seen[text]
-      where = (
-        f"label {first}'s text"
-        if first < len(old or ())
-        else f"line {first - len(old or ()) + 1}'s"
-      )
-      raise InputError(f"{source}:{line}: {text!r} repeats {where}; a label's text names it once")
-    seen[text] = len(old or ()) + line - 1
+    key = text.strip()
+    if key in seen:
+      first = seen[key]
+      where = f"label {first}'s text" if first < num_old else f"line {first - num_old + 1}'s"
+      raise InputError(f"{source}:{line}: {key!r} repeats {where}; a label's text names it once")
+    seen[key] = num_old + line - 1
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
