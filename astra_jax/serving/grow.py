@@ -141,11 +141,16 @@ def fit_text_to_row(
   return m.astype(np.float32), float(1.0 - (resid**2).sum() / max(total, 1e-12))
 
 
-def embed_texts(model: export.Model, texts: list[str]) -> np.ndarray:
-  """E(z) of `texts` under the model's encoder and tokenizer, (n, d) float32."""
+def text_embedder(model: export.Model):
+  """texts -> E(z) (n, d) float32 under the model's encoder and tokenizer; one compiled
+  batch shape for every call."""
   tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
   graphdef = model.graphdef
   embed = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
+  return lambda texts: _embed_texts(model, tokenizer, embed, texts)
+
+
+def _embed_texts(model: export.Model, tokenizer, embed, texts: list[str]) -> np.ndarray:
   out = np.empty((len(texts), model.encoder_cfg.embed_dim), np.float32)
   for start in range(0, len(texts), EMBED_BATCH):
     tokens = tokenize.tokenize_texts(texts[start : start + EMBED_BATCH], tokenizer, model.max_len)
@@ -207,13 +212,12 @@ def grow_model(
     rng = np.random.default_rng(0)
     fit = np.sort(rng.choice(live, min(FIT_LABELS, len(live)), replace=False))
     fit_texts = [model.label_texts[i] for i in fit]
+    embed_texts = text_embedder(model)
     mapping, r2 = fit_text_to_row(
-      _unit(embed_texts(model, fit_texts)), np.asarray(model.classifier[fit], np.float32)
+      _unit(embed_texts(fit_texts)), np.asarray(model.classifier[fit], np.float32)
     )
     fit_n = len(fit)
-    new_rows = (_unit(embed_texts(model, new_texts)) @ mapping[:-1] + mapping[-1]).astype(
-      np.float32
-    )
+    new_rows = (_unit(embed_texts(new_texts)) @ mapping[:-1] + mapping[-1]).astype(np.float32)
   extra = {k: v for k, v in model.meta.items() if k not in _OWN_KEYS}
   extra.update(
     retired=list(retired),
