@@ -1,5 +1,5 @@
-r"""Growing a model with labels it never saw, measured on a real dataset (issue 40's protocol,
-the zero-shot part).
+r"""Growing a model with labels it never saw, measured on a real dataset: by text alone, then
+by a short update on their training pairs, against a full retrain.
 
   python benchmarks/grow_protocol.py --data=DIR --work=WORK --out=grow_protocol.jsonl \
       [--config=experiments/xc_text.py:ngram] [--holdout=0.1] [--seed=0]
