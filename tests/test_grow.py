@@ -8,10 +8,13 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from child_env import REPO, cpu_child_env
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.parallel import sharding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export, grow
 from astra_jax.serving.predictor import Predictor
@@ -159,8 +162,12 @@ def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tm
   data_texts = [texts[i] for i in order] + ["a label the export has never seen"]
   source, w = export_start.export_rows(str(tmp_path / "g"), data_texts)
   np.testing.assert_array_equal(source, np.r_[order, -1])
-  w0 = np.zeros((104, w.shape[1]), np.float32)  # padded past L, as on a mesh
+  # W padded past L and split over two devices of the mesh, as training holds it.
+  mesh = sharding.make_mesh(4, 2)  # the 8 fake CPU devices: W in two row shards
+  w0 = jax.device_put(np.zeros((104, w.shape[1]), np.float32), NamedSharding(mesh, P("model")))
   start = export_start.continue_classifier(w0, source, w)
+  assert start.sharding == w0.sharding
+  start = np.asarray(start)
   np.testing.assert_array_equal(start[:102], np.asarray(w)[order])
   assert not start[102:].any()  # the new label keeps its own start (here zero), and padding
   with pytest.raises(InputError, match=r"the export's label 7 .* and 0 more are not among"):

@@ -10,6 +10,7 @@ run, since a continued run must keep every label it had (retire one instead: ser
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from absl import logging
 
@@ -51,16 +52,21 @@ def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.nd
   return source, model.classifier
 
 
-def continue_classifier(
-  w_start: np.ndarray, source: np.ndarray, exported: np.ndarray
-) -> np.ndarray:
-  """`w_start` (rows >= L, d) with each data label's row replaced by the export's row."""
-  w = np.array(w_start, np.float32, copy=True)
-  known = np.flatnonzero(source >= 0)
-  w[known] = np.asarray(exported, np.float32)[source[known]]
+def continue_classifier(w_start: jax.Array, source: np.ndarray, exported: np.ndarray) -> jax.Array:
+  """`w_start` (rows >= L, d; split by rows over the mesh) with each data label's row
+  replaced by the export's row, shard by shard where it lives: a process copies only the
+  rows its devices hold, as in a multi-process run it can read no others."""
+  pieces = []
+  for piece in w_start.addressable_shards:
+    lo = piece.index[0].start or 0
+    host = np.array(piece.data, np.float32)  # this device's rows, a copy to write into
+    ids = np.arange(lo, min(lo + len(host), len(source)))
+    known = ids[source[ids] >= 0]
+    host[known - lo] = np.asarray(exported[source[known]], np.float32)[:, piece.index[1]]
+    pieces.append(jax.device_put(host, piece.device))
   logging.info(
     "W: %d rows from the exported model, %d new labels from classifier.init",
-    len(known),
-    len(source) - len(known),
+    int((source >= 0).sum()),
+    int((source < 0).sum()),
   )
-  return w
+  return jax.make_array_from_single_device_arrays(w_start.shape, w_start.sharding, pieces)

@@ -14,7 +14,6 @@ import time
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -310,7 +309,7 @@ def starting_classifier(
     w_layout,
   )
   if config.train.init_from:
-    w = jax.device_put(export_start.continue_classifier(np.asarray(w), source, exported), w_layout)
+    w = export_start.continue_classifier(w, source, exported)
   return w
 
 
