@@ -25,11 +25,10 @@ import json
 import os
 import time
 
-import jax
 import numpy as np
-from flax import nnx
 
 from astra_jax.data import tokenize, xc_format
+from astra_jax.model import embedding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
 
@@ -142,23 +141,16 @@ def fit_text_to_row(
 
 
 def text_embedder(model: export.Model):
-  """texts -> E(z) (n, d) float32 under the model's encoder and tokenizer; one compiled
-  batch shape for every call."""
+  """texts -> E(z) (n, d) float32 under the model's encoder and tokenizer, batched as
+  training embeds (model/embedding.py: one compiled shape for every call)."""
   tokenizer = tokenize.load_tokenizer(model.tokenizer_dir)
-  graphdef = model.graphdef
-  embed = jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
-  return lambda texts: _embed_texts(model, tokenizer, embed, texts)
+  embed_fn = embedding.make_embed_fn(model.graphdef)
 
+  def embed_texts(texts: list[str]) -> np.ndarray:
+    tokens = tokenize.tokenize_texts(texts, tokenizer, model.max_len)
+    return embedding.embed(embed_fn, model.encoder_params, tokens, EMBED_BATCH)
 
-def _embed_texts(model: export.Model, tokenizer, embed, texts: list[str]) -> np.ndarray:
-  out = np.empty((len(texts), model.encoder_cfg.embed_dim), np.float32)
-  for start in range(0, len(texts), EMBED_BATCH):
-    tokens = tokenize.tokenize_texts(texts[start : start + EMBED_BATCH], tokenizer, model.max_len)
-    n = len(tokens)
-    padded = np.full((EMBED_BATCH, model.max_len), model.pad_id, np.int32)
-    padded[:n] = tokens  # one compiled shape
-    out[start : start + n] = np.asarray(embed(model.encoder_params, padded))[:n]
-  return out
+  return embed_texts
 
 
 def _train_config(model_path: str) -> dict:
