@@ -30,6 +30,8 @@ TOOL_FLAGS = {
     "num_gpus",
     "gpus_per_node",
     "processes_per_node",
+    "host_cores_per_node",
+    "train_queries_per_s",
     "json",
     "check",
   },

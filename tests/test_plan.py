@@ -507,3 +507,44 @@ def test_an_ngram_bag_encoder_is_planned_without_transformer_fields():
   assert p.encoder["model_type"] == "ngram_bag" and p.encoder["layers"] is None
   text = plan.format_plan(p)
   assert "ngram_bag, " in text and "layers x" not in text.split("\n")[3]
+
+
+def test_refresh_hours_equal_hand_counts_at_ss20m(load_config):
+  """SS-20M on two V100s: 146,193,053 queries + 19,049,952 label texts, two W shards of
+  9,524,976 rows, d = 64, DistilBERT at 32 tokens; the index's default rule (2 sqrt(R)
+  leaves, a third of them searched)."""
+  c = load_config("experiments/ss20m.py")
+  p = plan.plan_config(c, "v100-32gb")
+  r = p.refresh
+  rows, shard = 146_193_053 + 19_049_952, 9_524_976
+  leaves = int(2 * math.sqrt(shard))  # 6,172
+  searched = leaves // 3  # 2,057
+  scored = round(searched * shard / leaves) + leaves
+  assert r["rows_scored_per_query"] == scored
+  # Host: both shards' searches and builds in one node's 2 x 5 cores, at the measured
+  # per-row rates: 80 s per 10^5 queries on 2 cores at 272,000 rows of 64 scored per
+  # query; a build of 440 s on 2 cores for 10^7 rows of 64.
+  search = rows * scored * 64 * (160 / 1e5 / 272_000 / 64)
+  build = shard * 64 * (880 / 1e7 / 64)
+  assert r["host_s"] == pytest.approx(2 * (search + build) / 10, rel=1e-9)
+  # Device: every query against its shard on each device, at half of 15.7 TFLOP/s.
+  assert r["device_s"] == pytest.approx(2 * rows * shard * 64 / 7.85e12, rel=1e-9)
+  # The epoch: 128 queries per 49.1 ms per V100 (the paper's SS-20M iteration), 2 GPUs.
+  assert r["epoch_s"] == pytest.approx(rows / (2 * 128 / 49.1e-3), rel=1e-3)
+  assert r["host_wait_s"] == pytest.approx(r["host_s"] - r["epoch_s"])
+  assert r["device_wait_s"] == r["device_s"]  # between epochs: all of it is waited for
+  text = plan.format_plan(p)
+  assert "host backend: training waits" in text and "not measured" in text
+
+
+def test_refresh_hours_read_the_given_rates_and_price_no_tpu(load_config):
+  c = load_config("experiments/ss20m.py")
+  p = plan.plan_config(c, "h100-80gb", host_cores_per_node=1000, train_queries_per_s=1e4)
+  r = p.refresh
+  assert r["host_cores_per_node"] == 1000 and not r["step_speed_estimated"]
+  assert r["epoch_s"] == pytest.approx((146_193_053 + 19_049_952) / 2e4)
+  assert r["device_s"] == pytest.approx(r["device_flops"] / (495e12 / 2))
+  # 14 host cores per H100 by default: fewer cores, proportionally longer.
+  default = plan.plan_config(c, "h100-80gb").refresh
+  assert default["host_s"] == pytest.approx(r["host_s"] * 1000 / 28)
+  assert plan.plan_config(c, "tpu-v4-32gb", mesh="1x2").refresh == {}

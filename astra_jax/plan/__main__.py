@@ -2,13 +2,16 @@
 
   python -m astra_jax.plan --config=experiments/ss20m.py [--mesh=DATAxMODEL]
       [--gpu=v100-32gb|a100-80gb|h100-80gb] [--num_gpus=N] [--gpus_per_node=G]
-      [--processes_per_node=P] [--json] [--check] [--config.a.b=v ...]
+      [--processes_per_node=P] [--host_cores_per_node=C] [--train_queries_per_s=Q]
+      [--json] [--check] [--config.a.b=v ...]
 
 Per device: W's shard, the optimizer states, the encoder's parameters, moments, gradients
 and activations, the classifier step's temporaries, against 90% of the GPU's memory, with
 fixes when it does not fit. Per node (--gpus_per_node, --processes_per_node: one process per
 GPU as launch/slurm.sbatch runs, or 1 as launch/single_node.sh): preparation's peak, every
 training process's and refresh worker's memory, and the disk every file of the run takes.
+Per refresh: its hours on the hosts (ScaNN) and on the devices (exact) against an epoch's,
+and how long training waits with each (refresh_time.py).
 astra_jax/plan/estimates.py says what is counted and how.
 """
 
@@ -45,6 +48,16 @@ def define_flags() -> None:
     "training processes per node (default: one per "
     "GPU, as launch/slurm.sbatch; 1 for launch/single_node.sh)",
   )
+  flags.DEFINE_integer(
+    "host_cores_per_node",
+    0,
+    "host cores per node the refresh workers use (default: the GPU kind's usual node)",
+  )
+  flags.DEFINE_float(
+    "train_queries_per_s",
+    0.0,
+    "training queries per second per GPU, measured (default: estimated from a V100's)",
+  )
   flags.DEFINE_bool("json", False, "print the plan as JSON")
   flags.DEFINE_bool(
     "check",
@@ -61,7 +74,15 @@ def main(argv) -> int:
   config = cli.config_flag()
   label = f"{config.data.get('name', '') or '?'} ({path})"
   p = plan_config(
-    config, F.gpu, F.mesh, F.num_gpus, label, F.gpus_per_node, F.processes_per_node
+    config,
+    F.gpu,
+    F.mesh,
+    F.num_gpus,
+    label,
+    F.gpus_per_node,
+    F.processes_per_node,
+    F.host_cores_per_node,
+    F.train_queries_per_s,
   )  # an InputError ends the run in cli.run
   print(json.dumps(p.to_json(), indent=1) if F.json else format_plan(p))
   return DOES_NOT_FIT_EXIT if F.check and not p.fits else 0

@@ -35,6 +35,7 @@ from astra_jax.plan.inputs import (
 )
 from astra_jax.plan.quantities import quantities
 from astra_jax.plan.records import GPUS, DataSize, GiB, NodeLayout, Plan
+from astra_jax.plan.refresh_time import refresh_times
 from astra_jax.runtime.errors import InputError
 
 
@@ -44,6 +45,8 @@ def make_plan(
   data: DataSize | None = None,
   config_name: str = "",
   layout: NodeLayout | None = None,
+  host_cores_per_node: int = 0,
+  train_queries_per_s: float = 0.0,
 ) -> Plan:
   """The plan for `config` as it stands (mesh included).
 
@@ -53,6 +56,8 @@ def make_plan(
     data: the dataset's size (default: data_size(config)).
     config_name: the name printed.
     layout: nodes and processes (default: one node, one process per device).
+    host_cores_per_node, train_queries_per_s: the refresh's timing inputs
+      (refresh_time.refresh_times; 0: its defaults).
   Returns:
     The Plan."""
   data = data or data_size(config)
@@ -106,6 +111,14 @@ def make_plan(
     prep_items=prep.items,
     node_items=host.node,
     prep_seconds=prep.seconds,
+    refresh=refresh_times(
+      q,
+      config.negatives.index,
+      gpu,
+      layout.gpus_per_node,
+      host_cores_per_node,
+      train_queries_per_s,
+    ),
   )
 
 
@@ -205,6 +218,8 @@ def plan_config(
   name: str = "",
   gpus_per_node: int = 0,
   processes_per_node: int = 0,
+  host_cores_per_node: int = 0,
+  train_queries_per_s: float = 0.0,
 ) -> Plan:
   """Applies the mesh to (a copy of) the config, plans, and adds suggestions if needed.
 
@@ -214,6 +229,7 @@ def plan_config(
     mesh, num_gpus: see resolve_mesh.
     name: the name printed.
     gpus_per_node, processes_per_node: see resolve_layout (0: the defaults).
+    host_cores_per_node, train_queries_per_s: the refresh's timing inputs (make_plan).
   Returns:
     The Plan."""
   if gpu not in GPUS:
@@ -224,7 +240,7 @@ def plan_config(
     config.mesh.data, config.mesh.model = data, model  # per-shard k_h/k_r follow (refs)
   layout = resolve_layout(data * model, gpus_per_node, processes_per_node)
   size = data_size(config)
-  p = make_plan(config, gpu, size, name, layout)
+  p = make_plan(config, gpu, size, name, layout, host_cores_per_node, train_queries_per_s)
   if not p.fits:
     p.suggestions = suggest(config, gpu, size)
   return p

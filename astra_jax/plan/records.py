@@ -77,6 +77,8 @@ class Plan:
   node_items: list[Item] = dataclasses.field(default_factory=list)  # a node's RAM in training
   prep_seconds: dict = dataclasses.field(default_factory=dict)
   suggestions: list[str] = dataclasses.field(default_factory=list)
+  # Seconds per refresh by each backend against an epoch (refresh_time.refresh_times).
+  refresh: dict = dataclasses.field(default_factory=dict)
 
   @property
   def node_total(self) -> int:

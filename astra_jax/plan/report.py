@@ -81,8 +81,44 @@ def format_plan(p: Plan) -> str:
       paged = sum(i.bytes for i in items if i.paged)
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
       lines.append(f"    {label:<72}{_gib(resident(items))}")
+  lines += refresh_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
   if p.suggestions:
     lines += ["", "  to make it fit:"] + [f"    - {x}" for x in p.suggestions]
   return "\n".join(lines)
+
+
+def _hours(seconds: float) -> str:
+  return f"{seconds / 3600:8.2f}"
+
+
+def refresh_lines(p: Plan) -> list[str]:
+  """The refresh's hours by each backend against an epoch's (refresh_time.py), and when
+  training waits; nothing where the GPU kind has no rates or nothing is mined."""
+  r = p.refresh
+  if not r:
+    return []
+  speed = "estimated from a V100's, not measured" if r["step_speed_estimated"] else "given"
+  rows = (
+    (f"epoch: {r['train_queries_per_s_per_gpu']:,.0f} queries/s per GPU ({speed})", "epoch_s"),
+    (
+      f"host (ScaNN): {r['rows_scored_per_query']:,} rows scored per query, "
+      f"{r['host_cores_per_node']} host cores",
+      "host_s",
+    ),
+    (
+      f"device (exact): {r['device_flops']:.2e} flops per device, half the peak (assumed)",
+      "device_s",
+    ),
+  )
+  lines = ["", f"  {'time per refresh, one node (refresh_time.py)':<74}{'hours':>8}"]
+  lines += [f"    {label:<72}{_hours(r[key])}" for label, key in rows]
+  for name, wait in (("host", r["host_wait_s"]), ("device", r["device_wait_s"])):
+    verdict = (
+      f"training waits {wait / 3600:.2f} h per refresh"
+      if wait > 0
+      else "within the epoch: training does not wait"
+    )
+    lines.append(f"    {name} backend: {verdict}")
+  return lines
