@@ -174,6 +174,21 @@ def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tm
     export_start.export_rows(str(tmp_path / "g"), [t for t in texts if t != texts[7]])
 
 
+def test_labels_that_share_a_text_are_matched_in_order(monkeypatch):
+  from astra_jax.training import export_start
+
+  fake = type("Fake", (), {"label_texts": ["a", "b", "a", "c"], "meta": {}, "classifier": None})
+  monkeypatch.setattr(export, "load_model", lambda workdir: fake)
+  # The data's first "a" gets the export's first "a" (row 0), its second the second (row 2).
+  source, _ = export_start.export_rows("wd", ["c", "a", "a", "b", "new"])
+  np.testing.assert_array_equal(source, [3, 0, 2, 1, -1])
+  # A third "a" in the data is a new label; an "a" the data drops is a missing one.
+  source, _ = export_start.export_rows("wd", ["a", "b", "a", "c", "a"])
+  np.testing.assert_array_equal(source, [0, 1, 2, 3, -1])
+  with pytest.raises(InputError, match=r"the export's label 2 \('a'\) and 0 more"):
+    export_start.export_rows("wd", ["a", "b", "c"])
+
+
 @pytest.mark.slow
 def test_continuing_with_zero_learning_rates_reproduces_the_model(trained, load_config, tmp_path):
   """A run from the export that changes nothing exports the same encoder and W."""

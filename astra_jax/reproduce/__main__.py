@@ -11,9 +11,11 @@ table + PNG), rq3_real (the ablation and full-L on a real dataset, `--data=DIR`,
 experiments/xc_text.py:ngram; seeds from --seeds), encoders_real (the encoders on a real
 dataset, `--data=DIR`: settings chosen on a validation split by its first stage,
 encoders_real_validation, then the test split read once; reproduce/real_encoders.py),
-or all_cpu (the tables docs/results.md
-holds). Each run writes WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose
-results.json exists is reused, so rerunning a command only tabulates. Writes OUT/<table>.md
+grow (growing a trained model with held-out labels on a real dataset, `--data=DIR`;
+reproduce/grow_protocol.py), grow_stand_in (the same on a 10^6-label synthetic stand-in,
+also grown tenfold), or all_cpu (the tables docs/results.md holds). Each run writes
+WORKDIR/[scaleS_epochsE/]<run>/results.json; a run whose results.json exists is reused, so
+rerunning a command only tabulates. Writes OUT/<table>.md
 and OUT/<table>.csv.
 --jobs=N runs N of a table's runs at once as child processes (reproduce/parallel.py).
 Training tables run a reduced-scale synthetic stand-in of a paper dataset (the paper's

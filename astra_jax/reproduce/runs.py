@@ -75,7 +75,7 @@ class Run:
   def config(self):
     from astra_jax.config import base as config_base
 
-    c = config_base.load_config(self.config_file, self.variant)
+    c = config_base.load_config(self.config_file, self.variant or None)
     for key, value in self.overrides:
       *path, leaf = key.split(".")
       node = c

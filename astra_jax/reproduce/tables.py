@@ -9,7 +9,7 @@ import io
 import os
 from collections.abc import Callable
 
-from astra_jax.reproduce import parallel, real_encoders
+from astra_jax.reproduce import grow_protocol, parallel, real_encoders
 from astra_jax.reproduce.runs import (
   ABLATION,
   FULL_LABEL_TTVSPERF_QUERIES,
@@ -51,6 +51,29 @@ from astra_jax.reproduce.table_rows import (
 # --- tabulation: rows of cells (header first) -----------------------------------------------
 
 
+def real_ablation_summary(results: dict[str, dict]) -> str:
+  """One paragraph under rq3_real: ASTRA's rank among the sampled strategies by each score,
+  and ASTRA minus random per seed."""
+  sampled = [s for s in REAL_ABLATION if s != "full"]
+  n = len(seed_results(results, REAL_ABLATION[0]))
+  parts = []
+  for label, key in (("the fused score", "P@1"), ("W alone", "W-alone P@1")):
+    means = {s: mean_or_none([r.get(key) for r in seed_results(results, s)]) for s in sampled}
+    if any(v is None for v in means.values()):
+      continue
+    rank = 1 + sum(v > means[REAL_ABLATION[0]] for v in means.values())
+    gains = [
+      a[key] - b[key]
+      for a, b in zip(seed_results(results, REAL_ABLATION[0]), seed_results(results, "random"))
+    ]
+    parts.append(
+      f"by {label} ASTRA ranks {rank} of {len(sampled)} sampled strategies (means over "
+      f"{n} seed{'s' if n > 1 else ''}), ASTRA minus random per seed "
+      + " / ".join(f"{g:+.2f}" for g in gains)
+    )
+  return ("\n" + "; ".join(parts) + ".\n") if parts else ""
+
+
 # --- the registry ---------------------------------------------------------------------------
 
 
@@ -69,6 +92,11 @@ class Table:
   # `runs` takes the choice as a third argument.
   chosen_by: str = ""
   choose: Callable[[dict[str, dict]], str] | None = None
+  # A table measured by one protocol instead of a list of runs: (its workdir, the data dir,
+  # log) -> its record, which `tabulate` reads as the only entry of the results.
+  measure: Callable[[str, str, Callable[[str], None]], dict] | None = None
+  # results -> a paragraph under the table (what the table's targets read from it).
+  summary: Callable[[dict[str, dict]], str] | None = None
 
 
 _STAND_IN_NOTE = (
@@ -112,6 +140,7 @@ TABLES: dict[str, Table] = {
     real_ablation_runs,
     tab_rq3_real,
     real_data=True,
+    summary=real_ablation_summary,
   ),
   "encoders_real_validation": Table(
     "",
@@ -138,6 +167,36 @@ TABLES: dict[str, Table] = {
     real_data=True,
     chosen_by="encoders_real_validation",
     choose=real_encoders.choose,
+  ),
+  "grow": Table(
+    "",
+    "Growing a trained model with labels it never saw, on a real dataset (`--data=DIR`, by "
+    f"`{grow_protocol.REAL_CONFIG}`): 10% of the labels (seed 0) held out with every "
+    "training pair of theirs, the model trained on the rest, then grown by their texts (a), "
+    "grown and trained one more epoch on every pair (b), against a full retrain (c) and the "
+    "trained encoder's text similarity alone (d); scored on the whole test split in the "
+    "original ids, own items filtered as the config does. Seconds: training (warm start + "
+    "classifier stage) or growing, on the machine that ran it "
+    "(astra_jax/reproduce/grow_protocol.py).",
+    lambda *args: [],
+    grow_protocol.tab_grow,
+    real_data=True,
+    measure=lambda wd, data_dir, log: grow_protocol.measure(
+      grow_protocol.real_spec(data_dir), wd, log
+    ),
+    summary=grow_protocol.grow_summary,
+  ),
+  "grow_stand_in": Table(
+    "",
+    "The growing protocol of `grow` on the synthetic stand-in "
+    f"`{grow_protocol.STAND_IN.config}` at {grow_protocol.STAND_IN_LABELS:,} labels "
+    "(generated into the table's workdir; --scale and --epochs do not apply): 10% of the "
+    "labels held out, and 90% (a model of 10^5 labels grown tenfold). One full retrain "
+    "serves both.",
+    lambda *args: [],
+    grow_protocol.tab_grow,
+    measure=lambda wd, data_dir, log: grow_protocol.measure(grow_protocol.STAND_IN, wd, log),
+    summary=grow_protocol.grow_summary,
   ),
   "timebreakup": Table(
     "tab:timebreakup",
@@ -259,29 +318,6 @@ def rq3_rank(
   return 1 + sum(v > values["random+w_hard"] for v in values.values())
 
 
-def real_ablation_summary(results: dict[str, dict]) -> str:
-  """One paragraph under rq3_real: ASTRA's rank among the sampled strategies by each score,
-  and ASTRA minus random per seed."""
-  sampled = [s for s in REAL_ABLATION if s != "full"]
-  n = len(seed_results(results, REAL_ABLATION[0]))
-  parts = []
-  for label, key in (("the fused score", "P@1"), ("W alone", "W-alone P@1")):
-    means = {s: mean_or_none([r.get(key) for r in seed_results(results, s)]) for s in sampled}
-    if any(v is None for v in means.values()):
-      continue
-    rank = 1 + sum(v > means[REAL_ABLATION[0]] for v in means.values())
-    gains = [
-      a[key] - b[key]
-      for a, b in zip(seed_results(results, REAL_ABLATION[0]), seed_results(results, "random"))
-    ]
-    parts.append(
-      f"by {label} ASTRA ranks {rank} of {len(sampled)} sampled strategies (means over "
-      f"{n} seed{'s' if n > 1 else ''}), ASTRA minus random per seed "
-      + " / ".join(f"{g:+.2f}" for g in gains)
-    )
-  return ("\n" + "; ".join(parts) + ".\n") if parts else ""
-
-
 INDEX_HEADER = """# Reproducing the paper's tables
 
 Generated by `python -m astra_jax.reproduce` (`astra_jax/reproduce/`); regenerate this file,
@@ -367,7 +403,9 @@ def reproduce(
   if table.real_data:
     if not data_dir:
       raise ValueError(f"--table={name} trains on a real dataset: give --data=DIR")
-  if table.chosen_by:
+  if table.measure:
+    first, runs = "", []
+  elif table.chosen_by:
     first = reproduce(table.chosen_by, root, out, scale, epochs, log, seeds, data_dir, jobs)
     choice = table.choose(_results(TABLES[table.chosen_by], root, 1, seeds, data_dir, log))
     log(f"{table.chosen_by} chose {choice}")
@@ -376,7 +414,10 @@ def reproduce(
     first, runs = "", table.runs(data_dir, seeds)
   else:
     first, runs = "", table.runs(scale, epochs, seeds)
-  results = _run_all([r.at(root) for r in runs], root, jobs, log)
+  if table.measure:
+    results = {name: table.measure(os.path.join(root, name), data_dir, log)}
+  else:
+    results = _run_all([r.at(root) for r in runs], root, jobs, log)
   os.makedirs(out, exist_ok=True)
   if table.plot:
     rows = table.plot(results, os.path.join(out, f"{name}.png"))
@@ -386,8 +427,8 @@ def reproduce(
   md = f"### {name} ({paper})\n\n{table.caption}\n\n{to_markdown(rows)}"
   if table.plot:
     md += f"\n![{name}]({name}.png)\n"
-  if name == "rq3_real":
-    md += real_ablation_summary(results)
+  if table.summary:
+    md += table.summary(results)
   if name in ("rq3", "rq3_paper_refreshes"):
     mean_rank = rq3_rank(results, lambda r: last_mean(r, "P@1"))
     n = len(seed_results(results, "random+w_hard"))

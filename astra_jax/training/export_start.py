@@ -3,7 +3,9 @@ weights and its W's rows, each data label's row found by the label's text.
 
 Matching by text, not by id, lets the data's label list differ from the export's order: a
 model grown with new labels (serving/grow.py) appends them, while the dataset that adds
-their training pairs may number them anywhere. A data label whose text the export lacks
+their training pairs may number them anywhere. Labels that share a text (catalogues have
+them) are matched in order: the data's k-th label with a text gets the export's k-th row
+with it. A data label whose text the export lacks
 starts as `classifier.init` says (a new label); an export label the data lacks stops the
 run, since a continued run must keep every label it had (retire one instead: serving/grow.py).
 """
@@ -36,10 +38,16 @@ def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.nd
   if model.label_texts is None or data_label_texts is None:
     side = "the exported model" if model.label_texts is None else "the dataset"
     raise InputError(f"{where}: {side} has no label texts, which map its labels to the data's")
-  row_of = {}
+  rows_of: dict[str, list[int]] = {}
   for i, text in enumerate(model.label_texts):
-    row_of.setdefault(text.strip(), i)
-  source = np.array([row_of.get(t.strip(), -1) for t in data_label_texts], np.int64)
+    rows_of.setdefault(text.strip(), []).append(i)
+  taken: dict[str, int] = {}
+  source = np.full(len(data_label_texts), -1, np.int64)
+  for j, text in enumerate(data_label_texts):
+    key = text.strip()
+    k = taken.get(key, 0)
+    if k < len(rows_of.get(key, ())):
+      source[j], taken[key] = rows_of[key][k], k + 1
   missing = np.setdiff1d(np.arange(len(model.label_texts)), source[source >= 0])
   missing = np.setdiff1d(missing, model.meta.get("retired", []))
   if len(missing):
