@@ -20,6 +20,7 @@ from absl import app, flags
 
 from astra_jax.parallel import sharding
 from astra_jax.reproduce.classifier_bench import LR, WD, B, D, make_batch
+from astra_jax.runtime import host_memory
 from astra_jax.xc import classifier, sparse_momentum
 
 flags.DEFINE_list("num_labels", ["1e4", "1e5", "1e6"], "label counts")
@@ -58,6 +59,10 @@ def main(argv):
       "plain": (plain, [w(), jnp.float32(1.0)]),
       "momentum": (momentum, [w(), sparse_momentum.init(L, D, STEPS_PER_EPOCH)]),
     }
+    # W and the velocity on huge pages, as the trainer puts them (CPU backend).
+    for _, state in cases.values():
+      host_memory.back_with_huge_pages(state[0])
+    host_memory.back_with_huge_pages(cases["momentum"][1][1].velocity)
     row = {"num_labels": L, "beta": FLAGS.beta}
     for name, (fn, state) in cases.items():
       row[f"{name}_temp_bytes"] = int(

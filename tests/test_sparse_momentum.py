@@ -10,7 +10,7 @@ from tiny_step import B, L, problem
 
 from astra_jax.parallel import sharding
 from astra_jax.training import checkpoint, optim, steps, train
-from astra_jax.xc import sparse_momentum
+from astra_jax.xc import classifier, sparse_momentum
 
 BETA, WD = 0.9, 0.05
 
@@ -141,8 +141,16 @@ def _run(step_fn, state, batches, put, start=0, stop=STEPS):
   return state
 
 
-@pytest.mark.parametrize("shape,micro_batches", [((1, 1), 2), ((2, 4), 2)])
-def test_sparse_momentum_step_equals_dense_optax_momentum(shape, micro_batches, tmp_path):
+# block_bytes 1: the update adds one query's rows at a time, so rows repeat across blocks.
+@pytest.mark.parametrize(
+  "shape,micro_batches,block_bytes",
+  [((1, 1), 2, None), ((2, 4), 2, None), ((2, 4), 2, 1)],
+)
+def test_sparse_momentum_step_equals_dense_optax_momentum(
+  shape, micro_batches, block_bytes, tmp_path, monkeypatch
+):
+  if block_bytes:
+    monkeypatch.setattr(classifier, "UPDATE_BLOCK_BYTES", block_bytes)
   graphdef, enc, oc, batches, w0 = problem(
     num_shards=shape[1], micro_batches=micro_batches, per_query=True
   )

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 from flax import nnx
 
 from astra_jax.data.batch import TrainBatch
@@ -27,7 +28,11 @@ def test_update_by_hand_with_duplicate_ids():
   np.testing.assert_allclose(w, want, rtol=1e-6)
 
 
-def test_sparse_step_equals_dense_optax_step():
+# block_bytes 1: the update adds one query's rows at a time (classifier.UPDATE_BLOCK_BYTES).
+@pytest.mark.parametrize("block_bytes", [None, 1])
+def test_sparse_step_equals_dense_optax_step(block_bytes, monkeypatch):
+  if block_bytes:
+    monkeypatch.setattr(classifier, "UPDATE_BLOCK_BYTES", block_bytes)
   L, B, d = 200, 16, 8
   cfg = EncoderConfig(
     vocab_size=50,

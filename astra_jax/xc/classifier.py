@@ -189,28 +189,58 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   return kernel
 
 
-def _rows_and_grads(g: dict) -> tuple[jax.Array, jax.Array]:
-  """One micro-batch's factored row gradients (`classifier_grads`) as (ids (n K + m,),
-  gradients (n K + m, d)): row ids[i, k] gets coef[i, k] * queries[i], then the shared rows."""
+# The row gradients an update forms at once, in bytes: a micro-batch's (n K, d) gradients
+# are formed and scattered a block of queries at a time. On the CPU, XLA's temporaries are
+# mapped afresh at every call and each page is faulted in, which cost more than the scatter
+# itself for a whole micro-batch's gradients (and the momentum update's caught-up rows).
+UPDATE_BLOCK_BYTES = 4 << 20
+
+
+def _rows_and_grads(ids: jax.Array, coef: jax.Array, queries: jax.Array):
+  """Factored row gradients (`classifier_grads`) as (ids (n K,), gradients (n K, d)): row
+  ids[i, k] gets coef[i, k] * queries[i]."""
+  n, k = ids.shape
+  return ids.reshape(-1), (coef[..., None] * queries[:, None]).reshape(n * k, -1)
+
+
+def _query_blocks(g: dict) -> tuple[dict, int]:
+  """One micro-batch's per-query row gradients split into blocks of queries along a new
+  leading axis (every block the same size, a divisor of n, its gradients at most about
+  UPDATE_BLOCK_BYTES), and the block count."""
   n, k = g["ids"].shape
-  grads = (g["coef"][..., None] * g["queries"][:, None]).reshape(n * k, -1)
-  return (
-    jnp.concatenate([g["ids"].reshape(-1), g["shared_ids"]]),
-    jnp.concatenate([grads, g["shared_grads"]]),
-  )
+  d = g["queries"].shape[-1]
+  most = max(1, UPDATE_BLOCK_BYTES // (k * d * 4))
+  size = max(b for b in range(1, min(n, most) + 1) if n % b == 0)
+  split = lambda x: x.reshape(n // size, size, *x.shape[1:])
+  return {key: split(g[key]) for key in ("ids", "coef", "queries")}, n // size
+
+
+def _add_micro_batch(add, state, g: dict):
+  """`state` after `add(state, ids, grads)` for every block of the micro-batch's per-query
+  row gradients, then for its shared rows."""
+  blocks, _ = _query_blocks(g)
+
+  def add_block(state, b):
+    return add(state, *_rows_and_grads(b["ids"], b["coef"], b["queries"])), None
+
+  state, _ = jax.lax.scan(add_block, state, blocks)
+  if g["shared_ids"].shape[0]:
+    state = add(state, g["shared_ids"], g["shared_grads"])
+  return state
 
 
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
   """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
   decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
-  shard into its own rows. One micro-batch's (n K, d) gradients exist at a time."""
+  shard into its own rows. A block of queries' (n K, d) gradients exist at a time."""
 
   def body(v, scale, row_grads, lr):
     new_scale = decayed_scale(scale, lr, weight_decay)
     step = -lr / new_scale
+    add = lambda v, ids, grads: add_rows(v, ids, grads, step)
 
     def add_micro_batch(v, g):
-      return add_rows(v, *_rows_and_grads(g), step), None
+      return _add_micro_batch(add, v, g), None
 
     v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
     return v, new_scale
@@ -228,14 +258,18 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
   """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply) ->
   (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the dense
   optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
-  apply=False: a step that changes nothing (identity transition, zero gradients)."""
+  apply=False: a step that changes nothing (identity transition, zero gradients). Rows
+  repeated across blocks of queries or micro-batches are caught up once: the first block
+  that touches one leaves it current (add_gradients)."""
 
   def body(w, state, row_grads, lr, apply):
     state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
 
+    def add(carry, ids, grads):
+      return sparse_momentum.add_gradients(*carry, ids, grads, lr)
+
     def add_micro_batch(carry, g):
-      w, state = carry
-      return sparse_momentum.add_gradients(w, state, *_rows_and_grads(g), lr), None
+      return _add_micro_batch(add, carry, g), None
 
     (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
     return w, state
