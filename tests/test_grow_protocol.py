@@ -96,10 +96,10 @@ def test_the_summary_reads_the_targets_from_the_record():
     ],
   }
   text = gp.grow_summary({"grow": record})
-  # 27 / 30 = 90.0%; 36 / 400 = 9.0%; 49.0 - 48.7 = 0.30; 41.0 - 38.5, 24.5 - 19.0.
-  assert "is 90.0% of (c)'s, in 9.0% of its training seconds" in text
-  assert "is +0.30 below the model before growing" in text
-  assert "+2.50 P@1, +5.50 P@5" in text
+  # 27 / 30 = 90.0%; 36 / 400 = 9.0%; 48.7 - 49.0 = -0.30; 41.0 - 38.5, 24.5 - 19.0.
+  assert "(b)'s P@5 is 90.0% of (c)'s (27.00 / 30.00), in 9.0% of its training" in text
+  assert "P@1 is 48.70 after (b) against 49.00 before growing (-0.30)" in text
+  assert "+2.50 P@1, +5.50 P@5; growing took 4.5 s." in text
   rows = gp.tab_grow({"grow": record})
   assert len(rows) == 1 + len(gp.MODELS)
   assert rows[3][2:] == ["50.00 / 20.00 / 40.00", "47.00 / 27.00 / 30.00", "48.70", "36.0"]

@@ -386,19 +386,18 @@ def grow_summary(results: dict[str, dict]) -> str:
   (result,) = results.values()
   lines = []
   for p in result["protocols"]:
-    few, re_ = p["few_shot"]["rows_with_held_out_label"], p["retrain"]["rows_with_held_out_label"]
-    zero, text = (
-      p["zero_shot"]["rows_with_held_out_label"],
-      p["text_alone"]["rows_with_held_out_label"],
-    )
-    drop = p["before"]["other_labels_P@1"] - p["few_shot"]["other_labels_P@1"]
+    rows = {name: p[name]["rows_with_held_out_label"] for name in MODELS}
+    few, full = rows["few_shot"]["P@5"], rows["retrain"]["P@5"]
+    few_s, full_s = p["seconds"]["few_shot"], result["retrain_s"]
+    before, after = p["before"]["other_labels_P@1"], p["few_shot"]["other_labels_P@1"]
     lines.append(
-      f"- held out {p['holdout']:g}: (b)'s P@5 on the rows with a held-out label is "
-      f"{100 * few['P@5'] / max(re_['P@5'], 1e-9):.1f}% of (c)'s, in "
-      f"{100 * p['seconds']['few_shot'] / max(result['retrain_s'], 1e-9):.1f}% of its training "
-      f"seconds; the other labels' P@1 after (b) is {drop:+.2f} below the model before growing "
-      f"(negative: above); (a) minus (d) there: {zero['P@1'] - text['P@1']:+.2f} P@1, "
-      f"{zero['P@5'] - text['P@5']:+.2f} P@5; growing took {p['seconds']['grow']} s for "
-      f"{p['held_out_labels']:,} labels."
+      f"- held out {p['holdout']:g} ({p['held_out_labels']:,} labels): on the rows with a "
+      f"held-out label (b)'s P@5 is {100 * few / max(full, 1e-9):.1f}% of (c)'s ({few:.2f} / "
+      f"{full:.2f}), in {100 * few_s / max(full_s, 1e-9):.1f}% of its training seconds "
+      f"({few_s} / {full_s} s); the other labels' P@1 is {after:.2f} after (b) against "
+      f"{before:.2f} before growing ({after - before:+.2f}); (a) minus (d) on those rows: "
+      f"{rows['zero_shot']['P@1'] - rows['text_alone']['P@1']:+.2f} P@1, "
+      f"{rows['zero_shot']['P@5'] - rows['text_alone']['P@5']:+.2f} P@5; growing took "
+      f"{p['seconds']['grow']} s."
     )
   return "\n" + "\n".join(lines) + "\n"
