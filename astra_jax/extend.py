@@ -13,8 +13,6 @@ naming it, and nothing is written.
 
 from __future__ import annotations
 
-import sys
-
 from absl import flags, logging
 
 from astra_jax.runtime import cli
@@ -34,14 +32,12 @@ def define_flags() -> None:
 def main(argv) -> None:
   del argv  # cli.run allows none
   F = flags.FLAGS
-  try:
-    texts = grow.read_label_texts(F.labels) if F.labels else []
-    retire = grow.read_ids(F.retire) if F.retire else []
-    if not texts and not retire:
-      raise InputError("nothing to do: give --labels (new label texts) or --retire (ids)")
-    report = grow.grow_model(F.workdir, texts, F.out, retire, source_name=F.labels or "")
-  except InputError as e:
-    sys.exit(f"error: {e}")
+  # An InputError (a bad line, a repeated text, an unknown id) ends the run in cli.run.
+  texts = grow.read_label_texts(F.labels) if F.labels else []
+  retire = grow.read_ids(F.retire) if F.retire else []
+  if not texts and not retire:
+    raise InputError("nothing to do: give --labels (new label texts) or --retire (ids)")
+  report = grow.grow_model(F.workdir, texts, F.out, retire, source_name=F.labels or "")
   logging.info(
     "grown: %d labels + %d new (ids %d..%d), %d retired; text -> row map fitted on %d "
     "labels (R^2 %.2f); %.1fs: %s",
