@@ -73,3 +73,25 @@ def test_w_is_born_split_over_model_with_the_unsplit_rows(init, monkeypatch):
   calls.clear()
   whole = classifier_init.initial_classifier(_config(init), 12, 3, 5, label_tokens, embed_rows)
   np.testing.assert_array_equal(np.asarray(w), np.asarray(whole))
+
+
+def test_skipped_labels_are_not_embedded_and_start_at_zero():
+  """A run continued from an export embeds only the labels the export lacks."""
+  label_tokens = np.arange(10).reshape(5, 2)
+  seen = []
+
+  def embed_rows(t):
+    seen.extend(t[:, 0].tolist())
+    return np.stack([t.sum(1), np.ones(len(t))], 1).astype(float)
+
+  skip = np.array([True, False, True, True, False])
+  w = np.asarray(
+    classifier_init.initial_classifier(
+      _config("label_text"), 6, 2, 0, label_tokens, embed_rows, skip=skip
+    )
+  )
+  assert sorted(seen) == [2, 8]  # the first tokens of labels 1 and 4 only
+  np.testing.assert_array_equal(w[[0, 2, 3, 5]], 0)
+  # Labels 1 and 4: (sum, 1) normalised, as without skip: (5, 1) and (17, 1).
+  np.testing.assert_allclose(w[1], np.array([5, 1]) / np.sqrt(26), rtol=1e-6)
+  np.testing.assert_allclose(w[4], np.array([17, 1]) / np.sqrt(290), rtol=1e-6)

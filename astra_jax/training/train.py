@@ -295,6 +295,7 @@ def starting_classifier(
     # the label texts at 10^7 labels it costs minutes and gigabytes of transients
     # (docs/results/scale_run.md).
     return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
+  source = None
   if config.train.init_from:
     source, exported = export_start.export_rows(
       config.train.init_from, export.label_texts_of(config.data, data.data_dir)
@@ -307,8 +308,10 @@ def starting_classifier(
     data.label_tokens,
     lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
     w_layout,
+    # Rows the export gives are not embedded: at 10^7 labels that pass costs minutes.
+    skip=None if source is None else source >= 0,
   )
-  if config.train.init_from:
+  if source is not None:
     w = export_start.continue_classifier(w, source, exported)
   return w
 

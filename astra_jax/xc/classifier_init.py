@@ -60,6 +60,7 @@ def initial_classifier(
   label_tokens: np.ndarray | None,
   embed_rows: Callable[[np.ndarray], np.ndarray],
   sharding: jax.sharding.Sharding | None = None,
+  skip: np.ndarray | None = None,
 ) -> jax.Array:
   """W (rows, d) at step 0, as `config.classifier.init` says, born where it lives: with a
   `sharding`, each device computes only its own rows (W is never whole on one device).
@@ -72,6 +73,8 @@ def initial_classifier(
     label_tokens: (L, T) label-text tokens, or None when the dataset has none.
     embed_rows: the current encoder as a function of a token matrix (label_text only).
     sharding: W's layout (rows split over 'model'); None: the default device.
+    skip: (L,) bool, labels whose rows the caller sets afterwards (a run continued from an
+      exported model): label_text leaves them zero instead of embedding their texts.
   Returns:
     float32 (rows, d). The Gaussian rows are the same for every layout (jax's partitionable
     threefry draws each shard's numbers where it lives).
@@ -100,9 +103,12 @@ def initial_classifier(
     w = np.zeros((hi - lo, dim), np.float32)
     # In chunks: at 10^7 labels the embeddings of a whole shard, their normalised copy and
     # the shard itself would be three W-sized arrays at once.
-    for a in range(lo, min(hi, num_labels), _EMBED_CHUNK):
-      b = min(a + _EMBED_CHUNK, hi, num_labels)
-      w[a - lo : b - lo] = label_text_rows(embed_rows, label_tokens[a:b], cc.init_scale)
+    todo = np.arange(lo, min(hi, num_labels))
+    if skip is not None:
+      todo = todo[~skip[todo]]
+    for a in range(0, len(todo), _EMBED_CHUNK):
+      ids = todo[a : a + _EMBED_CHUNK]
+      w[ids - lo] = label_text_rows(embed_rows, label_tokens[ids], cc.init_scale)
     return w[:, index[1]]
 
   if sharding is None:
