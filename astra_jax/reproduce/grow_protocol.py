@@ -41,6 +41,7 @@ from astra_jax.reproduce.runs import Run, load_or_run
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import grow
 from astra_jax.serving.predictor import ExactLabels, Predictor
+from astra_jax.xc.score_fusion import unit_rows
 
 K = 5
 MODELS = ("before", "zero_shot", "few_shot", "retrain", "text_alone")
@@ -157,9 +158,8 @@ def scores(pred: np.ndarray, truth: SparseRows, inv_prop: np.ndarray, rows=None)
 def text_alone(p: Predictor, test_texts: list[str], label_texts: list[str]) -> np.ndarray:
   """(n, K) labels by cos(E(x), E(z_l)), a label whose text is the row's own left out (label
   texts are unique, so one search of K + 1 suffices)."""
-  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
-  z = unit(p.encode(p.to_tokens(label_texts)[0]))
-  q = unit(p.encode(p.to_tokens(test_texts)[0]))
+  z = unit_rows(p.encode(p.to_tokens(label_texts)[0]))
+  q = unit_rows(p.encode(p.to_tokens(test_texts)[0]))
   _, ids = ExactLabels(z).search(q, K + 1)
   own = {t.strip(): j for j, t in enumerate(label_texts)}
   out = np.empty((len(q), K), np.int64)

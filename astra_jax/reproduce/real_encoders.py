@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 
 from astra_jax.reproduce.runs import REAL_DATA_CONFIG, Run
+from astra_jax.reproduce.table_rows import cell
 
 MINILM = "minilm"  # experiments/xc_text.py's default variant
 NGRAM = "ngram"
@@ -108,10 +109,6 @@ def test_runs(data_dir: str, chosen: str = "minilm") -> list[Run]:
   ]
 
 
-def _f(x, nd: int = 2) -> str:
-  return "" if x is None else f"{x:.{nd}f}"
-
-
 def tab_validation(results: dict[str, dict]) -> list[list[str]]:
   """Stage 1: each variant's final validation P@1 / P@3 / P@5 by the fused score and P@1 by
   W alone, its training seconds, and which MiniLM variant was chosen."""
@@ -135,11 +132,11 @@ def tab_validation(results: dict[str, dict]) -> list[list[str]]:
       [
         name,
         f"`:{variant}` {changed}",
-        _f(validation_p(r)),
-        _f(validation_p(r, "P@3")),
-        _f(validation_p(r, "P@5")),
-        _f(validation_p(r, "W-alone P@1")),
-        _f(r.get("train_time_s"), 0),
+        cell(validation_p(r)),
+        cell(validation_p(r, "P@3")),
+        cell(validation_p(r, "P@5")),
+        cell(validation_p(r, "W-alone P@1")),
+        cell(r.get("train_time_s"), 0),
         "yes" if name == chosen else "",
       ]
     )
@@ -181,13 +178,13 @@ def tab_test(results: dict[str, dict]) -> list[list[str]]:
       [
         label,
         _encoder(r),
-        _f(r["P@1"]),
-        _f(r["P@3"]),
-        _f(r["P@5"]),
-        _f(r.get("PSP@5")),
-        _f(st.get("warm_start", 0.0), 0),
-        _f(st.get("training"), 0),
-        _f(r.get("total_time_s"), 0),
+        cell(r["P@1"]),
+        cell(r["P@3"]),
+        cell(r["P@5"]),
+        cell(r.get("PSP@5")),
+        cell(st.get("warm_start", 0.0), 0),
+        cell(st.get("training"), 0),
+        cell(r.get("total_time_s"), 0),
         r.get("device_kind", r.get("device", "")),
       ]
     )
@@ -200,7 +197,7 @@ def tab_test(results: dict[str, dict]) -> list[list[str]]:
   for name, m in floors:
     if m:
       rows.append(
-        [name, "", _f(m.get("P@1")), _f(m.get("P@3")), _f(m.get("P@5")), _f(m.get("PSP@5"))]
+        [name, "", cell(m.get("P@1")), cell(m.get("P@3")), cell(m.get("P@5")), cell(m.get("PSP@5"))]
         + [""] * 4
       )
   return rows

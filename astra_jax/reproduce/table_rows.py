@@ -22,7 +22,8 @@ from astra_jax.reproduce.runs import (
 )
 
 
-def _f(x, nd=2) -> str:
+def cell(x, nd: int = 2) -> str:
+  """A number as a table cell with `nd` decimals; "" for None."""
   return "" if x is None else f"{x:.{nd}f}"
 
 
@@ -77,13 +78,13 @@ def tab_rq3(results: dict[str, dict]) -> list[list[str]]:
     rows.append(
       [
         s,
-        _f(p1),
-        _f(p5),
-        _f(mean(lambda r: r["P@1"])),
-        _f(mean(lambda r: r["P@5"])),
-        _f(mean(lambda r: last_mean(r, "P@1"))),
-        _f(mean(lambda r: r["train_time_s"]), 0),
-        " / ".join(_f(r["P@1"]) for r in rs),
+        cell(p1),
+        cell(p5),
+        cell(mean(lambda r: r["P@1"])),
+        cell(mean(lambda r: r["P@5"])),
+        cell(mean(lambda r: last_mean(r, "P@1"))),
+        cell(mean(lambda r: r["train_time_s"]), 0),
+        " / ".join(cell(r["P@1"]) for r in rs),
         "" if s == "random+w_hard" else paired_difference(astra, [r["P@1"] for r in rs]),
       ]
     )
@@ -122,14 +123,14 @@ def tab_rq3_real(results: dict[str, dict]) -> list[list[str]]:
     rows.append(
       [
         s,
-        _f(PAPER_RQ3[s][0]) if s in PAPER_RQ3 else "",
-        _f(mean(lambda r: r["P@1"])),
-        _f(mean(lambda r: r["P@5"])),
-        _f(mean(alone)),
-        _f(mean(lambda r: r.get("W-alone P@5"))),
-        _f(mean(lambda r: last_mean(r, "P@1"))),
-        _f(mean(lambda r: r["train_time_s"]), 0),
-        " / ".join(_f(r["P@1"]) for r in rs),
+        cell(PAPER_RQ3[s][0]) if s in PAPER_RQ3 else "",
+        cell(mean(lambda r: r["P@1"])),
+        cell(mean(lambda r: r["P@5"])),
+        cell(mean(alone)),
+        cell(mean(lambda r: r.get("W-alone P@5"))),
+        cell(mean(lambda r: last_mean(r, "P@1"))),
+        cell(mean(lambda r: r["train_time_s"]), 0),
+        " / ".join(cell(r["P@1"]) for r in rs),
         differ(lambda r: r["P@1"]),
         differ(alone),
       ]
@@ -142,7 +143,7 @@ def tab_tau(results: dict[str, dict], key: str) -> list[list[str]]:
   rows = [[key, "paper P@1", "paper P@5", "ours P@1", "ours P@5"]]
   for t, (p1, p5) in paper.items():
     r = results[tau_run_name(key, t)]
-    rows.append([str(t), _f(p1), _f(p5), _f(r["P@1"]), _f(r["P@5"])])
+    rows.append([str(t), cell(p1), cell(p5), cell(r["P@1"]), cell(r["P@5"])])
   return rows
 
 
@@ -154,7 +155,7 @@ def tab_ratio(results: dict[str, dict]) -> list[list[str]]:
     r = results[ratio_run_name(kh, kr)]
     n = r["config"]["negatives"]
     rows.append(
-      [f"{kh}:{kr}", f"{n['k_h']}:{n['k_r']}", _f(p1), _f(p5), _f(r["P@1"]), _f(r["P@5"])]
+      [f"{kh}:{kr}", f"{n['k_h']}:{n['k_r']}", cell(p1), cell(p5), cell(r["P@1"]), cell(r["P@5"])]
     )
   return rows
 
@@ -183,7 +184,7 @@ def tab_timebreakup(results: dict[str, dict]) -> list[list[str]]:
         r = results[f"bench_{m}_L{L}"]
         v = r.get(f"{key}_ms")
         if v is not None:
-          row.append(_f(v))
+          row.append(cell(v))
         else:
           row.append("fused in 4" if key == "loss" else "n/a (4 + 5 apart > 4-6)")
     for paper in PAPER_TIME.values():
@@ -194,7 +195,7 @@ def tab_timebreakup(results: dict[str, dict]) -> list[list[str]]:
         ]
       else:
         cells = paper[key]
-      row += ["N/A" if v is None else _f(v, 1) for v in cells]
+      row += ["N/A" if v is None else cell(v, 1) for v in cells]
     rows.append(row)
   return rows
 
@@ -216,15 +217,15 @@ def tab_memory(results: dict[str, dict]) -> list[list[str]]:
     rows.append(
       [
         f"{L:,}",
-        _f(dense / mb),
-        _f(full["temp_bytes"] / mb),
-        _f(astra["temp_bytes"] / mb),
+        cell(dense / mb),
+        cell(full["temp_bytes"] / mb),
+        cell(astra["temp_bytes"] / mb),
         f"{dense / astra['temp_bytes']:.1f}x",
       ]
     )
   rows.append(["paper (GPU MB, Renee / ASTRA)", "", "", "", ""])
   for ds, (L, renee, ours, reduction) in PAPER_MEMORY.items():
-    rows.append([f"{ds} (L={L:,})", _f(renee), "", _f(ours), f"{reduction:.1f}x"])
+    rows.append([f"{ds} (L={L:,})", cell(renee), "", cell(ours), f"{reduction:.1f}x"])
   return rows
 
 
@@ -245,7 +246,7 @@ def plot_ttvsperf(results: dict[str, dict], path: str) -> list[list[str]]:
     ev = results[name]["evaluations"]
     xs, ys = [e["train_time_s"] for e in ev], [e["P@1"] for e in ev]
     ax.plot(xs, ys, marker=".", label=label)
-    rows += [[name, str(e["epoch"]), _f(e["train_time_s"], 1), _f(e["P@1"])] for e in ev]
+    rows += [[name, str(e["epoch"]), cell(e["train_time_s"], 1), cell(e["P@1"])] for e in ev]
   ax.set_xlabel("training time (s, 2 CPU cores)")
   ax.set_ylabel("P@1")
   L = results["random+w_hard"].get("num_labels")
@@ -271,9 +272,9 @@ def plot_motivation(results: dict[str, dict], path: str) -> list[list[str]]:
   curves = {n: {e["epoch"]: e["P@1"] for e in results[n]["evaluations"]} for n in names}
   epochs = sorted(set().union(*curves.values()))
   rows = [["epoch"] + [f"{n} P@1" for n in names]]
-  rows += [[str(e)] + [_f(curves[n].get(e)) for n in names] for e in epochs]
-  rows.append(["final (test)"] + [_f(results[n]["P@1"]) for n in names])
-  rows.append(["train s"] + [_f(results[n]["train_time_s"], 0) for n in names])
+  rows += [[str(e)] + [cell(curves[n].get(e)) for n in names] for e in epochs]
+  rows.append(["final (test)"] + [cell(results[n]["P@1"]) for n in names])
+  rows.append(["train s"] + [cell(results[n]["train_time_s"], 0) for n in names])
   fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
   for n in names:
     xs = sorted(curves[n])

@@ -31,6 +31,7 @@ from astra_jax.data import tokenize, xc_format
 from astra_jax.model import embedding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
+from astra_jax.xc.score_fusion import unit_rows
 
 # model.json keys save_model writes itself; every other key of the old model is carried over.
 _OWN_KEYS = {
@@ -113,10 +114,6 @@ def check_new_texts(old: list[str] | None, new: list[str], source: str) -> None:
       where = f"label {first}'s text" if first < num_old else f"line {first - num_old + 1}'s"
       raise InputError(f"{source}:{line}: {key!r} repeats {where}; a label's text names it once")
     seen[key] = num_old + line - 1
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-  return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
 
 
 def fit_text_to_row(
@@ -206,10 +203,10 @@ def grow_model(
     fit_texts = [model.label_texts[i] for i in fit]
     embed_texts = text_embedder(model)
     mapping, r2 = fit_text_to_row(
-      _unit(embed_texts(fit_texts)), np.asarray(model.classifier[fit], np.float32)
+      unit_rows(embed_texts(fit_texts)), np.asarray(model.classifier[fit], np.float32)
     )
     fit_n = len(fit)
-    new_rows = (_unit(embed_texts(new_texts)) @ mapping[:-1] + mapping[-1]).astype(np.float32)
+    new_rows = (unit_rows(embed_texts(new_texts)) @ mapping[:-1] + mapping[-1]).astype(np.float32)
   extra = {k: v for k, v in model.meta.items() if k not in _OWN_KEYS}
   extra.update(
     retired=list(retired),

@@ -203,22 +203,22 @@ def _rows_and_grads(ids: jax.Array, coef: jax.Array, queries: jax.Array):
   return ids.reshape(-1), (coef[..., None] * queries[:, None]).reshape(n * k, -1)
 
 
-def _query_blocks(g: dict) -> tuple[dict, int]:
+def _query_blocks(g: dict) -> dict:
   """One micro-batch's per-query row gradients split into blocks of queries along a new
   leading axis (every block the same size, a divisor of n, its gradients at most about
-  UPDATE_BLOCK_BYTES), and the block count."""
+  UPDATE_BLOCK_BYTES)."""
   n, k = g["ids"].shape
   d = g["queries"].shape[-1]
   most = max(1, UPDATE_BLOCK_BYTES // (k * d * 4))
   size = max(b for b in range(1, min(n, most) + 1) if n % b == 0)
   split = lambda x: x.reshape(n // size, size, *x.shape[1:])
-  return {key: split(g[key]) for key in ("ids", "coef", "queries")}, n // size
+  return {key: split(g[key]) for key in ("ids", "coef", "queries")}
 
 
 def _add_micro_batch(add, state, g: dict):
   """`state` after `add(state, ids, grads)` for every block of the micro-batch's per-query
   row gradients, then for its shared rows."""
-  blocks, _ = _query_blocks(g)
+  blocks = _query_blocks(g)
 
   def add_block(state, b):
     return add(state, *_rows_and_grads(b["ids"], b["coef"], b["queries"])), None

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+  """Each row of `x` over its norm (float32; an all-zero row stays zero)."""
   x = np.asarray(x, np.float32)
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -48,7 +49,7 @@ class LabelTextFusion:
   def query_rows(self, embeddings: np.ndarray) -> np.ndarray:
     """(n, 2d) [E(x) | E(x)/|E(x)|]."""
     e = np.asarray(embeddings, np.float32)
-    return np.concatenate([e, _unit(e)], axis=1)
+    return np.concatenate([e, unit_rows(e)], axis=1)
 
   def device_query_rows(self, embeddings: jax.Array) -> jax.Array:
     """`query_rows` inside a compiled function."""
@@ -58,7 +59,7 @@ class LabelTextFusion:
   def label_rows(self, classifier: np.ndarray, label_text_embeddings: np.ndarray) -> np.ndarray:
     """(L, 2d) [w_l | E(z_l)/|E(z_l)|]."""
     return np.concatenate(
-      [np.asarray(classifier, np.float32), _unit(label_text_embeddings)], axis=1
+      [np.asarray(classifier, np.float32), unit_rows(label_text_embeddings)], axis=1
     )
 
   def __call__(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
