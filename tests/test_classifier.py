@@ -109,3 +109,23 @@ def test_forward_equals_the_dense_scores(shape, per_query):
   got = classifier.classifier_forward(mesh)(emb, v, batch, jnp.float32(1.0))
   for g, want in zip(got, loss.classifier_scores(emb, w, batch)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_update_blocks_divide_the_queries_and_only_on_the_cpu():
+  d, k, n = 4, 3, 8
+  g = {
+    "ids": jnp.arange(n * k).reshape(n, k),
+    "coef": jnp.ones((n, k)),
+    "queries": jnp.ones((n, d)),
+  }
+  per_query = k * d * 4  # bytes of one query's row gradients
+  assert classifier._query_blocks(g, 0)["ids"].shape == (1, 8, 3)  # 0: one block
+  assert classifier._query_blocks(g, 2 * per_query)["ids"].shape == (4, 2, 3)
+  # 3 queries' worth: the largest divisor of 8 that fits is 2.
+  blocks = classifier._query_blocks(g, 3 * per_query)
+  assert blocks["queries"].shape == (4, 2, 4)
+  np.testing.assert_array_equal(blocks["ids"].reshape(n, k), g["ids"])  # order kept
+  cpu = sharding.make_mesh(1, 1)
+  assert classifier.update_block_bytes(cpu) == classifier.UPDATE_BLOCK_BYTES
+  gpu = type("Mesh", (), {"devices": np.array([type("D", (), {"platform": "gpu"})()])})()
+  assert classifier.update_block_bytes(gpu) == 0

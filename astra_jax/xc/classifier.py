@@ -189,11 +189,18 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   return kernel
 
 
-# The row gradients an update forms at once, in bytes: a micro-batch's (n K, d) gradients
-# are formed and scattered a block of queries at a time. On the CPU, XLA's temporaries are
-# mapped afresh at every call and each page is faulted in, which cost more than the scatter
-# itself for a whole micro-batch's gradients (and the momentum update's caught-up rows).
+# On the CPU, the row gradients an update forms at once, in bytes: a micro-batch's (n K, d)
+# gradients are formed and scattered a block of queries at a time. XLA:CPU maps its
+# temporaries afresh at every call and faults each page in, which cost more than the
+# scatter itself for a whole micro-batch's gradients (and the momentum update's caught-up
+# rows). A GPU keeps its temporaries allocated and would only launch more, smaller
+# scatters: there a micro-batch is one block.
 UPDATE_BLOCK_BYTES = 4 << 20
+
+
+def update_block_bytes(mesh: jax.sharding.Mesh) -> int:
+  """The update's block of row gradients on `mesh`'s devices (0: a micro-batch at once)."""
+  return UPDATE_BLOCK_BYTES if mesh.devices.flat[0].platform == "cpu" else 0
 
 
 def _rows_and_grads(ids: jax.Array, coef: jax.Array, queries: jax.Array):
@@ -203,22 +210,22 @@ def _rows_and_grads(ids: jax.Array, coef: jax.Array, queries: jax.Array):
   return ids.reshape(-1), (coef[..., None] * queries[:, None]).reshape(n * k, -1)
 
 
-def _query_blocks(g: dict) -> dict:
+def _query_blocks(g: dict, block_bytes: int) -> dict:
   """One micro-batch's per-query row gradients split into blocks of queries along a new
   leading axis (every block the same size, a divisor of n, its gradients at most about
-  UPDATE_BLOCK_BYTES)."""
+  `block_bytes`; 0: one block)."""
   n, k = g["ids"].shape
   d = g["queries"].shape[-1]
-  most = max(1, UPDATE_BLOCK_BYTES // (k * d * 4))
+  most = max(1, block_bytes // (k * d * 4)) if block_bytes else n
   size = max(b for b in range(1, min(n, most) + 1) if n % b == 0)
   split = lambda x: x.reshape(n // size, size, *x.shape[1:])
   return {key: split(g[key]) for key in ("ids", "coef", "queries")}
 
 
-def _add_micro_batch(add, state, g: dict):
+def _add_micro_batch(add, state, g: dict, block_bytes: int):
   """`state` after `add(state, ids, grads)` for every block of the micro-batch's per-query
-  row gradients, then for its shared rows."""
-  blocks = _query_blocks(g)
+  row gradients (`_query_blocks`), then for its shared rows."""
+  blocks = _query_blocks(g, block_bytes)
 
   def add_block(state, b):
     return add(state, *_rows_and_grads(b["ids"], b["coef"], b["queries"])), None
@@ -233,6 +240,7 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
   """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
   decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
   shard into its own rows. A block of queries' (n K, d) gradients exist at a time."""
+  block_bytes = update_block_bytes(mesh)
 
   def body(v, scale, row_grads, lr):
     new_scale = decayed_scale(scale, lr, weight_decay)
@@ -240,7 +248,7 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
     add = lambda v, ids, grads: add_rows(v, ids, grads, step)
 
     def add_micro_batch(v, g):
-      return _add_micro_batch(add, v, g), None
+      return _add_micro_batch(add, v, g, block_bytes), None
 
     v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
     return v, new_scale
@@ -262,6 +270,8 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
   repeated across blocks of queries or micro-batches are caught up once: the first block
   that touches one leaves it current (add_gradients)."""
 
+  block_bytes = update_block_bytes(mesh)
+
   def body(w, state, row_grads, lr, apply):
     state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
 
@@ -269,7 +279,7 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
       return sparse_momentum.add_gradients(*carry, ids, grads, lr)
 
     def add_micro_batch(carry, g):
-      return _add_micro_batch(add, carry, g), None
+      return _add_micro_batch(add, carry, g, block_bytes), None
 
     (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
     return w, state
