@@ -68,7 +68,11 @@ def test_growing_appends_rows_from_texts_and_keeps_every_old_label(trained, tmp_
   for b, a in zip(before, after):
     np.testing.assert_array_equal(a[a < 100], b)
   meta = grown.model.meta
-  assert meta["grown_from"] == {"model_id": old.model.meta["model_id"], "num_labels": 100}
+  assert meta["grown_from"] == {
+    "model_id": old.model.meta["model_id"],
+    "num_labels": 100,
+    "trained_labels": 100,
+  }
 
 
 @pytest.mark.slow
@@ -160,8 +164,9 @@ def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tm
   texts = grown.label_texts  # 102: the 100 trained labels, then NEW
   order = np.random.default_rng(0).permutation(102)
   data_texts = [texts[i] for i in order] + ["a label the export has never seen"]
-  source, w = export_start.export_rows(str(tmp_path / "g"), data_texts)
+  source, w, trained = export_start.export_rows(str(tmp_path / "g"), data_texts)
   np.testing.assert_array_equal(source, np.r_[order, -1])
+  assert trained == 100  # the 2 grown rows were never trained
   # W padded past L and split over two devices of the mesh, as training holds it.
   mesh = sharding.make_mesh(4, 2)  # the 8 fake CPU devices: W in two row shards
   w0 = jax.device_put(np.zeros((104, w.shape[1]), np.float32), NamedSharding(mesh, P("model")))
@@ -177,16 +182,41 @@ def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tm
 def test_labels_that_share_a_text_are_matched_in_order(monkeypatch):
   from astra_jax.training import export_start
 
-  fake = type("Fake", (), {"label_texts": ["a", "b", "a", "c"], "meta": {}, "classifier": None})
+  fake = type(
+    "Fake",
+    (),
+    {"label_texts": ["a", "b", "a", "c"], "meta": {}, "classifier": None, "trained_labels": 4},
+  )
   monkeypatch.setattr(export, "load_model", lambda workdir: fake)
   # The data's first "a" gets the export's first "a" (row 0), its second the second (row 2).
-  source, _ = export_start.export_rows("wd", ["c", "a", "a", "b", "new"])
+  source, _, _ = export_start.export_rows("wd", ["c", "a", "a", "b", "new"])
   np.testing.assert_array_equal(source, [3, 0, 2, 1, -1])
   # A third "a" in the data is a new label; an "a" the data drops is a missing one.
-  source, _ = export_start.export_rows("wd", ["a", "b", "a", "c", "a"])
+  source, _, _ = export_start.export_rows("wd", ["a", "b", "a", "c", "a"])
   np.testing.assert_array_equal(source, [0, 1, 2, 3, -1])
   with pytest.raises(InputError, match=r"the export's label 2 \('a'\) and 0 more"):
     export_start.export_rows("wd", ["a", "b", "c"])
+
+
+def test_the_rows_a_frozen_run_trains_are_those_the_export_never_trained():
+  from astra_jax.training import export_start
+
+  mesh = sharding.make_mesh(4, 2)
+  # Data labels from export rows 3, (none), 0, 5, 1; the export trained rows 0..3 and was
+  # grown with 4 and 5. Rows 5..7 pad W to the mesh.
+  mask = export_start.new_rows(np.array([3, -1, 0, 5, 1]), 4, 8, NamedSharding(mesh, P("model")))
+  assert mask.sharding.spec == P("model")
+  np.testing.assert_array_equal(np.asarray(mask), [0, 1, 0, 1, 0, 0, 0, 0])
+
+
+@pytest.mark.slow
+def test_a_model_grown_twice_counts_only_its_trained_rows(trained, tmp_path):
+  grow.grow_model(trained, NEW[:1], str(tmp_path / "once"))
+  grow.grow_model(str(tmp_path / "once"), NEW[1:], str(tmp_path / "twice"))
+  assert export.load_model(trained).trained_labels == 100
+  assert export.load_model(str(tmp_path / "once")).trained_labels == 100
+  twice = export.load_model(str(tmp_path / "twice"))
+  assert twice.meta["grown_from"]["num_labels"] == 101 and twice.trained_labels == 100
 
 
 @pytest.mark.slow

@@ -51,6 +51,13 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # A workdir whose exported model the run continues from: its encoder, and W's rows matched
   # to this data's labels by text (training/export_start.py). "": none.
   c.train.init_from = ""
+  # Parts of the model a run leaves as they start (a few-shot update of a grown model):
+  # freeze_encoder trains no encoder weight (its backward pass is skipped); freeze_old_rows
+  # trains only the W rows `init_from` never trained (labels it lacks or was grown with),
+  # every other row staying the export's bit for bit, so the classifier's weight decay must
+  # be 0 (it shrinks every row).
+  c.train.freeze_encoder = False
+  c.train.freeze_old_rows = False
   c.train.stop_after_steps = 0  # tests/debugging: behave as if SIGTERM came after N steps
   c.train.full_label_block = 8192  # strategy=full: labels per block of the full-L loss
   # A step that makes no progress for this long ends the process with every thread's stack
@@ -117,6 +124,30 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
     "by 1 - lr wd <= 0",
   )
+  require(
+    not ((c.train.freeze_encoder or c.train.freeze_old_rows) and dense),
+    "train.freeze_encoder",
+    "freezing part of the model needs the sparse step (optim.classifier_update=sparse and a "
+    "strategy that is not dense-only)",
+  )
+  require(
+    not (c.train.freeze_encoder and c.warmstart.epochs),
+    "train.freeze_encoder",
+    f"the warm start (warmstart.epochs={c.warmstart.epochs}) would train the frozen encoder; "
+    "set warmstart.epochs=0",
+  )
+  if c.train.freeze_old_rows:
+    require(
+      c.train.init_from,
+      "train.freeze_old_rows",
+      "needs train.init_from: the old rows are those the exported model gives",
+    )
+    require(
+      c.optim.classifier_weight_decay == 0,
+      "train.freeze_old_rows",
+      f"needs optim.classifier_weight_decay=0 (got {c.optim.classifier_weight_decay:g}): the "
+      "decay shrinks every row, the frozen ones too",
+    )
   require(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   require(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
   require(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")

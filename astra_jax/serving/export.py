@@ -66,6 +66,15 @@ class Model:
   label_texts: list[str] | None
   meta: dict
 
+  @property
+  def trained_labels(self) -> int:
+    """The labels before which every row was trained: a grown model's rows from its first
+    growth since training on were made from their texts (serving/grow.py) and never trained."""
+    grown = self.meta.get("grown_from")
+    if grown is None:
+      return len(self.classifier)
+    return int(grown.get("trained_labels", grown["num_labels"]))
+
 
 def model_dir(workdir: str) -> str:
   return os.path.join(workdir, MODEL_DIR)

@@ -197,7 +197,9 @@ def grow_model(
   d = model.classifier.shape[1]
   new_rows, fit_n, r2 = np.zeros((0, d), np.float32), 0, 0.0
   if new_texts:
-    live = np.setdiff1d(np.arange(old_l), [i for i in retired if i < old_l])
+    # The map is fitted on trained rows only: rows an earlier growth made are its output.
+    trained = model.trained_labels
+    live = np.setdiff1d(np.arange(trained), [i for i in retired if i < trained])
     rng = np.random.default_rng(0)
     fit = np.sort(rng.choice(live, min(FIT_LABELS, len(live)), replace=False))
     fit_texts = [model.label_texts[i] for i in fit]
@@ -210,7 +212,11 @@ def grow_model(
   extra = {k: v for k, v in model.meta.items() if k not in _OWN_KEYS}
   extra.update(
     retired=list(retired),
-    grown_from={"model_id": model.meta["model_id"], "num_labels": old_l},
+    grown_from={
+      "model_id": model.meta["model_id"],
+      "num_labels": old_l,
+      "trained_labels": model.trained_labels,
+    },
   )
   path = export.save_model(
     out_workdir,

@@ -28,7 +28,8 @@ def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.nd
     data_label_texts: the dataset's label texts, in its label order.
   Returns:
     (source (L,) int64: the export's row for each data label, -1 for a new label; the
-    export's W, (L_export, d) float32 memory-mapped).
+    export's W, (L_export, d) float32 memory-mapped; the export's trained labels: its rows
+    from there on were grown from their texts, never trained).
   Raises:
     InputError: no exported model, label texts missing on either side, or an export label
       whose text the data lacks (named, with how many more).
@@ -57,7 +58,7 @@ def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.nd
       f"{len(missing) - 1} more are not among the dataset's label texts; a continued run "
       "keeps every label (retire one with python -m astra_jax.extend --retire)"
     )
-  return source, model.classifier
+  return source, model.classifier, model.trained_labels
 
 
 def continue_classifier(w_start: jax.Array, source: np.ndarray, exported: np.ndarray) -> jax.Array:
@@ -78,3 +79,16 @@ def continue_classifier(w_start: jax.Array, source: np.ndarray, exported: np.nda
     int((source < 0).sum()),
   )
   return jax.make_array_from_single_device_arrays(w_start.shape, w_start.sharding, pieces)
+
+
+def new_rows(
+  source: np.ndarray, trained: int, rows: int, layout: jax.sharding.NamedSharding
+) -> jax.Array:
+  """The (rows,) bool mask of the data labels the export never trained (`train.freeze_old_rows`:
+  the rows a step may change): those it lacks and those it was grown with (rows from
+  `trained` on), padding rows False, laid out as `layout` says: each process builds only the
+  pieces its devices hold."""
+  mask = np.zeros(rows, bool)
+  mask[: len(source)] = (source < 0) | (source >= trained)
+  logging.info("train.freeze_old_rows: %d of %d rows trainable", int(mask.sum()), len(source))
+  return jax.make_array_from_callback((rows,), layout, lambda index: mask[index])

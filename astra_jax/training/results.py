@@ -9,6 +9,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 from absl import logging
 
 from astra_jax.data import xc_format
@@ -126,10 +127,20 @@ def results_record(
     "mesh": dict(p.mesh.shape),
     "grad_accum_steps": config.train.grad_accum_steps,
     "degraded": progress.degraded.to_json(),
+    "trained": trained_parts(trainer),
     **({"ann_eval": ann} if ann else {}),
     "encoder": encoder_source.identity(config.encoder, n_params)._asdict(),
     "config": json.loads(config.to_json()),
   }
+
+
+def trained_parts(trainer: Trainer) -> dict:
+  """What the run trained: {"encoder": whether it trained the encoder (not
+  train.freeze_encoder), "classifier_rows": the W rows it could change (all L unless
+  train.freeze_old_rows)}."""
+  trainable = trainer.state.trainable
+  rows = trainer.parts.data.num_labels if trainable is None else int(jax.jit(jnp.sum)(trainable))
+  return {"encoder": not trainer.parts.config.train.freeze_encoder, "classifier_rows": rows}
 
 
 def write_json(path: str, record: dict) -> None:

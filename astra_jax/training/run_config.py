@@ -66,6 +66,8 @@ ADDED_KEYS = {
   "scoring.label_text_scale": 5.0,
   "negatives.refresh_backend": "host",
   "train.init_from": "",
+  "train.freeze_encoder": False,
+  "train.freeze_old_rows": False,
   "data.synthetic.topic_size": 0,
   "data.synthetic.topic_words": 16,
   "data.synthetic.vocab_per_label": 0.0,

@@ -40,6 +40,8 @@ class TrainState:
   step: () int32, the updates applied (dynamic loss scaling's skipped steps not counted).
   loss_scale: loss_scale.py's state (unused by the dense step).
   momentum: the classifier's momentum state (sparse step with momentum), else None.
+  trainable: (L',) bool split over 'model' like V, the rows a step may change
+    (`train.freeze_old_rows`), else None: every row.
   dense: which step's optimizer state `opt` is (static: it fixes the checkpoint layout).
   """
 
@@ -50,6 +52,7 @@ class TrainState:
   step: jax.Array
   loss_scale: dict
   momentum: MomentumState | None = None
+  trainable: jax.Array | None = None
   dense: bool = struct.field(pytree_node=False, default=False)
 
   @property
@@ -79,6 +82,7 @@ def init_sparse_state(
   initial_loss_scale: float = 1.0,
   momentum_steps: int = 0,
   mesh: jax.sharding.Mesh | None = None,
+  trainable: jax.Array | None = None,
 ) -> TrainState:
   """The sparse step's state.
 
@@ -90,6 +94,7 @@ def init_sparse_state(
       at least every that many steps.
     mesh: where the momentum's per-row arrays are born, split over 'model' like W (never
       whole on one device); None: the default device.
+    trainable: the rows a step may change (TrainState.trainable), None: all.
   Returns:
     The state on the devices `params` are on (`shard_state` lays it out on the mesh).
   """
@@ -109,6 +114,7 @@ def init_sparse_state(
     step=jnp.int32(0),
     loss_scale=loss_scale.init(initial_loss_scale),
     momentum=momentum,
+    trainable=trainable,
   )
 
 
@@ -128,11 +134,12 @@ def init_dense_state(tx: optax.GradientTransformation, params: dict) -> TrainSta
 
 def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh) -> tuple[dict, dict]:
   """Encoder and optimizer state replicated, V (and the classifier's momentum state's
-  per-row arrays) split by rows over 'model'.
+  per-row arrays, and its trainable rows) split by rows over 'model'.
 
   Args:
     params: {"encoder", "classifier"}.
-    opt_state: the optimizer state, with "momentum" (a MomentumState) when there is one.
+    opt_state: the optimizer state, with "momentum" (a MomentumState) and "trainable" when
+      there are.
     mesh: the (data, model) mesh.
   Returns:
     (params, opt_state) placed on `mesh`.
@@ -142,12 +149,14 @@ def shard_params(params: dict, opt_state: dict, mesh: jax.sharding.Mesh) -> tupl
     "encoder": jax.device_put(params["encoder"], rep),
     "classifier": jax.device_put(params["classifier"], NamedSharding(mesh, P("model"))),
   }
-  rest = {k: v for k, v in opt_state.items() if k != "momentum"}
+  rest = {k: v for k, v in opt_state.items() if k not in ("momentum", "trainable")}
   out = jax.device_put(rest, rep)
   if "momentum" in opt_state:
     out["momentum"] = jax.device_put(
       opt_state["momentum"], sparse_momentum.momentum_shardings(mesh)
     )
+  if "trainable" in opt_state:
+    out["trainable"] = jax.device_put(opt_state["trainable"], NamedSharding(mesh, P("model")))
   return params, out
 
 
@@ -171,8 +180,8 @@ def fold_classifier(state: TrainState) -> TrainState:
 # ------------------------------------------------- the layout checkpoints hold
 def saved_layout(state: TrainState) -> tuple[dict, Any]:
   """(params, opt_state) as checkpoint.Checkpoints saves them: the sparse step's optimizer
-  state a dict {"encoder", "scale", "step", "loss_scale"[, "momentum"]}, the dense step's
-  optax's own state (the layout every checkpoint on disk has)."""
+  state a dict {"encoder", "scale", "step", "loss_scale"[, "momentum"][, "trainable"]}, the
+  dense step's optax's own state (the layout every checkpoint on disk has)."""
   return state.params, (state.opt if state.dense else _sparse_opt_dict(state))
 
 
@@ -198,6 +207,8 @@ def _sparse_opt_dict(state: TrainState) -> dict:
   }
   if state.momentum is not None:
     opt["momentum"] = state.momentum
+  if state.trainable is not None:
+    opt["trainable"] = state.trainable
   return opt
 
 
@@ -210,6 +221,7 @@ def _from_sparse_opt_dict(params: dict, opt: dict) -> TrainState:
     step=opt["step"],
     loss_scale=opt["loss_scale"],
     momentum=opt.get("momentum"),
+    trainable=opt.get("trainable"),
   )
 
 
@@ -308,6 +320,7 @@ def make_sparse_train_step(
   global_batch: int,
   loss_scaling: str = "off",
   momentum: float = 0.0,
+  train_encoder: bool = True,
 ) -> StepFn:
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
@@ -331,6 +344,8 @@ def make_sparse_train_step(
     momentum: > 0: SGD with that momentum (decay inside it, as the dense chain), through
       `classifier.classifier_momentum_update`; W is then V caught up (sparse_momentum.py),
       not scale * V.
+    train_encoder: False: the encoder is left as it is and its backward pass is skipped
+      (`train.freeze_encoder`). The rows a step may change are `state.trainable`'s.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
     the state donated.
@@ -350,6 +365,10 @@ def make_sparse_train_step(
 
     def micro(acc, xs):
       mb, k = xs
+      if not train_encoder:
+        emb, pooled = encode(graphdef, state.encoder, mb.input_ids, k)
+        value, _, row_grads = grads_kernel(emb, v, scale, mb.labels, state.momentum)
+        return acc, (value, row_grads, pooled)
       emb, enc_vjp, pooled = jax.vjp(
         lambda p: encode(graphdef, p, mb.input_ids, k), state.encoder, has_aux=True
       )
@@ -357,7 +376,7 @@ def make_sparse_train_step(
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
       return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
 
-    zeros = jax.tree.map(jnp.zeros_like, state.encoder)
+    zeros = jax.tree.map(jnp.zeros_like, state.encoder) if train_encoder else ()
     g_enc, (values, row_grads, pooled) = jax.lax.scan(micro, zeros, (batch, _micro_keys(key, a)))
     g_enc = jax.tree.map(lambda g: g / s, g_enc)
     value = values.sum()
@@ -368,14 +387,16 @@ def make_sparse_train_step(
       row_grads = jax.tree.map(
         lambda g: jnp.where(ok, g, 0.0) if jnp.issubdtype(g.dtype, jnp.floating) else g, row_grads
       )
-    updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
-    encoder = optax.apply_updates(state.encoder, updates)
+    encoder, enc_opt = state.encoder, state.opt
+    if train_encoder:
+      updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
+      encoder = optax.apply_updates(state.encoder, updates)
     lr = jnp.where(ok, lr_schedule(state.step), 0.0)
     momentum_state = state.momentum
     if momentum:
-      v, momentum_state = update_kernel(v, state.momentum, row_grads, lr, ok)
+      v, momentum_state = update_kernel(v, state.momentum, row_grads, lr, ok, state.trainable)
     else:
-      v, scale = update_kernel(v, scale, row_grads, lr)
+      v, scale = update_kernel(v, scale, row_grads, lr, state.trainable)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     new_loss_scale = (
       loss_scale.adjust(state.loss_scale, ok) if loss_scaling == "dynamic" else state.loss_scale

@@ -14,6 +14,7 @@ import time
 
 import jax
 import ml_collections
+import optax
 from absl import logging
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -122,16 +123,26 @@ def make_state_and_steps(
   total_steps: int,
   sparse: bool,
   steps_per_epoch: int,
+  trainable: jax.Array | None = None,
 ) -> tuple[steps.TrainState, steps.Steps]:
   """The train state laid out on the mesh and the run's jitted steps (for `uptodate` also
-  the step that mines k_h in the step)."""
+  the step that mines k_h in the step); `trainable`: the rows a step may change (None: all)."""
   nc, strategy = config.negatives, strategies.get(config.negatives.strategy)
   if sparse:
-    tx = optim.encoder_optimizer(config.optim, total_steps)
+    frozen = config.train.freeze_encoder
+    if frozen:
+      logging.info("train.freeze_encoder: the encoder's weights stay as they start")
+    # A frozen encoder keeps no Adam moments.
+    tx = optax.set_to_zero() if frozen else optim.encoder_optimizer(config.optim, total_steps)
     beta = config.optim.classifier_momentum
     state = steps.shard_state(
       steps.init_sparse_state(
-        tx, params, optim.initial_loss_scale(config), steps_per_epoch if beta else 0, mesh
+        tx,
+        params,
+        optim.initial_loss_scale(config),
+        steps_per_epoch if beta else 0,
+        mesh,
+        trainable,
       ),
       mesh,
     )
@@ -144,6 +155,7 @@ def make_state_and_steps(
       config.train.batch_size,
       optim.loss_scaling(config),
       beta,
+      train_encoder=not frozen,
     )
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
@@ -278,26 +290,30 @@ def starting_classifier(
   data: dataset.XCData,
   embed_fn,
   enc_params,
-) -> jax.Array:
-  """W's start (classifier_init.py), born split over 'model'; zeros where a checkpoint will
-  replace it.
+) -> tuple[jax.Array, jax.Array | None]:
+  """W's start (classifier_init.py), born split over 'model', and the rows a step may change;
+  zeros where a checkpoint will replace them.
 
   Args:
     rows: W's rows, padded to a multiple of the 'model' axis.
     d: the embedding width.
     embed_fn, enc_params: the encoder, for a start from the label texts' embeddings.
   Returns:
-    The (rows, d) float32 W, sharded by rows.
+    (the (rows, d) float32 W, sharded by rows; with `train.freeze_old_rows` the (rows,) bool
+    mask of the labels `train.init_from` lacks, sharded alike, else None).
   """
   w_layout = NamedSharding(mesh, P("model"))
   if checkpoint.has_complete_step(workdir):
-    # The resume replaces W by the checkpoint's: its start would be thrown away, and from
-    # the label texts at 10^7 labels it costs minutes and gigabytes of transients
-    # (docs/results/scale_run.md).
-    return jax.jit(lambda: jax.numpy.zeros((rows, d), jax.numpy.float32), out_shardings=w_layout)()
+    # The resume replaces W (and the mask) by the checkpoint's: its start would be thrown
+    # away, and from the label texts at 10^7 labels it costs minutes and gigabytes of
+    # transients (docs/results/scale_run.md).
+    jnp = jax.numpy
+    zeros = lambda shape, dtype: jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=w_layout)()
+    mask = zeros((rows,), bool) if config.train.freeze_old_rows else None
+    return zeros((rows, d), jnp.float32), mask
   source = None
   if config.train.init_from:
-    source, exported = export_start.export_rows(
+    source, exported, trained = export_start.export_rows(
       config.train.init_from, export.label_texts_of(config.data, data.data_dir)
     )
   w = classifier_init.initial_classifier(
@@ -311,9 +327,13 @@ def starting_classifier(
     # Rows the export gives are not embedded: at 10^7 labels that pass costs minutes.
     skip=None if source is None else source >= 0,
   )
-  if source is not None:
-    w = export_start.continue_classifier(w, source, exported)
-  return w
+  if source is None:
+    return w, None
+  w = export_start.continue_classifier(w, source, exported)
+  mask = None
+  if config.train.freeze_old_rows:
+    mask = export_start.new_rows(source, trained, rows, w_layout)
+  return w, mask
 
 
 def train_log(
@@ -400,7 +420,7 @@ def _train_and_evaluate(
     )
     stages.mark("warm_start")
   embed_fn = make_embed_fn(graphdef)
-  w = starting_classifier(config, workdir, mesh, rows, d, data, embed_fn, enc_params)
+  w, trainable = starting_classifier(config, workdir, mesh, rows, d, data, embed_fn, enc_params)
   stages.mark("classifier_init")
 
   # ---- negatives and batches
@@ -417,8 +437,9 @@ def _train_and_evaluate(
     total_steps,
     sparse,
     steps_per_epoch,
+    trainable,
   )
-  del w  # the state holds W from here
+  del w, trainable  # the state holds them from here
   n_params = sum(x.size for x in jax.tree.leaves(enc_params))
   logging.info(
     "encoder %s: %d parameters, d=%d; classifier %d x %d; %d steps/epoch x %d epochs",

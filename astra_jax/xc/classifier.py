@@ -236,13 +236,33 @@ def _add_micro_batch(add, state, g: dict, block_bytes: int):
   return state
 
 
+def drop_frozen(row_grads: dict, trainable: jax.Array | None) -> dict:
+  """Inside an update: `row_grads` with the ids of rows `trainable` (this shard's (rows,)
+  bool) marks False turned into rows (dropped, like another shard's), so a step leaves them
+  as they are; unchanged when `trainable` is None."""
+  if trainable is None:
+    return row_grads
+  rows = trainable.shape[0]
+
+  def keep(ids):
+    return jnp.where((ids < rows) & trainable[jnp.clip(ids, 0, rows - 1)], ids, rows)
+
+  return {**row_grads, "ids": keep(row_grads["ids"]), "shared_ids": keep(row_grads["shared_ids"])}
+
+
+def _trainable_spec(trainable: jax.Array | None):
+  return None if trainable is None else P("model")
+
+
 def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
-  """(V, scale, row_grads with a leading micro-batch axis A, lr) -> (V', scale'): one SGD +
-  decoupled decay step with the row gradients of A micro-batches (`classifier_grads`), each
-  shard into its own rows. A block of queries' (n K, d) gradients exist at a time."""
+  """(V, scale, row_grads with a leading micro-batch axis A, lr[, trainable]) -> (V', scale'):
+  one SGD + decoupled decay step with the row gradients of A micro-batches
+  (`classifier_grads`), each shard into its own rows. A block of queries' (n K, d) gradients
+  exist at a time. trainable: (L',) bool split over 'model', the rows the step may change
+  (`drop_frozen`); None: all."""
   block_bytes = update_block_bytes(mesh)
 
-  def body(v, scale, row_grads, lr):
+  def body(v, scale, row_grads, lr, trainable):
     new_scale = decayed_scale(scale, lr, weight_decay)
     step = -lr / new_scale
     add = lambda v, ids, grads: add_rows(v, ids, grads, step)
@@ -250,29 +270,33 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
     def add_micro_batch(v, g):
       return _add_micro_batch(add, v, g, block_bytes), None
 
-    v, _ = jax.lax.scan(add_micro_batch, v, row_grads)
+    v, _ = jax.lax.scan(add_micro_batch, v, drop_frozen(row_grads, trainable))
     return v, new_scale
 
-  return jax.shard_map(
-    body,
-    mesh=mesh,
-    in_specs=(P("model"), P(), P(None, "model"), P()),
-    out_specs=(P("model"), P()),
-    check_vma=False,
-  )
+  def update(v, scale, row_grads, lr, trainable=None):
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(P("model"), P(), P(None, "model"), P(), _trainable_spec(trainable)),
+      out_specs=(P("model"), P()),
+      check_vma=False,
+    )(v, scale, row_grads, lr, trainable)
+
+  return update
 
 
 def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, beta: float):
-  """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply) ->
-  (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the dense
-  optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
+  """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply[, trainable])
+  -> (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the
+  dense optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
   apply=False: a step that changes nothing (identity transition, zero gradients). Rows
   repeated across blocks of queries or micro-batches are caught up once: the first block
-  that touches one leaves it current (add_gradients)."""
+  that touches one leaves it current (add_gradients). trainable: as `classifier_update`'s
+  (a frozen row's velocity stays 0, so with wd = 0 the row never moves)."""
 
   block_bytes = update_block_bytes(mesh)
 
-  def body(w, state, row_grads, lr, apply):
+  def body(w, state, row_grads, lr, apply, trainable):
     state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
 
     def add(carry, ids, grads):
@@ -281,16 +305,19 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
     def add_micro_batch(carry, g):
       return _add_micro_batch(add, carry, g, block_bytes), None
 
-    (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), row_grads)
+    (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), drop_frozen(row_grads, trainable))
     return w, state
 
-  return jax.shard_map(
-    body,
-    mesh=mesh,
-    in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P()),
-    out_specs=(P("model"), MOMENTUM_SPEC),
-    check_vma=False,
-  )
+  def update(w, state, row_grads, lr, apply, trainable=None):
+    return jax.shard_map(
+      body,
+      mesh=mesh,
+      in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P(), _trainable_spec(trainable)),
+      out_specs=(P("model"), MOMENTUM_SPEC),
+      check_vma=False,
+    )(w, state, row_grads, lr, apply, trainable)
+
+  return update
 
 
 def decayed_scale(scale: jax.Array, lr: jax.Array, weight_decay: float) -> jax.Array:
