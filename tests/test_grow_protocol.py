@@ -11,7 +11,8 @@ import pytest
 
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.sparse_rows import SparseRows
-from astra_jax.reproduce import grow_protocol as gp
+from astra_jax.reproduce import few_shot_choice, grow_protocol as gp
+from astra_jax.reproduce.few_shot_choice import FewShot
 from astra_jax.reproduce.tables import to_markdown
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
@@ -123,6 +124,10 @@ def test_the_protocol_on_a_tiny_stand_in_grows_and_reuses_its_runs(tmp_path):
       ("train.eval_every_epochs", 0),
       ("train.profile_steps", 0),
     ),
+    few_shot=(
+      FewShot("new_rows", freeze_encoder=True, freeze_old_rows=True),
+      FewShot("all", freeze_encoder=False, freeze_old_rows=False),
+    ),
   )
   wd = str(tmp_path / "grow")
   record = gp.measure(spec, wd, log=lambda _: None)
@@ -138,10 +143,25 @@ def test_the_protocol_on_a_tiny_stand_in_grows_and_reuses_its_runs(tmp_path):
   grown = export.load_model(os.path.join(root, "grown"))
   assert grown.label_texts == [texts[i] for i in keep] + [texts[i] for i in held]
   np.testing.assert_array_equal(grown.classifier[:80], before.classifier)
-  # The few-shot run trained on the original data, starting from the grown model.
+  # The few-shot run trained on the original data, starting from the grown model, in the
+  # setting with the higher validation P@5; each candidate left the validation rows out.
   with open(os.path.join(root, "few_shot", "results.json")) as f:
     few = json.load(f)
   assert few["config"]["train"]["init_from"] == os.path.join(root, "grown")
+  p5 = share["few_shot_validation_P@5"]
+  assert set(p5) == {"new_rows", "all"}
+  chosen = "all" if p5["all"] > p5["new_rows"] else "new_rows"
+  assert share["few_shot_setting"] == chosen
+  for name in p5:
+    with open(os.path.join(root, "few_shot_choice", name, "results.json")) as f:
+      assert json.load(f)["num_train"] == 800 - 80  # validation_fraction 0.1
+  if chosen == "new_rows":
+    # Only the 20 new rows trained: the old ones are the grown model's, bit for bit.
+    assert few["trained"] == {"encoder": False, "classifier_rows": 20}
+    w = export.load_model(os.path.join(root, "few_shot")).classifier
+    np.testing.assert_array_equal(w[keep], grown.classifier[:80])
+  else:
+    assert few["trained"] == {"encoder": True, "classifier_rows": 100}
   for name in gp.MODELS:
     for part in ("all_rows", "rows_with_held_out_label"):
       assert all(0.0 <= v <= 100.0 for v in share[name][part].values())
@@ -155,6 +175,31 @@ def test_the_protocol_on_a_tiny_stand_in_grows_and_reuses_its_runs(tmp_path):
   assert mtimes == {
     n: os.path.getmtime(os.path.join(root, n, "results.json")) for n in ("before", "few_shot")
   }
+
+
+def test_validation_rows_are_the_split_the_runs_hold_out_with_a_held_out_label():
+  texts = [f"query {i}" for i in range(10)]
+  labels = SparseRows.from_lists([[i % 4] for i in range(10)], 4)
+  is_held = np.array([False, True, False, False])  # label 1: rows 1, 5, 9
+  # The split a run with data.validation_fraction=0.5, data.validation_seed=3 holds out.
+  val = np.sort(np.random.default_rng(3).permutation(10)[:5])
+  rows = few_shot_choice.validation_rows(texts, labels, is_held, 0.5, seed=3)
+  expected = [r for r in val if r % 4 == 1]
+  assert rows.texts == [f"query {r}" for r in expected]
+  assert [rows.truth.row(i).tolist() for i in range(len(expected))] == [[1]] * len(expected)
+
+
+def test_a_setting_that_freezes_old_rows_turns_off_the_decay():
+  optim = ml_collections.ConfigDict({"encoder_lr": 1e-3, "classifier_lr": 0.3})
+  new_rows = FewShot("n", freeze_encoder=True, freeze_old_rows=True, lr_scale=3.0)
+  assert new_rows.overrides(optim) == {
+    "train.freeze_encoder": True,
+    "train.freeze_old_rows": True,
+    "optim.encoder_lr": 3e-3,
+    "optim.classifier_lr": 0.3 * 3.0,
+    "optim.classifier_weight_decay": 0.0,
+  }
+  assert "optim.classifier_weight_decay" not in FewShot("a", False, False).overrides(optim)
 
 
 def test_a_share_made_for_another_draw_starts_afresh(tmp_path):

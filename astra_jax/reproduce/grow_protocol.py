@@ -11,7 +11,9 @@ kept, renumbered labels only). Then:
   text_alone its encoder ranking every label by cos(E(x), E(z_l));
   few_shot   the grown model trained on for `few_shot_epochs` epochs with every training
              pair, the held-out labels' included (`train.init_from`: rows matched by text;
-             no warm start; hard negatives mined from the grown W before the first epoch);
+             no warm start; hard negatives mined from the grown W before the first epoch),
+             in the setting (what trains, the learning rates) chosen among the spec's on a
+             validation split of the training rows (few_shot_choice.py);
   retrain    the config trained on all labels: the full retrain growing is to avoid (one
              for every share, shared).
 
@@ -37,7 +39,9 @@ import numpy as np
 from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import metrics
-from astra_jax.reproduce.runs import Run, load_or_run
+from astra_jax.reproduce import few_shot_choice
+from astra_jax.reproduce.few_shot_choice import FewShot
+from astra_jax.reproduce.runs import Run, load_or_run, run_dir
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import grow
 from astra_jax.serving.predictor import ExactLabels, Predictor
@@ -51,8 +55,8 @@ MODELS = ("before", "zero_shot", "few_shot", "retrain", "text_alone")
 class GrowSpec:
   """One protocol: the config (FILE[:VARIANT]) and its overrides for every training run, the
   data (a directory in the XC layout, or "" for the config's synthetic stand-in, generated
-  into the protocol's workdir), the held-out shares, the draw's seed and the few-shot
-  epochs."""
+  into the protocol's workdir), the held-out shares, the draw's seed, the few-shot epochs
+  and the few-shot settings to choose among (one: no choice, no validation runs)."""
 
   config: str
   data_dir: str = ""
@@ -60,6 +64,7 @@ class GrowSpec:
   seed: int = 0
   few_shot_epochs: int = 1
   overrides: tuple[tuple[str, object], ...] = ()
+  few_shot: tuple[FewShot, ...] = few_shot_choice.CANDIDATES
 
   def run(self, name: str, data_dir: str, extra: dict | None = None) -> Run:
     """A training run of the config on `data_dir` with the spec's overrides and `extra`."""
@@ -194,6 +199,9 @@ class _TestSet(NamedTuple):
   label_texts: list[str]
   test: SparseRows
   test_texts: list[str]
+  train_texts: list[str]
+  train_labels: SparseRows
+  optim: object  # the config's optimizer section, which the few-shot settings scale
   inv_prop: np.ndarray
   retrain_pred: np.ndarray  # (n, K) the full retrain's predictions, original ids
 
@@ -226,6 +234,9 @@ def measure(spec: GrowSpec, workdir: str, log: Callable[[str], None] = print) ->
     label_texts,
     xc_format.read_sparse(files.test_labels, L),
     test_texts,
+    xc_format.read_texts(files.train_texts),
+    train_labels,
+    cfg.optim,
     metrics.inverse_propensity(train_labels, cfg.data.propensity_A, cfg.data.propensity_B),
     retrain_p.predict(test_texts, k=K).ids,
   )
@@ -279,7 +290,10 @@ def _one_share(
   t0 = time.time()
   report = grow.grow_model(os.path.join(root, "before"), [label_texts[i] for i in held], grown_wd)
   grow_s = time.time() - t0
+  is_held = np.zeros(L, bool)
+  is_held[held] = True
   few_shot_extra = {
+    **data.data_overrides,
     "train.init_from": grown_wd,
     "warmstart.epochs": 0,
     "train.epochs": spec.few_shot_epochs,
@@ -287,11 +301,23 @@ def _one_share(
     "negatives.tau_r": 1,
     "train.eval_every_epochs": 0,
   }
-  few_run = spec.run("few_shot", data.data_dir, {**data.data_overrides, **few_shot_extra})
-  few = load_or_run(few_run, root, log)
+  chosen, validation_p5 = spec.few_shot[0], {}
+  if len(spec.few_shot) > 1:
+    fraction = few_shot_choice.VALIDATION_FRACTION
 
-  is_held = np.zeros(L, bool)
-  is_held[held] = True
+    def train_candidate(c: FewShot) -> str:
+      extra = {**few_shot_extra, **c.overrides(data.optim), "data.validation_fraction": fraction}
+      run = dataclasses.replace(spec.run(c.name, data.data_dir, extra), group="few_shot_choice")
+      load_or_run(run, root, log)
+      return run_dir(root, run)
+
+    rows = few_shot_choice.validation_rows(
+      data.train_texts, data.train_labels, is_held, fraction, seed=0
+    )
+    chosen, validation_p5 = few_shot_choice.choose(spec.few_shot, train_candidate, rows, log)
+    log(f"grow protocol: few-shot setting {chosen.name}, chosen on validation")
+  few_extra = {**few_shot_extra, **chosen.overrides(data.optim)}
+  few = load_or_run(spec.run("few_shot", data.data_dir, few_extra), root, log)
   with_held = [i for i in range(test.num_rows) if is_held[test.row(i)].any()]
   others = SparseRows.from_lists([[j for j in r if not is_held[j]] for r in _rows(test)], L)
   grown_ids = np.concatenate([keep, held])
@@ -317,6 +343,9 @@ def _one_share(
       "grow": round(grow_s, 2),
       "few_shot": _training_seconds(few),
     },
+    "few_shot_setting": chosen.name,
+    "few_shot_validation_P@5": validation_p5,
+    "few_shot_trained": few.get("trained"),
     "map_fit_labels": report.fit_labels,
     "map_fit_r2": round(report.fit_r2, 4),
   }
@@ -366,10 +395,13 @@ def tab_grow(results: dict[str, dict]) -> list[list[str]]:
     }
     for name in MODELS:
       m = p[name]
+      label = _LABELS[name]
+      if name == "few_shot" and "few_shot_setting" in p:
+        label += f" ({p['few_shot_setting']})"
       rows.append(
         [
           held,
-          _LABELS[name],
+          label,
           fmt(m["all_rows"]),
           fmt(m["rows_with_held_out_label"]),
           f"{m['other_labels_P@1']:.2f}",
@@ -377,6 +409,15 @@ def tab_grow(results: dict[str, dict]) -> list[list[str]]:
         ]
       )
   return rows
+
+
+def _setting_line(p: dict) -> str:
+  """How (b)'s setting was chosen, from the share's record ("" for a record without one)."""
+  p5 = p.get("few_shot_validation_P@5") or {}
+  if not p5:
+    return ""
+  scores = ", ".join(f"{name} {value:.2f}" for name, value in p5.items())
+  return f" (b)'s setting: {p['few_shot_setting']}, by validation P@5 ({scores})."
 
 
 def grow_summary(results: dict[str, dict]) -> str:
@@ -398,6 +439,6 @@ def grow_summary(results: dict[str, dict]) -> str:
       f"{before:.2f} before growing ({after - before:+.2f}); (a) minus (d) on those rows: "
       f"{rows['zero_shot']['P@1'] - rows['text_alone']['P@1']:+.2f} P@1, "
       f"{rows['zero_shot']['P@5'] - rows['text_alone']['P@5']:+.2f} P@5; growing took "
-      f"{p['seconds']['grow']} s."
+      f"{p['seconds']['grow']} s." + _setting_line(p)
     )
   return "\n" + "\n".join(lines) + "\n"
