@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU measurements of issues 4 and 8 in one go (one lease of a GPU machine), and the
-# host time per batch with 1-8 input threads:
+# The GPU measurements in one go (one lease of a GPU machine), and the host time per batch
+# with 1-8 input threads:
 #   bash benchmarks/gpu_suite.sh OUT_DIR
 # train_step.py in fp32 / bf16 / fp16, the PyTorch + HF reference in the same dtypes (when
-# torch and transformers are installed), and step_vs_labels.py. Each writes JSON lines into
-# OUT_DIR; a failing part is reported and the rest still run.
+# torch and transformers are installed), step_vs_labels.py, the momentum step against the
+# plain one, and one refresh by each backend (ScaNN on the host, exact on the GPU; the
+# device alone at 10^7 labels, where the planner's device rate is an assumption). Each
+# writes JSON lines into OUT_DIR; a failing part is reported and the rest still run.
 set -u
 out=${1:?usage: gpu_suite.sh OUT_DIR}
 mkdir -p "$out"
@@ -29,3 +31,10 @@ fi
 run $py benchmarks/step_vs_labels.py --steps=50 --out="$out/step_vs_labels.jsonl" 2>&1 | grep -v "^[IW][0-9]"
 # the host side: can the input threads of a GPU host keep up with its step?
 run $py benchmarks/input_pipeline.py --threads=1,2,4,8 --out="$out/input_pipeline.jsonl" 2>&1 | grep -v "^[IW][0-9]"
+# the classifier's momentum step against the plain one, and the refresh's two backends
+run $py benchmarks/momentum_step.py --num_labels=1e4,1e6,1e7 --steps=40 \
+  --out="$out/momentum_step.jsonl" 2>&1 | grep -v "^[IW][0-9]"
+run $py benchmarks/refresh_backends.py --num_labels=1e6 --num_queries=100000 \
+  --out="$out/refresh_backends.jsonl" 2>&1 | grep -v "^[IW][0-9]"
+run $py benchmarks/refresh_backends.py --num_labels=1e7 --num_queries=100000 --backends=device \
+  --out="$out/refresh_backends.jsonl" 2>&1 | grep -v "^[IW][0-9]"
