@@ -321,3 +321,20 @@ def test_a_config_recorded_with_the_flat_index_keys_is_the_same_run():
   assert run_config.config_diff(old, now) == []
   old["negatives"]["scann_group_rows"] = 0
   assert run_config.config_diff(old, now) == [("negatives.index.group_rows", 0, 80_000)]
+
+
+def test_a_recorded_config_reads_back_with_renamed_and_added_keys(tmp_path):
+  now = json.loads(config_base.base_config().to_json())
+  now["negatives"]["index"]["group_rows"] = 80_000
+  old = json.loads(json.dumps(now))
+  index = old["negatives"].pop("index")  # the flat layout, as in the test above
+  old["negatives"]["index"] = index.pop("kind")
+  old["negatives"]["scann_leaves"] = index.pop("num_leaves")
+  for name, value in index.items():
+    old["negatives"][f"scann_{name}"] = value
+  del old["train"]["freeze_old_rows"]  # written before the key existed
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  back = run_config.saved_config(str(tmp_path))
+  assert json.loads(back.to_json()) == now
+  with pytest.raises(InputError, match=r"config\.json does not exist"):
+    run_config.saved_config(str(tmp_path / "nowhere"))

@@ -23,6 +23,7 @@ TOOL_FLAGS = {
   "evaluate": {"pred", "truth", "train", "filter", "A", "B", "out", "k"},
   "predict": {"workdir", "input", "output", "k", "exact", "batch_size", "rebuild_index"},
   "prepare": {"config", "src", "out", "tokenizer", "max_len", "use_content"},
+  "extend": {"workdir", "labels", "retire", "out", "train_data", "epochs", "update"},
   "plan": {
     "config",
     "mesh",

@@ -14,6 +14,8 @@ import pytest
 from child_env import REPO, cpu_child_env
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.data import xc_format
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export, grow
@@ -153,6 +155,75 @@ def test_the_command_grows_and_reports_errors_in_one_line(trained, tmp_path):
   errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "repeats label 100's text" in errors[0]
   assert not os.path.exists(tmp_path / "h" / "model")
+
+
+def _union_data(trained: str, out) -> str:
+  """The trained run's dataset with NEW appended to its labels, each the positive of 10
+  training rows: the data a few-shot update of the model grown by NEW trains on."""
+  with open(os.path.join(trained, "config.json")) as f:
+    src = json.load(f)["data"]["dir"]
+  dst = str(out / "union")
+  shutil.copytree(src, dst, ignore=shutil.ignore_patterns("astra_cache"))
+  texts = xc_format.read_texts(os.path.join(dst, "Y.txt"))
+  xc_format.write_texts(os.path.join(dst, "Y.txt"), texts + NEW, "lines")
+  y = xc_format.read_sparse(os.path.join(dst, "trn_X_Y.txt"), 100)
+  rows = [
+    y.row(i).tolist() + ([100] if i < 10 else [101] if i < 20 else []) for i in range(y.num_rows)
+  ]
+  xc_format.write_sparse(os.path.join(dst, "trn_X_Y.txt"), SparseRows.from_lists(rows, 102))
+  t = xc_format.read_sparse(os.path.join(dst, "tst_X_Y.txt"), 100)
+  xc_format.write_sparse(
+    os.path.join(dst, "tst_X_Y.txt"),
+    SparseRows.from_lists([t.row(i).tolist() for i in range(t.num_rows)], 102),
+  )
+  return dst
+
+
+@pytest.mark.slow
+def test_the_command_grows_then_trains_the_new_rows_alone(trained, tmp_path):
+  data = _union_data(trained, tmp_path)
+  new = tmp_path / "new.txt"
+  new.write_text("\n".join(NEW) + "\n")
+  out = tmp_path / "out"
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "astra_jax.extend",
+      f"--workdir={trained}",
+      f"--labels={new}",
+      f"--out={out}",
+      f"--train_data={data}",
+    ],
+    env=cpu_child_env(1),
+    cwd=REPO,
+    capture_output=True,
+    text=True,
+  )
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "few-shot update (new_rows, 1 epochs)" in r.stderr
+  with open(out / "results.json") as f:
+    assert json.load(f)["trained"] == {"encoder": False, "classifier_rows": 2}
+  before, grown = export.load_model(trained), export.load_model(str(out / "grown"))
+  after = export.load_model(str(out))
+  assert after.label_texts == before.label_texts + NEW
+  w, w0 = np.asarray(after.classifier), np.asarray(grown.classifier)
+  np.testing.assert_array_equal(w[:100], np.asarray(before.classifier))  # bit for bit
+  assert not np.allclose(w[100:], w0[100:])  # the new rows trained
+  for (p, a), (_, b) in zip(
+    nnx_flat(after.encoder_params), nnx_flat(before.encoder_params), strict=True
+  ):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(p))
+
+
+def test_a_bad_few_shot_flag_is_one_error_before_anything_is_written(trained, tmp_path):
+  from astra_jax.training import few_shot
+
+  with pytest.raises(InputError, match="--update=everything: use one of new_rows, classifier, all"):
+    few_shot.update_config(trained, "data", str(tmp_path / "g"), 1, "everything")
+  with pytest.raises(InputError, match=r"config\.json does not exist"):
+    few_shot.update_config(str(tmp_path), "data", str(tmp_path / "g"), 1, "new_rows")
+  assert not os.listdir(tmp_path)
 
 
 @pytest.mark.slow

@@ -12,10 +12,10 @@ import pytest
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.reproduce import few_shot_choice, grow_protocol as gp
-from astra_jax.reproduce.few_shot_choice import FewShot
 from astra_jax.reproduce.tables import to_markdown
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
+from astra_jax.training.few_shot import FewShot
 
 LABELS = ["red car", "blue car", "green boat", "red boat"]
 TRAIN = (["a red car", "blue or green", "red boat ride"], [[0], [1, 2], [3, 0]])

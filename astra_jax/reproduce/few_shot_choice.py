@@ -12,44 +12,21 @@ split. The test split plays no part in the choice.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
-import ml_collections
 import numpy as np
 
 from astra_jax.data import validation
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import metrics
 from astra_jax.serving.predictor import Predictor
+from astra_jax.training.few_shot import FewShot
 
 VALIDATION_FRACTION = 0.1
 
 
-@dataclasses.dataclass(frozen=True)
-class FewShot:
-  """One setting of the few-shot update: which parts train, and the learning rates (encoder's
-  and classifier's) as a multiple of the config's."""
-
-  name: str
-  freeze_encoder: bool
-  freeze_old_rows: bool
-  lr_scale: float = 1.0
-
-  def overrides(self, optim: ml_collections.ConfigDict) -> dict:
-    """The config overrides of this setting, on a config whose optimizer is `optim`."""
-    out = {
-      "train.freeze_encoder": self.freeze_encoder,
-      "train.freeze_old_rows": self.freeze_old_rows,
-      "optim.encoder_lr": optim.encoder_lr * self.lr_scale,
-      "optim.classifier_lr": optim.classifier_lr * self.lr_scale,
-    }
-    if self.freeze_old_rows:  # the decay would shrink the frozen rows
-      out["optim.classifier_weight_decay"] = 0.0
-    return out
-
-
+# `extend --update`'s settings (training/few_shot.py), and two at other learning rates.
 CANDIDATES = (
   FewShot("new_rows", freeze_encoder=True, freeze_old_rows=True),
   FewShot("new_rows_lr3", freeze_encoder=True, freeze_old_rows=True, lr_scale=3.0),

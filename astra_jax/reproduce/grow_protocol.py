@@ -40,11 +40,12 @@ from astra_jax.data import dataset, synthetic, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import metrics
 from astra_jax.reproduce import few_shot_choice
-from astra_jax.reproduce.few_shot_choice import FewShot
 from astra_jax.reproduce.runs import Run, load_or_run, run_dir
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import grow
 from astra_jax.serving.predictor import ExactLabels, Predictor
+from astra_jax.training import few_shot
+from astra_jax.training.few_shot import FewShot
 from astra_jax.xc.score_fusion import unit_rows
 
 K = 5
@@ -292,15 +293,7 @@ def _one_share(
   grow_s = time.time() - t0
   is_held = np.zeros(L, bool)
   is_held[held] = True
-  few_shot_extra = {
-    **data.data_overrides,
-    "train.init_from": grown_wd,
-    "warmstart.epochs": 0,
-    "train.epochs": spec.few_shot_epochs,
-    "negatives.tau_s": 0,
-    "negatives.tau_r": 1,
-    "train.eval_every_epochs": 0,
-  }
+  few_shot_extra = {**data.data_overrides, **few_shot.run_overrides(grown_wd, spec.few_shot_epochs)}
   chosen, validation_p5 = spec.few_shot[0], {}
   if len(spec.few_shot) > 1:
     fraction = few_shot_choice.VALIDATION_FRACTION

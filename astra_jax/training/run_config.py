@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+import ml_collections
 from absl import logging
 
 from astra_jax.data import xc_format
@@ -133,6 +134,28 @@ def config_diff(saved: dict, now: dict) -> list[tuple[str, object, object]]:
     for k in sorted(set(saved) | set(now))
     if saved.get(k) != now.get(k) and not k.startswith(free)
   ]
+
+
+def saved_config(workdir: str) -> ml_collections.ConfigDict:
+  """WORKDIR/config.json as a config: renamed keys read as their new names, keys added since
+  it was written as ADDED_KEYS' values (what the run computed).
+
+  Raises:
+    InputError: the workdir has no config.json.
+  """
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise InputError(f"{path} does not exist: not a training run's workdir")
+  with open(path) as f:
+    flat = {RENAMED_KEYS.get(k, k): v for k, v in _flat(json.load(f)).items()}
+  nested: dict = {}
+  for key, value in {**ADDED_KEYS, **flat}.items():
+    *path_, leaf = key.split(".")
+    node = nested
+    for part in path_:
+      node = node.setdefault(part, {})
+    node[leaf] = value
+  return ml_collections.ConfigDict(nested)
 
 
 def check_config(workdir: str, config_json: dict, write: bool = True) -> None:
