@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+import ml_collections
 import numpy as np
 
 from astra_jax.data import dataset, synthetic, xc_format
@@ -202,7 +203,8 @@ class _TestSet(NamedTuple):
   test_texts: list[str]
   train_texts: list[str]
   train_labels: SparseRows
-  optim: object  # the config's optimizer section, which the few-shot settings scale
+  optim: ml_collections.ConfigDict  # the config's optimizer, which the settings scale
+  validation_seed: int  # the config's data.validation_seed: the split the candidates hold out
   inv_prop: np.ndarray
   retrain_pred: np.ndarray  # (n, K) the full retrain's predictions, original ids
 
@@ -238,6 +240,7 @@ def measure(spec: GrowSpec, workdir: str, log: Callable[[str], None] = print) ->
     xc_format.read_texts(files.train_texts),
     train_labels,
     cfg.optim,
+    cfg.data.validation_seed,
     metrics.inverse_propensity(train_labels, cfg.data.propensity_A, cfg.data.propensity_B),
     retrain_p.predict(test_texts, k=K).ids,
   )
@@ -305,7 +308,7 @@ def _one_share(
       return run_dir(root, run)
 
     rows = few_shot_choice.validation_rows(
-      data.train_texts, data.train_labels, is_held, fraction, seed=0
+      data.train_texts, data.train_labels, is_held, fraction, data.validation_seed
     )
     chosen, validation_p5 = few_shot_choice.choose(spec.few_shot, train_candidate, rows, log)
     log(f"grow protocol: few-shot setting {chosen.name}, chosen on validation")
