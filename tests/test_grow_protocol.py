@@ -9,7 +9,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from astra_jax.data import dataset, xc_format
+from astra_jax.data import dataset, validation, xc_format
+from astra_jax.data.dataset import XCData
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.reproduce import few_shot_choice, grow_protocol as gp
 from astra_jax.reproduce.tables import to_markdown
@@ -178,15 +179,20 @@ def test_the_protocol_on_a_tiny_stand_in_grows_and_reuses_its_runs(tmp_path):
 
 
 def test_validation_rows_are_the_split_the_runs_hold_out_with_a_held_out_label():
-  texts = [f"query {i}" for i in range(10)]
-  labels = SparseRows.from_lists([[i % 4] for i in range(10)], 4)
-  is_held = np.array([False, True, False, False])  # label 1: rows 1, 5, 9
-  # The split a run with data.validation_fraction=0.5, data.validation_seed=3 holds out.
-  val = np.sort(np.random.default_rng(3).permutation(10)[:5])
+  n = 40
+  texts = [f"query {i}" for i in range(n)]
+  labels = SparseRows.from_lists([[i % 4] for i in range(n)], 4)
+  is_held = np.array([False, True, False, False])  # label 1: rows 1, 5, 9, ...
+  # The rows a training run with data.validation_fraction=0.5, data.validation_seed=3
+  # evaluates on: validation.carve's, each query's token its row number.
+  tokens = np.arange(n, dtype=np.int32)[:, None]
+  data = XCData("d", 4, tokens, labels, tokens[:1], labels.head(1), None, np.zeros((0, 2)), 0, 9, n)
+  carved = validation.carve(data, 0.5, seed=3).validation
+  held_rows = [int(t[0]) for t in carved.test_tokens[:] if t[0] % 4 == 1]
+  assert held_rows  # the draw has some rows of label 1
   rows = few_shot_choice.validation_rows(texts, labels, is_held, 0.5, seed=3)
-  expected = [r for r in val if r % 4 == 1]
-  assert rows.texts == [f"query {r}" for r in expected]
-  assert [rows.truth.row(i).tolist() for i in range(len(expected))] == [[1]] * len(expected)
+  assert rows.texts == [f"query {r}" for r in held_rows]
+  assert [rows.truth.row(i).tolist() for i in range(len(held_rows))] == [[1]] * len(held_rows)
 
 
 def test_a_setting_that_freezes_old_rows_turns_off_the_decay():

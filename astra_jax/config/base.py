@@ -54,6 +54,18 @@ def check_inputs(c: ml_collections.ConfigDict) -> None:
     )
 
 
+def with_overrides(c: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
+  """`c` with each dotted key of `overrides` ("train.epochs") set to its value, in place;
+  returns `c`."""
+  for key, value in overrides.items():
+    *path, leaf = key.split(".")
+    node = c
+    for part in path:
+      node = node[part]
+    node[leaf] = value
+  return c
+
+
 def load_config(path: str, variant: str | None = None) -> ml_collections.ConfigDict:
   """An experiment file's `get_config()` (`get_config(variant)` for `--config=PATH:VARIANT`),
   outside absl's --config flag."""

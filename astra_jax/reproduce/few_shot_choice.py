@@ -12,6 +12,7 @@ split. The test split plays no part in the choice.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -21,18 +22,19 @@ from astra_jax.data import validation
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import metrics
 from astra_jax.serving.predictor import Predictor
-from astra_jax.training.few_shot import FewShot
+from astra_jax.training.few_shot import UPDATES, FewShot
 
 VALIDATION_FRACTION = 0.1
 
 
 # `extend --update`'s settings (training/few_shot.py), and two at other learning rates.
+_NEW_ROWS, _CLASSIFIER, _ALL = (UPDATES[n] for n in ("new_rows", "classifier", "all"))
 CANDIDATES = (
-  FewShot("new_rows", freeze_encoder=True, freeze_old_rows=True),
-  FewShot("new_rows_lr3", freeze_encoder=True, freeze_old_rows=True, lr_scale=3.0),
-  FewShot("classifier", freeze_encoder=True, freeze_old_rows=False),
-  FewShot("all", freeze_encoder=False, freeze_old_rows=False),
-  FewShot("all_lr0.3", freeze_encoder=False, freeze_old_rows=False, lr_scale=0.3),
+  _NEW_ROWS,
+  dataclasses.replace(_NEW_ROWS, name="new_rows_lr3", lr_scale=3.0),
+  _CLASSIFIER,
+  _ALL,
+  dataclasses.replace(_ALL, name="all_lr0.3", lr_scale=0.3),
 )
 
 

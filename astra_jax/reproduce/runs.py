@@ -76,13 +76,7 @@ class Run:
     from astra_jax.config import base as config_base
 
     c = config_base.load_config(self.config_file, self.variant or None)
-    for key, value in self.overrides:
-      *path, leaf = key.split(".")
-      node = c
-      for p in path:
-        node = node[p]
-      node[leaf] = value
-    return c
+    return config_base.with_overrides(c, dict(self.overrides))
 
 
 WORKDIR_PLACEHOLDER = "{workdir}"

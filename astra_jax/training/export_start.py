@@ -20,7 +20,9 @@ from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
 
 
-def export_rows(workdir: str, data_label_texts: list[str] | None) -> tuple[np.ndarray, np.ndarray]:
+def export_rows(
+  workdir: str, data_label_texts: list[str] | None
+) -> tuple[np.ndarray, np.ndarray, int]:
   """Where each data label's row is in WORKDIR/model's W.
 
   Args:

@@ -14,6 +14,7 @@ import os
 
 import ml_collections
 
+from astra_jax.config import base as config_base
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
 from astra_jax.training import run_config
@@ -66,17 +67,6 @@ def run_overrides(grown_workdir: str, epochs: int) -> dict:
   }
 
 
-def apply(config: ml_collections.ConfigDict, overrides: dict) -> ml_collections.ConfigDict:
-  """`config` with each dotted key of `overrides` set (in place; returned)."""
-  for key, value in overrides.items():
-    *path, leaf = key.split(".")
-    node = config
-    for part in path:
-      node = node[part]
-    node[leaf] = value
-  return config
-
-
 def update_config(
   trained_workdir: str, data_dir: str, grown_workdir: str, epochs: int, update: str
 ) -> ml_collections.ConfigDict:
@@ -102,4 +92,4 @@ def update_config(
     **run_overrides(grown_workdir, epochs),
     **UPDATES[update].overrides(config.optim),
   }
-  return apply(config, overrides)
+  return config_base.with_overrides(config, overrides)

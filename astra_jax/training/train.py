@@ -300,7 +300,8 @@ def starting_classifier(
     embed_fn, enc_params: the encoder, for a start from the label texts' embeddings.
   Returns:
     (the (rows, d) float32 W, sharded by rows; with `train.freeze_old_rows` the (rows,) bool
-    mask of the labels `train.init_from` lacks, sharded alike, else None).
+    mask of the labels `train.init_from` never trained (export_start.new_rows), sharded
+    alike, else None).
   """
   w_layout = NamedSharding(mesh, P("model"))
   if checkpoint.has_complete_step(workdir):
