@@ -2,6 +2,8 @@ r"""ScaNN knobs for hard-negative mining at a fixed cost per query, chosen on 10
 
   python benchmarks/refresh_knobs.py --num_labels=1e6,1e7 --out=refresh_knobs.jsonl
   python benchmarks/refresh_knobs.py --vectors=W.npy --queries=Q.npy --out=...  # trained W
+  python benchmarks/refresh_knobs.py --config=experiments/ss20m.py:full_labels \
+      --vectors=W.npy --queries=Q.npy --labels=trn_X_Y.txt --timed_queries=100000
 
 A refresh mines k_h negatives for every training query (146M at SS-20M) from W's rows. With
 ~2 sqrt(L) leaves and a third of them searched (the default rule), a query scores L/3 rows,
@@ -27,12 +29,20 @@ WORK/refresh_inputs/): --num_queries of the queries, drawn by --seed, are search
 reports `negatives_recall`: the k negatives it mines (positives removed, as a refresh does)
 against the k exact search mines, the set training uses.
 
+With --config, the index is built with that config's `negatives.index` knobs and k is its
+`negatives.k_h` (the partitioner, leaf and group flags are then not read); --rows_per_query
+still sweeps the rows each query scores. With --timed_queries, the search is timed on that
+many further queries (not those checked), once on each of --timed_threads thread counts,
+and each line also reports `core_seconds_per_1e5_queries` (search seconds x threads, per
+10^5 queries) on the first, and `core_seconds_by_threads` on each.
+
 One JSON line per (L, setting): num_labels, leaves_to_search, num_leaves (every group's, for
 a grouped build), leaf_shrink, group_rows and groups, reorder, rows_scored_per_query (leaves
 searched x mean rows per leaf, SOAR's second copies counted), centroids_scored_per_query,
 peak_rss_bytes_after_build (the process's peak so far), recall (mean |ANN top-k ∩ exact
 top-k| / k), negatives_recall (with --labels, else null), build_s,
-search_ms_per_query, exact_ms_per_query.
+search_ms_per_query, exact_ms_per_query, and with --timed_queries timed_queries, threads,
+core_seconds_per_1e5_queries and core_seconds_by_threads.
 """
 
 import dataclasses
@@ -45,8 +55,10 @@ import numpy as np
 from absl import app, flags
 
 from astra_jax.ann import grouped_index, index as index_lib
+from astra_jax.config import base as config_base
 from astra_jax.data import rowsets, xc_format
 from astra_jax.negatives import mining
+from astra_jax.runtime import cpu_budget
 
 flags.DEFINE_list("num_labels", ["1e6", "1e7"], "label counts")
 flags.DEFINE_integer("d", 64, "row dimension")
@@ -105,6 +117,18 @@ flags.DEFINE_string("queries", None, "(N, d) float32 .npy of queries (with --vec
 flags.DEFINE_string(
   "labels", None, "the queries' positives, an XC label file (with --queries): negatives_recall"
 )
+flags.DEFINE_string(
+  "config",
+  None,
+  "FILE[:VARIANT]: build with this config's negatives.index knobs and k = its negatives.k_h",
+)
+flags.DEFINE_integer(
+  "timed_queries", 0, "> 0: time the search on this many queries besides those checked"
+)
+flags.DEFINE_integer("threads", 0, "ScaNN's threads for the build (0: the task's CPUs)")
+flags.DEFINE_list(
+  "timed_threads", ["1"], "ScaNN's threads for the timed searches, one timing each (0: --threads)"
+)
 flags.DEFINE_string("out", None, "append JSON lines here")
 FLAGS = flags.FLAGS
 
@@ -138,23 +162,29 @@ def make_queries(w: np.ndarray, n: int, topic_rows: int, rng: np.random.Generato
 
 
 def label_sets(rng: np.random.Generator):
-  """Yields (L, rows, queries, positives or None): the saved ones (--vectors, --queries,
-  --labels), else generated ones for each --num_labels."""
+  """Yields (L, rows, queries, timed queries, positives or None): the saved ones
+  (--vectors, --queries, --labels), else generated ones for each --num_labels."""
   if FLAGS.vectors:
     w = np.load(FLAGS.vectors, mmap_mode="r")
     all_queries = np.load(FLAGS.queries, mmap_mode="r")
-    pick = np.sort(
-      rng.choice(len(all_queries), min(FLAGS.num_queries, len(all_queries)), replace=False)
+    drawn = rng.choice(
+      len(all_queries),
+      min(FLAGS.num_queries + FLAGS.timed_queries, len(all_queries)),
+      replace=False,
     )
+    pick = np.sort(drawn[: FLAGS.num_queries])
+    timed = np.sort(drawn[FLAGS.num_queries :])
     positives = None
     if FLAGS.labels:
       positives = rowsets.row_subset(xc_format.read_sparse(FLAGS.labels, len(w)), pick)
     w = np.ascontiguousarray(w, np.float32)
-    yield len(w), w, np.asarray(all_queries[pick], np.float32), positives
+    q = np.asarray(all_queries[pick], np.float32)
+    yield len(w), w, q, np.asarray(all_queries[timed], np.float32), positives
     return
   for L in (int(float(x)) for x in FLAGS.num_labels):
     w = label_vectors(L, FLAGS.d, FLAGS.topic_rows, rng)
-    yield L, w, make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng), None
+    q = make_queries(w, FLAGS.num_queries, FLAGS.topic_rows, rng)
+    yield L, w, q, make_queries(w, FLAGS.timed_queries, FLAGS.topic_rows, rng), None
 
 
 class _SearchedWith:
@@ -167,76 +197,128 @@ class _SearchedWith:
     return self.index.search(queries, k, self.leaves, self.reorder)
 
 
+@dataclasses.dataclass(frozen=True)
+class Build:
+  """One index build of the sweep: its name, `scann_defaults`' partition keywords (all but
+  rows_per_query) and its training sample (0: scann_defaults')."""
+
+  partitioner: str
+  partition: dict
+  training_sample_size: int
+
+
+def builds(k: int) -> list[Build]:
+  """The builds to measure: the config's knobs with --config, else the flags' product."""
+  if FLAGS.config:
+    path, _, variant = FLAGS.config.partition(":")
+    c = config_base.load_config(path, variant or None)
+    knobs = index_lib.IndexKnobs.from_config(c.negatives.index).scann_knobs()
+    del knobs["rows_per_query"]
+    return [Build(FLAGS.config, knobs, 0)]
+  out = []
+  for partitioner, exact_leaf_rows, group_rows, sample in itertools.product(
+    FLAGS.partitioner,
+    [int(n) for n in FLAGS.exact_leaf_rows],
+    [int(n) for n in FLAGS.group_rows],
+    [int(n) for n in FLAGS.training_sample_size],
+  ):
+    partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
+    partition["leaf_rows"] = exact_leaf_rows
+    partition["leaf_shrink"] = FLAGS.leaf_shrink
+    partition["group_rows"] = group_rows
+    out.append(Build(partitioner, partition, sample))
+  return out
+
+
+def config_k() -> int:
+  """k: the config's negatives.k_h with --config, else --k."""
+  if not FLAGS.config:
+    return FLAGS.k
+  path, _, variant = FLAGS.config.partition(":")
+  return config_base.load_config(path, variant or None).negatives.k_h
+
+
 def main(argv):
   del argv
   rng = np.random.default_rng(FLAGS.seed)
-  for L, w, q, positives in label_sets(rng):
+  k = config_k()
+  threads = FLAGS.threads or cpu_budget.task_cpus()
+  for L, w, q, timed_q, positives in label_sets(rng):
     t0 = time.time()
     exact_index = index_lib.ExactIndex(w)
-    exact = exact_index.search(q, FLAGS.k)
+    exact = exact_index.search(q, k)
     exact_ms = 1000 * (time.time() - t0) / len(q)
     if positives is not None:
-      exact_negatives = mining.mine(exact_index, q, positives, FLAGS.k, L)
+      exact_negatives = mining.mine(exact_index, q, positives, k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
-    for partitioner, exact_leaf_rows, group_rows, sample in itertools.product(
-      FLAGS.partitioner,
-      [int(n) for n in FLAGS.exact_leaf_rows],
-      [int(n) for n in FLAGS.group_rows],
-      [int(n) for n in FLAGS.training_sample_size],
-    ):
-      partition = {"avq": 1.0, "soar_lambda": 1.5} if partitioner == "avq_soar" else {}
+    for build in builds(k):
+      partition, sample = dict(build.partition), build.training_sample_size
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
-      partition["leaf_rows"] = exact_leaf_rows
-      partition["leaf_shrink"] = FLAGS.leaf_shrink
+      group_rows = partition.pop("group_rows", 0)
       params = index_lib.scann_defaults(
-        L, FLAGS.k, rows_per_query=budgets[-1], group_rows=group_rows, **partition
+        L, k, rows_per_query=budgets[-1], group_rows=group_rows, **partition
       )
       if sample:
         params = dataclasses.replace(params, training_sample_size=min(L, sample))
       t0 = time.time()
       if params.group_rows:
-        index = grouped_index.GroupedScannIndex(w, FLAGS.k, params)
-        centroids = index.num_leaves
+        index = grouped_index.GroupedScannIndex(w, k, params, threads)
       else:
-        index = index_lib.ScannIndex(w, FLAGS.k, params)
-        centroids = params.num_leaves
+        index = index_lib.ScannIndex(w, k, params, threads)
+      centroids = index.num_leaves
       build_s = time.time() - t0
       peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
       built_reorder = params.reorder
       for rows, reorder in itertools.product(budgets, [int(r) for r in FLAGS.reorder]):
         search = index_lib.scann_defaults(
-          L, FLAGS.k, rows_per_query=rows, **partition
+          L, k, rows_per_query=rows, **partition
         ).num_leaves_to_search
         params = dataclasses.replace(
           params, num_leaves_to_search=search, reorder=reorder or built_reorder
         )
         t0 = time.time()
-        got = index.search(q, FLAGS.k, search, params.reorder)
+        got = index.search(q, k, search, params.reorder)
         search_ms = 1000 * (time.time() - t0) / len(q)
+        timing = {}
+        if len(timed_q):
+          by_threads = {}
+          for timed_threads in (int(t) or threads for t in FLAGS.timed_threads):
+            index.searcher.set_num_threads(timed_threads)
+            t0 = time.time()
+            index.search(timed_q, k, search, params.reorder)
+            core_s = (time.time() - t0) * timed_threads
+            by_threads[timed_threads] = round(core_s * 1e5 / len(timed_q), 2)
+          index.searcher.set_num_threads(threads)
+          first = next(iter(by_threads))
+          timing = {
+            "timed_queries": len(timed_q),
+            "threads": first,
+            "core_seconds_per_1e5_queries": by_threads[first],
+            "core_seconds_by_threads": by_threads,
+          }
         recall = mining.overlap_at_k(got, exact)
         negatives_recall = None
         if positives is not None:
           searched = _SearchedWith(index, search, params.reorder)
-          mined = mining.mine(searched, q, positives, FLAGS.k, L)
+          mined = mining.mine(searched, q, positives, k, L)
           negatives_recall = round(mining.overlap_at_k(mined, exact_negatives), 4)
         jsonl.emit(
           {
             "num_labels": L,
             "d": w.shape[1],
             "source": FLAGS.vectors or "generated",
-            "k": FLAGS.k,
+            "k": k,
             "num_queries": len(q),
             "topic_rows": FLAGS.topic_rows,
             "topic_scale": FLAGS.topic_scale,
-            "partitioner": partitioner,
+            "partitioner": build.partitioner,
             "num_leaves": centroids,
-            "leaf_shrink": FLAGS.leaf_shrink,
+            "leaf_shrink": partition.get("leaf_shrink", 0.0),
             "leaves_to_search": search,
             "rows_scored_per_query": index_lib.rows_scored_per_query(L, params),
             "centroids_scored_per_query": centroids,
             "group_rows": params.group_rows,
-            "groups": len(index.indexes) if params.group_rows else 1,
             "reorder": params.reorder,
             "training_sample_size": params.training_sample_size,
             "recall": round(recall, 4),
@@ -245,6 +327,7 @@ def main(argv):
             "peak_rss_bytes_after_build": peak_rss,
             "search_ms_per_query": round(search_ms, 4),
             "exact_ms_per_query": round(exact_ms, 3),
+            **timing,
           },
           FLAGS.out,
         )

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from astra_jax.ann import exact_topk, grouped_index, index as index_lib
+from astra_jax.ann import exact_topk, grouped_index, index as index_lib, scann_files
 from astra_jax.ann.index import IndexKnobs
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.negatives import mining
@@ -174,50 +174,67 @@ def test_leaf_centres_are_the_centres_scann_opens_leaves_by():
     np.testing.assert_array_equal(np.sort(found[found >= 0]), np.flatnonzero(home == leaf))
 
 
-def test_grouped_scann_index_searching_everything_is_exact():
-  # Every leaf of every group searched and every candidate re-scored: the merge of the
-  # groups' candidates must give exact search's top k (distinct random scores, no ties).
-  rng = np.random.default_rng(2)
-  w = rng.normal(size=(4000, 16)).astype(np.float32)
-  q = rng.normal(size=(40, 16)).astype(np.float32)
-  params = index_lib.scann_defaults(
-    4000, 10, num_leaves=40, leaves_to_search=4, reorder=10, group_rows=1000
-  )
-  idx = grouped_index.GroupedScannIndex(w, 10, params)
-  # each row in two of the four groups, and leaves of ~100 rows: twice the leaves
-  assert len(idx.indexes) == 4 and abs(idx.num_leaves - 80) <= 4
-  rows, copies = np.unique(np.concatenate(idx.members), return_counts=True)
-  assert rows.tolist() == list(range(4000)) and (copies == 2).all()
-  exact = index_lib.ExactIndex(w).search(q, 10)
-  # each group re-ranks its share of the budget (20 of 80 leaves: a quarter of 16,000 =
-  # 4,000, all of a group's ~2,000 rows)
-  np.testing.assert_array_equal(idx.search(q, 10, leaves_to_search=80, reorder=16_000), exact)
-  assert mining.overlap_at_k(idx.search(q, 10), exact) < 1.0  # 4 of ~80 leaves miss some
+def test_assign_leaves_follows_its_definition():
+  # Row by row, by hand: the nearest centre (squared L2), and SOAR's second the centre c != c1
+  # minimising |x - c|^2 + lambda ((x - c) . r / |r|)^2 with r = x - c1.
+  rng = np.random.default_rng(5)
+  rows = rng.normal(size=(200, 6)).astype(np.float32)
+  centres = rng.normal(size=(9, 6)).astype(np.float32)
+  got = grouped_index.assign_leaves(rows, centres, soar_lambda=1.5)
+  plain = grouped_index.assign_leaves(rows, centres, soar_lambda=None)
+  for i, x in enumerate(rows.astype(np.float64)):
+    dist = [((x - c) ** 2).sum() for c in centres.astype(np.float64)]
+    first = int(np.argmin(dist))
+    r = x - centres[first]
+    loss = [
+      np.inf if j == first else dist[j] + 1.5 * ((x - c) @ r / np.linalg.norm(r)) ** 2
+      for j, c in enumerate(centres.astype(np.float64))
+    ]
+    assert (got[i, 0], got[i, 1], plain[i, 0]) == (first, int(np.argmin(loss)), first)
+  # SOAR's second is not simply the second-nearest centre
+  nearest2 = np.argsort(((rows[:, None] - centres[None]) ** 2).sum(-1), 1)[:, 1]
+  assert (got[:, 1] != nearest2).any()
+  # one centre: no second leaf
+  assert (grouped_index.assign_leaves(rows, centres[:1], 1.5)[:, 1] == -1).all()
 
 
-def test_grouped_scann_index_opens_a_querys_best_leaves_across_groups():
-  # Plain leaves, reorder large: the ids a query finds are exactly the rows of the m leaves
-  # whose centres score best across all groups (each group's rows in their nearest centre).
+def test_scann_token_file_is_scanns_layout():
+  # ScaNN's own layout: a row's two leaves interleaved, the smaller first, -1 last.
+  tokens = np.array([[3, 1], [0, 2], [5, -1]], np.int32)
+  np.testing.assert_array_equal(scann_files.token_file(tokens), [1, 3, 0, 2, 5, -1])
+  np.testing.assert_array_equal(scann_files.token_file(tokens[:, :1]), [3, 0, 5])
+
+
+@pytest.mark.parametrize("soar", [None, 1.5])
+def test_grouped_scann_index_is_one_index_over_its_groups_leaves(soar):
+  # The partition ScaNN is given: each row in its nearest leaf (and SOAR's second) among the
+  # leaves of its two nearest groups; a query finds exactly the rows of its m best leaves by
+  # inner product with the centres; opening every leaf with a full re-ranking is exact.
   rng = np.random.default_rng(3)
   w = rng.normal(size=(3000, 8)).astype(np.float32)
   q = rng.normal(size=(15, 8)).astype(np.float32)
   params = index_lib.scann_defaults(
-    3000, 10, num_leaves=30, leaves_to_search=5, reorder=3000, group_rows=1000
+    3000, 10, num_leaves=30, leaves_to_search=5, reorder=3000, group_rows=1000, soar_lambda=soar
   )
   idx = grouped_index.GroupedScannIndex(w, 10, params)
-  # (row, leaf) for each of a row's copies, leaves numbered as idx.centres
-  copy_rows, copy_leaves, first = [], [], 0
-  for members, index in zip(idx.members, idx.indexes):
-    c = index.leaf_centres()
-    copy_rows.append(members)
-    copy_leaves.append(first + _nearest_centre(w[members], c))
-    first += len(c)
-  copy_rows, copy_leaves = np.concatenate(copy_rows), np.concatenate(copy_leaves)
+  assert len(idx.partition.first_leaf) == 4 and abs(idx.num_leaves - 30) <= 3
+  np.testing.assert_array_equal(idx.leaf_centres(), idx.partition.centres)  # read back from ScaNN
+  near = grouped_index.coarse_groups(w, 3, spill=2)
+  part = idx.partition
+  for i in range(0, 3000, 7):
+    leaves = np.concatenate(
+      [np.arange(part.first_leaf[g], part.first_leaf[g + 1]) for g in sorted(near[i])]
+    )
+    want = grouped_index.assign_leaves(w[i : i + 1], part.centres[leaves], soar)[0]
+    np.testing.assert_array_equal(part.row_leaves[i], leaves[want])
   for query in q:
     found = idx.search(query[None], 3000, leaves_to_search=5, reorder=3000)[0]
-    best = np.argsort(-(idx.centres @ query))[:5]
-    want = np.unique(copy_rows[np.isin(copy_leaves, best)])
+    best = np.argsort(-(idx.partition.centres @ query))[:5]
+    want = np.flatnonzero(np.isin(idx.partition.row_leaves, best).any(1))
     np.testing.assert_array_equal(np.sort(found[found >= 0]), want)
+  exact = index_lib.ExactIndex(w).search(q, 10)
+  np.testing.assert_array_equal(idx.search(q, 10, idx.num_leaves, 6000), exact)
+  assert mining.overlap_at_k(idx.search(q, 10), exact) < 1.0  # 5 of ~30 leaves miss some
 
 
 def test_build_index_groups_only_when_asked():
@@ -225,7 +242,8 @@ def test_build_index_groups_only_when_asked():
   knobs = {"num_leaves": 12, "leaves_to_search": 2}
   assert isinstance(mining.build_index(w, 5, "scann", knobs), index_lib.ScannIndex)
   grouped = mining.build_index(w, 5, "scann", {**knobs, "group_rows": 1500})
-  assert isinstance(grouped, grouped_index.GroupedScannIndex) and len(grouped.indexes) == 2
+  assert isinstance(grouped, grouped_index.GroupedScannIndex)
+  assert len(grouped.partition.first_leaf) == 3  # two groups
   # a group as large as the rows is one index
   assert index_lib.scann_defaults(3000, 5, group_rows=3000).group_rows == 0
 

@@ -1,12 +1,18 @@
-"""A ScaNN index built in groups, for shards of millions of rows: a coarse k-means puts each
-row in its GROUP_SPILL nearest groups, each group gets its own ScaNN index with the leaves a
-flat index would have, and a query opens its best leaves across all groups by their centres.
-Build O(L x group_rows / leaf_rows) instead of a flat index's O(L^2 / leaf_rows)."""
+"""One ScaNN index whose leaves are trained in groups, for shards of millions of rows.
+
+A flat ScaNN build seeds its leaf centres by k-means++ over their training sample and
+assigns every row to every centre: leaves x rows work, O(L^2) with leaves of a fixed size.
+Here a coarse k-means splits the rows into groups of about `group_rows`, each group's leaves
+are a k-means of that group's own rows, and each row goes to its nearest leaf (and, with
+SOAR, a second one) among the leaves of its GROUP_SPILL nearest groups: O(L x group_rows /
+leaf_rows). ScaNN is then given these leaves as its partition (scann_files) and builds one
+index over them, so a query opens its best leaves of the whole shard in one call.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import itertools
 
 import numpy as np
 
@@ -16,16 +22,60 @@ from astra_jax.ann.index import ScannIndex, ScannParams
 # group, for this many Lloyd iterations after k-means++ seeding, all with a fixed seed (the
 # same rows give the same groups, and so the same negatives).
 GROUP_TRAINING_ROWS = 256
-
-
 GROUP_KMEANS_ITERATIONS = 10
+# Lloyd iterations of each group's leaf k-means (after k-means++ seeding).
+LEAF_KMEANS_ITERATIONS = 10
 
-
-# Groups each row is put in (its nearest centres). With one, a row's natural neighbours
-# across a group's border land in leaves of another group, trained without them, and
-# recall at a fixed cost falls as the groups multiply; with each row in two groups (twice
-# the leaves and index, the same rows per leaf) it does not (docs/results/refresh_index.md).
+# Groups whose leaves a row may be assigned to (its nearest centres). With one, a row near a
+# group's border could only join leaves trained without its natural neighbours across it.
 GROUP_SPILL = 2
+
+
+def _closeness(x: np.ndarray, centres: np.ndarray, half_sq_norms: np.ndarray) -> np.ndarray:
+  # argmin |x - c|^2 = argmax (x . c - |c|^2 / 2)
+  return x @ centres.T - half_sq_norms
+
+
+def kmeans(
+  train: np.ndarray, num_centres: int, iterations: int, rng: np.random.Generator
+) -> np.ndarray:
+  """Centres of a k-means (squared L2) of `train`: k-means++ seeding, then Lloyd.
+
+  Lloyd's iterations from uniformly drawn rows can leave two centres in one cluster and one
+  across two; k-means++ draws each next centre in proportion to its squared distance from
+  the nearest one so far. A centre that loses all its rows stays where it was.
+
+  Args:
+    train: (n, d) float32 rows.
+    num_centres: centres wanted, at most n.
+    iterations: Lloyd iterations after the seeding.
+    rng: the seeding's draws.
+  Returns:
+    (num_centres, d) float32 centres."""
+  centres = np.empty((num_centres, train.shape[1]), np.float32)
+  # |x - c|^2 as |x|^2 - 2 x.c + |c|^2: one matrix-vector product per centre, not a pass
+  # over an (n, d) difference.
+  train_sq = (train * train).sum(1, dtype=np.float64)
+
+  def sq_distance(c: np.ndarray) -> np.ndarray:
+    return np.maximum(train_sq - 2.0 * (train @ c) + float(c @ c), 0.0)
+
+  centres[0] = train[rng.integers(len(train))]
+  nearest_sq = sq_distance(centres[0])
+  for c in range(1, num_centres):
+    total = nearest_sq.sum()
+    pick = rng.choice(len(train), p=nearest_sq / total) if total > 0 else rng.integers(len(train))
+    centres[c] = train[pick]
+    nearest_sq = np.minimum(nearest_sq, sq_distance(centres[c]))
+  for _ in range(iterations):
+    owner = np.argmax(_closeness(train, centres, 0.5 * (centres * centres).sum(1)), axis=1)
+    counts = np.bincount(owner, minlength=num_centres)
+    sums = np.zeros((num_centres, train.shape[1]), np.float64)
+    for j in range(train.shape[1]):
+      sums[:, j] = np.bincount(owner, weights=train[:, j], minlength=num_centres)
+    held = counts > 0
+    centres[held] = (sums[held] / counts[held, None]).astype(np.float32)
+  return centres
 
 
 def coarse_groups(
@@ -42,34 +92,12 @@ def coarse_groups(
     (L, spill) int32 group ids, nearest first."""
   rng = np.random.default_rng(0)
   sample = np.sort(rng.choice(len(rows), min(len(rows), GROUP_TRAINING_ROWS * num_groups), False))
-  train = np.asarray(rows[sample], np.float32)
-  # k-means++ seeding (each next centre drawn in proportion to its squared distance from
-  # the nearest one so far): Lloyd's iterations from uniformly drawn rows can leave two
-  # centres in one cluster and one across two.
-  centres = np.empty((num_groups, train.shape[1]), np.float32)
-  centres[0] = train[rng.integers(len(train))]
-  nearest_sq = ((train - centres[0]) ** 2).sum(1, dtype=np.float64)
-  for g in range(1, num_groups):
-    total = nearest_sq.sum()
-    pick = rng.choice(len(train), p=nearest_sq / total) if total > 0 else rng.integers(len(train))
-    centres[g] = train[pick]
-    nearest_sq = np.minimum(nearest_sq, ((train - centres[g]) ** 2).sum(1, dtype=np.float64))
-
-  def closeness(x: np.ndarray) -> np.ndarray:
-    # argmin |x - c|^2 = argmax (x . c - |c|^2 / 2)
-    return x @ centres.T - 0.5 * (centres * centres).sum(1)
-
-  for _ in range(GROUP_KMEANS_ITERATIONS):
-    owner = np.argmax(closeness(train), axis=1)
-    sums = np.zeros_like(centres, np.float64)
-    np.add.at(sums, owner, train)
-    counts = np.bincount(owner, minlength=num_groups)
-    held = counts > 0  # a centre that lost all its rows stays where it was
-    centres[held] = (sums[held] / counts[held, None]).astype(np.float32)
+  centres = kmeans(np.asarray(rows[sample], np.float32), num_groups, GROUP_KMEANS_ITERATIONS, rng)
+  half_sq = 0.5 * (centres * centres).sum(1)
   spill = min(spill, num_groups)
   out = np.empty((len(rows), spill), np.int32)
   for s in range(0, len(rows), block):
-    score = closeness(np.asarray(rows[s : s + block], np.float32))
+    score = _closeness(np.asarray(rows[s : s + block], np.float32), centres, half_sq)
     near = np.argpartition(-score, spill - 1, axis=1)[:, :spill] if spill < num_groups else None
     if near is None:
       near = np.broadcast_to(np.arange(num_groups), score.shape)
@@ -78,18 +106,123 @@ def coarse_groups(
   return out
 
 
-class GroupedScannIndex:
-  """A ScaNN index built group by group, searched as one.
+def assign_leaves(rows: np.ndarray, centres: np.ndarray, soar_lambda: float | None) -> np.ndarray:
+  """Each row's leaf among `centres` (squared L2), and with SOAR a second one.
 
-  A flat index's build seeds its leaf centres by k-means++ over their training sample and
-  assigns every row to a leaf, leaves x rows work each: with leaves of a fixed size,
-  O(L^2) (build times: docs/results/refresh_index.md). Here a coarse k-means splits the
-  rows into groups of about `params.group_rows` rows, each row in its GROUP_SPILL nearest
-  groups, and each group gets its own ScaNN index with its share of the leaves (leaves of
-  the same size), so the build is O(L x group_rows / leaf rows). A query
-  scores every group's leaf centres (one matmul), takes the num_leaves_to_search best
-  across groups, and searches each group with as many leaves as it holds of those; the
-  groups' candidates are merged by their exact scores, a row found in two groups once."""
+  SOAR (Sun et al. 2023, ScaNN's TWO_CENTER_ORTHOGONALITY_AMPLIFIED spilling) puts a row x
+  whose nearest centre is c1, with residual r = x - c1, also in the leaf c minimising
+  |x - c|^2 + lambda ((x - c) . r / |r|)^2 (c != c1): a leaf whose residual is nearly
+  orthogonal to r, so that a query that scores x badly through c1 scores it well there.
+
+  Args:
+    rows: (n, d) float32.
+    centres: (m, d) float32 candidate leaf centres.
+    soar_lambda: SOAR's lambda, or None (one leaf per row).
+  Returns:
+    (n, 1) int32 indices into `centres`, or with SOAR (n, 2), the nearest first; -1 as the
+    second where there is one centre only."""
+  sq = (centres * centres).sum(1)
+  closeness = _closeness(rows, centres, 0.5 * sq)
+  first = np.argmax(closeness, axis=1)
+  if soar_lambda is None:
+    return first[:, None].astype(np.int32)
+  out = np.full((len(rows), 2), -1, np.int32)
+  out[:, 0] = first
+  if len(centres) < 2:
+    return out
+  residual = rows - centres[first]
+  norm = np.linalg.norm(residual, axis=1, keepdims=True)
+  unit = residual / np.where(norm > 0, norm, 1.0)
+  # |x - c|^2 less |x|^2, which no choice of c changes: |c|^2 - 2 x.c.
+  loss = -2.0 * closeness
+  along = (rows * unit).sum(1, keepdims=True) - unit @ centres.T  # (x - c) . r / |r|
+  loss += soar_lambda * along * along
+  loss[np.arange(len(rows)), first] = np.inf
+  out[:, 1] = np.argmin(loss, axis=1)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+  """Leaves computed outside ScaNN.
+
+  Attributes:
+    centres: (leaves, d) float32, leaf i's centre in row i.
+    row_leaves: (L, 1) int32, each row's leaf, or (L, 2) with SOAR's second (or -1).
+    first_leaf: (groups + 1,) int64: group g's leaves are first_leaf[g] .. first_leaf[g+1]-1.
+  """
+
+  centres: np.ndarray
+  row_leaves: np.ndarray
+  first_leaf: np.ndarray
+
+
+def grouped_partition(
+  rows: np.ndarray, params: ScannParams, spill: int = GROUP_SPILL, progress=None
+) -> Partition:
+  """Leaves trained group by group (the module docstring), their sizes and training sample
+  those of a flat index of `params.num_leaves` leaves.
+
+  Args:
+    rows: (L, d) float32 rows (a memmap is read block by block).
+    params: group_rows, num_leaves, training_sample_size and soar_lambda are read.
+    spill: groups whose leaves a row may join (GROUP_SPILL).
+    progress: called with (groups trained, groups) after each group's leaves (None: silent).
+  Returns:
+    The Partition."""
+  num_rows = len(rows)
+  num_groups = max(1, num_rows // params.group_rows)
+  near = coarse_groups(rows, num_groups, spill)
+  # Each group's leaves are trained on the rows whose nearest group it is.
+  rows_per_leaf = num_rows / params.num_leaves
+  sample_share = params.training_sample_size / num_rows
+  order = np.argsort(near[:, 0], kind="stable")
+  bounds = np.searchsorted(near[order, 0], np.arange(num_groups + 1))
+  centres, first_leaf = [], np.zeros(num_groups + 1, np.int64)
+  for g in range(num_groups):
+    members = order[bounds[g] : bounds[g + 1]]
+    leaves = min(len(members), max(1, round(len(members) / rows_per_leaf)))
+    if leaves:
+      rng = np.random.default_rng(g + 1)
+      sample = max(leaves, min(len(members), round(len(members) * sample_share)))
+      train = np.asarray(rows[np.sort(rng.choice(members, sample, replace=False))], np.float32)
+      centres.append(kmeans(train, leaves, LEAF_KMEANS_ITERATIONS, rng))
+    first_leaf[g + 1] = first_leaf[g] + leaves
+    if progress is not None:
+      progress(g + 1, num_groups)
+  all_centres = np.concatenate(centres)
+  row_leaves = _assign(rows, near, all_centres, first_leaf, params.soar_lambda)
+  return Partition(all_centres, row_leaves, first_leaf)
+
+
+def _assign(rows, near, centres, first_leaf, soar_lambda) -> np.ndarray:
+  """(L, 1 or 2) leaf ids: `assign_leaves` over the leaves of each row's groups, for the
+  rows of one set of groups at a time (one matmul against their leaves)."""
+  width = 2 if soar_lambda else 1
+  tokens = np.full((len(rows), width), -1, np.int32)
+  groups = np.sort(near, axis=1)  # a set of groups, whatever their order
+  key = groups[:, 0].astype(np.int64)
+  for j in range(1, groups.shape[1]):
+    key = key * len(first_leaf) + groups[:, j]
+  order = np.argsort(key, kind="stable")
+  starts = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
+  for a, b in itertools.pairwise(starts):
+    members = np.sort(order[a:b])
+    leaf_ids = np.concatenate(
+      [np.arange(first_leaf[g], first_leaf[g + 1]) for g in np.unique(groups[members[0]])]
+    )
+    picked = assign_leaves(np.asarray(rows[members], np.float32), centres[leaf_ids], soar_lambda)
+    tokens[members] = np.where(picked >= 0, leaf_ids[np.maximum(picked, 0)], -1)
+  return tokens
+
+
+class GroupedScannIndex(ScannIndex):
+  """One ScaNN index over a shard, its leaves trained group by group (module docstring).
+
+  Searched, saved and loaded as any ScannIndex: one ScaNN call per batch of queries, each
+  query opening its `num_leaves_to_search` best leaves of the whole shard by inner product
+  with their centres. `partition` keeps the leaves ScaNN was given (4 bytes per leaf a row
+  is in)."""
 
   def __init__(
     self,
@@ -100,105 +233,12 @@ class GroupedScannIndex:
     spill: int = GROUP_SPILL,
     progress=None,
   ):
-    """spill: groups per row (GROUP_SPILL); progress: called with (groups built, groups)
-    after each group (None: silent)."""
-    self.params = params
-    num_rows = len(rows)
-    num_groups = max(1, num_rows // params.group_rows)
-    group = coarse_groups(rows, num_groups, spill)
-    row_of = np.repeat(np.arange(num_rows), group.shape[1])
-    order = np.argsort(group.ravel(), kind="stable")
-    bounds = np.searchsorted(group.ravel()[order], np.arange(num_groups + 1))
-    # Leaves of the same size as one flat index of num_leaves would have.
-    rows_per_leaf = num_rows / params.num_leaves
-    sample_share = params.training_sample_size / num_rows
-    self.members: list[np.ndarray] = []
-    self.indexes: list[ScannIndex] = []
-    centres, leaf_group = [], []
-    for g in range(num_groups):
-      members = row_of[order[bounds[g] : bounds[g + 1]]]
-      if not len(members):
-        continue
-      group_params = dataclasses.replace(
-        params,
-        num_leaves=max(1, min(len(members), round(len(members) / rows_per_leaf))),
-        training_sample_size=max(1, min(len(members), round(len(members) * sample_share))),
-        group_rows=0,
-      )
-      index = ScannIndex(np.asarray(rows[members], np.float32), k, group_params, threads)
-      centres.append(index.leaf_centres())
-      leaf_group.append(np.full(len(centres[-1]), len(self.indexes), np.int32))
-      self.members.append(members.astype(np.int64))
-      self.indexes.append(index)
-      if progress is not None:
-        progress(g + 1, num_groups)
-    self.centres = np.concatenate(centres)
-    self.leaf_group = np.concatenate(leaf_group)
-
-  @property
-  def num_leaves(self) -> int:
-    return len(self.centres)
-
-  def search(
-    self,
-    queries: np.ndarray,
-    k: int,
-    leaves_to_search: int | None = None,
-    reorder: int | None = None,
-    query_block: int = 1024,
-  ) -> np.ndarray:
-    """As ScannIndex.search: (n, k) ids into the rows, best first, -1 for an empty slot.
-    leaves_to_search counts leaves across all groups. query_block: queries whose leaf
-    centre scores are ranked at once (the scores and their partitioned copy, 8 bytes per
-    query and centre: 0.26 GB for 1,024 queries and 31,642 centres)."""
-    queries = np.ascontiguousarray(queries, np.float32)
-    n, groups = len(queries), len(self.indexes)
-    m = min(leaves_to_search or self.params.num_leaves_to_search, self.num_leaves)
-    # Leaves each query opens in each group: its m best leaf centres across all groups.
-    opened = np.zeros((n, groups), np.int32)
-    for s in range(0, n, query_block):
-      block = queries[s : s + query_block]
-      if m >= self.num_leaves:
-        opened[s : s + len(block)] = np.bincount(self.leaf_group, minlength=groups)
-        continue
-      scores = block @ self.centres.T
-      # Each query's m-th best score by a partition of the values, then the leaves at or
-      # above it: faster than argpartition's indices (docs/results/refresh_index.md), and
-      # no (block, K) int64 array. A tie at the m-th score (float scores of distinct
-      # centres: unlikely) would open one leaf more.
-      kth = self.num_leaves - m
-      threshold = np.partition(scores, kth, axis=1)[:, kth]
-      query, leaf = np.nonzero(scores >= threshold[:, None])
-      del scores
-      counts = np.bincount(query * groups + self.leaf_group[leaf], minlength=len(block) * groups)
-      opened[s : s + len(block)] = counts.reshape(len(block), groups)
-    best_ids = np.full((n, k), -1, np.int64)
-    best_scores = np.full((n, k), -np.inf, np.float32)
-    budget = reorder or self.params.reorder
-    for g, index in enumerate(self.indexes):
-      for leaves in np.unique(opened[:, g]):
-        if leaves == 0:
-          continue
-        rows = np.flatnonzero(opened[:, g] == leaves)
-        # Each group re-ranks its share of the budget, in proportion to the leaves the
-        # query opens in it: at 10^7 rows a query opens leaves in tens of groups, and the
-        # whole budget in each would re-score tens of times what a flat index does.
-        share = max(k, math.ceil(budget * leaves / m))
-        ids, scores = index.search_scored(queries[rows], k, int(leaves), share)
-        ids = np.where(ids >= 0, self.members[g][np.maximum(ids, 0)], -1)
-        both_ids = np.concatenate([best_ids[rows], ids], axis=1)
-        both_scores = np.concatenate([best_scores[rows], scores], axis=1)
-        # best first, empty slots (-inf) last; a stable sort keeps ties in the order the
-        # groups were searched (a lexsort by id too is much slower:
-        # docs/results/refresh_index.md).
-        order = np.argsort(-both_scores, axis=1, kind="stable")
-        both_ids = np.take_along_axis(both_ids, order, 1)
-        both_scores = np.take_along_axis(both_scores, order, 1)
-        # A row found in two groups has the same exact score in both (the same float row
-        # re-scored by the same kernel), so its copies sit side by side: keep the first.
-        again = np.zeros(both_ids.shape, bool)
-        again[:, 1:] = (both_ids[:, 1:] == both_ids[:, :-1]) & (both_ids[:, 1:] >= 0)
-        keep = np.argsort(again, axis=1, kind="stable")[:, :k]
-        best_ids[rows] = np.take_along_axis(both_ids, keep, 1)
-        best_scores[rows] = np.take_along_axis(both_scores, keep, 1)
-    return np.where(np.isfinite(best_scores), best_ids, -1).astype(np.int32)
+    """spill, progress: grouped_partition's."""
+    self.partition = grouped_partition(rows, params, spill, progress)
+    # The leaves are given: ScaNN trains no partition, so AVQ (a partition option) is off.
+    params = dataclasses.replace(
+      params, num_leaves=len(self.partition.centres), group_rows=0, avq=None
+    )
+    super().__init__(
+      rows, k, params, threads, partition=(self.partition.centres, self.partition.row_leaves)
+    )

@@ -4,8 +4,8 @@ Backends with one interface, `search(queries, k) -> (N, k) ids` (best first):
   * `ExactIndex`: blocked numpy matmul + partial sort; exact, O(N L d), for small L and tests.
   * `ScannIndex`: ScaNN (pybind API, no TensorFlow): a k-means tree + anisotropic
     quantisation + exact re-ranking. Knob defaults are scaled to L by `scann_defaults`.
-  * `grouped_index.GroupedScannIndex`: ScaNN indexes over groups of rows, for shards of
-    millions of rows.
+  * `grouped_index.GroupedScannIndex`: one ScaNN index whose leaves are trained in groups
+    of rows, for shards of millions of rows.
 The hard-negative refresh mines with them (negatives/mining.py), serving searches with them
 (serving/serve_index.py). No jax here: this module also runs inside the refresh worker.
 """
@@ -96,9 +96,9 @@ class ScannParams:
   # and SOAR spilling (each row also in a second, orthogonality-amplified leaf).
   avq: float | None = None
   soar_lambda: float | None = None
-  # > 0: the rows are split into (rows // group_rows) groups by a coarse k-means and each
-  # group gets its own ScaNN index, its share of num_leaves; a query's leaves are still
-  # the num_leaves_to_search best of all groups' leaf centres (GroupedScannIndex).
+  # > 0: the leaves are trained group by group, (rows // group_rows) groups of a coarse
+  # k-means each with its share of num_leaves, and given to one ScaNN index whose queries
+  # open their num_leaves_to_search best leaves of all groups (GroupedScannIndex).
   group_rows: int = 0
 
 
@@ -238,19 +238,30 @@ def rows_scored_per_query(num_rows: int, params: ScannParams) -> int:
 
 
 class ScannIndex:
-  def __init__(self, rows: np.ndarray, k: int, params: ScannParams, threads: int = 0):
+  def __init__(
+    self,
+    rows: np.ndarray,
+    k: int,
+    params: ScannParams,
+    threads: int = 0,
+    partition: tuple[np.ndarray, np.ndarray] | None = None,
+  ):
     """threads > 0: the build's and search_batched_parallel's thread count (ScaNN's own
-    default is every core of the machine, not the task's share: cpu_budget.py)."""
+    default is every core of the machine, not the task's share: cpu_budget.py).
+    partition: (leaf centres, each row's leaf ids) computed outside ScaNN
+    (grouped_index.GroupedScannIndex) instead of ScaNN's own k-means."""
     import scann  # imported lazily: heavy, and only needed on the host that mines
+
+    from astra_jax.ann import scann_files
 
     self.params = params
     rows = np.ascontiguousarray(rows, np.float32)
     builder = scann.scann_ops_pybind.builder(rows, k, "dot_product")
     if threads > 0:
       builder.set_n_training_threads(threads)
-    self.searcher = (
+    builder = (
       builder.tree(
-        num_leaves=params.num_leaves,
+        num_leaves=len(partition[0]) if partition else params.num_leaves,
         num_leaves_to_search=params.num_leaves_to_search,
         training_sample_size=params.training_sample_size,
         random_init=False,  # deterministic: same inputs, same negatives
@@ -260,10 +271,19 @@ class ScannIndex:
       )
       .score_ah(2, anisotropic_quantization_threshold=0.2)
       .reorder(params.reorder)
-      .build()
     )
+    if partition is None:
+      self.searcher = builder.build()
+    else:
+      config = builder.create_config()
+      self.searcher = scann_files.load_with_partition(rows, config, *partition)
     if threads > 0:
       self.searcher.set_num_threads(threads)
+
+  @property
+  def num_leaves(self) -> int:
+    """Leaves in the index (a query's leaves are counted among these)."""
+    return self.params.num_leaves
 
   def search(
     self,

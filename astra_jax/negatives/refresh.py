@@ -225,7 +225,8 @@ def _mine_shards(
 
 
 class _GroupProgress:
-  """Prints a grouped index build's progress to the worker's log, about every tenth."""
+  """Prints a grouped index build's progress (groups whose leaves are trained) to the
+  worker's log, about every tenth."""
 
   def __init__(self, shard: int, start: float):
     self.shard, self.start, self.shown = shard, start, 0
@@ -234,7 +235,7 @@ class _GroupProgress:
     if built * 10 // groups > self.shown or built == groups:
       self.shown = built * 10 // groups
       print(
-        f"refresh: shard {self.shard}: {built}/{groups} index groups built "
+        f"refresh: shard {self.shard}: leaves of {built}/{groups} index groups trained "
         f"({time.time() - self.start:.0f} s)",
         flush=True,
       )
