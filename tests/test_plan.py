@@ -108,14 +108,14 @@ def test_node_plan_equals_hand_counts():
     == 38_334_008
   )
   assert plan.resident(p.node_items) == 2 * (trainer + worker)
-  # A ScaNN index: an fp32 copy and codes of the shard's rows; built in groups, each row
-  # in two of them, twice that.
+  # A ScaNN index: an fp32 copy and codes of the shard's rows; with its leaves trained in
+  # groups it is still one index over the shard, the same.
   c.negatives.index.kind = "scann"
   flat = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
   assert by_name(flat.worker_items, "ANN index") == 2 * 500 * 64 * 4
   c.negatives.index.group_rows = 100
   grouped = plan.plan_config(c, "v100-32gb", mesh="2x2", num_gpus=4, gpus_per_node=2)
-  assert by_name(grouped.worker_items, "ANN index") == 2 * 2 * 500 * 64 * 4
+  assert by_name(grouped.worker_items, "ANN index") == 2 * 500 * 64 * 4
   # Disk: caches (train + test), 2 refreshes' inputs (the collected embeddings once, a W
   # snapshot per process), 2 negatives generations
   # per process, (3 kept + best + one being written) checkpoints, the export.
@@ -475,7 +475,7 @@ def test_full_label_stand_in_keeps_the_datasets_label_count(load_config):
   # Leaves of 2,000 x (10^6 / 10^7)^0.5 = 632 rows: 10^7 // 632 = 15,822, built in groups of
   # 80,000 rows; each searched leaf worth twice its rows with SOAR's copies.
   assert (params.num_leaves, params.avq, params.soar_lambda) == (15_822, 1.0, 1.5)
-  assert params.group_rows == 80_000
+  assert (params.group_rows, params.reorder) == (80_000, 100)
   assert params.num_leaves_to_search == math.ceil(256_000 / (2 * 10_000_000 / 15_822))
   # On a 1 x 2 mesh each shard of SS-20M's W holds 9,524,976 rows: leaves of
   # round(2,000 x (10^6 / 9,524,976)^0.5) = 648 rows, 9,524,976 // 648 = 14,699 of them,
@@ -522,10 +522,10 @@ def test_refresh_hours_equal_hand_counts_at_ss20m(load_config):
   scored = round(searched * shard / leaves) + leaves
   assert r["rows_scored_per_query"] == scored
   # Host: both shards' searches and builds in one node's 2 x 5 cores, at the measured
-  # per-row rates: 80 s per 10^5 queries on 2 cores at 272,000 rows of 64 scored per
-  # query; a build of 440 s on 2 cores for 10^7 rows of 64.
-  search = rows * scored * 64 * (160 / 1e5 / 272_000 / 64)
-  build = shard * 64 * (880 / 1e7 / 64)
+  # per-row rates: 24.1 s per 10^5 queries on one core at 272,000 rows of 64 scored per
+  # query; a build of 320 s on 2 cores for 10^7 rows of 64.
+  search = rows * scored * 64 * (24.1 / 1e5 / 272_000 / 64)
+  build = shard * 64 * (640 / 1e7 / 64)
   assert r["host_s"] == pytest.approx(2 * (search + build) / 10, rel=1e-9)
   # Device: every query against its shard on each device, at half of 15.7 TFLOP/s.
   assert r["device_s"] == pytest.approx(2 * rows * shard * 64 / 7.85e12, rel=1e-9)

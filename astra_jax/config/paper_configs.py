@@ -116,17 +116,21 @@ FULL_LABEL_K_R = 224
 # The refresh at a fixed cost per query: FULL_LABEL_ROWS_PER_QUERY rows scored
 # (negatives.index.rows_per_query) in leaves of FULL_LABEL_LEAF_ROWS rows at 10^6 rows per
 # W shard, shrinking as 1 / sqrt(rows) above (FULL_LABEL_LEAF_SHRINK; 632 at 10^7), built in
-# groups of FULL_LABEL_GROUP_ROWS rows (negatives.index.group_rows), AVQ leaf centres and
-# SOAR spilling as the serving index (avq, soar_lambda). At one leaf size the rows a query
-# must score for a given recall grow with L; leaves that shrink as L grows keep that growth
-# small, and a build in groups grows as L x group_rows / leaf_rows, not as a flat index's
-# L^2 / leaf_rows. Why these values: docs/results/paper_configs.md.
+# groups of FULL_LABEL_GROUP_ROWS rows (negatives.index.group_rows) into one index, SOAR
+# spilling as the serving index (soar_lambda; AVQ leaf centres too where a shard is one
+# group), FULL_LABEL_SCANN_REORDER candidates re-scored exactly (negatives.index.reorder).
+# At one leaf size the rows a query must score for a given recall grow with L; leaves that
+# shrink as L grows keep that growth small, and a build in groups grows as L x group_rows /
+# leaf_rows, not as a flat index's L^2 / leaf_rows. A re-ranking of 100 instead of 1,000
+# loses little recall@32 and a third of the search. Why these values:
+# docs/results/paper_configs.md, docs/results/refresh_index.md.
 FULL_LABEL_ROWS_PER_QUERY = 256_000
 FULL_LABEL_LEAF_ROWS = 2_000
 FULL_LABEL_LEAF_SHRINK = 0.5
 FULL_LABEL_GROUP_ROWS = 80_000
 FULL_LABEL_SCANN_AVQ = 1.0
 FULL_LABEL_SCANN_SOAR_LAMBDA = 1.5
+FULL_LABEL_SCANN_REORDER = 100
 
 
 def set_dataset(c: ml_collections.ConfigDict, name: str) -> catalog.PaperDataset:
@@ -376,7 +380,8 @@ def full_label_variant(
     * no label texts as training rows: L of them would outnumber the queries;
     * FULL_LABEL_K_H hard + FULL_LABEL_K_R random negatives per query (see there);
     * refreshes at a fixed cost per query, FULL_LABEL_ROWS_PER_QUERY rows in leaves of
-      FULL_LABEL_LEAF_ROWS at 10^6 rows, smaller above, built in groups (see there);
+      FULL_LABEL_LEAF_ROWS at 10^6 rows, smaller above, trained in groups, re-ranking
+      FULL_LABEL_SCANN_REORDER candidates (see there);
     * W initialised from the label texts' embeddings (`classifier.init=label_text`);
     * its own data directory (data/<name>-full-labels): other sizes are other datasets.
   `--config.data.synthetic.num_labels=N` (and `data.num_labels`) runs it at fewer labels.
@@ -410,6 +415,7 @@ def full_label_variant(
   c.negatives.index.rows_per_query = FULL_LABEL_ROWS_PER_QUERY
   c.negatives.index.avq = FULL_LABEL_SCANN_AVQ
   c.negatives.index.soar_lambda = FULL_LABEL_SCANN_SOAR_LAMBDA
+  c.negatives.index.reorder = FULL_LABEL_SCANN_REORDER
   # A leaf size, not a count: each W shard's index has (its rows) / (this, shrunk by the
   # shard's rows) leaves, at any --config.data.synthetic.num_labels and any mesh.model.
   c.negatives.index.leaf_rows = FULL_LABEL_LEAF_ROWS

@@ -62,7 +62,7 @@ def make_plan(
     The Plan."""
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
-  host = host_items(config, q)
+  host = host_items(q)
   prep = preparation(q)
   notes = host.notes + layout_notes(config, q, layout)
   if ec_note := encoder_note(config, q.enc_source):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from astra_jax.ann import grouped_index
 from astra_jax.plan.quantities import Quantities
 from astra_jax.plan.records import Item, resident
 
@@ -21,15 +20,17 @@ class HostItems(NamedTuple):
   notes: list[str]
 
 
-def _worker_items(q: Quantities, copies: int) -> list[Item]:
+def _worker_items(q: Quantities) -> list[Item]:
   R, d, S, mined, own_rows, rows = q.R, q.d, q.S, q.mined, q.own_rows, q.rows
   if q.index_kind == "scann":
+    # One ScaNN index per shard, flat or with leaves trained in groups: its fp32 copy of
+    # the rows, the build's own copy, and the quantized codes (d / 2 bytes per row and
+    # leaf it is in, at most a quarter of the shard with SOAR).
     worker = [
       Item(
-        f"ANN index, one shard (ScaNN: fp32 copy + codes, 2x {copies * R:,} rows"
-        + (f", each row in {copies} groups)" if copies > 1 else ")"),
-        2 * copies * R * d * 4,
-        f"2 x {copies} x W shard" if copies > 1 else "2 x W shard",
+        f"ANN index, one shard (ScaNN: fp32 copy + codes, {R:,} rows)",
+        2 * R * d * 4,
+        "2 x W shard",
       )
     ]
   else:
@@ -80,13 +81,11 @@ def _trainer_items(q: Quantities) -> list[Item]:
   ]
 
 
-def host_items(config, q: Quantities) -> HostItems:
+def host_items(q: Quantities) -> HostItems:
   """A refresh worker's, a training process's and a node's memory (module docstring)."""
   rows, T, Pn = q.rows, q.T, q.Pn
   notes = []
-  # A grouped build (negatives.index.group_rows) holds each row in GROUP_SPILL groups.
-  copies = grouped_index.GROUP_SPILL if config.negatives.index.group_rows else 1
-  worker = _worker_items(q, copies)
+  worker = _worker_items(q)
   trainer = _trainer_items(q)
   tokens = Item(
     f"token memmaps ({rows:,} training rows x {T} int32)", rows * T * 4, "N x T x 4", paged=True

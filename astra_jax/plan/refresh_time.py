@@ -15,8 +15,9 @@ of it. Per refresh, on one node:
           DEVICE_SEARCH_EFFICIENCY;
   epoch   training rows / (queries per second per GPU x GPUs).
 
-What is measured and what is not: the host rates are the 2-core measurements of the grouped
-ScaNN index at 10^7 rows (docs/planner.md, "Refresh time"); the matmul rates are spec
+What is measured and what is not: the host rates are the measurements of the grouped ScaNN
+index at 10^7 rows on the development machine's cores (docs/planner.md, "Refresh time"),
+assumed to scale with a node's cores; the matmul rates are spec
 sheets; the device search's efficiency and the step speed off V100 are not measured on a
 GPU, and the planner says so where it prints them.
 """
@@ -29,10 +30,12 @@ from astra_jax.ann import index as ann_index
 from astra_jax.plan.quantities import Quantities
 
 # Host ScaNN, per row score and per row built at d = 64, from the grouped index at 10^7
-# rows (the full_labels rule): 10^5 queries searched in 80 s on 2 cores at ~272,000 rows
-# (leaves + their centres) scored per query, and a build of 440 s on 2 cores.
-HOST_SEARCH_CORE_S = 2 * 80.0 / 1e5 / 272_000 / 64
-HOST_BUILD_CORE_S = 2 * 440.0 / 1e7 / 64
+# rows (the full_labels rule, one index whose leaves are trained in groups): 10^5 queries
+# searched in 24.1 s on one thread at ~272,000 rows (leaves + their centres) scored per
+# query, and a build of 320 s counted on both of the measuring machine's 2 cores. One
+# thread, because a second one did not search faster there (docs/results/refresh_index.md).
+HOST_SEARCH_CORE_S = 24.1 / 1e5 / 272_000 / 64
+HOST_BUILD_CORE_S = 2 * 320.0 / 1e7 / 64
 # The exact search's share of the matmul rate (a top-k merge follows every tile): assumed.
 DEVICE_SEARCH_EFFICIENCY = 0.5
 # The paper's SS-20M iteration on a V100 (tab:timebreakup): 128 queries in 49.1 ms through
