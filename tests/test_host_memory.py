@@ -81,3 +81,27 @@ def test_classifier_buffer_is_backed_by_huge_pages():
   assert after >= before + advised // 2, (before, advised, after)
   assert host_memory.back_with_huge_pages(w[:10]) == 0  # small buffers: left alone
   assert float(w.sum()) == w.size  # the data is unchanged
+
+
+_PEAK_PROBE = r"""
+import subprocess, sys
+import numpy as np
+from astra_jax.runtime import host_memory
+held = np.ones(256 << 20, np.uint8)  # 256 MiB resident in this process
+child = "from astra_jax.runtime import host_memory; print(host_memory.peak_resident_bytes())"
+out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+print(host_memory.peak_resident_bytes(), int(out.stdout))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="VmHWM is Linux's")
+def test_peak_resident_bytes_is_the_process_own_not_its_parents():
+  # A child started from a process holding 256 MiB: getrusage's ru_maxrss would carry the
+  # parent's peak over the fork and exec; VmHWM is the child's own, a small interpreter.
+  env = dict(os.environ, PYTHONPATH=os.getcwd())
+  out = subprocess.run(
+    [sys.executable, "-c", _PEAK_PROBE], capture_output=True, text=True, env=env, check=True
+  )
+  parent, child = (int(x) for x in out.stdout.split())
+  assert parent >= 256 << 20
+  assert child < 128 << 20

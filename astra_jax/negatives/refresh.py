@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from astra_jax.data import label_cache, rowsets
 from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
 from astra_jax.negatives import mining
-from astra_jax.runtime import cpu_budget, tmpnames
+from astra_jax.runtime import cpu_budget, host_memory, tmpnames
 
 
 class RefreshFiles(NamedTuple):
@@ -168,7 +167,7 @@ def run_job(job: RefreshJob) -> dict:
       mining.exact_without_scann(job.backend, hi - lo) for lo, hi in shards
     ),
     # The peak of the process that ran it: the worker's (the trainer's when synchronous).
-    "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "peak_rss_bytes": host_memory.peak_resident_bytes(),
   }
   with atomic_text_writer(job.stats_path) as f:
     json.dump(stats, f)

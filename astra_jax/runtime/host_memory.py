@@ -32,6 +32,7 @@ import ctypes.util
 import functools
 import os
 import platform
+import sys
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
 _MADV_HUGEPAGE, _MADV_COLLAPSE = 14, 25
@@ -73,16 +74,36 @@ def release_freed_memory() -> int:
   return max(0, before - resident_bytes())
 
 
-def resident_bytes() -> int:
-  """This process's resident memory (VmRSS), 0 where /proc does not say."""
+def _status_bytes(field: str) -> int:
+  """A `/proc/self/status` size field (e.g. "VmRSS") in bytes, 0 where /proc does not say."""
   try:
     with open("/proc/self/status") as f:
       for line in f:
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
           return int(line.split()[1]) * 1024
   except OSError:
     pass
   return 0
+
+
+def resident_bytes() -> int:
+  """This process's resident memory (VmRSS), 0 where /proc does not say."""
+  return _status_bytes("VmRSS")
+
+
+def peak_resident_bytes() -> int:
+  """This process's peak resident memory since it last exec'd (VmHWM).
+
+  Not getrusage's ru_maxrss: that survives fork and exec, so a refresh worker started from
+  a trainer holding 13 GB would report 13 GB whatever it used itself. Where /proc does not
+  say, ru_maxrss (kilobytes on Linux, bytes on macOS)."""
+  peak = _status_bytes("VmHWM")
+  if peak:
+    return peak
+  import resource
+
+  maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
 @functools.cache
