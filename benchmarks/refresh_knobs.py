@@ -207,12 +207,18 @@ class Build:
   training_sample_size: int
 
 
-def builds(k: int) -> list[Build]:
+def flag_config():
+  """The --config experiment (FILE[:VARIANT]), or None."""
+  if not FLAGS.config:
+    return None
+  path, _, variant = FLAGS.config.partition(":")
+  return config_base.load_config(path, variant or None)
+
+
+def builds(config) -> list[Build]:
   """The builds to measure: the config's knobs with --config, else the flags' product."""
-  if FLAGS.config:
-    path, _, variant = FLAGS.config.partition(":")
-    c = config_base.load_config(path, variant or None)
-    knobs = index_lib.IndexKnobs.from_config(c.negatives.index).scann_knobs()
+  if config is not None:
+    knobs = index_lib.IndexKnobs.from_config(config.negatives.index).scann_knobs()
     del knobs["rows_per_query"]
     return [Build(FLAGS.config, knobs, 0)]
   out = []
@@ -230,18 +236,11 @@ def builds(k: int) -> list[Build]:
   return out
 
 
-def config_k() -> int:
-  """k: the config's negatives.k_h with --config, else --k."""
-  if not FLAGS.config:
-    return FLAGS.k
-  path, _, variant = FLAGS.config.partition(":")
-  return config_base.load_config(path, variant or None).negatives.k_h
-
-
 def main(argv):
   del argv
   rng = np.random.default_rng(FLAGS.seed)
-  k = config_k()
+  config = flag_config()
+  k = config.negatives.k_h if config is not None else FLAGS.k
   threads = FLAGS.threads or cpu_budget.task_cpus()
   for L, w, q, timed_q, positives in label_sets(rng):
     t0 = time.time()
@@ -251,7 +250,7 @@ def main(argv):
     if positives is not None:
       exact_negatives = mining.mine(exact_index, q, positives, k, L)
     budgets = sorted(int(r) for r in FLAGS.rows_per_query)
-    for build in builds(k):
+    for build in builds(config):
       partition, sample = dict(build.partition), build.training_sample_size
       # One build per partitioner (the largest budget's knobs); smaller budgets search
       # fewer of its leaves, as a build with their knobs would (leaves do not depend on it).
