@@ -255,7 +255,10 @@ class ScannIndex:
     from astra_jax.ann import scann_files
 
     self.params = params
-    rows = np.ascontiguousarray(rows, np.float32)
+    # With a given partition the builder only makes the config (it reads the rows' width),
+    # and scann_files copies the rows to its file block by block: no float32 copy here.
+    if partition is None:
+      rows = np.ascontiguousarray(rows, np.float32)
     builder = scann.scann_ops_pybind.builder(rows, k, "dot_product")
     if threads > 0:
       builder.set_n_training_threads(threads)
