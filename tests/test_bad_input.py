@@ -131,6 +131,11 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
     ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote
     ({"optim.classifier_momentum": 1.0}, r"optim.classifier_momentum: must be in \[0, 1\)"),
     ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
+    (
+      {"optim.classifier_momentum": 0.9, "optim.classifier_weight_decay": 0.01},
+      r"optim.classifier_weight_decay: classifier_lr x classifier_weight_decay = .* is over "
+      r"\(1 - sqrt\(classifier_momentum\)\)\^2 = 0.00263",
+    ),
   ],
 )
 def test_config_combinations_that_cannot_train_are_refused(changes, match):

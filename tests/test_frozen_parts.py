@@ -37,7 +37,7 @@ def _train(shape, trainable_rows, momentum):
   tx = optax.set_to_zero()
   state = steps.shard_state(
     steps.init_sparse_state(
-      tx, params, momentum_steps=STEPS if momentum else 0, mesh=mesh, trainable=trainable
+      tx, params, momentum_period=STEPS if momentum else 0, mesh=mesh, trainable=trainable
     ),
     mesh,
   )

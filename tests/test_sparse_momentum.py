@@ -12,69 +12,72 @@ from astra_jax.parallel import sharding
 from astra_jax.training import checkpoint, optim, steps, train
 from astra_jax.xc import classifier, sparse_momentum
 
-BETA, WD = 0.9, 0.05
+BETA, WD = 0.9, 5e-3  # lr x wd up to 2e-3, under (1 - sqrt(BETA))^2 = 2.6e-3
 
 
-def _dense_transitions(lrs, wd, beta):
-  """A_t of each step in float64 (docs/DESIGN.md, section 3, written out)."""
-  return [np.array([[1 - lr * wd, -lr * beta], [wd, beta]]) for lr in lrs]
+def _dense_transition(lr, wd, beta):
+  """A_t, the step's map of (w, m) without a gradient, in float64 (docs/DESIGN.md,
+  section 3, written out)."""
+  return np.array([[1 - lr * wd, -lr * beta], [wd, beta]])
 
 
-def test_table_is_the_ordered_product_over_any_gap():
-  """After `stop` steps, table entry s is A_stop ... A_{s+1} (float64 product of the A's
-  the steps applied) for gaps of 0 to 3,000 steps, and the identity for s >= stop."""
-  steps, wd = 3000, 1e-4  # W's own mode decays to 0.2 over all steps, beta's to 1e-137
-  lrs = 0.5 * np.abs(np.sin(np.arange(steps) / 300.0)) + 0.01
-  state = sparse_momentum.init(1, 1, steps)
-  begin = jax.jit(sparse_momentum.begin_step, static_argnums=(2, 3))
-  pairs = [
-    (0, 3000),
-    (0, 1),
-    (5, 5),
-    (17, 2999),
-    (1000, 1003),
-    (2047, 2049),
-    (1, 2500),
-    (2999, 3000),
-    (300, 2300),
-  ]
-  stops = {stop for _, stop in pairs}
-  a, tables = [], {}  # A_t as applied (float32): the truth is their exact ordered product
-  for t, lr in enumerate(lrs):
-    a.append(sparse_momentum.step_matrix(jnp.float32(lr), wd, BETA))
-    state = begin(state, jnp.float32(lr), wd, BETA)
-    if t + 1 in stops:
-      tables[t + 1] = np.asarray(state.to_now)
-  np.testing.assert_allclose(a[7], _dense_transitions(lrs[7:8], wd, BETA)[0], rtol=1e-6)
-  a = [np.asarray(m, np.float64) for m in a]
-  for start, stop in pairs:
-    want = np.eye(2)
-    for m in a[start:stop]:  # A_stop ... A_{start+1}: step t + 1 applies a[t]
-      want = m @ want
-    np.testing.assert_allclose(tables[stop][start], want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_array_equal(
-      tables[stop][stop:], np.broadcast_to(np.eye(2), (steps + 1 - stop, 2, 2))
-    )
+@pytest.mark.parametrize("wd", [1e-4, 6e-3])
+def test_period_coefficients_follow_the_dense_step(wd):
+  """Over a whole period of a warmup + cosine schedule, reading an untouched row at step j
+  is A_j applied to reading it at step j - 1, and the step's gradient coefficients add
+  (-lr_j g, g) to (w, m); past the period every coefficient is NaN."""
+  capacity = sparse_momentum.period_capacity(BETA)
+  schedule = optim.schedule(0.4, 100, 3000)
+  first = 40  # the period begins inside the warmup
+  lrs = jax.vmap(schedule)(first + jnp.arange(capacity + 400))
+  coef = np.asarray(sparse_momentum.period_coefficients(lrs, capacity, wd, BETA), np.float64)
+  assert coef.shape == (capacity + 2, 6) and np.isnan(coef[-1]).all()
+  read = coef[:, :4].reshape(-1, 2, 2)  # (w, m) = read_j (q, r)
+  lrs = np.asarray(lrs, np.float64)
+  travel = lrs.max() * BETA / (1 - BETA)  # a steady gradient's remaining travel at most
+  for j in range(1, capacity + 1):
+    lr = lrs[j - 1]
+    # Columns scale alike (q's by its slow decay, r's by beta^j): compare each column to
+    # its own size.
+    want = _dense_transition(lr, wd, BETA) @ read[j - 1]
+    size = np.abs(want).max(axis=0)
+    np.testing.assert_allclose(read[j] / size, want / size, rtol=2e-5, atol=1e-6)
+    # w's share of a gradient is -lr, the slow coordinate's -(lr + s) less the fast one's
+    # s: it is exact to float32 of the remaining travel s, not of lr (small in the warmup).
+    np.testing.assert_allclose(read[j] @ coef[j, 4:], [-lr, 1.0], rtol=1e-5, atol=1e-5 * travel)
 
 
-def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
+def test_coefficients_are_nan_where_the_modes_are_complex():
+  """lr wd = 0.02 > (1 - sqrt(0.9))^2: no real slow mode, so no coefficients to trust."""
+  lrs = jnp.full((300,), 0.4, jnp.float32)
+  assert np.isnan(np.asarray(sparse_momentum.period_coefficients(lrs, 50, 0.05, BETA))).all()
+
+
+@pytest.mark.parametrize("capacity", [7, None])
+def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence(capacity):
   """Single array, no mesh: rows never touched after step 3, rows touched every 17 or 500
-  steps, a row touched twice per step; the float64 dense recurrence as the truth. The beta
-  mode of a 2,000-step gap (0.9^2000 = 1e-92) underflows: nothing may divide by it."""
+  steps, a row touched twice per step, through periods of 7 steps or of the default
+  length; the float64 dense recurrence as the truth. The beta mode of a 2,000-step gap
+  (0.9^2000 = 1e-92) underflows: nothing may divide by it."""
   rows, d, steps = 12, 3, 2000
+  capacity = capacity or sparse_momentum.period_capacity(BETA)
   rng = np.random.default_rng(0)
-  lrs = np.asarray([optim.schedule(0.4, 200, steps)(t) for t in range(steps)])
+  schedule = optim.schedule(0.4, 200, steps)
+  lrs = np.asarray(jax.vmap(schedule)(jnp.arange(steps)), np.float64)
   w = rng.normal(size=(rows, d))
   m = np.zeros((rows, d))
-  state = sparse_momentum.init(rows, d, steps)
+  state = sparse_momentum.init(rows, d, capacity)
   v = jnp.asarray(w, jnp.float32)
+  begin = jax.jit(lambda v, state, t: sparse_momentum.begin_period(v, state, schedule, t, WD, BETA))
 
   @jax.jit
-  def step(v, state, ids, grads, lr):
-    state = sparse_momentum.begin_step(state, lr, WD, BETA)
-    return sparse_momentum.add_gradients(v, state, ids, grads, lr)
+  def step(v, state, ids, grads):
+    return sparse_momentum.add_gradients(v, sparse_momentum.begin_step(state), ids, grads)
 
+  read = jax.jit(sparse_momentum.current_rows)
   for t in range(steps):
+    if t % capacity == 0:
+      v, state = begin(v, state, jnp.int32(t))
     ids = [4, 5, 5]  # touched every step, one twice
     if t < 3:
       ids += [0, 1]
@@ -89,32 +92,45 @@ def test_rows_untouched_for_thousands_of_steps_match_the_dense_recurrence():
     np.add.at(g, ids[ids < rows], grads[ids < rows])
     m = BETA * m + WD * w + g
     w = w - lrs[t] * m
-    v, state = step(
-      v, state, jnp.asarray(ids, jnp.int32), jnp.asarray(grads, jnp.float32), jnp.float32(lrs[t])
-    )
-  w_got, state = sparse_momentum.catch_up_all(v, state)
+    v, state = step(v, state, jnp.asarray(ids, jnp.int32), jnp.asarray(grads, jnp.float32))
+    if t == 1234:  # what the kernel reads mid-period
+      np.testing.assert_allclose(read(v, state, jnp.arange(rows)), w, rtol=1e-5, atol=1e-6)
+  w_got, state = sparse_momentum.leave_period(v, state)
   np.testing.assert_allclose(w_got, w, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(state.velocity, m, rtol=1e-5, atol=1e-6)
-  assert int(state.period_step) == 0 and not np.asarray(state.touched_at).any()
+  assert int(state.period_step) == 0 and not bool(state.in_period)
 
 
 def test_a_skipped_step_changes_no_row():
-  """A dynamic loss-scale overflow: the step pushes the identity with zero gradients."""
+  """A dynamic loss-scale overflow: nothing moves, not even the period's step."""
   rng = np.random.default_rng(0)
   w = jnp.asarray(rng.normal(size=(5, 2)), jnp.float32)
   state = sparse_momentum.init(5, 2, 4)
+  w, state = sparse_momentum.begin_period(w, state, lambda t: 0.5, jnp.int32(0), WD, BETA)
   ids = jnp.array([0, 3])
-  state = sparse_momentum.begin_step(state, 0.5, WD, BETA)
-  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.ones((2, 2)), 0.5)
-  before = sparse_momentum.catch_up_all(w, state)
-  state = sparse_momentum.begin_step(state, 0.5, WD, BETA, apply=False)
-  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.zeros((2, 2)), 0.5)
-  after = sparse_momentum.catch_up_all(w, state)
+  state = sparse_momentum.begin_step(state)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.ones((2, 2)))
+  before = sparse_momentum.leave_period(w, state)
+  state = sparse_momentum.begin_step(state, apply=False)
+  w, state = sparse_momentum.add_gradients(w, state, ids, jnp.ones((2, 2)), apply=False)
+  assert int(state.period_step) == 1
+  after = sparse_momentum.leave_period(w, state)
   np.testing.assert_array_equal(after[0], before[0])
   np.testing.assert_array_equal(after[1].velocity, before[1].velocity)
 
 
-STEPS, RESUME_AT = 54, 27
+def test_a_step_past_the_period_poisons_w():
+  """The train step's wrapper begins a period in time; a caller that does not gets NaN."""
+  w, state = sparse_momentum.begin_period(
+    jnp.ones((3, 2)), sparse_momentum.init(3, 2, 2), lambda t: 0.1, jnp.int32(0), WD, BETA
+  )
+  for _ in range(3):
+    state = sparse_momentum.begin_step(state)
+    w, state = sparse_momentum.add_gradients(w, state, jnp.array([0]), jnp.ones((1, 2)))
+  assert np.isnan(np.asarray(sparse_momentum.current_rows(w, state, jnp.array([1])))).all()
+
+
+STEPS, RESUME_AT, PERIOD = 54, 27, 10
 
 
 def _untouched_stretches(batches, num_shards, rng):
@@ -155,6 +171,7 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(
     num_shards=shape[1], micro_batches=micro_batches, per_query=True
   )
   oc.classifier_momentum, oc.classifier_lr, oc.warmup_steps = BETA, 0.3, 5
+  oc.classifier_weight_decay = WD
   batches = _untouched_stretches(batches, shape[1], np.random.default_rng(1))
   fresh = lambda: {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
 
@@ -170,7 +187,7 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(
   enc_tx = optim.encoder_optimizer(oc, STEPS)
 
   def sparse_start():
-    return steps.shard_state(steps.init_sparse_state(enc_tx, fresh(), momentum_steps=STEPS), mesh)
+    return steps.shard_state(steps.init_sparse_state(enc_tx, fresh(), momentum_period=PERIOD), mesh)
 
   step = steps.make_sparse_train_step(
     graphdef,
@@ -183,9 +200,8 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(
   )
   put = lambda b: sharding.shard_batch(b, mesh)
   state = _run(step, sparse_start(), batches, put, stop=RESUME_AT)
-  touched = np.asarray(state.momentum.touched_at)
-  # The state holds rows last touched after step 3 (index 3) next to current ones.
-  assert touched.min() == 4 and touched.max() == RESUME_AT
+  # The checkpoint is taken inside a period, which the resumed run goes on with.
+  assert bool(state.momentum.in_period) and int(state.momentum.period_step) == RESUME_AT % PERIOD
   ck = checkpoint.Checkpoints(str(tmp_path))
   ck.save(RESUME_AT, *steps.saved_layout(state), {"step": RESUME_AT})
   ck.close()
@@ -207,14 +223,15 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(
 
 
 def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
-  """61 rows saved from one device, restored onto 4 W shards of 16 rows: the velocity and
-  the steps rows are current at move with their rows; the padded rows are empty."""
+  """61 rows saved from one device, restored onto 4 W shards of 16 rows: the velocity moves
+  with its rows, the padded rows are empty, the period's step and coefficients stay."""
   rng = np.random.default_rng(0)
   rows, d = 61, 3
   state = sparse_momentum.init(rows, d, 8)._replace(
     velocity=jnp.asarray(rng.normal(size=(rows, d)), jnp.float32),
-    touched_at=jnp.asarray(rng.integers(0, 5, rows), jnp.int32),
     period_step=jnp.int32(5),
+    coefficients=jnp.asarray(rng.normal(size=(10, 6)), jnp.float32),
+    in_period=jnp.bool_(True),
   )
   w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
   one = sharding.make_mesh(1, 1)
@@ -236,10 +253,9 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   assert got.velocity.sharding.spec == jax.sharding.PartitionSpec("model")
   np.testing.assert_array_equal(got_params["classifier"][:rows], w)
   np.testing.assert_array_equal(got.velocity[:rows], state.velocity)
-  np.testing.assert_array_equal(got.touched_at[:rows], state.touched_at)
   np.testing.assert_array_equal(got.velocity[rows:], 0.0)
-  np.testing.assert_array_equal(got.touched_at[rows:], 0)
-  assert int(got.period_step) == 5
+  np.testing.assert_array_equal(got.coefficients, state.coefficients)
+  assert int(got.period_step) == 5 and bool(got.in_period)
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ checkpoints (`config.checkpoint`)."""
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from astra_jax.config.require import require
@@ -123,6 +125,15 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"classifier_lr x classifier_weight_decay = "
     f"{c.optim.classifier_lr * c.optim.classifier_weight_decay:g}: a step would scale W "
     "by 1 - lr wd <= 0",
+  )
+  beta, lr_wd = c.optim.classifier_momentum, c.optim.classifier_lr * c.optim.classifier_weight_decay
+  require(
+    dense or not beta or lr_wd <= (1 - math.sqrt(beta)) ** 2,
+    "optim.classifier_weight_decay",
+    f"classifier_lr x classifier_weight_decay = {lr_wd:g} is over (1 - sqrt(classifier_momentum))^2"
+    f" = {(1 - math.sqrt(beta)) ** 2:g}: the sparse step's classifier momentum needs the decay "
+    "below the momentum's damping (docs/DESIGN.md, section 3); lower either, or use "
+    "optim.classifier_update=dense",
   )
   require(
     not ((c.train.freeze_encoder or c.train.freeze_old_rows) and dense),

@@ -19,14 +19,13 @@ def device_items(config, q: Quantities) -> list[Item]:
     mom = L * d * 4 if config.optim.classifier_momentum else 0
     dev.append(Item("classifier optimizer state (dense SGD momentum)", mom, "L x d x 4"))
   elif config.optim.classifier_momentum:
-    # sparse_momentum.py: a velocity per W row (sharded like W) and the step each row is
-    # current at; its tree of per-step 2 x 2 matrices (16 bytes x 2 x steps per epoch) is
-    # left out: under 100 MB up to 3M steps per epoch.
+    # sparse_momentum.py: a second array like W (each row's fast coordinate); its period's
+    # coefficients (at most 4,098 x 6 floats) are left out.
     dev.append(
       Item(
-        "classifier optimizer state (sparse momentum: velocity + step per row)",
-        R * d * 4 + R * 4,
-        "ceil(L / model) x (d + 1) x 4",
+        "classifier optimizer state (sparse momentum: a velocity per row)",
+        R * d * 4,
+        "ceil(L / model) x d x 4",
       )
     )
   else:

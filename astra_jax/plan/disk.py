@@ -64,7 +64,7 @@ def disk_items(config, q: Quantities) -> list[Item]:
     4 * P
     + 8 * P
     + padded_rows(L, M) * d * 4
-    + (padded_rows(L, M) * (d + 1) * 4 if config.optim.classifier_momentum else 0)
+    + (padded_rows(L, M) * d * 4 if config.optim.classifier_momentum else 0)
   )
   keep = config.checkpoint.keep
   per = f"x {Pn} process{'es' if Pn > 1 else ''}"
@@ -98,7 +98,7 @@ def disk_items(config, q: Quantities) -> list[Item]:
     Item(
       f"checkpoints: the last {keep}, the best by P@5, one being written",
       (keep + 2) * state,
-      "(keep + 2) x (P x 12 + L x d x 4 [+ momentum L x (d + 1) x 4])",
+      "(keep + 2) x (P x 12 + L x d x 4 [+ momentum L x d x 4])",
     ),
     Item(
       "export (encoder + W; + tokenizer and label texts)", 4 * P + L * d * 4, "P x 4 + L x d x 4"

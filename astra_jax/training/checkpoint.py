@@ -1,8 +1,8 @@
 """Checkpoints (orbax) and exact resume.
 
 A checkpoint is the train state (params: encoder + V; optimizer state: Adam, the
-classifier's scale and step, the loss scale, with classifier momentum its velocity, the step
-each row is current at and the catch-up table, sparse_momentum.py) saved with orbax's
+classifier's scale and step, the loss scale, with classifier momentum its velocity and its
+period's step and coefficients, sparse_momentum.py) saved with orbax's
 StandardSave (sharded, asynchronous, written to a temporary directory and renamed when
 complete), plus a JSON `progress` record: epoch, step within the epoch, global step,
 training seconds, the evaluations so far and the hard-negative state (file in use, pending
@@ -349,7 +349,7 @@ class Checkpoints:
       opt_target["momentum"] = opt_target["momentum"]._replace(
         **{
           k: jax.ShapeDtypeStruct((saved[0],) + x.shape[1:], x.dtype, sharding=w_target.sharding)
-          for k, x in (("velocity", per_row.velocity), ("touched_at", per_row.touched_at))
+          for k, x in (("velocity", per_row.velocity),)
         }
       )
     target = {
@@ -366,11 +366,10 @@ class Checkpoints:
     rows = state["params"]["classifier"]
     if rows.shape != w.shape:  # padded rows are never read: cut or extend them
       rows = _resize_rows(rows, w.shape[0], w.sharding)
-      if per_row is not None:  # padded rows: no velocity, current at step 0
+      if per_row is not None:  # padded rows: zero in both coordinates
         restored = state["opt_state"]["momentum"]
         state["opt_state"]["momentum"] = restored._replace(
-          velocity=_resize_rows(restored.velocity, w.shape[0], per_row.velocity.sharding),
-          touched_at=_resize_rows(restored.touched_at, w.shape[0], per_row.touched_at.sharding),
+          velocity=_resize_rows(restored.velocity, w.shape[0], per_row.velocity.sharding)
         )
     return (
       {"encoder": state["params"]["encoder"], "classifier": rows},

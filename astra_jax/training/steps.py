@@ -2,8 +2,8 @@
 E(x) before embedding dropout).
 
 Both steps read and write the same `TrainState`, so the loop that drives them has no branch
-on which one runs. The sparse step is ASTRA's: W = scale * V (or V caught up with its
-momentum, sparse_momentum.py), gradients only for the rows a batch touches. The dense step
+on which one runs. The sparse step is ASTRA's: W = scale * V (or read from V and its
+momentum's velocity, sparse_momentum.py), gradients only for the rows a batch touches. The dense step
 differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L baseline,
 and the reference the sparse step is tested against); its `scale` stays 1, its `step`
 counts every step (it never skips) and it has no momentum state of its own.
@@ -80,7 +80,7 @@ def init_sparse_state(
   tx_encoder: optax.GradientTransformation,
   params: dict,
   initial_loss_scale: float = 1.0,
-  momentum_steps: int = 0,
+  momentum_period: int = 0,
   mesh: jax.sharding.Mesh | None = None,
   trainable: jax.Array | None = None,
 ) -> TrainState:
@@ -90,8 +90,8 @@ def init_sparse_state(
     tx_encoder: the encoder's optax chain (optim.encoder_optimizer).
     params: {"encoder", "classifier"}.
     initial_loss_scale: loss_scale.py's starting scale.
-    momentum_steps: > 0 adds the classifier's momentum state (sparse_momentum.py) for folds
-      at least every that many steps.
+    momentum_period: > 0 adds the classifier's momentum state (sparse_momentum.py) whose
+      periods hold that many applied steps (sparse_momentum.period_capacity(beta)).
     mesh: where the momentum's per-row arrays are born, split over 'model' like W (never
       whole on one device); None: the default device.
     trainable: the rows a step may change (TrainState.trainable), None: all.
@@ -99,8 +99,8 @@ def init_sparse_state(
     The state on the devices `params` are on (`shard_state` lays it out on the mesh).
   """
   momentum = None
-  if momentum_steps:
-    make = functools.partial(sparse_momentum.init, *params["classifier"].shape, momentum_steps)
+  if momentum_period:
+    make = functools.partial(sparse_momentum.init, *params["classifier"].shape, momentum_period)
     momentum = (
       make()
       if mesh is None
@@ -168,8 +168,9 @@ def shard_state(state: TrainState, mesh) -> TrainState:
 
 
 def fold_classifier(state: TrainState) -> TrainState:
-  """W = scale * V back into V, or every row caught up with its momentum: afterwards
-  `state.classifier` is W itself. O(L); a no-op in value for the dense step (scale 1)."""
+  """W = scale * V back into V, or every row's (w, m) out of its momentum period's
+  coordinates: afterwards `state.classifier` is W itself. O(L); a no-op in value for the
+  dense step (scale 1)."""
   if state.momentum is not None:
     w, momentum = sparse_momentum.fold(state.classifier, state.momentum)
     return state.replace(classifier=w, momentum=momentum)
@@ -273,7 +274,7 @@ def make_train_step(
       sampled.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
-    the state donated.
+    the state donated (with momentum, inside `MomentumPeriods`).
   """
 
   def loss_fn(params, batch: TrainBatch, key, num_micro):
@@ -342,17 +343,17 @@ def make_sparse_train_step(
     loss_scaling: off | static | dynamic (loss_scale.py); with dynamic, a step with
       non-finite gradients changes nothing but the scale.
     momentum: > 0: SGD with that momentum (decay inside it, as the dense chain), through
-      `classifier.classifier_momentum_update`; W is then V caught up (sparse_momentum.py),
-      not scale * V.
+      `classifier.classifier_momentum_update`; W is then read from V and the velocity in
+      the coordinates of a momentum period (sparse_momentum.py), not scale * V.
     train_encoder: False: the encoder is left as it is and its backward pass is skipped
       (`train.freeze_encoder`). The rows a step may change are `state.trainable`'s.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
-    the state donated.
+    the state donated (with momentum, inside `MomentumPeriods`).
   """
   grads_kernel = classifier.classifier_grads(mesh, global_batch)
   update_kernel = (
-    classifier.classifier_momentum_update(mesh, weight_decay, momentum)
+    classifier.classifier_momentum_update(mesh)
     if momentum
     else classifier.classifier_update(mesh, weight_decay)
   )
@@ -394,7 +395,7 @@ def make_sparse_train_step(
     lr = jnp.where(ok, lr_schedule(state.step), 0.0)
     momentum_state = state.momentum
     if momentum:
-      v, momentum_state = update_kernel(v, state.momentum, row_grads, lr, ok, state.trainable)
+      v, momentum_state = update_kernel(v, state.momentum, row_grads, ok, state.trainable)
     else:
       v, scale = update_kernel(v, scale, row_grads, lr, state.trainable)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
@@ -412,4 +413,48 @@ def make_sparse_train_step(
     )
     return state, value, pooled.reshape(-1, pooled.shape[-1])
 
+  if momentum:
+    return MomentumPeriods(train_step, make_begin_period(lr_schedule, weight_decay, momentum))
   return train_step
+
+
+def make_begin_period(lr_schedule, weight_decay: float, beta: float) -> Callable:
+  """state -> state in a new momentum period that starts at its applied step
+  (sparse_momentum.begin_period), jitted with the state donated. O(L)."""
+
+  @functools.partial(jax.jit, donate_argnums=(0,))
+  def begin(state: TrainState) -> TrainState:
+    w, momentum = sparse_momentum.begin_period(
+      state.classifier, state.momentum, lr_schedule, state.step, weight_decay, beta
+    )
+    return state.replace(classifier=w, momentum=momentum)
+
+  return begin
+
+
+class MomentumPeriods:
+  """The sparse step with classifier momentum, beginning a momentum period (an O(L)
+  re-base, `make_begin_period`) before the steps that need one: a state outside a period
+  (fresh or folded), one whose period is used up, and every `capacity` steps after.
+
+  It counts the steps it takes on the state it returned, so the device is read only for a
+  state it did not return (fresh, folded or restored from a checkpoint, whose period goes
+  on where it stopped): a resumed run begins its periods at the steps an uninterrupted one
+  does. A skipped step (dynamic loss scaling) counts here but not in the period, so a
+  period may end a few steps early; where periods begin changes W only by float rounding."""
+
+  def __init__(self, step: StepFn, begin: Callable):
+    self.step, self.begin = step, begin
+    self._last, self._left = None, 0
+
+  def __call__(self, state: TrainState, batch, key: jax.Array):
+    if state is not self._last:
+      m = state.momentum
+      self._left = m.capacity - int(m.period_step) if bool(m.in_period) else 0
+    if self._left <= 0:
+      state = self.begin(state)
+      self._left = state.momentum.capacity
+    state, value, pooled = self.step(state, batch, key)
+    self._left -= 1
+    self._last = state
+    return state, value, pooled

@@ -42,7 +42,7 @@ from astra_jax.training.results import StageClock, evaluate_and_export, results_
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
 from astra_jax.training.trainer import RunParts, Trainer
-from astra_jax.xc import classifier_init, score_fusion
+from astra_jax.xc import classifier_init, score_fusion, sparse_momentum
 
 
 # ------------------------------------------------------------------------------- data
@@ -122,7 +122,6 @@ def make_state_and_steps(
   mesh,
   total_steps: int,
   sparse: bool,
-  steps_per_epoch: int,
   trainable: jax.Array | None = None,
 ) -> tuple[steps.TrainState, steps.Steps]:
   """The train state laid out on the mesh and the run's jitted steps (for `uptodate` also
@@ -140,7 +139,7 @@ def make_state_and_steps(
         tx,
         params,
         optim.initial_loss_scale(config),
-        steps_per_epoch if beta else 0,
+        sparse_momentum.period_capacity(beta) if beta else 0,
         mesh,
         trainable,
       ),
@@ -437,7 +436,6 @@ def _train_and_evaluate(
     mesh,
     total_steps,
     sparse,
-    steps_per_epoch,
     trainable,
   )
   del w, trainable  # the state holds them from here

@@ -16,9 +16,9 @@ sharding.py, W's rows split over 'model'. Each device
      the micro-batches of an accumulated step.
 `classifier_update` then forms each micro-batch's row gradients in turn and scatter-adds
 them into the donated shard of V (W = scale * V, below). With classifier momentum,
-`classifier_momentum_update` does the same into W and its velocity, catching the touched
-rows up first, and the kernel reads rows caught up (sparse_momentum.py). Nothing in a step
-is O(L), and the row gradients held at once are one micro-batch's.
+`classifier_momentum_update` does the same into W's and the velocity's arrays, which hold
+each row in the coordinates of sparse_momentum.py, and the kernel reads rows through them.
+Nothing in a step is O(L), and the row gradients held at once are one micro-batch's.
 
 SGD with decoupled weight decay in O(rows touched) per step. Dense SGD + decoupled decay
 updates every row each step: W <- (1 - lr wd) W - lr G, where G is non-zero only on the
@@ -29,8 +29,8 @@ duplicate ids add up exactly like the dense gradient). This is the dense update,
 not an approximation ("decay of touched rows" would be a different optimizer). `fold`
 multiplies the scale back into V (O(L)); the trainer folds at epoch ends, before anything
 outside the step reads W, and whenever the scale falls below 1e-2 (float range). With
-optim.classifier_momentum > 0 the update is sparse_momentum.py's instead (each row caught
-up from the step it was last touched; its docstring derives it).
+optim.classifier_momentum > 0 the update is sparse_momentum.py's instead (each row kept in
+coordinates that only its own gradients change; its docstring says how).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _unless_single(mesh: jax.sharding.Mesh, collective):
 
 def _local_rows(v: jax.Array, scale: jax.Array, labels: LabelBatch, momentum) -> tuple:
   """Inside the kernel: for positives, hard and random negatives, (local ids, rows) of the
-  ids this shard owns (W = scale * V, or V's rows caught up by `momentum`); another shard's
+  ids this shard owns (W = scale * V, or read through `momentum`); another shard's
   id reads as rows_per_shard with a zero row."""
   rows_per_shard = v.shape[0]
   offset = jax.lax.axis_index("model") * rows_per_shard
@@ -112,7 +112,7 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
   (loss, dloss/demb (B, d), row_grads).
 
   W's rows are scale * V's, or with `momentum` (a sparse_momentum.MomentumState; scale is
-  then unused) V's rows caught up from their last touched step.
+  then unused) read from V's and the velocity's rows with the period's coefficients.
 
   row_grads, per shard (out spec P('model') on every leaf), the gradient w.r.t. W's rows:
     ids (n, K) int32    local row ids of the per-query rows (positives, hard negatives, and
@@ -192,9 +192,8 @@ def classifier_grads(mesh: jax.sharding.Mesh, global_batch: int):
 # On the CPU, the row gradients an update forms at once, in bytes: a micro-batch's (n K, d)
 # gradients are formed and scattered a block of queries at a time. XLA:CPU maps its
 # temporaries afresh at every call and faults each page in, which cost more than the
-# scatter itself for a whole micro-batch's gradients (and the momentum update's caught-up
-# rows). A GPU keeps its temporaries allocated and would only launch more, smaller
-# scatters: there a micro-batch is one block.
+# scatter itself for a whole micro-batch's gradients. A GPU keeps its temporaries
+# allocated and would only launch more, smaller scatters: there a micro-batch is one block.
 UPDATE_BLOCK_BYTES = 4 << 20
 
 
@@ -285,22 +284,22 @@ def classifier_update(mesh: jax.sharding.Mesh, weight_decay: float):
   return update
 
 
-def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, beta: float):
-  """(W, MomentumState, row_grads with a leading micro-batch axis A, lr, apply[, trainable])
-  -> (W', state'): one step of SGD with momentum beta and weight decay wd inside it (the
-  dense optax chain), each shard into its own rows, O(rows touched) (sparse_momentum.py).
-  apply=False: a step that changes nothing (identity transition, zero gradients). Rows
-  repeated across blocks of queries or micro-batches are caught up once: the first block
-  that touches one leaves it current (add_gradients). trainable: as `classifier_update`'s
-  (a frozen row's velocity stays 0, so with wd = 0 the row never moves)."""
+def classifier_momentum_update(mesh: jax.sharding.Mesh):
+  """(W, MomentumState, row_grads with a leading micro-batch axis A, apply[, trainable])
+  -> (W', state'): one step of SGD with momentum and weight decay inside it (the dense
+  optax chain), each shard into its own rows, O(rows touched): two scatter-adds of each
+  block's gradients (sparse_momentum.py; the step's learning rate, decay and momentum are
+  in the state's period coefficients). apply=False: a step that changes nothing.
+  trainable: as `classifier_update`'s (a frozen row's velocity stays 0, so with wd = 0 the
+  row never moves)."""
 
   block_bytes = update_block_bytes(mesh)
 
-  def body(w, state, row_grads, lr, apply, trainable):
-    state = sparse_momentum.begin_step(state, lr, weight_decay, beta, apply)
+  def body(w, state, row_grads, apply, trainable):
+    state = sparse_momentum.begin_step(state, apply)
 
     def add(carry, ids, grads):
-      return sparse_momentum.add_gradients(*carry, ids, grads, lr)
+      return sparse_momentum.add_gradients(*carry, ids, grads, apply)
 
     def add_micro_batch(carry, g):
       return _add_micro_batch(add, carry, g, block_bytes), None
@@ -308,14 +307,14 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh, weight_decay: float, bet
     (w, state), _ = jax.lax.scan(add_micro_batch, (w, state), drop_frozen(row_grads, trainable))
     return w, state
 
-  def update(w, state, row_grads, lr, apply, trainable=None):
+  def update(w, state, row_grads, apply, trainable=None):
     return jax.shard_map(
       body,
       mesh=mesh,
-      in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), P(), _trainable_spec(trainable)),
+      in_specs=(P("model"), MOMENTUM_SPEC, P(None, "model"), P(), _trainable_spec(trainable)),
       out_specs=(P("model"), MOMENTUM_SPEC),
       check_vma=False,
-    )(w, state, row_grads, lr, apply, trainable)
+    )(w, state, row_grads, apply, trainable)
 
   return update
 
