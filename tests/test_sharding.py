@@ -114,24 +114,35 @@ def test_masked_columns_leave_the_step_unchanged(per_query):
   _assert_same(got, _sparse(*setup, (2, 4)), w0)
 
 
-def test_step_and_fold_write_w_into_its_own_buffer():
-  """The trainer advises W's buffer once (host_memory.back_with_huge_pages): the donated
-  step and the fold must keep writing into that buffer, not a new one."""
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_step_and_fold_write_w_into_its_own_buffer(momentum):
+  """The trainer advises W's buffer (and the velocity's) once
+  (host_memory.back_with_huge_pages): the donated step, the re-base that begins a momentum
+  period and the fold must keep writing into those buffers, not new ones."""
   graphdef, enc, oc, batches, w0 = problem(num_shards=1, per_query=True)
+  oc.classifier_weight_decay = 1e-3
   tx = optim.encoder_optimizer(oc, 10)
   mesh = sharding.make_mesh(1, 1)
   params = {"encoder": jax.tree.map(jnp.array, enc), "classifier": jnp.asarray(w0)}
-  state = steps.shard_state(steps.init_sparse_state(tx, params), mesh)
+  period = 2 if momentum else 0  # a re-base every other step
+  state = steps.shard_state(steps.init_sparse_state(tx, params, momentum_period=period), mesh)
   step = steps.make_sparse_train_step(
-    graphdef, tx, optim.classifier_schedule(oc, 10), oc.classifier_weight_decay, mesh, B
+    graphdef,
+    tx,
+    optim.classifier_schedule(oc, 10),
+    oc.classifier_weight_decay,
+    mesh,
+    B,
+    momentum=momentum,
   )
-  buffer = state.classifier.unsafe_buffer_pointer()
+  arrays = lambda s: [s.classifier] + ([s.momentum.velocity] if momentum else [])
+  buffers = [x.unsafe_buffer_pointer() for x in arrays(state)]
   for i, b in enumerate(batches):
     state, _, _ = step(state, sharding.shard_batch(b, mesh), jax.random.key(i))
-    assert state.classifier.unsafe_buffer_pointer() == buffer
-  w = steps.fold_classifier(state).classifier
-  assert w.unsafe_buffer_pointer() == buffer
-  assert not np.allclose(np.asarray(w), w0)
+    assert [x.unsafe_buffer_pointer() for x in arrays(state)] == buffers
+  state = steps.fold_classifier(state)
+  assert [x.unsafe_buffer_pointer() for x in arrays(state)] == buffers
+  assert not np.allclose(np.asarray(state.classifier), w0)
 
 
 @pytest.mark.parametrize("shape,per_query", [((1, 1), False), ((2, 4), False), ((2, 4), True)])

@@ -167,11 +167,12 @@ def make_state_and_steps(
   return state, steps.Steps(train_step, mining_step)
 
 
-def back_with_huge_pages(classifier: jax.Array) -> None:
-  """The sparse step's V on transparent huge pages (CPU backend only): the donated V keeps
-  its buffer, so once covers the run."""
+def back_with_huge_pages(state: steps.TrainState) -> None:
+  """The sparse step's V, and its momentum's velocity, on transparent huge pages (CPU
+  backend only): both are donated and keep their buffers, so once covers the run."""
   t = time.time()
-  advised = host_memory.back_with_huge_pages(classifier)
+  arrays = [state.classifier] + ([state.momentum.velocity] if state.momentum is not None else [])
+  advised = sum(host_memory.back_with_huge_pages(x) for x in arrays)
   if advised:
     logging.info(
       "classifier: %.2f GB on transparent huge pages (%.1f s)", advised / 1e9, time.time() - t
@@ -478,7 +479,7 @@ def _train_and_evaluate(
   try:
     trainer.restore()
     if sparse:
-      back_with_huge_pages(trainer.state.classifier)
+      back_with_huge_pages(trainer.state)
     release_setup_memory()
     for epoch in range(trainer.progress.epoch, config.train.epochs):
       trainer.run_epoch(epoch)
