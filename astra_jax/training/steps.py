@@ -3,8 +3,8 @@ E(x) before embedding dropout).
 
 Both steps read and write the same `TrainState`, so the loop that drives them has no branch
 on which one runs. The sparse step is ASTRA's: W = scale * V (or read from V and its
-momentum's velocity, sparse_momentum.py), gradients only for the rows a batch touches. The dense step
-differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L baseline,
+momentum's velocity, sparse_momentum.py), gradients only for the rows a batch touches. The
+dense step differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L baseline,
 and the reference the sparse step is tested against); its `scale` stays 1, its `step`
 counts every step (it never skips) and it has no momentum state of its own.
 """
