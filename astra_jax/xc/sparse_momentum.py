@@ -90,10 +90,11 @@ def _outside_coefficients(capacity: int) -> jax.Array:
   return nan.at[0].set(jnp.array([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], jnp.float32))
 
 
-def init(rows: int, dim: int, capacity: int, dtype=jnp.float32) -> MomentumState:
-  """Zero velocity, outside a period of `capacity` steps (at least 1)."""
+def init(rows: int, dim: int, capacity: int) -> MomentumState:
+  """Zero velocity (float32, like W: the fast coordinate is stored scaled by up to
+  1 / _SMALLEST_DECAY), outside a period of `capacity` steps (at least 1)."""
   return MomentumState(
-    jnp.zeros((rows, dim), dtype),
+    jnp.zeros((rows, dim), jnp.float32),
     jnp.int32(0),
     _outside_coefficients(max(1, int(capacity))),
     jnp.bool_(False),
