@@ -4,9 +4,9 @@ E(x) before embedding dropout).
 Both steps read and write the same `TrainState`, so the loop that drives them has no branch
 on which one runs. The sparse step is ASTRA's: W = scale * V (or read from V and its
 momentum's velocity, sparse_momentum.py), gradients only for the rows a batch touches. The
-dense step differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L baseline,
-and the reference the sparse step is tested against); its `scale` stays 1, its `step`
-counts every step (it never skips) and it has no momentum state of its own.
+dense step differentiates w.r.t. all of W through optax (the `uptodate` oracle, the full-L
+baseline, and the reference the sparse step is tested against); its `scale` stays 1, its
+`step` counts every step (it never skips) and it has no momentum state of its own.
 """
 
 from __future__ import annotations
@@ -392,11 +392,11 @@ def make_sparse_train_step(
     if train_encoder:
       updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
       encoder = optax.apply_updates(state.encoder, updates)
-    lr = jnp.where(ok, lr_schedule(state.step), 0.0)
     momentum_state = state.momentum
-    if momentum:
+    if momentum:  # the learning rates are in the momentum period's coefficients
       v, momentum_state = update_kernel(v, state.momentum, row_grads, ok, state.trainable)
     else:
+      lr = jnp.where(ok, lr_schedule(state.step), 0.0)
       v, scale = update_kernel(v, scale, row_grads, lr, state.trainable)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
     new_loss_scale = (

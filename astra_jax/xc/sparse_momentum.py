@@ -177,11 +177,14 @@ def add_gradients(
 ) -> tuple[jax.Array, MomentumState]:
   """After `begin_step`: adds rows `ids`' (n,) gradients grads (n, d) (duplicates add up;
   ids out of range, another shard's rows or padding, are dropped). Calling it once per
-  block of a step's gradients accumulates exactly; nothing where `apply` is False."""
-  coef = state.coefficients[state.period_step]
-  grads = jnp.where(apply, grads.astype(jnp.float32), 0.0)
-  w = w.at[ids].add((coef[F] * grads).astype(w.dtype), mode="drop")
-  m = state.velocity.at[ids].add((coef[H] * grads).astype(state.velocity.dtype), mode="drop")
+  block of a step's gradients accumulates exactly; nothing where `apply` is False (with
+  finite gradients)."""
+  # Two scalars, not the gradients, are zeroed for a skipped step: the train step already
+  # zeroes a skipped step's (non-finite) gradients.
+  to_q, to_r = jnp.where(apply, state.coefficients[state.period_step, F:], 0.0)
+  grads = grads.astype(jnp.float32)
+  w = w.at[ids].add((to_q * grads).astype(w.dtype), mode="drop")
+  m = state.velocity.at[ids].add((to_r * grads).astype(state.velocity.dtype), mode="drop")
   return w, state._replace(velocity=m)
 
 
