@@ -129,3 +129,25 @@ def test_update_blocks_divide_the_queries_and_only_on_the_cpu():
   assert classifier.update_block_bytes(cpu) == classifier.UPDATE_BLOCK_BYTES
   gpu = type("Mesh", (), {"devices": np.array([type("D", (), {"platform": "gpu"})()])})()
   assert classifier.update_block_bytes(gpu) == 0
+
+
+@pytest.mark.parametrize("per_query", [True, False])
+def test_momentum_blocks_by_hand(per_query):
+  """classifier_bench's shapes: 457 rows a query per query-drawn negatives (7 + 50 + 400),
+  117 KB of row gradients; 4 MB holds 35 queries, and the largest divisor of 256 under that
+  is 32: 8 blocks. With a shared draw a query scores 57 rows (14.6 KB): 287, so 1 block."""
+  from astra_jax.reproduce.classifier_bench import make_batch
+
+  mesh = sharding.make_mesh(1, 1)
+  labels = make_batch(1000, np.random.default_rng(0), per_query=per_query)
+  blocks = classifier.momentum_query_blocks(mesh, labels, 64, 4 << 20)
+  assert blocks == (8 if per_query else 1)
+  assert classifier.momentum_query_blocks(mesh, labels, 64, 0) == 1
+
+
+def test_device_blocks_keep_each_devices_queries():
+  # 2 devices of 4 queries each, 2 blocks: block b is device 0's b-th pair, then device 1's.
+  x = jnp.arange(8)
+  blocks = classifier._split_by_device(x, 2, 2)
+  np.testing.assert_array_equal(blocks, [[0, 1, 4, 5], [2, 3, 6, 7]])
+  np.testing.assert_array_equal(classifier._join_by_device(blocks, 2), x)

@@ -119,6 +119,34 @@ def test_a_skipped_step_changes_no_row():
   np.testing.assert_array_equal(after[1].velocity, before[1].velocity)
 
 
+@pytest.mark.parametrize("wd", [0.0, 6e-3])
+def test_a_steps_gradient_leaves_the_w_that_step_read(wd):
+  """What lets classifier_momentum_step update rows block by block: adding step j's
+  gradients changes the rows read at period step j - 1 by float rounding only (in the dense
+  step the gradient enters m_j first: (w_{j-1}, m_{j-1}) + (0, g / beta) maps onto it), while
+  the rows read at step j move by about lr g."""
+  rng = np.random.default_rng(2)
+  rows, d = 6, 3
+  w = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
+  state = sparse_momentum.init(rows, d, 40)
+  schedule = lambda t: 0.2 + 0.01 * t
+  w, state = sparse_momentum.begin_period(w, state, schedule, jnp.int32(0), wd, BETA)
+  ids = jnp.arange(rows)
+  for _ in range(25):  # the coefficients far from the period's start
+    state = sparse_momentum.begin_step(state)
+    grads = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
+    w, state = sparse_momentum.add_gradients(w, state, ids, grads)
+  read = state
+  before = sparse_momentum.current_rows(w, read, ids)
+  begun = sparse_momentum.begin_step(state)
+  grads = jnp.asarray(rng.normal(size=(rows, d)), jnp.float32)
+  w, begun = sparse_momentum.add_gradients(w, begun, ids, grads)
+  after = sparse_momentum.current_rows(w, read._replace(velocity=begun.velocity), ids)
+  np.testing.assert_allclose(after, before, rtol=0, atol=1e-5 * float(jnp.abs(before).max()))
+  moved = sparse_momentum.current_rows(w, begun, ids) - before
+  assert float(jnp.abs(moved).min()) > 1e-3
+
+
 def test_a_step_past_the_period_poisons_w():
   """The train step's wrapper begins a period in time; a caller that does not gets NaN."""
   w, state = sparse_momentum.begin_period(
@@ -157,13 +185,21 @@ def _run(step_fn, state, batches, put, start=0, stop=STEPS):
   return state
 
 
-# block_bytes 1: the update adds one query's rows at a time, so rows repeat across blocks.
+# block_bytes 1: each device's queries are scored and applied one at a time, so a row one
+# query updated is read by the next (8 blocks on 1 x 1, 2 on 2 x 4 in one micro-batch); with
+# dynamic loss scaling all gradients are applied after the kernel (nothing overflows here).
 @pytest.mark.parametrize(
-  "shape,micro_batches,block_bytes",
-  [((1, 1), 2, None), ((2, 4), 2, None), ((2, 4), 2, 1)],
+  "shape,micro_batches,block_bytes,loss_scaling",
+  [
+    ((1, 1), 2, None, "off"),
+    ((2, 4), 2, None, "off"),
+    ((1, 1), 2, 1, "off"),
+    ((2, 4), 1, 1, "off"),
+    ((2, 4), 2, 1, "dynamic"),
+  ],
 )
 def test_sparse_momentum_step_equals_dense_optax_momentum(
-  shape, micro_batches, block_bytes, tmp_path, monkeypatch
+  shape, micro_batches, block_bytes, loss_scaling, tmp_path, monkeypatch
 ):
   if block_bytes:
     monkeypatch.setattr(classifier, "UPDATE_BLOCK_BYTES", block_bytes)
@@ -196,6 +232,7 @@ def test_sparse_momentum_step_equals_dense_optax_momentum(
     oc.classifier_weight_decay,
     mesh,
     B,
+    loss_scaling=loss_scaling,
     momentum=BETA,
   )
   put = lambda b: sharding.shard_batch(b, mesh)

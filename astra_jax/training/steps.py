@@ -331,7 +331,10 @@ def make_sparse_train_step(
   kernel's dloss/dE(x). Batch arrays are (A, B/A, ...): a scan over the A micro-batches
   sums the encoder gradients and collects the row gradients (factored: dloss/dscore and the
   embeddings, not rows x d), then one Adam step and one `classifier.classifier_update` step
-  into the donated V. W is the same for all micro-batches, as in the dense step.
+  into the donated V. W is the same for all micro-batches, as in the dense step. With
+  momentum, `classifier.classifier_momentum_step` adds each block of queries' gradients as
+  it goes (exact: a step's gradient leaves the W it reads unchanged), except where dynamic
+  loss scaling may skip the step: there the update follows the micro-batches, as without.
 
   Args:
     graphdef: the encoder's nnx graph definition.
@@ -357,6 +360,9 @@ def make_sparse_train_step(
     if momentum
     else classifier.classifier_update(mesh, weight_decay)
   )
+  # Momentum applies each block's gradients as it goes unless the step may be skipped.
+  fused = bool(momentum) and loss_scaling != "dynamic"
+  momentum_step = classifier.classifier_momentum_step(mesh, global_batch) if fused else None
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):
@@ -364,21 +370,39 @@ def make_sparse_train_step(
     s = state.loss_scale["scale"] if loss_scaling != "off" else jnp.float32(1.0)
     a = batch.input_ids.shape[0]
 
-    def micro(acc, xs):
+    def classify(w, velocity, emb, labels):
+      """(loss, dloss/demb, W, velocity, row gradients left to apply) of a micro-batch; W
+      and the velocity are carried through the micro-batches only where they change."""
+      if fused:
+        momentum_state = state.momentum._replace(velocity=velocity)
+        value, d_emb, w, momentum_state = momentum_step(
+          emb, w, momentum_state, labels, state.trainable
+        )
+        return value, d_emb, w, momentum_state.velocity, ()
+      value, d_emb, row_grads = grads_kernel(emb, v, scale, labels, state.momentum)
+      return value, d_emb, w, velocity, row_grads
+
+    def micro(carry, xs):
+      acc, w, velocity = carry
       mb, k = xs
       if not train_encoder:
         emb, pooled = encode(graphdef, state.encoder, mb.input_ids, k)
-        value, _, row_grads = grads_kernel(emb, v, scale, mb.labels, state.momentum)
-        return acc, (value, row_grads, pooled)
+        value, _, w, velocity, row_grads = classify(w, velocity, emb, mb.labels)
+        return (acc, w, velocity), (value, row_grads, pooled)
       emb, enc_vjp, pooled = jax.vjp(
         lambda p: encode(graphdef, p, mb.input_ids, k), state.encoder, has_aux=True
       )
-      value, d_emb, row_grads = grads_kernel(emb, v, scale, mb.labels, state.momentum)
+      value, d_emb, w, velocity, row_grads = classify(w, velocity, emb, mb.labels)
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
-      return jax.tree.map(jnp.add, acc, g_enc), (value, row_grads, pooled)
+      return (jax.tree.map(jnp.add, acc, g_enc), w, velocity), (value, row_grads, pooled)
 
     zeros = jax.tree.map(jnp.zeros_like, state.encoder) if train_encoder else ()
-    g_enc, (values, row_grads, pooled) = jax.lax.scan(micro, zeros, (batch, _micro_keys(key, a)))
+    carried = (v, state.momentum.velocity) if fused else ((), ())
+    (g_enc, *carried), (values, row_grads, pooled) = jax.lax.scan(
+      micro, (zeros, *carried), (batch, _micro_keys(key, a))
+    )
+    if fused:
+      v, velocity = carried
     g_enc = jax.tree.map(lambda g: g / s, g_enc)
     value = values.sum()
     ok = jnp.bool_(True)
@@ -393,7 +417,9 @@ def make_sparse_train_step(
       updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
       encoder = optax.apply_updates(state.encoder, updates)
     momentum_state = state.momentum
-    if momentum:  # the learning rates are in the momentum period's coefficients
+    if fused:  # the gradients are in; the learning rates are in the period's coefficients
+      momentum_state = sparse_momentum.begin_step(state.momentum._replace(velocity=velocity))
+    elif momentum:
       v, momentum_state = update_kernel(v, state.momentum, row_grads, ok, state.trainable)
     else:
       lr = jnp.where(ok, lr_schedule(state.step), 0.0)

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from astra_jax.data.batch import LabelBatch
+from astra_jax.data.batch import LabelBatch, label_axes
 from astra_jax.parallel.sharding import ALL, label_specs
 from astra_jax.xc import loss, sparse_momentum
 from astra_jax.xc.sparse_momentum import MOMENTUM_SPEC
@@ -317,6 +317,84 @@ def classifier_momentum_update(mesh: jax.sharding.Mesh):
     )(w, state, row_grads, apply, trainable)
 
   return update
+
+
+def _split_by_device(x: jax.Array, chunks: int, blocks: int) -> jax.Array:
+  """(n, ...) whose rows are split into `chunks` equal parts, one per device -> (blocks,
+  n / blocks, ...): block b holds the b-th part of every device's rows, in device order, so
+  every block is split over the devices as x is and taking one moves nothing."""
+  size = x.shape[0] // (chunks * blocks)  # not -1: a field may have no columns (k_h = 0)
+  parts = x.reshape(chunks, blocks, size, *x.shape[1:]).swapaxes(0, 1)
+  return parts.reshape(blocks, chunks * size, *x.shape[1:])
+
+
+def _join_by_device(y: jax.Array, chunks: int) -> jax.Array:
+  """`_split_by_device`'s inverse."""
+  blocks, n = y.shape[:2]
+  parts = y.reshape(blocks, chunks, n // chunks, *y.shape[2:]).swapaxes(0, 1)
+  return parts.reshape(blocks * n, *y.shape[2:])
+
+
+def momentum_query_blocks(
+  mesh: jax.sharding.Mesh, labels: LabelBatch, dim: int, block_bytes: int
+) -> int:
+  """The blocks of queries `classifier_momentum_step` splits one micro-batch into: as few
+  as keep a block's row gradients on a shard (every data group's queries of the block,
+  times the rows each scores there, times d float32s) within `block_bytes`, and a divisor
+  of each device's queries (0 bytes: one block)."""
+  chunks = mesh.shape["data"] * mesh.shape["model"]
+  per_device = labels.pos_ids.shape[0] // chunks
+  if not block_bytes:
+    return 1
+  shards = mesh.shape["model"]
+  rows = labels.pos_ids.shape[-1] + labels.hard_ids.shape[-1] // shards
+  if labels.per_query_random:
+    rows += labels.rand_ids.shape[-1] // shards
+  most = max(1, block_bytes // (chunks * rows * dim * 4))
+  size = max(b for b in range(1, min(per_device, most) + 1) if per_device % b == 0)
+  return per_device // size
+
+
+def classifier_momentum_step(mesh: jax.sharding.Mesh, global_batch: int):
+  """(emb (B', d), W, MomentumState, one micro-batch's LabelBatch[, trainable]) -> (loss,
+  dloss/demb (B', d), W', state'): `classifier_grads` and `classifier_momentum_update` of
+  the micro-batch's queries, taken a block of queries at a time, each block's rows updated
+  right after the block scored them.
+
+  Under momentum a step's gradient leaves the W that step reads unchanged (it moves the
+  velocity first; docs/DESIGN.md, section 3), so a later block, or micro-batch, reading a
+  row an earlier one already updated reads the same W: the result is the whole step's, up
+  to float rounding. The gain is where the rows are: a block's rows are updated while they
+  are still in the CPU's cache, where a whole batch's (twice W's bytes, with the velocity)
+  would have left it (`momentum_query_blocks`; a GPU takes the micro-batch as one block).
+  Every gradient is applied, so a step that may be skipped (dynamic loss scaling) takes
+  the two passes instead. The state's period step is left where it is: the train step
+  advances it once, after its micro-batches (sparse_momentum.begin_step)."""
+  grads = classifier_grads(mesh, global_batch)
+  update = classifier_momentum_update(mesh)
+  chunks = mesh.shape["data"] * mesh.shape["model"]
+
+  def step(emb, w, state, labels, trainable=None):
+    blocks = momentum_query_blocks(mesh, labels, emb.shape[-1], update_block_bytes(mesh))
+    per_query = [a is not None and a[0] == "query_group" for a in label_axes(labels)]
+    split = lambda x: _split_by_device(x, chunks, blocks)
+    xs = LabelBatch(*(split(x) if q else None for x, q in zip(labels, per_query)))
+    shared = {k: x for k, x, q in zip(LabelBatch._fields, labels, per_query) if not q}
+
+    def block(carry, x):
+      w, velocity = carry
+      emb_block, labels_block = x
+      read = state._replace(velocity=velocity)
+      value, d_emb, row_grads = grads(
+        emb_block, w, jnp.float32(1.0), labels_block._replace(**shared), read
+      )
+      w, added = update(w, read, jax.tree.map(lambda g: g[None], row_grads), True, trainable)
+      return (w, added.velocity), (value, d_emb)
+
+    (w, velocity), (values, d_emb) = jax.lax.scan(block, (w, state.velocity), (split(emb), xs))
+    return values.sum(), _join_by_device(d_emb, chunks), w, state._replace(velocity=velocity)
+
+  return step
 
 
 def decayed_scale(scale: jax.Array, lr: jax.Array, weight_decay: float) -> jax.Array:
