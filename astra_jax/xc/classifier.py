@@ -17,7 +17,9 @@ sharding.py, W's rows split over 'model'. Each device
 `classifier_update` then forms each micro-batch's row gradients in turn and scatter-adds
 them into the donated shard of V (W = scale * V, below). With classifier momentum,
 `classifier_momentum_update` does the same into W's and the velocity's arrays, which hold
-each row in the coordinates of sparse_momentum.py, and the kernel reads rows through them.
+each row in the coordinates of sparse_momentum.py, and the kernel reads rows through them;
+`classifier_momentum_step`, what the train step runs, takes kernel and update a block of
+queries at a time (exact under momentum: a step's gradient leaves the W it reads).
 Nothing in a step is O(L), and the row gradients held at once are one micro-batch's.
 
 SGD with decoupled weight decay in O(rows touched) per step. Dense SGD + decoupled decay
