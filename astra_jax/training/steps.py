@@ -354,15 +354,17 @@ def make_sparse_train_step(
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
     the state donated (with momentum, inside `MomentumPeriods`).
   """
-  grads_kernel = classifier.classifier_grads(mesh, global_batch)
-  update_kernel = (
-    classifier.classifier_momentum_update(mesh)
-    if momentum
-    else classifier.classifier_update(mesh, weight_decay)
-  )
   # Momentum applies each block's gradients as it goes unless the step may be skipped.
   fused = bool(momentum) and loss_scaling != "dynamic"
-  momentum_step = classifier.classifier_momentum_step(mesh, global_batch) if fused else None
+  if fused:
+    momentum_step = classifier.classifier_momentum_step(mesh, global_batch)
+  else:
+    grads_kernel = classifier.classifier_grads(mesh, global_batch)
+    update_kernel = (
+      classifier.classifier_momentum_update(mesh)
+      if momentum
+      else classifier.classifier_update(mesh, weight_decay)
+    )
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):

@@ -211,14 +211,18 @@ def _rows_and_grads(ids: jax.Array, coef: jax.Array, queries: jax.Array):
   return ids.reshape(-1), (coef[..., None] * queries[:, None]).reshape(n * k, -1)
 
 
+def _block_size(n: int, most: int) -> int:
+  """The largest divisor of n that is at most `most` (at least 1): a block's queries."""
+  return max(b for b in range(1, min(n, max(1, most)) + 1) if n % b == 0)
+
+
 def _query_blocks(g: dict, block_bytes: int) -> dict:
   """One micro-batch's per-query row gradients split into blocks of queries along a new
   leading axis (every block the same size, a divisor of n, its gradients at most about
   `block_bytes`; 0: one block)."""
   n, k = g["ids"].shape
   d = g["queries"].shape[-1]
-  most = max(1, block_bytes // (k * d * 4)) if block_bytes else n
-  size = max(b for b in range(1, min(n, most) + 1) if n % b == 0)
+  size = _block_size(n, block_bytes // (k * d * 4) if block_bytes else n)
   split = lambda x: x.reshape(n // size, size, *x.shape[1:])
   return {key: split(g[key]) for key in ("ids", "coef", "queries")}
 
@@ -344,17 +348,14 @@ def momentum_query_blocks(
   as keep a block's row gradients on a shard (every data group's queries of the block,
   times the rows each scores there, times d float32s) within `block_bytes`, and a divisor
   of each device's queries (0 bytes: one block)."""
-  chunks = mesh.shape["data"] * mesh.shape["model"]
-  per_device = labels.pos_ids.shape[0] // chunks
   if not block_bytes:
     return 1
-  shards = mesh.shape["model"]
+  chunks, shards = mesh.shape["data"] * mesh.shape["model"], mesh.shape["model"]
+  per_device = labels.pos_ids.shape[0] // chunks
   rows = labels.pos_ids.shape[-1] + labels.hard_ids.shape[-1] // shards
   if labels.per_query_random:
     rows += labels.rand_ids.shape[-1] // shards
-  most = max(1, block_bytes // (chunks * rows * dim * 4))
-  size = max(b for b in range(1, min(per_device, most) + 1) if per_device % b == 0)
-  return per_device // size
+  return per_device // _block_size(per_device, block_bytes // (chunks * rows * dim * 4))
 
 
 def classifier_momentum_step(mesh: jax.sharding.Mesh, global_batch: int):
@@ -386,6 +387,8 @@ def classifier_momentum_step(mesh: jax.sharding.Mesh, global_batch: int):
     def block(carry, x):
       w, velocity = carry
       emb_block, labels_block = x
+      # Every block reads at the step's period step; the update adds at the next one and
+      # only its velocity is kept (the train step advances the period step once).
       read = state._replace(velocity=velocity)
       value, d_emb, row_grads = grads(
         emb_block, w, jnp.float32(1.0), labels_block._replace(**shared), read
