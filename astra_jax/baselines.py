@@ -1,11 +1,17 @@
-"""What a classic method gets for free on a dataset in the XC layout: label popularity and
-character n-gram TF-IDF k-nearest-neighbour votes (`evaluation/baselines.py` says how each
-is computed). A trained model that does not beat these is not worth its training time.
+"""What other methods get on a dataset in the XC layout: the classic floors (label
+popularity, character n-gram TF-IDF kNN and label-text votes) and the XC libraries a user
+tries first (PECOS XR-Linear, Parabel, Bonsai, napkinXC's PLT), each scored by the
+project's own metric code under the model's filter (`evaluation/baselines.py`,
+`evaluation/peers.py`; docs/baselines.md). A trained model that does not beat these is not
+worth its training time.
 
-  python -m astra_jax.baselines --data=DIR [--split=test|validation] [--filter_self=off|on|auto]
+  python -m astra_jax.baselines --data=DIR [--methods=popularity,tfidf_knn,...]
+      [--split=test|validation] [--filter_self=off|on|auto]
+  python -m astra_jax.baselines --data=DIR --methods=xrlinear,parabel,bonsai,plt
 
-scikit-learn is an optional extra (`pip install astra_jax[baselines]`); without it only
-popularity is computed.
+It prints P@1/3/5, PSP@1/3/5 and each method's train + predict seconds. scikit-learn is an
+optional extra (`pip install astra_jax[baselines]`); without it only popularity is
+computed. The peers run in an environment of their own, which `make peers` builds.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import sys
 from absl import flags
 
 from astra_jax.data import xc_format
-from astra_jax.evaluation import baselines
+from astra_jax.evaluation import baselines, metrics
 from astra_jax.runtime import cli
 
 
@@ -38,6 +44,16 @@ def define_flags() -> None:
     ["off", "on", "auto"],
     "filter each row's own item, as data.filter_self (needs label texts)",
   )
+  flags.DEFINE_list(
+    "methods",
+    list(baselines.CLASSIC),
+    f"what to run, in order: any of {', '.join(baselines.BASELINES)}",
+  )
+  flags.DEFINE_string(
+    "peers_python", "", "the peers' interpreter (default: $ASTRA_PEERS_PYTHON, .venv-peers)"
+  )
+  flags.DEFINE_float("propensity_A", 0.55, "PSP's A, as data.propensity_A")
+  flags.DEFINE_float("propensity_B", 1.5, "PSP's B, as data.propensity_B")
   flags.DEFINE_string("output", "", "also write the numbers as JSON here")
 
 
@@ -54,11 +70,16 @@ def main(argv: list[str]) -> None:
       f.validation_seed,
       f.filter_self,
     )
-    results = baselines.run_all(data)
+    inv_prop = metrics.inverse_propensity(data.train_labels, f.propensity_A, f.propensity_B)
+    results = baselines.run_all(
+      data, methods=tuple(f.methods), inv_prop=inv_prop, peers_python=f.peers_python
+    )
   except OSError as e:  # an InputError ends the run in cli.run
     sys.exit(f"error: {e}")
   print(baselines.table(results))
-  if not baselines.sklearn_available():
+  if not baselines.sklearn_available() and any(
+    baselines.BASELINES[m].needs_sklearn for m in f.methods
+  ):
     print(
       "(TF-IDF baselines skipped: scikit-learn is not installed; "
       "pip install 'astra_jax[baselines]')"

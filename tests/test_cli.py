@@ -45,6 +45,10 @@ TOOL_FLAGS = {
     "validation_fraction",
     "validation_seed",
     "filter_self",
+    "methods",
+    "peers_python",
+    "propensity_A",
+    "propensity_B",
     "output",
   },
 }

@@ -76,6 +76,7 @@ def test_test_runs_carry_the_chosen_settings_and_freeze_the_encoder(tmp_path):
   assert frozen.optim.classifier_lr == 0.1 and frozen.optim.encoder_lr == 0
   assert frozen.warmstart.epochs == 0 and chosen.warmstart.epochs > 0
   assert truns["ngram"].config().eval.tfidf_baseline
+  assert truns["ngram"].config().eval.peers == "xrlinear,parabel,bonsai,plt"
 
 
 def test_encoders_real_chooses_on_validation_then_tabulates_the_test_runs(tmp_path):
@@ -96,6 +97,16 @@ def test_encoders_real_chooses_on_validation_then_tabulates_the_test_runs(tmp_pa
     "popularity_baseline": {"P@1": 6.6, "P@3": 5.5, "P@5": 4.3},
     "tfidf_knn_baseline": {"P@1": 34.8, "P@3": 20.3, "P@5": 14.1},
     "tfidf_label_text_baseline": {"P@1": 37.7, "P@3": 21.1, "P@5": 14.2},
+    "peer_baselines": {
+      "Bonsai (omikuji 0.5.2)": {
+        "P@1": 37.7,
+        "P@3": 21.0,
+        "P@5": 14.5,
+        "PSP@5": 30.0,
+        "train_seconds": 100.0,
+        "predict_seconds": 20.0,
+      }
+    },
   }
   minilm = {**ngram, "P@1": 55.0, "encoder": {"name": "all-MiniLM-L6-v2", "parameters": 22_700_000}}
   for r in real_encoders.test_runs(data, "minilm_ws_lr_3e-4"):
@@ -112,5 +123,9 @@ def test_encoders_real_chooses_on_validation_then_tabulates_the_test_runs(tmp_pa
     "| 22.00 | 40.00 | 10 | 40 | 60 | cpu |" in md
   )
   assert "| TF-IDF query <-> label text (char 2-4) |  | 37.70 | 21.10 | 14.20 |  |" in md
+  assert (
+    "| Bonsai (omikuji 0.5.2) | TF-IDF words 1-2 + chars 2-4 | 37.70 | 21.00 | 14.50 | 30.00 "
+    "|  |  | 120 (train + predict) |  |" in md
+  )
   assert os.path.exists(os.path.join(out, "encoders_real_validation.md"))
   assert os.path.exists(os.path.join(out, "encoders_real.csv"))

@@ -33,6 +33,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # results.json: the TF-IDF kNN baseline beside popularity (evaluation/baselines.py; needs
   # scikit-learn, skipped without it).
   c.eval.tfidf_baseline = False
+  # results.json's "peer_baselines": the XC libraries of evaluation/peers.py, comma-separated
+  # (xrlinear,parabel,bonsai,plt), trained on the run's training rows and scored like the
+  # model on its test split; they need the peers' environment (`make peers`). "": none.
+  c.eval.peers = ""
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -45,3 +49,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"must be exact or scann, got {c.eval.search!r}",
   )
   require(c.eval.knn_diagnostic >= 0, "eval.knn_diagnostic", "must be >= 0")
+  from astra_jax.evaluation.peers import PEERS  # jax-free
+
+  unknown = sorted({m for m in c.eval.peers.split(",") if m} - set(PEERS))
+  require(not unknown, "eval.peers", f"unknown {unknown}; the peers are {sorted(PEERS)}")

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
 
 from astra_jax.data import dataset, self_filter, validation, xc_format
 from astra_jax.data.sparse_rows import SparseRows
-from astra_jax.evaluation import knn, ranking
+from astra_jax.evaluation import knn, metrics, peers, ranking
 from astra_jax.runtime.errors import InputError
 
 KNN_K = 20
@@ -136,32 +138,40 @@ def _sparse_topk(queries, keys, k: int, block: int = 2048) -> tuple[np.ndarray, 
   return np.concatenate(ids), np.concatenate(sims)
 
 
-def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K) -> dict[str, float]:
-  """P@k etc. of the similarity-weighted vote of the k nearest training points."""
+def _knn_ranker(data: TextData, k: int = KNN_K) -> ranking.Ranker:
   vec = _vectorizer()
   train = vec.fit_transform(data.train_texts)
-  test = vec.transform(data.test_texts)
-  neighbors, sims = _sparse_topk(test, train, k)
-  return _score(lambda k_out: knn.vote(neighbors, sims, data.train_labels, k_out), data, ks)
+  neighbors, sims = _sparse_topk(vec.transform(data.test_texts), train, k)
+  return lambda k_out: knn.vote(neighbors, sims, data.train_labels, k_out)
+
+
+def _label_text_ranker(data: TextData) -> ranking.Ranker:
+  vec = _vectorizer()
+  vec.fit(data.train_texts + data.label_texts)
+  labels, queries = vec.transform(data.label_texts), vec.transform(data.test_texts)
+  return lambda k: _sparse_topk(queries, labels, k)[0]
+
+
+def tfidf_knn(data: TextData, ks: tuple[int, ...] = (1, 3, 5), k: int = KNN_K) -> dict[str, float]:
+  """P@k etc. of the similarity-weighted vote of the k nearest training points."""
+  return _score(_knn_ranker(data, k), data, ks)
 
 
 def tfidf_label_text(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, float]:
   """Labels ranked by their text's TF-IDF cosine with the query's."""
-  vec = _vectorizer()
-  vec.fit(data.train_texts + data.label_texts)
-  labels = vec.transform(data.label_texts)
-  queries = vec.transform(data.test_texts)
-  return _score(lambda k: _sparse_topk(queries, labels, k)[0], data, ks)
+  return _score(_label_text_ranker(data), data, ks)
 
 
 def for_training_run(config) -> dict:
-  """`eval.tfidf_baseline`: the TF-IDF floors on the run's test split under its filter,
-  {"tfidf_knn_baseline": metrics, "tfidf_label_text_baseline": metrics (when the data has
-  label texts)}, when scikit-learn is installed ({} otherwise or when off)."""
-  if not config.eval.tfidf_baseline:
-    return {}
-  if not sklearn_available():
+  """What results.json holds beside the model's metrics, on the run's test split under its
+  filter: with `eval.tfidf_baseline`, "tfidf_knn_baseline" and (when the data has label
+  texts) "tfidf_label_text_baseline" (skipped without scikit-learn); with `eval.peers`,
+  "peer_baselines", {title: metrics} of each peer library. {} when both are off."""
+  peer_names = tuple(m for m in config.eval.get("peers", "").split(",") if m)
+  tfidf = config.eval.tfidf_baseline and sklearn_available()
+  if config.eval.tfidf_baseline and not tfidf:
     logging.warning("eval.tfidf_baseline: scikit-learn is not installed; skipped")
+  if not (tfidf or peer_names):
     return {}
   texts = load_texts(
     config.data.dir,
@@ -170,28 +180,139 @@ def for_training_run(config) -> dict:
     filter_self=config.data.get("filter_self", "off"),
   )
   ks = tuple(config.eval.ks)
-  out = {"tfidf_knn_baseline": tfidf_knn(texts, ks)}
-  if texts.label_texts is not None:
-    out["tfidf_label_text_baseline"] = tfidf_label_text(texts, ks)
+  inv_prop = metrics.inverse_propensity(
+    texts.train_labels, config.data.propensity_A, config.data.propensity_B
+  )
+  out = {}
+  if tfidf:
+    keys = {"tfidf_knn": "tfidf_knn_baseline", "tfidf_label_text": "tfidf_label_text_baseline"}
+    names = [m for m in keys if texts.label_texts is not None or m == "tfidf_knn"]
+    got = run_all(texts, ks, tuple(names), inv_prop)
+    out.update({keys[m]: got[BASELINES[m].title] for m in names})
+  if peer_names:
+    out["peer_baselines"] = run_all(texts, ks, peer_names, inv_prop)
   return out
 
 
-def run_all(data: TextData, ks: tuple[int, ...] = (1, 3, 5)) -> dict[str, dict[str, float]]:
-  """{method: metrics}; the TF-IDF methods only when scikit-learn is installed."""
-  out = {"label popularity": popularity(data, ks)}
-  if sklearn_available():
-    out["TF-IDF kNN (char 2-4, k=20)"] = tfidf_knn(data, ks)
-    if data.label_texts is not None:
-      out["TF-IDF query-label text (char 2-4)"] = tfidf_label_text(data, ks)
+@dataclasses.dataclass(frozen=True)
+class Baseline:
+  """One method `python -m astra_jax.baselines --methods=...` can run.
+
+  Attributes:
+    name: its key in --methods.
+    title: its row in the printed table.
+    rank: (data, k, peers_python) -> (ids (n_test, k) best first, -1: none; train seconds;
+      predict seconds).
+    needs_sklearn: it computes TF-IDF features (scikit-learn, the `baselines` extra).
+    needs_label_texts: it reads the label texts.
+    peer: it runs in the peers' environment (`evaluation/peers.py`).
+  """
+
+  name: str
+  title: str
+  rank: Callable[[TextData, int, str], tuple[np.ndarray, float, float]]
+  needs_sklearn: bool = True
+  needs_label_texts: bool = False
+  peer: bool = False
+
+
+def _timed(fit: Callable[[], Callable[[int], np.ndarray]], k: int):
+  start = time.perf_counter()
+  ranker = fit()
+  fitted = time.perf_counter()
+  ids = ranker(k)
+  return ids, fitted - start, time.perf_counter() - fitted
+
+
+def _popularity(data: TextData, k: int, python: str):
+  return _timed(lambda: ranking.popularity_ranker(data.train_labels, data.test_labels.num_rows), k)
+
+
+def _knn(data: TextData, k: int, python: str):
+  return _timed(lambda: _knn_ranker(data), k)
+
+
+def _label_text(data: TextData, k: int, python: str):
+  return _timed(lambda: _label_text_ranker(data), k)
+
+
+def _peer(name: str):
+  def run(data: TextData, k: int, python: str):
+    got = peers.rank([name], data.train_texts, data.train_labels, data.test_texts, python)[name]
+    return got.top[:, :k], got.train_seconds, got.predict_seconds
+
+  return run
+
+
+BASELINES = {
+  b.name: b
+  for b in (
+    Baseline("popularity", "label popularity", _popularity, needs_sklearn=False),
+    Baseline("tfidf_knn", f"TF-IDF kNN (char 2-4, k={KNN_K})", _knn),
+    Baseline(
+      "tfidf_label_text", "TF-IDF query-label text (char 2-4)", _label_text, needs_label_texts=True
+    ),
+    *(
+      Baseline(p.name, f"{p.title} ({p.library})", _peer(p.name), peer=True)
+      for p in peers.PEERS.values()
+    ),
+  )
+}
+CLASSIC = ("popularity", "tfidf_knn", "tfidf_label_text")
+
+
+def run_all(
+  data: TextData,
+  ks: tuple[int, ...] = (1, 3, 5),
+  methods: tuple[str, ...] = CLASSIC,
+  inv_prop: np.ndarray | None = None,
+  peers_python: str = "",
+) -> dict[str, dict[str, float]]:
+  """Each method's metrics on `data`'s test rows, by the one rank -> filter -> score path.
+
+  Args:
+    data: the texts and labels (`load_texts`).
+    ks: the cut-offs.
+    methods: keys of BASELINES, in the order to run them. A TF-IDF method is skipped (with a
+      warning) without scikit-learn, a label-text one on data without label texts.
+    inv_prop: inverse propensities, for PSP@k and PSnDCG@k (None: none).
+    peers_python: the peers' interpreter ("" for `peers.peers_python`'s default).
+  Returns:
+    {title: metrics x100, with "train_seconds" and "predict_seconds"}.
+  """
+  unknown = [m for m in methods if m not in BASELINES]
+  if unknown:
+    raise InputError(f"--methods: unknown {unknown}; the methods are {sorted(BASELINES)}")
+  python = peers.peers_python(peers_python) if any(BASELINES[m].peer for m in methods) else ""
+  out = {}
+  for name in methods:
+    b = BASELINES[name]
+    if b.needs_sklearn and not sklearn_available():
+      logging.warning("%s skipped: scikit-learn is not installed (the baselines extra)", name)
+      continue
+    if b.needs_label_texts and data.label_texts is None:
+      logging.warning("%s skipped: the data has no label texts", name)
+      continue
+    k = max(ks) + metrics.max_filtered_per_row(data.test_filter)
+    ids, train_s, predict_s = b.rank(data, k, python)
+    scored = ranking.rank_filter_score(
+      lambda _, ids=ids: ids, data.test_labels, data.test_filter, inv_prop, ks
+    )
+    out[b.title] = {**scored, "train_seconds": train_s, "predict_seconds": predict_s}
   return out
 
 
 def table(results: dict[str, dict[str, float]], ks: tuple[int, ...] = (1, 3, 5)) -> str:
-  """A markdown table of P@k."""
-  head = "| method | " + " | ".join(f"P@{k}" for k in ks) + " |"
-  rule = "|---|" + "---|" * len(ks)
+  """A markdown table: P@k, PSP@k where computed, and train + predict seconds."""
+  cols = [f"P@{k}" for k in ks] + [
+    f"PSP@{k}" for k in ks if any(f"PSP@{k}" in m for m in results.values())
+  ]
+  head = "| method | " + " | ".join(cols) + " | train + predict s |"
+  rule = "|---|" + "---|" * (len(cols) + 1)
   rows = [
-    f"| {name} | " + " | ".join(f"{m[f'P@{k}']:.2f}" for k in ks) + " |"
+    f"| {name} | "
+    + " | ".join(f"{m[c]:.2f}" for c in cols)
+    + f" | {m.get('train_seconds', 0):.1f} + {m.get('predict_seconds', 0):.1f} |"
     for name, m in results.items()
   ]
   return "\n".join([head, rule, *rows])

@@ -43,6 +43,7 @@ def format_results(results: Mapping, results_path: str) -> str:
     rows["TF-IDF kNN"] = results["tfidf_knn_baseline"]
   if "tfidf_label_text_baseline" in results:
     rows["TF-IDF label text"] = results["tfidf_label_text_baseline"]
+  rows.update(results.get("peer_baselines", {}))  # eval.peers: the XC libraries
   for prefix, name in (
     ("W-alone ", "W alone (no label-text term)"),  # eval.classifier_alone
     ("kNN-E ", "kNN over own E(x)"),  # eval.knn_diagnostic: a kNN vote instead of W

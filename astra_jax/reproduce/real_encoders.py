@@ -11,13 +11,15 @@ Two stages, both tables of their own:
    a tie.
 2. `encoders_real` trains on all training rows and reads the test split once: `:ngram`,
    the chosen MiniLM recipe, and the same recipe with MiniLM frozen (no warm start, encoder
-   learning rate 0: only W learns), with the classic floors of the same filter protocol.
+   learning rate 0: only W learns), with the classic floors and the XC libraries users try
+   first (`eval.peers`: XR-Linear, Parabel, Bonsai, PLT) under the same filter protocol.
 """
 
 from __future__ import annotations
 
 import os
 
+from astra_jax.evaluation import peers
 from astra_jax.reproduce.runs import REAL_DATA_CONFIG, Run
 from astra_jax.reproduce.table_rows import cell
 
@@ -46,6 +48,7 @@ VALIDATION_RUNS: dict[str, tuple[str, dict, str]] = {
     "ngram",
   ),
 }
+PEERS = ",".join(peers.PEERS)  # every peer library, beside the :ngram run
 # MiniLM frozen: only W learns, from the pretrained encoder's label texts.
 FROZEN = {"warmstart.epochs": 0, "optim.encoder_lr": 0.0}
 
@@ -98,12 +101,13 @@ def choose(results: dict[str, dict]) -> str:
 
 def test_runs(data_dir: str, chosen: str = "minilm") -> list[Run]:
   """Stage 2's runs on all training rows: :ngram, the chosen MiniLM recipe and that recipe
-  with MiniLM frozen; the floors on the :ngram run (`eval.tfidf_baseline`)."""
+  with MiniLM frozen; the floors and the peers on the :ngram run (`eval.tfidf_baseline`,
+  `eval.peers`)."""
   group = _group(data_dir) + "/test"
   data = {"data.dir": os.path.abspath(data_dir)}
   _, picked, _ = VALIDATION_RUNS[chosen]
   return [
-    _run("ngram", NGRAM, {**data, "eval.tfidf_baseline": True}, group),
+    _run("ngram", NGRAM, {**data, "eval.tfidf_baseline": True, "eval.peers": PEERS}, group),
     _run("minilm", MINILM, {**data, **picked}, group),
     _run("minilm_frozen", MINILM, {**data, **picked, **FROZEN}, group),
   ]
@@ -152,7 +156,8 @@ def _encoder(r: dict) -> str:
 
 def tab_test(results: dict[str, dict]) -> list[list[str]]:
   """Stage 2: test P@1 / P@3 / P@5 / PSP@5, the encoder, each stage's seconds and the
-  device; then the floors (from the :ngram run's record)."""
+  device; then the floors and the peers, with their train + predict seconds (from the
+  :ngram run's record)."""
   rows = [
     [
       "model",
@@ -200,4 +205,11 @@ def tab_test(results: dict[str, dict]) -> list[list[str]]:
         [name, "", cell(m.get("P@1")), cell(m.get("P@3")), cell(m.get("P@5")), cell(m.get("PSP@5"))]
         + [""] * 4
       )
+  for name, m in ngram.get("peer_baselines", {}).items():
+    seconds = m.get("train_seconds", 0.0) + m.get("predict_seconds", 0.0)
+    rows.append(
+      [name, "TF-IDF words 1-2 + chars 2-4"]
+      + [cell(m.get(k)) for k in ("P@1", "P@3", "P@5", "PSP@5")]
+      + ["", "", f"{cell(seconds, 0)} (train + predict)", ""]
+    )
   return rows

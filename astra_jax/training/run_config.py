@@ -46,6 +46,7 @@ ADDED_KEYS = {
   "optim.encoder_adam_eps": 1e-8,
   "optim.classifier_momentum": 0.0,
   "data.validation_fraction": 0.0,
+  "eval.peers": "",
   "data.validation_seed": 0,
   "data.filter_self": "off",
   "classifier.init": "normal",
