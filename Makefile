@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   trains + evaluates on the embedded synthetic demo and prints a results table
-#   make test   runs the test suite
+#   make test   runs the test suite but its slowest end-to-end checks (make test-slow)
 #   make lint   checks the code against ruff.toml's rules and format
 #   make peers  builds .venv-peers, the XC libraries the baselines command compares with
 # Each creates .venv and installs what it needs on first use.
@@ -14,7 +14,7 @@ WORKDIR ?= workdir/demo
 # runs the suite in one process.
 PYTEST_WORKERS ?= -n 2 --dist loadfile
 
-.PHONY: demo test lint install peers clean
+.PHONY: demo test test-slow test-all lint install peers clean
 
 $(VENV)/.installed: setup.py setup.cfg Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,14 @@ demo: $(VENV)/.installed
 	$(PY) -m astra_jax.main --config=experiments/demo.py --workdir=$(WORKDIR)
 
 test: $(VENV)/.installed $(PEERS_VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m "not slow" tests
+
+# The end-to-end checks of a minute or so each (several processes, faults, resumes): CI
+# runs them after `make test`.
+test-slow: $(VENV)/.installed $(PEERS_VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_WORKERS) -m slow tests
+
+test-all: $(VENV)/.installed $(PEERS_VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_WORKERS) tests
 
 # ruff.toml's rules and its format (`ruff format .` rewrites the code into it).

@@ -8,8 +8,11 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Single-threaded Eigen inside an XLA op: two pytest workers (and the runs they start)
 # already keep the 2 cores busy, and each process's intra-op thread pool only adds threads
-# that spin on them (test_sharding.py alone: 8% less CPU).
-SERIAL_OPS = "--xla_cpu_multi_thread_eigen=false"
+# that spin on them (test_sharding.py alone: 8% less CPU). And LLVM's optimisation level 0
+# for the CPU code XLA emits: compiling is most of a test's time from an empty cache (a
+# step-equivalence test: 45 s cold, 11 s warm) while the programs run on tiny shapes, and a
+# test checks what a program computes, never how fast (docs/results/running.md).
+TEST_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
 
 
 def cpu_child_env(devices: int, **extra: str) -> dict[str, str]:
@@ -21,7 +24,7 @@ def cpu_child_env(devices: int, **extra: str) -> dict[str, str]:
     or k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
   }
   env.update(
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {SERIAL_OPS}",
+    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}",
     PYTHONPATH=REPO,
     JAX_PLATFORMS="cpu",
     **extra,

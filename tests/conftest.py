@@ -17,12 +17,13 @@ import pytest
 # their names.
 sys.path.insert(0, os.path.dirname(__file__))
 
-from child_env import REPO, SERIAL_OPS, cpu_child_env, demo_command_line  # noqa: E402
+from child_env import REPO, TEST_XLA_FLAGS, cpu_child_env, demo_command_line  # noqa: E402
 
 # Eight fake CPU devices for the mesh tests (set before anything imports jax); single-device
-# code runs on the first of them as usual; XLA ops single-threaded (child_env.SERIAL_OPS).
+# code runs on the first of them as usual; XLA ops single-threaded and compiled at LLVM -O0
+# (child_env.TEST_XLA_FLAGS).
 os.environ["XLA_FLAGS"] = (
-  os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {SERIAL_OPS}"
+  os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count=8 {TEST_XLA_FLAGS}"
 ).strip()
 # One persistent XLA compilation cache for both pytest workers and the subprocesses they
 # start: the end-to-end tests compile the same step, evaluation and refresh programs over and
@@ -38,13 +39,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def pytest_collection_modifyitems(items: list) -> None:
-  """Files with the most end-to-end (`slow`) tests first: pytest-xdist hands whole files to
-  its workers in this order (`--dist loadfile`), so the long ones start early and the short
-  ones fill in at the end instead of one worker finishing minutes after the other."""
-  slow: dict = {}
+  """Files with the most end-to-end (`e2e` or `slow`) tests first: pytest-xdist hands whole
+  files to its workers in this order (`--dist loadfile`), so the long ones start early and
+  the short ones fill in at the end instead of one worker finishing minutes after the
+  other."""
+  e2e: dict = {}
   for item in items:
-    slow[item.path] = slow.get(item.path, 0) + bool(item.get_closest_marker("slow"))
-  items.sort(key=lambda item: -slow[item.path])  # stable: a file's own order is kept
+    trains = item.get_closest_marker("e2e") or item.get_closest_marker("slow")
+    e2e[item.path] = e2e.get(item.path, 0) + bool(trains)
+  items.sort(key=lambda item: -e2e[item.path])  # stable: a file's own order is kept
 
 
 @pytest.fixture(scope="session")

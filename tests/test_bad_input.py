@@ -84,7 +84,7 @@ def test_bad_input_is_named(dataset, tmp_path, edit, match, load_config):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tmp_path, repo_root):
   wd = tmp_path / "wd"
   base = [

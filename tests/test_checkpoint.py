@@ -280,7 +280,7 @@ def test_save_policy_decides_alike_across_processes_at_log_steps_only(monkeypatc
     stop.restore()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_dense_step_run_resumes(tmp_path, small_synthetic):
   """uptodate and full train with optax's own state (not the sparse step's dict)."""
   c = small_synthetic(strategy="full")

@@ -236,7 +236,7 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_as_it_was(
 
 
 # ------------------------------------------------------------------- no silent fallback
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_fallbacks_are_counted_and_survive_resume_and_results_that_cannot_be_written(
   tmp_path, monkeypatch, small_synthetic
 ):

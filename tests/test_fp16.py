@@ -42,7 +42,7 @@ def _overflow_at(monkeypatch, steps):
   monkeypatch.setattr(sharding, "shard_batch", shard_batch)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch, small_synthetic):
   c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {9})  # step 10 is a log step (every 5)
@@ -60,7 +60,7 @@ def test_a_skipped_step_on_a_log_step_is_logged_not_fatal(tmp_path, monkeypatch,
   assert r["P@1"] > r["popularity_baseline"]["P@1"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_log_window_of_skipped_steps_stops_the_run(tmp_path, monkeypatch, small_synthetic):
   c = _fp16_config(small_synthetic)
   _overflow_at(monkeypatch, {5, 6, 7, 8, 9})  # the whole second window (steps 6-10)

@@ -43,7 +43,7 @@ def _ranking(p: Predictor, texts: list[str]) -> np.ndarray:
   return p.predict(texts, k=p.num_labels).ids
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_growing_appends_rows_from_texts_and_keeps_every_old_label(trained, tmp_path):
   old = Predictor.from_workdir(trained, index="exact")
   report = grow.grow_model(trained, NEW, str(tmp_path / "grown"))
@@ -77,7 +77,7 @@ def test_growing_appends_rows_from_texts_and_keeps_every_old_label(trained, tmp_
   }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_retired_label_is_never_predicted_and_keeps_its_id(trained, tmp_path):
   old = Predictor.from_workdir(trained, index="exact")
   texts = old.model.label_texts[:4]
@@ -92,7 +92,7 @@ def test_a_retired_label_is_never_predicted_and_keeps_its_id(trained, tmp_path):
   assert grown.model.meta["retired"] == [top] and grown.num_labels == 100
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
   "lines, retire, message",
   [
@@ -113,7 +113,7 @@ def test_bad_input_is_one_error_and_writes_nothing(trained, tmp_path, lines, ret
   assert not os.path.exists(tmp_path / "out" / "model")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_model_of_another_format_is_refused(trained, tmp_path):
   copy = tmp_path / "copy"
   shutil.copytree(trained + "/model", copy / "model")
@@ -125,7 +125,7 @@ def test_a_model_of_another_format_is_refused(trained, tmp_path):
   assert not os.path.exists(tmp_path / "out" / "model")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_command_grows_and_reports_errors_in_one_line(trained, tmp_path):
   new = tmp_path / "new.txt"
   new.write_text("\n".join(NEW) + "\n")
@@ -179,7 +179,7 @@ def _union_data(trained: str, out) -> str:
   return dst
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_command_grows_then_trains_the_new_rows_alone(trained, tmp_path):
   data = _union_data(trained, tmp_path)
   new = tmp_path / "new.txt"
@@ -226,7 +226,7 @@ def test_a_bad_few_shot_flag_is_one_error_before_anything_is_written(trained, tm
   assert not os.listdir(tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_continuing_maps_rows_by_text_and_needs_every_exported_label(trained, tmp_path):
   from astra_jax.training import export_start
 
@@ -280,7 +280,7 @@ def test_the_rows_a_frozen_run_trains_are_those_the_export_never_trained():
   np.testing.assert_array_equal(np.asarray(mask), [0, 1, 0, 1, 0, 0, 0, 0])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_model_grown_twice_counts_only_its_trained_rows(trained, tmp_path):
   grow.grow_model(trained, NEW[:1], str(tmp_path / "once"))
   grow.grow_model(str(tmp_path / "once"), NEW[1:], str(tmp_path / "twice"))
@@ -290,7 +290,7 @@ def test_a_model_grown_twice_counts_only_its_trained_rows(trained, tmp_path):
   assert twice.meta["grown_from"]["num_labels"] == 101 and twice.trained_labels == 100
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_continuing_with_zero_learning_rates_reproduces_the_model(trained, load_config, tmp_path):
   """A run from the export that changes nothing exports the same encoder and W."""
   c = load_config("experiments/demo.py")

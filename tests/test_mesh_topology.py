@@ -89,7 +89,7 @@ def _first_losses(tmp_path, small_synthetic, name):
   return [json.loads(x)["loss"] for x in lines], meshes[0]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_training_step_on_a_two_node_mesh(tmp_path, monkeypatch, small_synthetic):
   reference, mesh = _first_losses(tmp_path, small_synthetic, "one_node")
   assert [[d.id for d in row] for row in mesh.devices] == [[0, 1], [2, 3], [4, 5], [6, 7]]

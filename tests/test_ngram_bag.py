@@ -131,7 +131,7 @@ def token_mean_arch():
   del architectures._REGISTRY[arch.name]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_registered_architecture_trains_exports_and_predicts(
   tmp_path, token_mean_arch, load_config
 ):

@@ -392,7 +392,7 @@ def test_ss20m_without_its_data_stops_with_one_line(tmp_path):
     assert name in msg, name
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_ss20m_synthetic_stand_in_trains_end_to_end(tmp_path):
   from astra_jax.training import train
 

@@ -67,7 +67,7 @@ def _test_texts(data_dir, n=None):
   return xc_format.read_texts(os.path.join(data_dir, "tst_X.txt"))[:n]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_training_exports_a_self_contained_model(trained):
   wd, data = trained
   m = os.path.join(wd, "model")
@@ -87,7 +87,7 @@ def test_training_exports_a_self_contained_model(trained):
   assert mode("encoder.safetensors") == mode("classifier.npy") == mode("model.json")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   # ScaNN cannot partition 12 rows into its 16 leaves: such a model is searched exactly.
   small = dataclasses.replace(exact.model, classifier=exact.model.classifier[:12])
@@ -97,7 +97,7 @@ def test_a_model_with_few_labels_predicts_with_exact_search(exact):
   assert ids.shape == (1, 5) and (ids >= 0).all() and (ids < 12).all()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   """Tokens as training cached them, a numpy BERT over the exported weights, a dense
   ranking over the exported W: the predictor's exact path must give the same top-k."""
@@ -131,7 +131,7 @@ def test_exact_topk_equals_numpy_bruteforce(trained, exact):
   assert got.labels[3] == [labels[j] for j in want[3]]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   _, data = trained
   texts = _test_texts(data)
@@ -147,7 +147,7 @@ def test_scann_precision_within_a_point_of_exact(trained, exact, scann):
   np.testing.assert_allclose(a.scores[both, 0], b.scores[both, 0], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_ann_evaluation_is_what_the_served_model_predicts(trained, scann):
   wd, data = trained
   with open(os.path.join(wd, "results.json")) as f:
@@ -165,7 +165,7 @@ def test_the_ann_evaluation_is_what_the_served_model_predicts(trained, scann):
   assert all(abs(g) <= 2.0 for g in ann["sample_gap"].values()), ann["sample_gap"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   wd, _ = trained
   index_dir = os.path.join(wd, "model", "scann")
@@ -193,7 +193,7 @@ def test_scann_index_is_saved_once_and_reloaded(trained, scann):
   np.testing.assert_array_equal(rebuilt.predict(texts).ids, other.predict(texts).ids)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained, exact):
   wd, data = trained
   p = Predictor.from_workdir(wd, scann_knobs={"leaves_to_search": 1, "reorder": 10})
@@ -209,7 +209,7 @@ def test_scann_candidates_are_rescored_exactly_and_short_rows_completed(trained,
   np.testing.assert_allclose(s, es, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_scann_build_is_deterministic(trained, exact):
   from astra_jax.ann.index import ScannIndex
   from astra_jax.serving.serve_index import serving_params
@@ -221,7 +221,7 @@ def test_scann_build_is_deterministic(trained, exact):
   np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
   good = ["pesi zeka rode", "lelu bemuti kimo"]
   long = " ".join(["pesi zeka rode"] * 5000)
@@ -245,7 +245,7 @@ def test_bad_inputs_get_a_message_and_do_not_stop_the_batch(exact):
     exact.predict(good, k=0)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_cli_writes_the_api_predictions(trained, scann, tmp_path, repo_root):
   wd, data = trained
   queries = _test_texts(data, 20)
@@ -311,7 +311,7 @@ def test_workdir_without_a_finished_model(tmp_path, repo_root):
   assert str(tmp_path).encode() in r.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_interrupted_export_leaves_the_previous_model(trained, tmp_path, monkeypatch):
   wd, _ = trained
   model = export.load_model(wd)
@@ -350,7 +350,7 @@ def test_export_writes_each_shard_of_w_without_gathering_it(tmp_path):
   np.testing.assert_array_equal(np.load(path), w[:10])  # padded rows [10, 12) left out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_model_that_filtered_own_items_never_predicts_the_query_itself(trained):
   """A run with data.filter_self records it; its Predictor drops the label whose text is the
   query's and otherwise keeps the unfiltered ranking's order."""

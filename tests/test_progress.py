@@ -73,7 +73,7 @@ def test_a_newer_record_is_refused():
     Progress.from_json({"version": 99, "epoch": 0})
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_checkpoint_of_the_unversioned_layout_resumes_to_the_same_run(tmp_path, small_synthetic):
   c = small_synthetic(strategy="random")
   c.train.epochs = 2

@@ -12,7 +12,7 @@ from astra_jax.serving import export
 from astra_jax.serving.predictor import Predictor
 from astra_jax.training import train
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):

@@ -82,7 +82,7 @@ def test_run_round_trips_through_json_with_a_checkpoint_kept_for_children():
   assert parallel.from_json(parallel.to_json(bench)) == bench == parallel.for_child(bench)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_child_process_runs_and_its_results_are_tabulated(tmp_path):
   """One real child: a classifier benchmark run through `python -m astra_jax.reproduce.parallel`."""
   run = reproduce.Run("bench_astra_L1000", bench=("astra", 1000))

@@ -58,7 +58,7 @@ def test_from_config():
   assert score_fusion.from_config(c, 8) == score_fusion.LabelTextFusion(0.5, 5.0, 8)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
   """End to end: the warm-start stage, the fused evaluation and a Predictor that ranks by
   the same formula as a dense recomputation from its own embeddings."""

@@ -295,7 +295,7 @@ def test_momentum_state_resumes_on_a_mesh_with_another_padding(tmp_path):
   assert int(got.period_step) == 5 and bool(got.in_period)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_training_with_momentum_resumes_mid_epoch_to_the_uninterrupted_result(
   tmp_path, small_synthetic
 ):

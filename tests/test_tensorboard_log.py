@@ -145,7 +145,7 @@ def test_a_rerun_that_only_evaluates_keeps_the_last_progress_line(tmp_path):
   assert read_scalars(tmp_path)["train/loss"] == [(10, 2.0)]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_training_prints_our_lines_and_writes_curves(tmp_path):
   wd = tmp_path / "wd"
   r = subprocess.run(

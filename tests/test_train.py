@@ -20,7 +20,7 @@ from astra_jax.serving.predictor import Predictor
 from astra_jax.training import train, train_log
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
@@ -118,11 +118,11 @@ def test_xc_text_trains_on_a_repository_layout_dataset(tmp_path, ngame_dataset, 
 @pytest.mark.slow
 def test_xc_text_default_uses_pretrained_minilm(tmp_path, ngame_dataset, load_config):
   d = tmp_path / "ds"
-  ngame_dataset(d, n_train=480, n_test=100)
+  ngame_dataset(d, n_train=240, n_test=100)
   c = load_config("experiments/xc_text.py")
   c.data.dir = str(d)
   c.data.max_len = 12
-  c.train.epochs, c.train.batch_size, c.train.profile_steps = 3, 32, 0
+  c.train.epochs, c.train.batch_size, c.train.profile_steps = 1, 32, 0
   c.negatives.k_r, c.negatives.k_h = 32, 4
   c.optim.warmup_steps = 5
   # The recipe's stages, shortened: one warm-start epoch of 64 pairs per step (its 10 of
@@ -130,7 +130,7 @@ def test_xc_text_default_uses_pretrained_minilm(tmp_path, ngame_dataset, load_co
   c.warmstart.epochs, c.warmstart.batch_size = 1, 64
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   assert r["stage_seconds"]["warm_start"] > 0 and r["encoder"]["name"] == "all-MiniLM-L6-v2"
-  # 45 steps from the pretrained encoder already beat popularity by far.
+  # 9 steps from the pretrained encoder already beat popularity by far (83 against 1).
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
@@ -191,7 +191,7 @@ def test_validation_names_the_field():
     config_base.validate(c)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -221,7 +221,7 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_synthetic):
   c = small_synthetic(tau_s=2, tau_r=1, inject_fault="kill")
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
@@ -232,7 +232,7 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_syn
   assert r["steps"] == 4 * (3300 // 64)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_failed_later_refresh_keeps_the_earlier_negatives(tmp_path, small_synthetic):
   # Refreshes at 1 (synchronous), 2 and 3; the first pipelined one (for epoch 2) is killed.
   c = small_synthetic(tau_s=1, tau_r=1)

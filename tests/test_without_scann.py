@@ -36,7 +36,7 @@ def test_a_missing_scann_builds_an_exact_index(monkeypatch):
   np.testing.assert_array_equal(built.search(q, 5), np.argsort(-(q @ rows[:500].T), 1)[:, :5])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_demo_path_runs_without_scann_and_says_so_once(tmp_path):
   wd = tmp_path / "wd"
   cmd = demo_command_line(wd, tmp_path / "data") + [
@@ -59,7 +59,7 @@ def test_the_demo_path_runs_without_scann_and_says_so_once(tmp_path):
   assert os.path.exists(wd / "model" / "classifier.npy")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_device_backend_refreshes_between_epochs_without_scann(tmp_path):
   wd = tmp_path / "wd"
   cmd = demo_command_line(wd, tmp_path / "data") + [
