@@ -82,7 +82,7 @@ def minilm_dir() -> str:
 
 @pytest.fixture
 def small_synthetic(tmp_path, load_config):
-  """A factory of configs: the demo on a 300-label synthetic dataset (3,000 training and
+  """A factory of configs: the demo on a 300-label synthetic dataset (2,000 training and
   500 test rows, generated once per session beside the tests' tmp_paths), 4 epochs of
   batches of 64, no periodic evaluation; keyword arguments override config.negatives."""
 
@@ -90,7 +90,7 @@ def small_synthetic(tmp_path, load_config):
     c = load_config("experiments/demo.py")
     c.data.dir = str(tmp_path.parent / "small_synthetic")
     c.data.synthetic.num_labels = 300
-    c.data.synthetic.num_train = 3000
+    c.data.synthetic.num_train = 2000
     c.data.synthetic.num_test = 500
     c.train.epochs, c.train.batch_size, c.train.profile_steps = 4, 64, 0
     c.train.eval_every_epochs = 0

@@ -25,9 +25,9 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
   c = load_config("experiments/demo.py")
   c.data.dir = str(tmp_path / "data")
   c.data.synthetic.num_labels = 300
-  c.data.synthetic.num_train = 3000
+  c.data.synthetic.num_train = 1500
   c.data.synthetic.num_test = 500
-  c.train.epochs = 4
+  c.train.epochs = 3
   c.train.batch_size = 64
   c.train.eval_every_epochs = 2
   c.train.profile_steps = 3
@@ -68,8 +68,8 @@ def test_main_job_on_small_synthetic_data(tmp_path, load_config):
     "popularity_baseline",
   ):
     assert key in saved, key
-  assert saved["num_labels"] == 300 and saved["num_train"] == 3000 and saved["num_test"] == 500
-  assert saved["config"]["train"]["epochs"] == 4
+  assert saved["num_labels"] == 300 and saved["num_train"] == 1500 and saved["num_test"] == 500
+  assert saved["config"]["train"]["epochs"] == 3
   assert r["P@1"] > 2 * r["popularity_baseline"]["P@1"] + 5
   assert len(r["evaluations"]) == 2
   breakup = json.loads((tmp_path / "wd" / "time_breakup.json").read_text())
@@ -215,8 +215,8 @@ def test_hard_negatives_follow_the_schedule_in_training(tmp_path, small_syntheti
   ]
   hard = np.load(tmp_path / "wd" / "negatives" / "hard_epoch3.npy")
   labels = xc_format.read_sparse(tmp_path.parent / "small_synthetic" / "trn_X_Y.txt")
-  assert hard.shape == (3300, 16)  # label-text rows included
-  for i in range(0, 3000, 7):
+  assert hard.shape == (2300, 16)  # label-text rows included
+  for i in range(0, 2000, 7):
     assert not set(hard[i]) & set(labels.row(i))
   assert r["P@1"] > r["popularity_baseline"]["P@1"] + 20
 
@@ -229,7 +229,7 @@ def test_failed_refresh_keeps_training_on_previous_negatives(tmp_path, small_syn
   assert not refreshes[0]["ok"] and "killed by signal 9" in refreshes[0]["error"]
   assert refreshes[1]["ok"]  # the next period retried
   assert [e["source"] for e in r["negatives"]["per_epoch"]] == [None, None, None, 3]
-  assert r["steps"] == 4 * (3300 // 64)
+  assert r["steps"] == 4 * (2300 // 64)
 
 
 @pytest.mark.e2e
@@ -272,7 +272,7 @@ def test_training_on_a_mesh_with_per_shard_negatives(tmp_path, small_synthetic):
   assert [(e["hard"], e["random"]) for e in r["negatives"]["per_epoch"]][-1] == (4, 32)
   assert all(x["ok"] for x in r["negatives"]["refreshes"])
   hard = np.load(tmp_path / "mesh" / "negatives" / "hard_epoch2.npy")
-  assert hard.shape == (3300, 8 * 4)
+  assert hard.shape == (2300, 8 * 4)
   blocks = hard.reshape(-1, 8, 4)
   for s in range(8):  # block s holds shard s's rows only
     assert ((blocks[:, s] >= 38 * s) & (blocks[:, s] < min(38 * (s + 1), 300))).all()
