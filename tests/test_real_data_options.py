@@ -1,7 +1,7 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
 split for the periodic evaluations, W from label texts, the label-text term in the score
-with W alone reported beside it, the kNN diagnostic and the TF-IDF baseline in
-results.json."""
+with W alone reported beside it and its weight chosen on the validation split, the kNN
+diagnostic and the TF-IDF baseline in results.json."""
 
 import numpy as np
 import pytest
@@ -25,6 +25,7 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   c.eval.knn_diagnostic = 5
   c.eval.tfidf_baseline = True
   c.scoring.label_text_weight = 0.5
+  c.scoring.label_text_weight_choices = (0.0, 0.5, 1.0)
   c.eval.classifier_alone = True
   c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 2, 32, 1
   c.train.profile_steps = 0
@@ -48,6 +49,30 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   )
   for k in ("P@1", "P@3", "P@5"):
     assert abs(r[f"W-alone {k}"] - dense[k]) < 1e-3, (k, r[f"W-alone {k}"], dense[k])
+  # The weight chosen on the validation split: each candidate's P@1 as a dense numpy
+  # reference computes it from the exported W and label-text embeddings, the first best one
+  # chosen, and the model exported with it.
+  _, val = train.load_splits(c)
+  q = Predictor(model, index="exact").encode(np.asarray(val.test_tokens))
+  z = Predictor(model, index="exact").encode(np.asarray(data.label_tokens))
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sigmoid = lambda x: 1 / (1 + np.exp(-x))
+  cos = unit(q) @ unit(z).T
+  reference = {}
+  for w in (0.0, 0.5, 1.0):
+    fused = (1 - w) * sigmoid(q @ np.asarray(model.classifier).T) + w * sigmoid(5.0 * cos)
+    top = np.argsort(-fused, axis=1, kind="stable")
+    m = ranking.rank_filter_score(
+      lambda k, top=top: top[:, :k], val.test_labels, val.test_filter, None, (1,)
+    )
+    reference[w] = m["P@1"]
+  choice = r["score_choice"]
+  got = {x["label_text_weight"]: x["P@1"] for x in choice["candidates"]}
+  assert got == pytest.approx(reference, abs=1e-3)
+  best = max(reference.values())
+  chosen = next(w for w in (0.0, 0.5, 1.0) if reference[w] == best)
+  assert choice["label_text_weight"] == chosen == model.meta["scoring"]["label_text_weight"]
+  assert r["config"]["scoring"]["label_text_weight"] == chosen
   if baselines.sklearn_available():
     assert r["tfidf_knn_baseline"]["P@1"] > r["popularity_baseline"]["P@1"]
   else:

@@ -3,11 +3,13 @@
 import os
 import time
 
+import ml_collections
 import numpy as np
 import pytest
 
 from astra_jax.ann import exact_topk
 from astra_jax.config import base as config_base
+from astra_jax.runtime.errors import InputError
 from astra_jax.serving.predictor import Predictor
 from astra_jax.training import train
 from astra_jax.xc import score_fusion
@@ -102,3 +104,23 @@ def test_a_fused_ngram_run_with_warm_start_exports_a_fused_predictor(tmp_path):
   ).T
   dense = 0.5 * _sigmoid(emb @ np.asarray(p.model.classifier).T) + 0.5 * _sigmoid(5.0 * cos)
   np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :4], rtol=1e-4, atol=1e-6)
+
+
+def test_a_score_that_reads_label_texts_needs_them():
+  def config(weight, choices):
+    return ml_collections.ConfigDict(
+      {
+        "scoring": {
+          "label_text_weight": weight,
+          "label_text_scale": 5.0,
+          "label_text_weight_choices": choices,
+        }
+      }
+    )
+
+  score_fusion.check_label_texts(config(0.5, ()), True, "d", 8)  # texts: fine
+  score_fusion.check_label_texts(config(0.0, (0.0,)), False, "d", 8)  # W alone: fine
+  with pytest.raises(InputError, match=r"label_text_weight=0.5: .* d has none"):
+    score_fusion.check_label_texts(config(0.5, ()), False, "d", 8)
+  with pytest.raises(InputError, match=r"label_text_weight_choices=\(0.0, 0.3\)"):
+    score_fusion.check_label_texts(config(0.0, (0.0, 0.3)), False, "d", 8)

@@ -55,6 +55,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.scoring = ml_collections.ConfigDict()
   c.scoring.label_text_weight = 0.0
   c.scoring.label_text_scale = 5.0
+  # Candidates for label_text_weight, one of which is chosen after training by P@1 on the
+  # validation split (training/score_choice.py; needs data.validation_fraction > 0): the
+  # final evaluation and the export use the chosen one. (): label_text_weight as set.
+  c.scoring.label_text_weight_choices = ()
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -72,6 +76,17 @@ def validate(c: ml_collections.ConfigDict) -> None:
   classifier_init.validate(c)
   require(0 <= c.scoring.label_text_weight <= 1, "scoring.label_text_weight", "must be in [0, 1]")
   require(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
+  choices = tuple(c.scoring.label_text_weight_choices)
+  require(
+    all(0 <= w <= 1 for w in choices),
+    "scoring.label_text_weight_choices",
+    f"every candidate must be in [0, 1], got {choices}",
+  )
+  require(
+    not choices or c.data.validation_fraction > 0,
+    "scoring.label_text_weight_choices",
+    "chooses on the validation split: set data.validation_fraction > 0",
+  )
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   require(
     c.encoder.arch in architectures.names(),

@@ -47,6 +47,7 @@ ADDED_KEYS = {
   "optim.classifier_momentum": 0.0,
   "data.validation_fraction": 0.0,
   "eval.peers": "",
+  "scoring.label_text_weight_choices": (),
   "data.validation_seed": 0,
   "data.filter_self": "off",
   "classifier.init": "normal",

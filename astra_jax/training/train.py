@@ -39,6 +39,7 @@ from astra_jax.training import checkpoint, export_start, optim, run_config, step
 from astra_jax.training.encoder_init import start_encoder
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
 from astra_jax.training.results import StageClock, evaluate_and_export, results_record, write_json
+from astra_jax.training.score_choice import choose_label_text_weight
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
 from astra_jax.training.trainer import RunParts, Trainer
@@ -352,15 +353,6 @@ def train_log(
   )
 
 
-def check_fusion(config: ml_collections.ConfigDict, data: dataset.XCData, d: int) -> None:
-  """The label-text fusion (score_fusion.py) needs the labels' texts."""
-  if score_fusion.from_config(config, d) is not None and data.label_tokens is None:
-    raise InputError(
-      f"config.scoring.label_text_weight={config.scoring.label_text_weight}: "
-      f"the fused score needs label texts, and {data.data_dir} has none"
-    )
-
-
 def release_setup_memory() -> None:
   """Hands the set-up's freed blocks back to the system: W's start (at 10^7 labels the label
   texts' embeddings, a host W and its device copy) and a restored checkpoint leave blocks
@@ -407,7 +399,7 @@ def _train_and_evaluate(
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
-  check_fusion(config, data, d)
+  score_fusion.check_label_texts(config, data.label_tokens is not None, data.data_dir, d)
   stages.mark("data_and_encoder")
   if config.warmstart.epochs:
     enc_params = warmstart.run(
@@ -490,8 +482,13 @@ def _train_and_evaluate(
   stages.mark("training")
 
   # ---- evaluate and export
+  choice = choose_label_text_weight(trainer)
+  if choice is not None:
+    stages.mark("score_choice")
   final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg)
   results = results_record(trainer, final, ann, phase_spans, t_start, n_params, stages)
+  if choice is not None:
+    results["score_choice"] = choice.to_json()
   if distributed.is_leader():
     write_json(os.path.join(workdir, "time_breakup.json"), results["time_breakup"])
     write_json(os.path.join(workdir, "results.json"), results)

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from astra_jax.runtime.errors import InputError
+
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
   """Each row of `x` over its norm (float32; an all-zero row stays zero)."""
@@ -68,6 +70,25 @@ class LabelTextFusion:
     classifier = jax.nn.sigmoid(queries[:, :d] @ rows[:, :d].T)
     text = jax.nn.sigmoid(self.text_scale * (queries[:, d:] @ rows[:, d:].T))
     return (1.0 - self.text_weight) * classifier + self.text_weight * text
+
+
+def check_label_texts(config, has_label_texts: bool, data_dir: str, dim: int) -> None:
+  """Raises InputError when the config's score needs label texts the data lacks: the fused
+  score, or a choice among label-text weights (`scoring.label_text_weight_choices`) that
+  lists one above 0."""
+  if has_label_texts:
+    return
+  sc = config.get("scoring")
+  choices = tuple(sc.get("label_text_weight_choices", ())) if sc is not None else ()
+  if from_config(config, dim) is not None:
+    field = f"label_text_weight={sc.label_text_weight}"
+  elif any(choices):
+    field = f"label_text_weight_choices={choices}"
+  else:
+    return
+  raise InputError(
+    f"config.scoring.{field}: the fused score needs label texts, and {data_dir} has none"
+  )
 
 
 def from_config(config, dim: int) -> LabelTextFusion | None:
