@@ -1,0 +1,136 @@
+r"""Where a finished run's accuracy comes from, read on its validation split: each score term
+alone and mixed.
+
+  PYTHONPATH=. python benchmarks/score_terms.py --workdirs=WD[,WD...] --out=terms.jsonl
+
+WD is a run trained with `--config.data.validation_fraction` > 0 (its exported model and
+config.json); the validation rows are the ones `data.validation_fraction` held out, ranked
+under the run's own filter (`data.filter_self`). One JSON line per (workdir, score):
+
+- `W`: sigmoid(<w_l, E(x)>), the classifiers alone;
+- `text`: sigmoid(s cos(E(x), E(z_l))), the label texts under the same encoder (s = 5);
+- `fused beta=b s=s`: (1 - b) W + b text, the score `scoring.label_text_weight` ships;
+- `knn k=K tau=t`: the labels of the K training rows nearest to E(x) by cosine, each
+  weighted by exp((cos - the best cos) / t) (t = 0: by the cosine itself), normalised per
+  query (`eval.knn_diagnostic` is the t = 0 case);
+- `W+knn a=a k=K tau=t`: a W + (1 - a) knn;
+- `W on training rows`: P@k of W on a sample of the rows it trained on (unfiltered): how
+  far W fits them beyond the held-out rows.
+
+Each line holds P@1/3/5 and PSP@1/3/5 (x100, propensities of the run's config). The exact
+scores are dense (n_validation, L): for datasets of up to ~10^5 labels.
+"""
+
+import json
+import os
+
+import jsonl  # benchmarks/jsonl.py
+import numpy as np
+import scipy.sparse as sp
+from absl import app, flags
+
+from astra_jax.data.validation import take_rows
+from astra_jax.evaluation import baselines, metrics
+from astra_jax.serving.predictor import Predictor
+
+flags.DEFINE_list("workdirs", None, "finished validation runs (model/ and config.json)")
+flags.DEFINE_string("out", None, "append JSON lines here")
+flags.DEFINE_list("betas", ["0.1", "0.3", "0.5"], "fused: the label-text weights")
+flags.DEFINE_list("scales", ["5", "10"], "fused: the label-text scales")
+flags.DEFINE_list("knn_ks", ["10", "20", "50"], "knn: neighbours")
+flags.DEFINE_list("taus", ["0", "0.1", "0.05"], "knn: temperatures (0: cosine weights)")
+flags.DEFINE_list("alphas", ["0.2", "0.3", "0.5"], "W+knn: W's weight")
+flags.DEFINE_integer("train_sample", 2000, "training rows for `W on training rows`")
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+class Scorer:
+  """P@k and PSP@k of dense (n, L) scores on one run's validation rows."""
+
+  def __init__(self, texts: baselines.TextData, inv_prop: np.ndarray):
+    self.texts, self.inv_prop = texts, inv_prop
+    self.k = 5 + metrics.max_filtered_per_row(texts.test_filter)
+
+  def __call__(self, scores: np.ndarray) -> dict:
+    top = np.argpartition(-scores, self.k, axis=1)[:, : self.k]
+    top = np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+    ids = metrics.remove_filtered(top, self.texts.test_filter, 5)
+    m = metrics.compute(ids, self.texts.test_labels, inv_prop=self.inv_prop, ks=(1, 3, 5))
+    return {k: v for k, v in metrics.as_percent(m).items() if k.startswith(("P@", "PSP@"))}
+
+
+def knn_votes(sims: np.ndarray, train_labels, k: int, tau: float) -> np.ndarray:
+  """(n, L) label votes of each query's k most similar training rows (module docstring)."""
+  nb = np.argpartition(-sims, k, axis=1)[:, :k]
+  s = np.take_along_axis(sims, nb, 1)
+  w = np.exp((s - s.max(1, keepdims=True)) / tau) if tau else s
+  rows = np.repeat(np.arange(len(nb)), k)
+  votes = sp.csr_matrix((w.ravel(), (rows, nb.ravel())), shape=(len(nb), train_labels.num_rows))
+  y = sp.csr_matrix(
+    (np.ones(train_labels.nnz, np.float32), train_labels.indices, train_labels.indptr),
+    shape=(train_labels.num_rows, train_labels.num_cols),
+  )
+  return (votes @ y).toarray() / np.maximum(w.sum(1, keepdims=True), 1e-12)
+
+
+def measure(workdir: str):
+  """Yields one row per score of `workdir`'s run (module docstring)."""
+  with open(os.path.join(workdir, "config.json")) as f:
+    cfg = json.load(f)
+  data = cfg["data"]
+  if not data.get("validation_fraction"):
+    raise ValueError(f"{workdir}: trained without a validation split")
+  texts = baselines.load_texts(
+    data["dir"],
+    use_content=data.get("use_content", False),
+    validation_fraction=data["validation_fraction"],
+    validation_seed=data.get("validation_seed", 0),
+    filter_self=data.get("filter_self", "off"),
+  )
+  inv = metrics.inverse_propensity(texts.train_labels, data["propensity_A"], data["propensity_B"])
+  score = Scorer(texts, inv)
+  p = Predictor.from_workdir(workdir, index="exact")
+  encode = lambda rows: p.encode(p.to_tokens(rows)[0])
+  q = encode(texts.test_texts)
+  w = np.asarray(p.model.classifier, np.float32)[: texts.num_labels]
+  classifier = _sigmoid(q @ w.T)
+  row = lambda name, m: {"workdir": workdir, "score": name, **m}
+  yield row("W", score(classifier))
+  if texts.label_texts is not None:
+    cos = _unit(q) @ _unit(encode(texts.label_texts)).T
+    yield row("text", score(_sigmoid(5.0 * cos)))
+    for s in map(float, flags.FLAGS.scales):
+      for b in map(float, flags.FLAGS.betas):
+        fused = (1 - b) * classifier + b * _sigmoid(s * cos)
+        yield row(f"fused beta={b} s={s}", score(fused))
+  sims = _unit(q) @ _unit(encode(texts.train_texts)).T
+  for k in map(int, flags.FLAGS.knn_ks):
+    for tau in map(float, flags.FLAGS.taus):
+      votes = knn_votes(sims, texts.train_labels, k, tau)
+      yield row(f"knn k={k} tau={tau}", score(votes))
+      for a in map(float, flags.FLAGS.alphas):
+        yield row(f"W+knn a={a} k={k} tau={tau}", score(a * classifier + (1 - a) * votes))
+  rng = np.random.default_rng(0)
+  sample = rng.choice(len(texts.train_texts), flags.FLAGS.train_sample, replace=False)
+  fit = encode([texts.train_texts[i] for i in sample]) @ w.T
+  top = np.argsort(-fit, axis=1)[:, :5]
+  m = metrics.as_percent(metrics.compute(top, take_rows(texts.train_labels, sample), ks=(1, 3, 5)))
+  yield row("W on training rows", {k: v for k, v in m.items() if k.startswith("P@")})
+
+
+def main(_):
+  for wd in flags.FLAGS.workdirs:
+    for r in measure(wd):
+      jsonl.emit(r, flags.FLAGS.out, digits=2)
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("workdirs")
+  app.run(main)
