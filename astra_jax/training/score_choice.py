@@ -12,7 +12,8 @@ the final evaluation on the test split, the export and the Predictor use it. Not
 retrained, and the test split is never read to choose.
 
 Cost: one evaluation of the validation split per candidate (exact, over all L, as the
-periodic evaluations).
+periodic evaluations), each with a weight above 0 embedding every label's text again, as
+the fused score's evaluations do: for the small real datasets the fused score is for.
 """
 
 from __future__ import annotations
