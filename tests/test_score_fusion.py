@@ -118,9 +118,9 @@ def test_a_score_that_reads_label_texts_needs_them():
       }
     )
 
-  score_fusion.check_label_texts(config(0.5, ()), True, "d", 8)  # texts: fine
-  score_fusion.check_label_texts(config(0.0, (0.0,)), False, "d", 8)  # W alone: fine
+  score_fusion.check_label_texts(config(0.5, ()), True, "d")  # texts: fine
+  score_fusion.check_label_texts(config(0.0, (0.0,)), False, "d")  # W alone: fine
   with pytest.raises(InputError, match=r"label_text_weight=0.5: .* d has none"):
-    score_fusion.check_label_texts(config(0.5, ()), False, "d", 8)
+    score_fusion.check_label_texts(config(0.5, ()), False, "d")
   with pytest.raises(InputError, match=r"label_text_weight_choices=\(0.0, 0.3\)"):
-    score_fusion.check_label_texts(config(0.0, (0.0, 0.3)), False, "d", 8)
+    score_fusion.check_label_texts(config(0.0, (0.0, 0.3)), False, "d")

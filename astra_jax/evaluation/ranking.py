@@ -138,17 +138,19 @@ class ModelEvaluator:
     config,
     inv_prop: np.ndarray | None,
     fused: bool = True,
+    label_text_embeddings: np.ndarray | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
-    alone when `fused` is False)."""
+    alone when `fused` is False). The fused score embeds every label's text with the
+    encoder unless `label_text_embeddings` (L, d) already holds them."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     texts = None
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
-      texts = embed(
-        embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size
-      )
+      texts = label_text_embeddings
+      if texts is None:
+        texts = embed_label_texts(embed_fn, params, data, config)
     search = sharded_topk.ShardedSearch(mesh, data.num_labels, config.eval.label_block, fusion)
     return cls(
       search,
@@ -183,6 +185,11 @@ class ModelEvaluator:
     return metrics.as_percent(metrics.from_sums(self.block_sums(0, n), n, self.ks))
 
 
+def embed_label_texts(embed_fn: EmbedFn, params: dict, data: dataset.XCData, config) -> np.ndarray:
+  """(L, d) E(z_l) of every label's text under `params`' encoder (the fused score's rows)."""
+  return embed(embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size)
+
+
 # ----------------------------------------------------------------- training's evaluations
 def evaluate_model(
   mesh: jax.sharding.Mesh,
@@ -193,11 +200,15 @@ def evaluate_model(
   inv_prop: np.ndarray,
   max_rows: int = 0,
   fused: bool = True,
+  label_text_embeddings: np.ndarray | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
-  the config's score (by W alone when `fused` is False)."""
+  the config's score (by W alone when `fused` is False; `label_text_embeddings`: as
+  `ModelEvaluator.for_model`)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
-  evaluator = ModelEvaluator.for_model(mesh, embed_fn, params, data, config, inv_prop, fused)
+  evaluator = ModelEvaluator.for_model(
+    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings
+  )
   return evaluator.score(n)
 
 

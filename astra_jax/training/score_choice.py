@@ -11,9 +11,9 @@ the one with the highest P@1 (the first listed on a tie) is the model's score fr
 the final evaluation on the test split, the export and the Predictor use it. Nothing is
 retrained, and the test split is never read to choose.
 
-Cost: one evaluation of the validation split per candidate (exact, over all L, as the
-periodic evaluations), each with a weight above 0 embedding every label's text again, as
-the fused score's evaluations do: for the small real datasets the fused score is for.
+Cost: one pass of the encoder over the label texts (shared by the candidates) and one
+evaluation of the validation split per candidate, exact over all L as the periodic
+evaluations: for the small real datasets the fused score is for.
 """
 
 from __future__ import annotations
@@ -66,11 +66,17 @@ def choose_label_text_weight(trainer: Trainer) -> ScoreChoice | None:
   if not weights:
     return None
   params = trainer.state.params
+  # E(z_l) depends on the encoder only: embedded once for every candidate above 0.
+  texts = None
+  if any(weights):
+    texts = ranking.embed_label_texts(p.embed_fn, params, p.eval_data, p.config)
   read = []
   for weight in weights:
     cfg = copy.deepcopy(p.config)
     cfg.scoring.label_text_weight = weight
-    metrics = ranking.evaluate_model(p.mesh, p.embed_fn, params, p.eval_data, cfg, p.inv_prop)
+    metrics = ranking.evaluate_model(
+      p.mesh, p.embed_fn, params, p.eval_data, cfg, p.inv_prop, label_text_embeddings=texts
+    )
     read.append((weight, float(metrics[CHOSEN_BY])))
     logging.info("label-text weight %.2f: validation %s %.2f", weight, CHOSEN_BY, read[-1][1])
   best = max(m for _, m in read)

@@ -399,7 +399,7 @@ def _train_and_evaluate(
   # W's rows padded to a multiple of the model axis; padded rows are never sampled (the
   # sampler draws from each shard's real rows) and never predicted (evaluation reads W[:L]).
   rows = sharding.padded_rows(data.num_labels, mesh)
-  score_fusion.check_label_texts(config, data.label_tokens is not None, data.data_dir, d)
+  score_fusion.check_label_texts(config, data.label_tokens is not None, data.data_dir)
   stages.mark("data_and_encoder")
   if config.warmstart.epochs:
     enc_params = warmstart.run(

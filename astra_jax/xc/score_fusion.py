@@ -72,23 +72,20 @@ class LabelTextFusion:
     return (1.0 - self.text_weight) * classifier + self.text_weight * text
 
 
-def check_label_texts(config, has_label_texts: bool, data_dir: str, dim: int) -> None:
+def check_label_texts(config, has_label_texts: bool, data_dir: str) -> None:
   """Raises InputError when the config's score needs label texts the data lacks: the fused
   score, or a choice among label-text weights (`scoring.label_text_weight_choices`) that
   lists one above 0."""
-  if has_label_texts:
-    return
   sc = config.get("scoring")
-  choices = tuple(sc.get("label_text_weight_choices", ())) if sc is not None else ()
-  if from_config(config, dim) is not None:
-    field = f"label_text_weight={sc.label_text_weight}"
-  elif any(choices):
-    field = f"label_text_weight_choices={choices}"
-  else:
+  if has_label_texts or sc is None:
     return
-  raise InputError(
-    f"config.scoring.{field}: the fused score needs label texts, and {data_dir} has none"
-  )
+  for field in ("label_text_weight", "label_text_weight_choices"):
+    value = sc.get(field, ())
+    if np.any(np.asarray(value, np.float64) > 0):
+      raise InputError(
+        f"config.scoring.{field}={value}: the fused score needs label texts, and "
+        f"{data_dir} has none"
+      )
 
 
 def from_config(config, dim: int) -> LabelTextFusion | None:
