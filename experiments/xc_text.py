@@ -71,7 +71,9 @@ def get_config(variant: str = "minilm"):
     c.warmstart.batch_size = 1024
     c.warmstart.lr = 3e-3
     c.classifier.init = "label_text"
-    c.optim.encoder_lr = 1e-3
+    # A third of the warm start's rate: the classifier stage moves E(x) less, and the
+    # neighbour vote reads the training rows' E(x) (docs/results/builddeps.md).
+    c.optim.encoder_lr = 3e-4
     c.optim.classifier_lr = 0.3
     # 5 epochs of the classifier stage, hard negatives refreshed from the third on (after
     # epochs 2 and 4): at least as good as 10 epochs refreshed from the sixth on both
@@ -88,6 +90,8 @@ def get_config(variant: str = "minilm"):
     c.scoring.label_text_weight = 0.5  # the periodic evaluations' score
     c.scoring.label_text_weight_choices = (0.0, 0.1, 0.3, 0.5)
     c.scoring.label_text_scale = 5.0
+    # So is how much the nearest training rows' labels weigh (xc/neighbour_vote.py).
+    c.scoring.neighbour_weight_choices = (0.0, 0.3, 0.5, 0.7, 0.9)
   else:
     # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).
     c.encoder.embedding_dropout = 0.2

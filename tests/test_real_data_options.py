@@ -1,7 +1,7 @@
 """The real-data options end to end on a small dataset in the NGAME raw layout: a validation
 split for the periodic evaluations, W from label texts, the label-text term in the score
-with W alone reported beside it and its weight chosen on the validation split, the kNN
-diagnostic and the TF-IDF baseline in results.json."""
+with W alone reported beside it and its weight chosen on the validation split, then the
+neighbour vote's, the kNN diagnostic and the TF-IDF baseline in results.json."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,7 @@ from astra_jax.evaluation import baselines, ranking
 from astra_jax.serving import export
 from astra_jax.serving.predictor import Predictor
 from astra_jax.training import train
+from astra_jax.xc import neighbour_vote
 
 pytestmark = pytest.mark.e2e
 
@@ -26,6 +27,9 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   c.eval.tfidf_baseline = True
   c.scoring.label_text_weight = 0.5
   c.scoring.label_text_weight_choices = (0.0, 0.5, 1.0)
+  # No 0 among them: the vote is in the exported model whichever is chosen.
+  c.scoring.neighbour_weight_choices = (0.5, 1.0)
+  c.scoring.neighbours, c.scoring.neighbour_temperature = 5, 0.2
   c.eval.classifier_alone = True
   c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 2, 32, 1
   c.train.profile_steps = 0
@@ -73,6 +77,49 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   chosen = next(w for w in (0.0, 0.5, 1.0) if reference[w] == best)
   assert choice["label_text_weight"] == chosen == model.meta["scoring"]["label_text_weight"]
   assert r["config"]["scoring"]["label_text_weight"] == chosen
+  # Then the neighbour vote's weight, with that label-text weight, its memory the training
+  # rows alone: each candidate's P@1 as numpy computes it from the exported encoder.
+  fused = (1 - chosen) * sigmoid(q @ np.asarray(model.classifier).T) + chosen * sigmoid(5.0 * cos)
+  keys = Predictor(model, index="exact").encode(data.train_tokens[np.arange(300)])
+  votes = _dense_votes(q, keys, data.train_labels.head(300).to_dense(), 5, 0.2)
+  reference = {}
+  for a in (0.5, 1.0):
+    top = np.argsort(-((1 - a) * fused + a * votes), axis=1, kind="stable")
+    m = ranking.rank_filter_score(
+      lambda k, top=top: top[:, :k], val.test_labels, val.test_filter, None, (1,)
+    )
+    reference[a] = m["P@1"]
+  got = {x["neighbour_weight"]: x["P@1"] for x in choice["neighbour_candidates"]}
+  assert got == pytest.approx(reference, abs=1e-3)
+  a = 0.5 if reference[0.5] >= reference[1.0] else 1.0
+  assert choice["neighbour_weight"] == a == model.meta["scoring"]["neighbour_weight"]
+  # The exported memory holds the training rows, then the 100 validation rows; a Predictor
+  # ranks by the mixed score over it, as numpy does.
+  assert len(model.memory.keys) == 400
+  np.testing.assert_allclose(model.memory.keys[:300], unit(keys), atol=1e-5)
+  p = Predictor(model, index="scann")
+  assert p.vote == neighbour_vote.NeighbourVote(a, 5, 0.2)
+  texts = ["item 3 words", "another query text"]
+  out = p.predict(texts, k=4)
+  e = p.encode(p.to_tokens(texts)[0])
+  e_cos = unit(e) @ unit(z).T
+  memory_labels = model.memory.labels.to_dense()
+  dense = (1 - a) * (
+    (1 - chosen) * sigmoid(e @ np.asarray(model.classifier).T) + chosen * sigmoid(5.0 * e_cos)
+  ) + a * _dense_votes(e, model.memory.keys, memory_labels, 5, 0.2)
+  np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :4], rtol=1e-4, atol=1e-6)
+  # The test split's metrics are the mixed score's over that memory.
+  t = p.encode(np.asarray(data.test_tokens))
+  mixed = (1 - a) * (
+    (1 - chosen) * sigmoid(t @ np.asarray(model.classifier).T)
+    + chosen * sigmoid(5.0 * unit(t) @ unit(z).T)
+  ) + a * _dense_votes(t, model.memory.keys, memory_labels, 5, 0.2)
+  top = np.argsort(-mixed, axis=1, kind="stable")
+  m = ranking.rank_filter_score(
+    lambda k: top[:, :k], data.test_labels, data.test_filter, None, (1, 3, 5)
+  )
+  for k in ("P@1", "P@3", "P@5"):
+    assert abs(r["metrics"][k] - m[k]) < 1e-3, (k, r["metrics"][k], m[k])
   if baselines.sklearn_available():
     assert r["tfidf_knn_baseline"]["P@1"] > r["popularity_baseline"]["P@1"]
   else:
@@ -81,3 +128,15 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   c.data.validation_fraction = 0.5
   with pytest.raises(Exception, match="validation_fraction"):
     train.train_and_evaluate(c, str(tmp_path / "wd"))
+
+
+def _dense_votes(queries, keys, labels, k, tau):
+  """v(x, l) by its definition (xc/neighbour_vote.py), one query at a time."""
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  cos = unit(queries.astype(np.float64)) @ unit(keys.astype(np.float64)).T
+  out = np.zeros((len(queries), labels.shape[1]))
+  for i, row in enumerate(cos):
+    nb = np.argsort(-row, kind="stable")[:k]
+    w = np.exp((row[nb] - row[nb[0]]) / tau)
+    out[i] = (w[:, None] * labels[nb]).sum(0) / w.sum()
+  return out

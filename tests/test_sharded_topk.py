@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.sharded_topk import ShardedSearch
 from astra_jax.parallel import sharding
-from astra_jax.xc import score_fusion
+from astra_jax.xc import neighbour_vote, score_fusion
 
 
 def _mesh(data: int, model: int) -> jax.sharding.Mesh:
@@ -81,6 +81,44 @@ def test_fused_sharded_topk_equals_the_dense_fused_ranking():
   np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_voted_sharded_topk_equals_the_dense_mixed_ranking(fused):
+  """(1 - a) p + a v over the shards, p = sigmoid(<w, e>) or the fused score, v the votes
+  spread densely: the same ranking and scores as numpy's."""
+  mesh = _mesh(2, 2)
+  num_labels, n, S = 30, 20, 4
+  table, tokens, w = _problem(num_labels, 30, n=n)
+  rng = np.random.default_rng(2)
+  texts = rng.normal(size=(num_labels, 8)).astype(np.float32)
+  vote_ids = np.stack([rng.choice(num_labels, S, replace=False) for _ in range(n)]).astype(np.int32)
+  vote_ids[::3, -1] = -1  # fewer voted labels than S
+  values = np.where(vote_ids >= 0, rng.uniform(0.1, 1.0, (n, S)), 0.0).astype(np.float32)
+  vote = neighbour_vote.NeighbourVote(0.6, 10, 0.1, S)
+  fusion = score_fusion.LabelTextFusion(0.4, 5.0, 8) if fused else None
+  search = ShardedSearch(mesh, num_labels, 4, fusion, vote)
+  parts = search.label_parts(
+    jax.device_put(w, NamedSharding(mesh, P("model"))), texts if fused else None
+  )
+  lo = 3  # the votes are of rows [lo, n)
+  votes = neighbour_vote.Votes(vote_ids[lo:], values[lo:])
+  got = np.concatenate(
+    [x for _, x in search.search_rows(ENCODE, table, tokens, lo, n, 5, parts, 8, votes)]
+  )
+  emb = table[tokens[lo:]].sum(1)
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sig = lambda x: 1 / (1 + np.exp(-x))
+  p = sig(emb @ w.T)
+  if fused:
+    p = 0.6 * p + 0.4 * sig(5.0 * unit(emb) @ unit(texts).T)
+  dense_votes = np.zeros((n - lo, num_labels))
+  for r in range(n - lo):
+    for j in range(S):
+      if vote_ids[lo + r, j] >= 0:
+        dense_votes[r, vote_ids[lo + r, j]] += values[lo + r, j]
+  scores = 0.4 * p + 0.6 * dense_votes
+  np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
+
+
 def _all_gather_sizes(hlo: str) -> list[int]:
   """Element counts of every all-gather's result in a compiled HLO module."""
   sizes = []
@@ -101,7 +139,7 @@ def test_compiled_search_gathers_candidates_and_queries_never_w(shape):
   ids = jax.device_put(jnp.zeros((q, 3), jnp.int32), NamedSharding(mesh, P(sharding.ALL)))
   w = jax.device_put(jnp.zeros((num_labels, d)), NamedSharding(mesh, P("model")))
   table = jnp.zeros((64, d))
-  hlo = kernel.lower(table, ids, w).compile().as_text()
+  hlo = kernel.lower(table, ids, None, w).compile().as_text()
   sizes = _all_gather_sizes(hlo)
   assert sizes, "the candidates must cross the model axis"
   # Only queries (q x d) and candidates (q x M k) are gathered; a gather of W or a shard

@@ -14,10 +14,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
+
 
 def dot_scores(queries: jax.Array, rows: jax.Array) -> jax.Array:
   """<w_l, e>: the classifiers' scores of a query block against a label block."""
   return queries @ rows.T.astype(jnp.float32)
+
+
+def probability_scores(queries: jax.Array, rows: jax.Array) -> jax.Array:
+  """sigmoid(<w_l, e>): the classifiers' probabilities, what the neighbour vote mixes with."""
+  return jax.nn.sigmoid(dot_scores(queries, rows))
+
+
+def tile_score(fusion=None, vote: NeighbourVote | None = None):
+  """The score a kernel computes per tile: the label-text fusion's (a probability) when
+  there is one, else <w_l, e>, or its sigmoid when the neighbour vote is mixed in."""
+  if fusion is not None:
+    return fusion
+  return probability_scores if vote is not None else dot_scores
 
 
 def merge_topk(
@@ -44,7 +59,7 @@ def merge_topk(
   return top_s, jnp.take_along_axis(cand_i, pos, axis=1)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels", "score"))
+@functools.partial(jax.jit, static_argnames=("k", "label_block", "num_labels", "score", "vote"))
 def topk_block(
   queries: jax.Array,
   w_blocks: jax.Array,
@@ -52,10 +67,14 @@ def topk_block(
   label_block: int,
   num_labels: int,
   score=dot_scores,
+  vote: NeighbourVote | None = None,
+  vote_ids: jax.Array | None = None,
+  vote_values: jax.Array | None = None,
 ):
   """queries (qb, d); w_blocks (nb, lb, d) -> (scores (qb, k), ids (qb, k)); `score`
   (hashable: it is part of the compiled function) scores a query block against a label
-  block."""
+  block; with `vote`, each block's scores are mixed with the queries' votes (qb, S)
+  (neighbour_vote.add_votes; `score` must then give probabilities)."""
   qb = queries.shape[0]
   init = (jnp.full((qb, k), -jnp.inf, jnp.float32), jnp.full((qb, k), -1, jnp.int32))
 
@@ -63,6 +82,8 @@ def topk_block(
     best_s, best_i = carry
     w, b = xs
     s = score(queries, w)
+    if vote is not None:
+      s = add_votes(s, vote, vote_ids, vote_values, b * label_block)
     ids = b * label_block + jnp.arange(label_block, dtype=jnp.int32)
     s = jnp.where(ids[None, :] < num_labels, s, -jnp.inf)
     return merge_topk(best_s, best_i, s, ids, k), None
@@ -86,6 +107,8 @@ def topk(
   query_block: int = 1024,
   label_block: int = 32768,
   score=dot_scores,
+  vote: NeighbourVote | None = None,
+  votes: Votes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Top-k labels for every row of `embeddings`: (scores, ids), best first.
 
@@ -96,13 +119,18 @@ def topk(
     query_block: queries per compiled call (the last block is padded to it).
     label_block: label rows scored at a time (bounds the (query_block, label_block) scores).
     score: (query block, label block) -> scores; <w_l, e> by default, the fused score of
-      `score_fusion.LabelTextFusion` with its query and label rows.
+      `score_fusion.LabelTextFusion` with its query and label rows (`tile_score`).
+    vote: the neighbour vote mixed into the scores, with each row's `votes`
+      (xc/neighbour_vote.py), or None.
+    votes: the rows' votes (n, S) when `vote` is set.
   Returns:
     (scores (n, k) float32, ids (n, k) int32).
   """
   label_block = min(label_block, len(classifier))
   w_blocks = label_blocks(classifier, label_block)
-  return _blocked_topk(embeddings, w_blocks, len(classifier), k, query_block, label_block, score)
+  return _blocked_topk(
+    embeddings, w_blocks, len(classifier), k, query_block, label_block, score, vote, votes
+  )
 
 
 def _blocked_topk(
@@ -113,6 +141,8 @@ def _blocked_topk(
   query_block: int,
   label_block: int,
   score=dot_scores,
+  vote: NeighbourVote | None = None,
+  votes: Votes | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
   """`topk` over label rows already in blocks (`label_blocks`)."""
   k = min(k, num_labels)
@@ -122,9 +152,13 @@ def _blocked_topk(
   for start in range(0, n, query_block):
     q = np.asarray(embeddings[start : start + query_block], np.float32)
     m = len(q)
-    if m < query_block and n > query_block:  # keep one compiled shape
-      q = np.pad(q, ((0, query_block - m), (0, 0)))
-    s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, num_labels, score)
+    pad = query_block - m if m < query_block and n > query_block else 0  # one compiled shape
+    q = np.pad(q, ((0, pad), (0, 0)))
+    vi = vv = None
+    if vote is not None:
+      vi = np.pad(votes.ids[start : start + m], ((0, pad), (0, 0)), constant_values=-1)
+      vv = np.pad(votes.values[start : start + m], ((0, pad), (0, 0)))
+    s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, num_labels, score, vote, vi, vv)
     scores[start : start + m], ids[start : start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids
 

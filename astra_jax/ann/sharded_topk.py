@@ -18,7 +18,10 @@ place with a clamped dynamic slice (the last tile overlaps its predecessor, whos
 masked), so the shard is never padded or copied.
 
 The label-text fusion (score_fusion.py) runs through the same kernel with E(z_l)/|E(z_l)|
-laid out like W, each tile's [w_l | E(z_l)/|E(z_l)|] assembled on the fly.
+laid out like W, each tile's [w_l | E(z_l)/|E(z_l)|] assembled on the fly. The neighbour
+vote (neighbour_vote.py) arrives as each query's (S,) voted label ids and votes, split over
+the devices like the queries and gathered over 'model' with them; each tile adds the votes
+that fall inside it.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from astra_jax.ann.exact_topk import dot_scores, merge_topk
+from astra_jax.ann.exact_topk import merge_topk, tile_score
 from astra_jax.parallel.sharding import ALL
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
@@ -47,9 +51,12 @@ def _tile_topk(
   first_id: jax.Array,
   num_labels: int,
   score,
+  vote: NeighbourVote | None = None,
+  votes: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
-  label arrays (each (R, .)), one tile of `label_block` rows at a time."""
+  label arrays (each (R, .)), one tile of `label_block` rows at a time; with `vote`, each
+  tile's scores mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
   rows = label_parts[0].shape[0]
   lb = min(label_block, rows)
   tiles = -(-rows // lb)
@@ -64,6 +71,8 @@ def _tile_topk(
       [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
     )
     s = score(queries, tile)
+    if vote is not None:
+      s = add_votes(s, vote, votes[0], votes[1], first_id + start)
     ids = first_id + start + local
     # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
     keep = (start + local >= nominal) & (ids < num_labels)
@@ -83,12 +92,15 @@ class ShardedSearch:
     num_labels: L; W's padded rows [L, L') are never returned.
     label_block: W rows scored per tile on each device.
     fusion: the label-text fusion, or None for <w_l, E(x)>.
+    vote: the neighbour vote mixed into the score (`search_rows` then takes each row's
+      votes), or None.
   """
 
   mesh: jax.sharding.Mesh
   num_labels: int
   label_block: int = 32768
   fusion: LabelTextFusion | None = None
+  vote: NeighbourVote | None = None
 
   @property
   def devices(self) -> int:
@@ -99,9 +111,10 @@ class ShardedSearch:
     return -(-batch_size // self.devices) * self.devices
 
   def kernel(self, encode: EncodeFn, k: int):
-    """jit((encoder params, ids (Q, T) split over all devices, W (L', d) split over 'model'
-    [, unit label texts (L', d)]) -> (scores, ids) (Q, k), split like the ids). One per
-    (search, encoder, k) for the process's life: every evaluation of a run reuses it."""
+    """jit((encoder params, ids (Q, T) split over all devices, votes ((Q, S) ids, (Q, S)
+    values) split likewise or None, W (L', d) split over 'model' [, unit label texts
+    (L', d)]) -> (scores, ids) (Q, k), split like the ids). One per (search, encoder, k)
+    for the process's life: every evaluation of a run reuses it."""
     return _kernel(self, encode, k)
 
   def label_parts(
@@ -126,6 +139,7 @@ class ShardedSearch:
     k: int,
     label_parts: tuple[jax.Array, ...],
     batch_size: int,
+    votes: Votes | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
@@ -138,6 +152,7 @@ class ShardedSearch:
       k: labels per row.
       label_parts: `label_parts(W, E(z_l))`.
       batch_size: query rows per call (rounded to the devices; the last call is padded).
+      votes: with `self.vote`, the votes of rows [lo, hi) (row lo first).
     Returns:
       [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
       in row order (padding rows past `hi` dropped).
@@ -145,18 +160,29 @@ class ShardedSearch:
     kernel = self.kernel(encode, k)
     q = self.block_rows(batch_size)
     sharding = NamedSharding(self.mesh, P(ALL))
+    if self.vote is not None and votes is None:
+      raise ValueError("a search with a neighbour vote needs the rows' votes")
     out = []
     for start in range(lo, hi, q):
       stop = min(start + q, hi)
 
-      def read(index, start=start, stop=stop):
-        a = start + (index[0].start or 0)
-        b = start + (q if index[0].stop is None else index[0].stop)
-        ids = np.asarray(tokens[min(a, stop) : min(b, stop)], np.int32)
-        return np.pad(ids, ((0, (b - a) - len(ids)), (0, 0)))
+      def rows_of(array, fill, dtype=None, start=start, stop=stop, offset=0):
+        """Rows [start, start + q) of `array` (its row 0 is global row `offset`) split over
+        the devices, each process reading its own; rows past `stop` are `fill`."""
 
-      ids = jax.make_array_from_callback((q, tokens.shape[1]), sharding, read)
-      _, top = kernel(enc_params, ids, *label_parts)
+        def read(index):
+          a = start + (index[0].start or 0)
+          b = start + (q if index[0].stop is None else index[0].stop)
+          x = np.asarray(array[min(a, stop) - offset : min(b, stop) - offset], dtype)
+          return np.pad(x, ((0, (b - a) - len(x)), (0, 0)), constant_values=fill)
+
+        return jax.make_array_from_callback((q, array.shape[1]), sharding, read)
+
+      ids = rows_of(tokens, 0, np.int32)
+      voted = None
+      if self.vote is not None:
+        voted = (rows_of(votes.ids, -1, offset=lo), rows_of(votes.values, 0.0, offset=lo))
+      _, top = kernel(enc_params, ids, voted, *label_parts)
       for shard in top.addressable_shards:
         a = start + (shard.index[0].start or 0)
         n = min(stop - a, shard.data.shape[0])
@@ -168,21 +194,24 @@ class ShardedSearch:
 @functools.lru_cache(maxsize=32)
 def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
   """ShardedSearch.kernel's compiled function."""
-  mesh, fusion, num_labels, label_block = (
+  mesh, fusion, vote, num_labels, label_block = (
     search.mesh,
     search.fusion,
+    search.vote,
     search.num_labels,
     search.label_block,
   )
-  score = dot_scores if fusion is None else fusion
+  score = tile_score(fusion, vote)
 
-  def body(emb, *label_parts):
+  def body(emb, voted, *label_parts):
     group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
     if fusion is not None:
       group = fusion.device_query_rows(group)
+    if vote is not None:  # the group's votes, as its embeddings
+      voted = tuple(jax.lax.all_gather(x, "model", tiled=True) for x in voted)
     rows = label_parts[0].shape[0]
     first_id = jax.lax.axis_index("model") * rows
-    s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score)
+    s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score, vote, voted)
     # The group's (q, M k) candidates -> its best k, then this device's own queries.
     cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
     cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
@@ -196,18 +225,19 @@ def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
     )
 
   parts = 1 if fusion is None else 2
+  voted_spec = (P(ALL), P(ALL)) if vote is not None else None
   sharded = jax.shard_map(
     body,
     mesh=mesh,
-    in_specs=(P(ALL),) + (P("model"),) * parts,
+    in_specs=(P(ALL), voted_spec) + (P("model"),) * parts,
     out_specs=(P(ALL), P(ALL)),
     check_vma=False,
   )
   query_sharding = NamedSharding(mesh, P(ALL))
 
-  def run(enc_params, ids, *label_parts):
+  def run(enc_params, ids, voted, *label_parts):
     emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
-    return sharded(emb, *label_parts)
+    return sharded(emb, voted, *label_parts)
 
   return jax.jit(run)
 

@@ -59,6 +59,15 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # validation split (training/score_choice.py; needs data.validation_fraction > 0): the
   # final evaluation and the export use the chosen one. (): label_text_weight as set.
   c.scoring.label_text_weight_choices = ()
+  # neighbour_weight = a > 0 mixes in the vote of the `neighbours` training rows nearest to
+  # the query under the same encoder (xc/neighbour_vote.py): (1 - a) p + a v, each row's
+  # vote weighted exp((cos - best cos) / neighbour_temperature). The model then keeps the
+  # training rows' embeddings (N x d float32) to vote with.
+  c.scoring.neighbour_weight = 0.0
+  c.scoring.neighbours = 50
+  c.scoring.neighbour_temperature = 0.1
+  # Candidates for neighbour_weight, chosen after label_text_weight, as it is.
+  c.scoring.neighbour_weight_choices = ()
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -85,6 +94,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
   require(
     not choices or c.data.validation_fraction > 0,
     "scoring.label_text_weight_choices",
+    "chooses on the validation split: set data.validation_fraction > 0",
+  )
+  require(0 <= c.scoring.neighbour_weight <= 1, "scoring.neighbour_weight", "must be in [0, 1]")
+  require(c.scoring.neighbours >= 1, "scoring.neighbours", "must be >= 1")
+  require(c.scoring.neighbour_temperature > 0, "scoring.neighbour_temperature", "must be > 0")
+  choices = tuple(c.scoring.neighbour_weight_choices)
+  require(
+    all(0 <= w <= 1 for w in choices),
+    "scoring.neighbour_weight_choices",
+    f"every candidate must be in [0, 1], got {choices}",
+  )
+  require(
+    not choices or c.data.validation_fraction > 0,
+    "scoring.neighbour_weight_choices",
     "chooses on the validation split: set data.validation_fraction > 0",
   )
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")

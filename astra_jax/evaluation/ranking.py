@@ -22,7 +22,7 @@ from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn, metrics
 from astra_jax.model.embedding import EmbedFn, embed, host_local
 from astra_jax.runtime import distributed
-from astra_jax.xc import score_fusion
+from astra_jax.xc import neighbour_vote, score_fusion
 
 Ranker = Callable[[int], np.ndarray]  # k -> (n, >= k) label ids, best first (-1: none)
 
@@ -115,6 +115,9 @@ class ModelEvaluator:
     inv_prop: inverse propensities (None: no PS metrics).
     ks: the cut-offs.
     batch_size: query rows per compiled call.
+    memory: the training rows that vote (neighbour_vote.py) when `search.vote` is set.
+    votes: the test rows' votes from `memory`, when already taken (they depend on the
+      encoder, the memory and the vote's k and tau, not on its weight).
   """
 
   search: sharded_topk.ShardedSearch
@@ -127,6 +130,8 @@ class ModelEvaluator:
   inv_prop: np.ndarray | None
   ks: tuple[int, ...]
   batch_size: int
+  memory: neighbour_vote.Memory | None = None
+  votes: neighbour_vote.Votes | None = None
 
   @classmethod
   def for_model(
@@ -139,19 +144,27 @@ class ModelEvaluator:
     inv_prop: np.ndarray | None,
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
+    memory: neighbour_vote.Memory | None = None,
+    votes: neighbour_vote.Votes | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
     alone when `fused` is False). The fused score embeds every label's text with the
-    encoder unless `label_text_embeddings` (L, d) already holds them."""
+    encoder unless `label_text_embeddings` (L, d) already holds them. The neighbour vote
+    (`scoring.neighbour_weight`) is in the score only with a `memory` to vote from: the
+    periodic evaluations have none and score without it; `votes`: the test rows' votes
+    from it, when already taken."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
+    vote = neighbour_vote.from_config(config) if fused and memory is not None else None
     texts = None
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
       texts = label_text_embeddings
       if texts is None:
         texts = embed_label_texts(embed_fn, params, data, config)
-    search = sharded_topk.ShardedSearch(mesh, data.num_labels, config.eval.label_block, fusion)
+    search = sharded_topk.ShardedSearch(
+      mesh, data.num_labels, config.eval.label_block, fusion, vote
+    )
     return cls(
       search,
       embed_fn,
@@ -163,6 +176,8 @@ class ModelEvaluator:
       inv_prop,
       tuple(config.eval.ks),
       config.eval.batch_size,
+      memory if vote is not None else None,
+      votes if vote is not None else None,
     )
 
   def block_sums(self, lo: int, hi: int) -> dict[str, float]:
@@ -171,8 +186,23 @@ class ModelEvaluator:
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
     sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
+    votes = None
+    if self.search.vote is not None and self.votes is not None:
+      votes = self.votes.rows(lo, hi)
+    elif self.search.vote is not None:
+      # Every process votes for the whole block; each then reads its own rows' votes.
+      queries = embed(self.embed_fn, host_local(self.encoder), self.tokens[lo:hi], self.batch_size)
+      votes = self.memory.votes(queries, self.search.vote)
     for first, ids in self.search.search_rows(
-      self.embed_fn, self.encoder, self.tokens, lo, hi, k, self.label_parts, self.batch_size
+      self.embed_fn,
+      self.encoder,
+      self.tokens,
+      lo,
+      hi,
+      k,
+      self.label_parts,
+      self.batch_size,
+      votes,
     ):
       sums = metrics.add_sums(
         sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
@@ -190,6 +220,16 @@ def embed_label_texts(embed_fn: EmbedFn, params: dict, data: dataset.XCData, con
   return embed(embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size)
 
 
+def vote_memory(
+  embed_fn: EmbedFn, params: dict, tokens, labels: SparseRows, config
+) -> neighbour_vote.Memory:
+  """The neighbour vote's memory (neighbour_vote.Memory) of token rows (n, T) and their
+  labels, under `params`' encoder."""
+  rows = tokens[np.arange(len(tokens))]
+  keys = embed(embed_fn, host_local(params["encoder"]), rows, config.eval.batch_size)
+  return neighbour_vote.Memory.from_embeddings(keys, labels)
+
+
 # ----------------------------------------------------------------- training's evaluations
 def evaluate_model(
   mesh: jax.sharding.Mesh,
@@ -201,13 +241,15 @@ def evaluate_model(
   max_rows: int = 0,
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
+  memory: neighbour_vote.Memory | None = None,
+  votes: neighbour_vote.Votes | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
-  the config's score (by W alone when `fused` is False; `label_text_embeddings`: as
-  `ModelEvaluator.for_model`)."""
+  the config's score (by W alone when `fused` is False; `label_text_embeddings`, `memory`,
+  `votes`: as `ModelEvaluator.for_model`)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
   evaluator = ModelEvaluator.for_model(
-    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings
+    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings, memory, votes
   )
   return evaluator.score(n)
 

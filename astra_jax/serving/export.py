@@ -7,6 +7,9 @@
   classifier.npy        W[:L] float32 (opens with np.load(mmap_mode="r"))
   tokenizer/            the training tokenizer's files, copied
   labels.txt            one label text per line, when the dataset has label texts
+  vote_memory.npz       when the score has a neighbour vote (xc/neighbour_vote.py): the
+                        voting rows' unit embeddings `keys` (N, d) float32 and their labels
+                        as CSR `indptr`, `indices`
   config.json           the training config
 
 Encoder parameters go to safetensors rather than an orbax checkpoint: it is one flat file
@@ -34,15 +37,18 @@ from flax import nnx
 
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.label_subset import sample_labels
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model import architectures
 from astra_jax.model.factory import encoder_for_shape
 from astra_jax.model.interface import EncoderShape
 from astra_jax.runtime import distributed, tmpnames
 from astra_jax.runtime.errors import InputError
+from astra_jax.xc.neighbour_vote import Memory
 
 FORMAT_VERSION = 1
 MODEL_DIR = "model"
 CLASSIFIER_ROWS_FILE = ".classifier-rows.npy"  # W written by every process, then moved in
+VOTE_MEMORY_FILE = "vote_memory.npz"
 
 
 class ModelNotFoundError(InputError, FileNotFoundError):
@@ -52,7 +58,8 @@ class ModelNotFoundError(InputError, FileNotFoundError):
 @dataclasses.dataclass
 class Model:
   """A trained model as `load_model` reads it from WORKDIR/model: the encoder (config,
-  graph and parameters), W, the tokenizer's directory and the label texts."""
+  graph and parameters), W, the tokenizer's directory, the label texts and the neighbour
+  vote's memory (None when the score does not vote)."""
 
   path: str  # WORKDIR/model
   model_id: str  # changes on every export (keys cached indexes)
@@ -65,6 +72,7 @@ class Model:
   pad_id: int
   label_texts: list[str] | None
   meta: dict
+  memory: Memory | None = None
 
   @property
   def trained_labels(self) -> int:
@@ -137,9 +145,11 @@ def save_model(
   label_texts: list[str] | None = None,
   train_config: dict | None = None,
   extra: dict | None = None,
+  memory: Memory | None = None,
 ) -> str:
   """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
-  the path of a finished float32 .npy of it (write_classifier_rows), moved into the model."""
+  the path of a finished float32 .npy of it (write_classifier_rows), moved into the model;
+  `memory`: the neighbour vote's rows, when the score votes."""
   from safetensors.numpy import save as safetensors_save
 
   rows_file = classifier if isinstance(classifier, str) else None
@@ -167,6 +177,13 @@ def save_model(
     copy_tokenizer(tokenizer_dir, os.path.join(tmp, "tokenizer"))
     if label_texts is not None:
       xc_format.write_texts(os.path.join(tmp, "labels.txt"), label_texts)
+    if memory is not None:
+      np.savez(
+        os.path.join(tmp, VOTE_MEMORY_FILE),
+        keys=np.asarray(memory.keys, np.float32),
+        indptr=np.asarray(memory.labels.indptr, np.int64),
+        indices=np.asarray(memory.labels.indices, np.int32),
+      )
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(train_config or {}, f, indent=1)
     meta = {
@@ -241,10 +258,12 @@ def save_trained_model(
   params: dict,
   data: dataset.XCData,
   metrics: dict | None = None,
+  memory: Memory | None = None,
 ) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
-  tokenizer and label texts of its dataset. Every process writes its own rows of W
-  (write_classifier_rows); process 0 writes the rest."""
+  tokenizer and label texts of its dataset, and the neighbour vote's `memory` when the
+  score votes. Every process writes its own rows of W (write_classifier_rows); process 0
+  writes the rest."""
   rows_file = os.path.join(workdir, CLASSIFIER_ROWS_FILE)
   write_classifier_rows(params["classifier"], data.num_labels, rows_file)
   if jax.process_index() != 0:
@@ -272,6 +291,7 @@ def save_trained_model(
       "filter_self": config.data.get("filter_self", "off") == "on"
       or len(data.train_self_pairs) > 0,
     },
+    memory=memory,
   )
 
 
@@ -359,4 +379,24 @@ def load_model(workdir: str) -> Model:
     meta["pad_id"],
     labels,
     meta,
+    _load_memory(path, len(w), cfg.embed_dim),
   )
+
+
+def _load_memory(path: str, num_labels: int, dim: int) -> Memory | None:
+  """The neighbour vote's memory of a model directory, or None when it has none."""
+  file = os.path.join(path, VOTE_MEMORY_FILE)
+  if not os.path.exists(file):
+    return None
+  try:
+    with np.load(file) as z:
+      keys, indptr, indices = z["keys"], z["indptr"], z["indices"]
+  except (OSError, ValueError, KeyError) as e:
+    raise InputError(f"{file}: cannot read: {e}") from None
+  if keys.ndim != 2 or keys.shape[1] != dim or len(indptr) != len(keys) + 1:
+    raise InputError(
+      f"{file}: keys {keys.shape} and {len(indptr)} row pointers, the model's d is {dim}"
+    )
+  if len(indices) != indptr[-1] or (len(indices) and indices.max() >= num_labels):
+    raise InputError(f"{file}: its label rows do not fit the model's {num_labels} labels")
+  return Memory(keys, SparseRows(indptr, indices, None, num_labels))

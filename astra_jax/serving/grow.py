@@ -11,7 +11,9 @@ retired label keeps its id and row and is masked from every prediction (`model.j
 `retired`), so ids in logs and downstream tables never change meaning. The grown model is
 a new exported model (serving/export.py's layout) that `Predictor` serves at once, its
 ScaNN index built on first use; a model that mixes label-text similarity into its scores
-(scoring.label_text_weight) ranks the new labels by it too.
+(scoring.label_text_weight) ranks the new labels by it too. A model with a neighbour vote
+(scoring.neighbour_weight) keeps its memory: its rows vote for old labels only until a
+retrain puts new ones in their label rows.
 
 Every check runs before anything is written: an empty text, a text that repeats an existing
 label's (or another new one's), a retired id outside the grown label set, or a model this
@@ -28,9 +30,11 @@ import time
 import numpy as np
 
 from astra_jax.data import tokenize, xc_format
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model import embedding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
+from astra_jax.xc.neighbour_vote import Memory
 from astra_jax.xc.score_fusion import unit_rows
 
 # model.json keys save_model writes itself; every other key of the old model is carried over.
@@ -158,6 +162,14 @@ def _train_config(model_path: str) -> dict:
     return json.load(f)
 
 
+def _grown_memory(memory: Memory | None, num_labels: int) -> Memory | None:
+  """The neighbour vote's memory over the grown label set (the same rows and votes)."""
+  if memory is None:
+    return None
+  labels = memory.labels
+  return Memory(memory.keys, SparseRows(labels.indptr, labels.indices, None, num_labels))
+
+
 def grow_model(
   source_workdir: str,
   new_texts: list[str],
@@ -229,5 +241,6 @@ def grow_model(
     label_texts=None if model.label_texts is None else list(model.label_texts) + new_texts,
     train_config=_train_config(model.path),
     extra=extra,
+    memory=_grown_memory(model.memory, total),
   )
   return GrowReport(path, old_l, len(new_texts), retired, fit_n, r2, round(time.time() - t0, 3))

@@ -1,6 +1,7 @@
 """A trained model answering texts: `Predictor` (WORKDIR/model, see export.py) ->
 predict(texts, k), through the model's ScaNN index (serve_index.py) or exact search over
-all of W (`ExactLabels`, W resident on the device)."""
+all of W (`ExactLabels`, W resident on the device). A model whose score mixes in the label
+texts (score_fusion.py) or the neighbour vote (neighbour_vote.py) is searched exactly."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from astra_jax.ann.index import scann_available, warn_scann_missing
 from astra_jax.data import tokenize
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export, serve_index
-from astra_jax.xc import score_fusion
+from astra_jax.xc import neighbour_vote, score_fusion
 
 # Batch sizes the encoder is compiled for: a call pads its texts to the next one (bigger
 # calls go in chunks of the last). Sequence lengths likewise go up in powers of two to
@@ -51,23 +52,57 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
 
 
 class ExactLabels:
-  """Exact search(embeddings, k) -> (scores, ids) with W kept on the device in label blocks
-  (no per-call copy of W); queries are padded to a bucket size (one compile per bucket)."""
+  """Exact search(embeddings, k[, votes]) -> (scores, ids) with W kept on the device in
+  label blocks (no per-call copy of W); queries are padded to a bucket size (one compile
+  per bucket). With a neighbour `vote`, each search takes the queries' votes and ranks by
+  (1 - a) sigmoid(<w_l, E(x)>) + a v(x, l)."""
 
-  def __init__(self, classifier: np.ndarray, label_block: int = 32768):
+  def __init__(
+    self,
+    classifier: np.ndarray,
+    label_block: int = 32768,
+    vote: neighbour_vote.NeighbourVote | None = None,
+  ):
     self.num_labels = len(classifier)
     self.label_block = min(label_block, self.num_labels)
     self.w_blocks = exact_topk.label_blocks(classifier, self.label_block)
+    self.vote = vote
 
   def search(
-    self, emb: np.ndarray, k: int, score=exact_topk.dot_scores
+    self,
+    emb: np.ndarray,
+    k: int,
+    votes: neighbour_vote.Votes | None = None,
+    score=None,
   ) -> tuple[np.ndarray, np.ndarray]:
+    """Args:
+    emb: (n, d') query rows.
+    k: labels per query.
+    votes: the queries' votes, with a neighbour vote.
+    score: the tile score (default: `exact_topk.tile_score` of the vote).
+    """
     k = min(k, self.num_labels)
+    score = score or exact_topk.tile_score(None, self.vote)
+    if self.vote is not None and votes is None:
+      raise ValueError("a search with a neighbour vote needs the queries' votes")
     scores, ids = np.empty((len(emb), k), np.float32), np.empty((len(emb), k), np.int32)
     for start, end in _chunks(len(emb)):
-      q = _pad_rows(np.asarray(emb[start:end], np.float32), _bucket(end - start))
+      rows = _bucket(end - start)
+      q = _pad_rows(np.asarray(emb[start:end], np.float32), rows)
+      vi = vv = None
+      if self.vote is not None:
+        vi = np.pad(votes.ids[start:end], ((0, rows - (end - start)), (0, 0)), constant_values=-1)
+        vv = _pad_rows(votes.values[start:end], rows)
       s, i = exact_topk.topk_block(
-        jnp.asarray(q), self.w_blocks, k, self.label_block, self.num_labels, score
+        jnp.asarray(q),
+        self.w_blocks,
+        k,
+        self.label_block,
+        self.num_labels,
+        score,
+        self.vote,
+        vi,
+        vv,
       )
       scores[start:end], ids[start:end] = np.asarray(s)[: end - start], np.asarray(i)[: end - start]
     return scores, ids
@@ -120,12 +155,16 @@ class FusedExactLabels:
     classifier: np.ndarray,
     label_text_embeddings: np.ndarray,
     label_block: int = 32768,
+    vote: neighbour_vote.NeighbourVote | None = None,
   ):
-    self.inner = ExactLabels(fusion.label_rows(classifier, label_text_embeddings), label_block)
+    rows = fusion.label_rows(classifier, label_text_embeddings)
+    self.inner = ExactLabels(rows, label_block, vote)
     self.fusion = fusion
 
-  def search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    return self.inner.search(self.fusion.query_rows(emb), k, score=self.fusion)
+  def search(
+    self, emb: np.ndarray, k: int, votes: neighbour_vote.Votes | None = None
+  ) -> tuple[np.ndarray, np.ndarray]:
+    return self.inner.search(self.fusion.query_rows(emb), k, votes, score=self.fusion)
 
 
 class Predictor:
@@ -194,11 +233,26 @@ class Predictor:
           scoring["label_text_weight"],
         )
         index = "exact"
+    self.vote = None
+    if scoring.get("neighbour_weight") and model.memory is not None:
+      # The training rows vote (neighbour_vote.py) over all L: exact, like the fusion.
+      self.vote = neighbour_vote.NeighbourVote(
+        float(scoring["neighbour_weight"]),
+        int(scoring["neighbours"]),
+        float(scoring["neighbour_temperature"]),
+      )
+      if index == "scann":
+        logging.info(
+          "the model mixes the neighbour vote into its scores "
+          "(scoring.neighbour_weight=%s): exact search",
+          scoring["neighbour_weight"],
+        )
+        index = "exact"
     if index == "exact" and self.fusion is not None:
       texts = self.encode(self.to_tokens(model.label_texts)[0])
-      self.index = FusedExactLabels(self.fusion, model.classifier, texts)
+      self.index = FusedExactLabels(self.fusion, model.classifier, texts, vote=self.vote)
     elif index == "exact":
-      self.index = ExactLabels(model.classifier)
+      self.index = ExactLabels(model.classifier, vote=self.vote)
     elif index == "scann":
       params = serve_index.serving_params(self.num_labels, **(scann_knobs or {}))
       self.index = serve_index.open_scann(
@@ -286,7 +340,7 @@ class Predictor:
       for t in self.seq_buckets:
         tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
         tokens[:, :t] = self.model.pad_id + 1  # a batch whose longest row has t tokens
-        self.index.search(self.encode(tokens), k)
+        self._search(self.encode(tokens), k)
 
   def predict(self, texts: Sequence[str | bytes], k: int = 10) -> Predictions:
     """Top-k labels for each text; bad inputs get an error in their row and never stop the
@@ -322,7 +376,7 @@ class Predictor:
     emb = self.encode(tokens)
     t2 = time.perf_counter()
     extra = max((len(v) for v in self.own_items.values()), default=0) + len(self.retired)
-    s, i = self.index.search(emb, min(k + extra, self.num_labels))
+    s, i = self._search(emb, min(k + extra, self.num_labels))
     if extra:
       s, i = self._without_own_items([checked[j][0] for j in ok], s, i, k)
     t3 = time.perf_counter()
@@ -334,6 +388,12 @@ class Predictor:
       labels = [[names[j] for j in row if j >= 0] for row in ids.tolist()]
     self.timings = {"tokenize_s": t1 - t0, "encode_s": t2 - t1, "search_s": t3 - t2}
     return Predictions(ids, scores, labels, errors, warnings)
+
+  def _search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The index's top k of the embedded queries, with their votes when the score votes."""
+    if self.vote is None:
+      return self.index.search(emb, k)
+    return self.index.search(emb, k, self.model.memory.votes(emb, self.vote))
 
   def _without_own_items(
     self, texts: list[str], scores: np.ndarray, ids: np.ndarray, k: int

@@ -17,7 +17,9 @@ from astra_jax.evaluation import ann_eval, baselines, ranking
 from astra_jax.model import encoder_source
 from astra_jax.runtime import distributed, faults
 from astra_jax.serving.export import save_trained_model
+from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
+from astra_jax.xc import neighbour_vote
 
 
 @dataclasses.dataclass
@@ -35,10 +37,17 @@ class StageClock:
     self._last = now
 
 
-def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | None, dict]:
+def evaluate_and_export(
+  trainer: Trainer, encoder_cfg, memories: VoteMemories | None = None
+) -> tuple[dict, dict | None, dict]:
   """After training: the final evaluation, the export, the ANN evaluation when asked for
   and the validation split's; each recorded in the progress log.
 
+  Args:
+    trainer: the finished trainer.
+    encoder_cfg: the encoder's shape (the export's record of it).
+    memories: the neighbour vote's memories (neighbour_memory.py) when the score votes:
+      the test split and the export read `final`, the validation split `choice`.
   Returns:
     (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
     phases {name: [start, end]}).
@@ -46,8 +55,9 @@ def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | Non
   p = trainer.parts
   config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
   params = trainer.state.params
+  votes = memories is not None and neighbour_vote.from_config(config) is not None
   t_eval = time.time()
-  final = trainer.final_evaluation()
+  final = trainer.final_evaluation(memories.final if votes else None)
   final.update(
     ranking.diagnostics(
       p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
@@ -57,7 +67,9 @@ def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | Non
   with faults.writing(
     os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
   ):
-    save_trained_model(workdir, config, encoder_cfg, params, data, final)
+    save_trained_model(
+      workdir, config, encoder_cfg, params, data, final, memories.final if votes else None
+    )
   # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
   # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
   phase_spans = {"final_evaluation": [t_eval, t_export], "export": [t_export, time.time()]}
@@ -70,7 +82,15 @@ def evaluate_and_export(trainer: Trainer, encoder_cfg) -> tuple[dict, dict | Non
     ann = ann_eval.evaluate(workdir, data, config, p.inv_prop, trainer.final_rows).report(final)
     phase_spans["ann_evaluation"] = [t_ann, time.time()]
   if eval_data is not data:
-    val = ranking.evaluate_model(p.mesh, p.embed_fn, params, eval_data, config, p.inv_prop)
+    val = ranking.evaluate_model(
+      p.mesh,
+      p.embed_fn,
+      params,
+      eval_data,
+      config,
+      p.inv_prop,
+      memory=memories.choice if votes else None,
+    )
     val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
     trainer.record_eval(config.train.epochs, "validation", val)
   trainer.record_eval(config.train.epochs, "test", final)

@@ -79,6 +79,10 @@ ADDED_KEYS = {
   "negatives.index.leaf_rows": 0,
   "negatives.index.group_rows": 0,
   "negatives.index.leaf_shrink": 0.0,
+  "scoring.neighbour_weight": 0.0,
+  "scoring.neighbours": 50,
+  "scoring.neighbour_temperature": 0.1,
+  "scoring.neighbour_weight_choices": (),
 }
 
 

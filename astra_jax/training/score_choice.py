@@ -1,19 +1,25 @@
-"""The fused score's label-text weight, chosen after training on the validation split.
+"""The score's weights, chosen after training on the validation split: the label texts'
+(xc/score_fusion.py), then the neighbour vote's (xc/neighbour_vote.py).
 
-How much the label texts should weigh in the score (`xc/score_fusion.py`) is a property of
-the dataset, not of the method: on debian-recommends-20k, where items recommend items whose
-texts they resemble, the texts alone rank at validation P@1 45 and the mix at beta 0.5
-reads 52 against W's 45; on debian-builddeps-33k, where a package's build-dependencies
-are rarely like it, the texts alone rank at 16 and beta 0.5 costs 4 points against W alone
-(docs/results/builddeps.md). With `scoring.label_text_weight_choices`, the trained model is
-scored on the validation split (`data.validation_fraction`) once per candidate weight, and
-the one with the highest P@1 (the first listed on a tie) is the model's score from then on:
-the final evaluation on the test split, the export and the Predictor use it. Nothing is
-retrained, and the test split is never read to choose.
+How much the label texts should weigh in the score is a property of the dataset, not of
+the method: on debian-recommends-20k, where items recommend items whose texts they
+resemble, the texts alone rank at validation P@1 45 and the mix at beta 0.5 reads 52
+against W's 45; on debian-builddeps-33k, where a package's build-dependencies are rarely
+like it, the texts alone rank at 16 and beta 0.5 costs 4 points against W alone
+(docs/results/builddeps.md). The neighbour vote is the other way round: it lifts
+debian-builddeps, where W cannot draw a head label's boundary, and costs P@1 on
+debian-recommends at any weight. With `scoring.label_text_weight_choices`, the trained
+model is scored on the validation split (`data.validation_fraction`) once per candidate
+weight, and the one with the highest P@1 (the first listed on a tie) is the model's score
+from then on; then, with that weight, likewise for `scoring.neighbour_weight_choices`,
+the vote's memory holding the training rows only. The final evaluation on the test split,
+the export and the Predictor use both. Nothing is retrained, and the test split is never
+read to choose.
 
-Cost: one pass of the encoder over the label texts (shared by the candidates) and one
-evaluation of the validation split per candidate, exact over all L as the periodic
-evaluations: for the small real datasets the fused score is for.
+Cost: one pass of the encoder over the label texts (shared by the candidates), one over
+the training rows (the vote's memory, shared likewise), and one evaluation of the
+validation split per candidate, exact over all L as the periodic evaluations: for the
+small real datasets these scores are for.
 """
 
 from __future__ import annotations
@@ -21,10 +27,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 from absl import logging
 
 from astra_jax.evaluation import ranking
+from astra_jax.model.embedding import embed, host_local
 from astra_jax.training.trainer import Trainer
+from astra_jax.xc import neighbour_vote
+from astra_jax.xc.neighbour_vote import Memory
 
 CHOSEN_BY = "P@1"
 
@@ -35,52 +45,101 @@ class ScoreChoice:
 
   Attributes:
     by: the validation metric it maximised.
-    candidates: ((weight, that metric on the validation split), ...) in the config's order.
-    chosen: the weight the model now ranks by.
+    candidates: ((label-text weight, that metric on the validation split), ...) in the
+      config's order; () when the config lists none.
+    chosen: the label-text weight the model now ranks by.
+    neighbour_candidates: ((neighbour weight, that metric), ...), read with `chosen`;
+      () when the config lists none.
+    neighbour_weight: the neighbour weight the model now ranks by.
   """
 
   by: str
   candidates: tuple[tuple[float, float], ...]
   chosen: float
+  neighbour_candidates: tuple[tuple[float, float], ...] = ()
+  neighbour_weight: float = 0.0
 
   def to_json(self) -> dict:
-    return {
+    out = {
       "split": "validation",
       "by": self.by,
       "candidates": [{"label_text_weight": w, self.by: m} for w, m in self.candidates],
       "label_text_weight": self.chosen,
     }
+    if self.neighbour_candidates:
+      out["neighbour_candidates"] = [
+        {"neighbour_weight": w, self.by: m} for w, m in self.neighbour_candidates
+      ]
+      out["neighbour_weight"] = self.neighbour_weight
+    return out
 
 
-def choose_label_text_weight(trainer: Trainer) -> ScoreChoice | None:
+def _first_best(read: list[tuple[float, float]]) -> float:
+  best = max(m for _, m in read)
+  return next(w for w, m in read if m == best)
+
+
+def choose_weights(trainer: Trainer, memory: Memory | None = None) -> ScoreChoice | None:
   """Scores the trained model on the validation split with each candidate weight and sets
-  `config.scoring.label_text_weight` (in memory) to the best one.
+  `config.scoring.label_text_weight`, then `config.scoring.neighbour_weight` (in memory),
+  to the best ones.
 
   Args:
     trainer: the finished trainer (its parts' config, validation data and state).
+    memory: the neighbour vote's memory of the training rows (neighbour_memory.py), needed
+      when the config lists neighbour weights.
   Returns:
     The choice, or None when the config lists no candidates.
   """
   p = trainer.parts
-  weights = tuple(float(w) for w in p.config.scoring.get("label_text_weight_choices", ()))
-  if not weights:
+  sc = p.config.scoring
+  text_weights = tuple(float(w) for w in sc.get("label_text_weight_choices", ()))
+  vote_weights = tuple(float(w) for w in sc.get("neighbour_weight_choices", ()))
+  if not text_weights and not vote_weights:
     return None
   params = trainer.state.params
-  # E(z_l) depends on the encoder only: embedded once for every candidate above 0.
+  # E(z_l) depends on the encoder only: embedded once for every candidate.
   texts = None
-  if any(weights):
+  if any(text_weights) or sc.label_text_weight:
     texts = ranking.embed_label_texts(p.embed_fn, params, p.eval_data, p.config)
-  read = []
-  for weight in weights:
+
+  def read(field: str, weight: float, votes: neighbour_vote.Votes | None = None) -> float:
     cfg = copy.deepcopy(p.config)
-    cfg.scoring.label_text_weight = weight
+    cfg.scoring[field] = weight
     metrics = ranking.evaluate_model(
-      p.mesh, p.embed_fn, params, p.eval_data, cfg, p.inv_prop, label_text_embeddings=texts
+      p.mesh,
+      p.embed_fn,
+      params,
+      p.eval_data,
+      cfg,
+      p.inv_prop,
+      label_text_embeddings=texts,
+      memory=memory if votes is not None else None,
+      votes=votes,
     )
-    read.append((weight, float(metrics[CHOSEN_BY])))
-    logging.info("label-text weight %.2f: validation %s %.2f", weight, CHOSEN_BY, read[-1][1])
-  best = max(m for _, m in read)
-  chosen = next(w for w, m in read if m == best)
-  p.config.scoring.label_text_weight = chosen
-  logging.info("scoring.label_text_weight=%.2f chosen on the validation split", chosen)
-  return ScoreChoice(CHOSEN_BY, tuple(read), chosen)
+    logging.info("%s %.2f: validation %s %.2f", field, weight, CHOSEN_BY, metrics[CHOSEN_BY])
+    return float(metrics[CHOSEN_BY])
+
+  text_read = [(w, read("label_text_weight", w)) for w in text_weights]
+  if text_read:
+    sc.label_text_weight = _first_best(text_read)
+    logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
+  vote_read = []
+  if vote_weights:
+    if memory is None:
+      raise ValueError("choosing scoring.neighbour_weight needs the vote's memory")
+    # The validation rows' votes are the same for every weight: taken once.
+    rows = p.eval_data.test_tokens
+    enc = host_local(params["encoder"])
+    queries = embed(p.embed_fn, enc, rows[np.arange(len(rows))], p.config.eval.batch_size)
+    votes = memory.votes(queries, neighbour_vote.with_weight(p.config, 1.0))
+    vote_read = [(w, read("neighbour_weight", w, votes)) for w in vote_weights]
+    sc.neighbour_weight = _first_best(vote_read)
+    logging.info("scoring.neighbour_weight=%.2f chosen on validation", sc.neighbour_weight)
+  return ScoreChoice(
+    CHOSEN_BY,
+    tuple(text_read),
+    float(sc.label_text_weight),
+    tuple(vote_read),
+    float(sc.get("neighbour_weight", 0.0)),
+  )

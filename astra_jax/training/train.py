@@ -37,9 +37,10 @@ from astra_jax.runtime.watchdog import HangWatchdog
 from astra_jax.serving import export
 from astra_jax.training import checkpoint, export_start, optim, run_config, steps, warmstart
 from astra_jax.training.encoder_init import start_encoder
+from astra_jax.training.neighbour_memory import vote_memories
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
 from astra_jax.training.results import StageClock, evaluate_and_export, results_record, write_json
-from astra_jax.training.score_choice import choose_label_text_weight
+from astra_jax.training.score_choice import choose_weights
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
 from astra_jax.training.trainer import RunParts, Trainer
@@ -482,10 +483,11 @@ def _train_and_evaluate(
   stages.mark("training")
 
   # ---- evaluate and export
-  choice = choose_label_text_weight(trainer)
+  memories = vote_memories(trainer)
+  choice = choose_weights(trainer, memories.choice if memories else None)
   if choice is not None:
     stages.mark("score_choice")
-  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg)
+  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg, memories)
   results = results_record(trainer, final, ann, phase_spans, t_start, n_params, stages)
   if choice is not None:
     results["score_choice"] = choice.to_json()

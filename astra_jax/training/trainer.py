@@ -32,6 +32,7 @@ from astra_jax.training.pipeline import TrainBatches
 from astra_jax.training.progress import Progress
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
+from astra_jax.xc import neighbour_vote
 
 # W = scale * V: V's rows grow as 1 / scale while the decay shrinks the scale, so V is
 # folded back into W (scale 1) at a log line once the scale is below this.
@@ -319,12 +320,13 @@ class Trainer:
     n, limit = self.parts.data.test_labels.num_rows, self.config.eval.final_max_rows
     return min(n, limit) if limit > 0 else n
 
-  def final_evaluation(self) -> dict[str, float]:
+  def final_evaluation(self, memory: neighbour_vote.Memory | None = None) -> dict[str, float]:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
-    stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted)."""
+    stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted). `memory`: the
+    rows the neighbour vote reads, when the score votes."""
     p, cfg = self.parts, self.config
     evaluator = ranking.ModelEvaluator.for_model(
-      p.mesh, p.embed_fn, self.state.params, p.data, cfg, p.inv_prop
+      p.mesh, p.embed_fn, self.state.params, p.data, cfg, p.inv_prop, memory=memory
     )
     n = self.final_rows
     if n < p.data.test_labels.num_rows:

@@ -1,0 +1,100 @@
+"""The neighbour vote (xc/neighbour_vote.py): votes computed by hand and by a dense numpy
+reference, and the exact top-k of the mixed score against the dense formula."""
+
+import numpy as np
+
+from astra_jax.ann import exact_topk
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.xc import neighbour_vote
+
+
+def _sigmoid(x):
+  return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def test_label_votes_normalised_by_hand():
+  # Rows' labels: row 0 {1, 2}, row 1 {2}, row 2 {0, 3}.
+  labels = SparseRows.from_lists([[1, 2], [2], [0, 3]], 5)
+  neighbours = np.array([[0, 1, 2], [2, -1, -1]])
+  weights = np.array([[0.5, 0.25, 0.25], [2.0, 7.0, 7.0]])
+  votes = neighbour_vote.label_votes(neighbours, weights, labels, 3, normalise=True)
+  # Query 0: label 2 = (0.5 + 0.25) / 1, label 1 = 0.5, labels 0 and 3 = 0.25 (0 first).
+  # Query 1: labels 0 and 3 = 2 / 2 (the missing neighbours weigh nothing).
+  np.testing.assert_array_equal(votes.ids, [[2, 1, 0], [0, 3, -1]])
+  np.testing.assert_allclose(votes.values, [[0.75, 0.5, 0.25], [1.0, 1.0, 0.0]])
+
+
+def _dense_votes(queries, keys, labels: SparseRows, k: int, tau: float) -> np.ndarray:
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  cos = unit(queries.astype(np.float64)) @ unit(keys.astype(np.float64)).T
+  y = labels.to_dense()
+  out = np.zeros((len(queries), labels.num_cols))
+  for i, row in enumerate(cos):
+    nb = np.argsort(-row, kind="stable")[:k]
+    w = np.exp((row[nb] - row[nb[0]]) / tau)
+    out[i] = (w[:, None] * y[nb]).sum(0) / w.sum()
+  return out
+
+
+def _problem(seed=0, n=23, m=40, L=17, d=6):
+  rng = np.random.default_rng(seed)
+  rows = [list(rng.choice(L, rng.integers(1, 4), replace=False)) for _ in range(m)]
+  labels = SparseRows.from_lists(rows, L)
+  return rng.normal(size=(n, d)), rng.normal(size=(m, d)), labels, rng
+
+
+def test_memory_votes_equal_the_dense_reference():
+  queries, keys, labels, _ = _problem()
+  vote = neighbour_vote.NeighbourVote(0.5, neighbours=7, temperature=0.2, max_votes=17)
+  memory = neighbour_vote.Memory.from_embeddings(keys, labels)
+  votes = memory.votes(queries, vote, block=8)
+  spread = np.zeros((len(queries), labels.num_cols))
+  for i in range(len(queries)):
+    keep = votes.ids[i] >= 0
+    spread[i, votes.ids[i][keep]] = votes.values[i][keep]
+  np.testing.assert_allclose(spread, _dense_votes(queries, keys, labels, 7, 0.2), atol=1e-5)
+  # Most voted first, and the votes of a query sum to its neighbours' mean label count.
+  assert (np.diff(votes.values, axis=1) <= 1e-7).all()
+  counts = labels.row_lengths()
+  mean_labels = votes.values.sum(1)
+  assert ((mean_labels >= counts.min() - 1e-5) & (mean_labels <= counts.max() + 1e-5)).all()
+
+
+def test_max_votes_keeps_the_most_voted():
+  queries, keys, labels, _ = _problem(seed=1)
+  memory = neighbour_vote.Memory.from_embeddings(keys, labels)
+  every = memory.votes(queries, neighbour_vote.NeighbourVote(0.5, 9, 0.1, max_votes=17))
+  top3 = memory.votes(queries, neighbour_vote.NeighbourVote(0.5, 9, 0.1, max_votes=3))
+  np.testing.assert_array_equal(top3.ids, every.ids[:, :3])
+  np.testing.assert_allclose(top3.values, every.values[:, :3])
+
+
+def test_exact_topk_with_votes_equals_the_dense_mixed_score():
+  queries, keys, labels, rng = _problem(seed=2, n=37, L=53)
+  w = rng.normal(size=(53, 6)).astype(np.float32)
+  vote = neighbour_vote.NeighbourVote(0.7, neighbours=5, temperature=0.1, max_votes=53)
+  votes = neighbour_vote.Memory.from_embeddings(keys, labels).votes(queries, vote)
+  scores, ids = exact_topk.topk(
+    queries,
+    w,
+    6,
+    query_block=16,
+    label_block=8,
+    score=exact_topk.tile_score(None, vote),
+    vote=vote,
+    votes=votes,
+  )
+  dense = 0.3 * _sigmoid(queries @ w.T) + 0.7 * _dense_votes(queries, keys, labels, 5, 0.1)
+  want = np.argsort(-dense, axis=1, kind="stable")[:, :6]
+  np.testing.assert_array_equal(ids, want)
+  np.testing.assert_allclose(scores, np.take_along_axis(dense, want, 1), rtol=1e-5, atol=1e-6)
+
+
+def test_memory_plus_appends_rows():
+  _, keys, labels, _ = _problem()
+  a = neighbour_vote.Memory.from_embeddings(keys[:10], labels.row_range(0, 10))
+  b = neighbour_vote.Memory.from_embeddings(keys[10:], labels.row_range(10, 40))
+  both = a.plus(b)
+  whole = neighbour_vote.Memory.from_embeddings(keys, labels)
+  np.testing.assert_allclose(both.keys, whole.keys)
+  np.testing.assert_array_equal(both.labels.to_dense(), whole.labels.to_dense())
