@@ -9,6 +9,7 @@ import math
 import ml_collections
 
 from astra_jax.config.require import require
+from astra_jax.model import architectures
 from astra_jax.negatives import strategies
 
 
@@ -26,6 +27,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.optim.classifier_momentum = 0.0
   c.optim.classifier_update = "sparse"  # sparse: O(rows touched) per step, exact; dense: optax
   c.optim.grad_clip_norm = 0.0
+  # The encoder's lookup table (the n-gram bag's) in the sparse step: dense (Adam over every
+  # row) or rows (Adam over the rows the batch reads, their moments as they were elsewhere;
+  # training/table_rows.py). For encoders without one (BERT) it is always dense.
+  c.optim.encoder_table_update = "dense"
   # Loss scaling for float16 compute (training/loss_scale.py): 0 = dynamic under float16,
   # off otherwise; > 0 = that static scale.
   c.optim.loss_scale = 0.0
@@ -110,6 +115,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
   )
   require(c.train.epochs >= 1, "train.epochs", "must be >= 1")
   dense = c.optim.classifier_update == "dense" or strategy.dense_update_only
+  require(
+    c.optim.encoder_table_update in ("dense", "rows"),
+    "optim.encoder_table_update",
+    f"use dense or rows, got {c.optim.encoder_table_update!r}",
+  )
+  require(
+    c.optim.encoder_table_update == "dense" or bool(architectures.get(c.encoder.arch).lookup_table),
+    "optim.encoder_table_update",
+    f"rows needs an encoder with a lookup table (ngram_bag), not {c.encoder.arch!r}",
+  )
+  require(
+    c.optim.encoder_table_update == "dense" or not dense,
+    "optim.encoder_table_update",
+    "rows is the sparse step's; the dense update (optim.classifier_update=dense, or a "
+    "dense-only strategy) updates the whole encoder",
+  )
   require(
     not (dense and (c.encoder.dtype == "float16" or c.optim.loss_scale > 0)),
     "encoder.dtype",

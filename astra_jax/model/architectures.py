@@ -35,6 +35,11 @@ class Architecture:
     param_count: shape -> exact number of parameters.
     activation_bytes: (shape, batch, tokens) -> (bytes kept for the backward pass, formula).
     loads_hf_weights: whether `encoder.hf_dir`'s model.safetensors can initialise it.
+    lookup_table: the path of a parameter the encoder reads only by rows (an embedding
+      table far larger than what a batch reads), whose module then offers
+      `table_rows(input_ids) -> (rows, mask)` and `states_of_rows(rows, mask)`; () if none.
+      `optim.encoder_table_update=rows` updates only the rows a step reads
+      (training/table_rows.py).
   """
 
   name: str
@@ -44,6 +49,7 @@ class Architecture:
   param_count: Callable[[Any], int]
   activation_bytes: Callable[[Any, int, int], tuple[int, str]]
   loads_hf_weights: bool = False
+  lookup_table: tuple[str, ...] = ()
 
   def module_class(self) -> type:
     module, cls = self.module.split(":")
@@ -247,6 +253,7 @@ NGRAM_BAG = register(
     shape_from_config=_ngram_bag_shape,
     param_count=ngram_bag_param_count,
     activation_bytes=ngram_bag_activation_bytes,
+    lookup_table=("ngram_embeddings", "embedding"),
   )
 )
 

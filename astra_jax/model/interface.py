@@ -73,7 +73,10 @@ class QueryHead:
 
   def pooled(self, input_ids: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
     """Masked mean of the states, then the bottleneck and the L2 scaling, (B, d) float32."""
-    states, mask = self.token_states(input_ids, dropout_key)
+    return self.pool(*self.token_states(input_ids, dropout_key))
+
+  def pool(self, states: jax.Array, mask: jax.Array) -> jax.Array:
+    """`pooled` of given states (B, T', H) and their mask (B, T')."""
     m = mask[..., None].astype(jnp.float32)
     pooled = (states.astype(jnp.float32) * m).sum(1) / jnp.maximum(m.sum(1), 1e-9)
     if self.cfg.bottleneck_dim:

@@ -83,6 +83,16 @@ class NgramBagEncoder(QueryHead, nnx.Module):
   ) -> tuple[jax.Array, jax.Array]:
     """The vectors of every hashed n-gram (B, G, H) and their mask (B, G)."""
     del dropout_key  # no dropout inside the bag; the head's embedding dropout applies
+    return self.states_of_rows(*self.table_rows(input_ids))
+
+  # The lookup table a step reads by rows (Architecture.lookup_table): the train step can
+  # update only the rows a batch reads (training/table_rows.py).
+  def table_rows(self, input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The table rows each n-gram reads (B, G) int32 and which n-grams are real (B, G)."""
     cfg = self.cfg
-    grams, mask = hashed_ngrams(input_ids, cfg.ngram_orders, cfg.hash_buckets, cfg.pad_token_id)
-    return self.ngram_embeddings(grams), mask
+    return hashed_ngrams(input_ids, cfg.ngram_orders, cfg.hash_buckets, cfg.pad_token_id)
+
+  def states_of_rows(self, rows: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(The table's rows `rows` (B, G, H), `mask`): `token_states` from `table_rows`, or
+    from local row ids into a table of gathered rows."""
+    return self.ngram_embeddings(rows), mask

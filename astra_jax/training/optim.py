@@ -14,6 +14,8 @@ from __future__ import annotations
 import jax
 import optax
 
+from astra_jax.model import architectures
+
 
 def schedule(peak: float, warmup_steps: int, total_steps: int, end_fraction: float = 0.0):
   warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
@@ -84,3 +86,11 @@ def loss_scaling(config) -> str:
 def initial_loss_scale(config) -> float:
   mode = loss_scaling(config)
   return {"static": config.optim.loss_scale, "dynamic": 2.0**15, "off": 1.0}[mode]
+
+
+def table_by_rows(config) -> tuple[str, ...]:
+  """The path of the encoder's lookup table when `optim.encoder_table_update=rows` updates
+  it by the rows a step reads (training/table_rows.py); () when it is updated densely."""
+  if config.optim.get("encoder_table_update", "dense") != "rows":
+    return ()
+  return architectures.get(config.encoder.arch).lookup_table

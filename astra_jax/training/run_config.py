@@ -83,6 +83,7 @@ ADDED_KEYS = {
   "scoring.neighbours": 50,
   "scoring.neighbour_temperature": 0.1,
   "scoring.neighbour_weight_choices": (),
+  "optim.encoder_table_update": "dense",
 }
 
 

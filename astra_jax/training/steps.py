@@ -22,7 +22,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.data.batch import LabelBatch, TrainBatch
-from astra_jax.training import loss_scale
+from astra_jax.training import loss_scale, table_rows
 from astra_jax.xc import classifier, loss, sparse_momentum
 from astra_jax.xc.sparse_momentum import MomentumState
 
@@ -322,6 +322,7 @@ def make_sparse_train_step(
   loss_scaling: str = "off",
   momentum: float = 0.0,
   train_encoder: bool = True,
+  lookup_table: tuple[str, ...] = (),
 ) -> StepFn:
   """The ASTRA step on a (data, model) mesh (1 x 1 on one device), O(rows touched) in W.
 
@@ -350,6 +351,8 @@ def make_sparse_train_step(
       the coordinates of a momentum period (sparse_momentum.py), not scale * V.
     train_encoder: False: the encoder is left as it is and its backward pass is skipped
       (`train.freeze_encoder`). The rows a step may change are `state.trainable`'s.
+    lookup_table: the encoder's lookup table, updated only where the batch reads it
+      (`optim.encoder_table_update=rows`, table_rows.py); (): all of it.
   Returns:
     step(state, batch, key) -> (state, loss, E(x) before embedding dropout (B, d)), jitted,
     the state donated (with momentum, inside `MomentumPeriods`).
@@ -366,11 +369,16 @@ def make_sparse_train_step(
       else classifier.classifier_update(mesh, weight_decay)
     )
 
+  by_rows = tuple(lookup_table) if train_encoder else ()
+
   @functools.partial(jax.jit, donate_argnums=(0,))
   def train_step(state: TrainState, batch: TrainBatch, key: jax.Array):
     v, scale = state.classifier, state.scale
     s = state.loss_scale["scale"] if loss_scaling != "off" else jnp.float32(1.0)
     a = batch.input_ids.shape[0]
+    enc_params, read = state.encoder, None  # with by_rows: the table cut to the batch's rows
+    if by_rows:
+      read, enc_params = table_rows.cut(graphdef, state.encoder, batch.input_ids, by_rows)
 
     def classify(w, velocity, emb, labels):
       """(loss, dloss/demb, W, velocity, row gradients left to apply) of a micro-batch; W
@@ -386,22 +394,24 @@ def make_sparse_train_step(
 
     def micro(carry, xs):
       acc, w, velocity = carry
-      mb, k = xs
+      mb, k, local = xs
       if not train_encoder:
         emb, pooled = encode(graphdef, state.encoder, mb.input_ids, k)
         value, _, w, velocity, row_grads = classify(w, velocity, emb, mb.labels)
         return (acc, w, velocity), (value, row_grads, pooled)
-      emb, enc_vjp, pooled = jax.vjp(
-        lambda p: encode(graphdef, p, mb.input_ids, k), state.encoder, has_aux=True
-      )
+      forward = lambda p: encode(graphdef, p, mb.input_ids, k)
+      if by_rows:
+        forward = lambda p: table_rows.encode(graphdef, p, local[0], local[1], k)
+      emb, enc_vjp, pooled = jax.vjp(forward, enc_params, has_aux=True)
       value, d_emb, w, velocity, row_grads = classify(w, velocity, emb, mb.labels)
       (g_enc,) = enc_vjp((d_emb.astype(jnp.float32) * s).astype(emb.dtype))
       return (jax.tree.map(jnp.add, acc, g_enc), w, velocity), (value, row_grads, pooled)
 
-    zeros = jax.tree.map(jnp.zeros_like, state.encoder) if train_encoder else ()
+    zeros = jax.tree.map(jnp.zeros_like, enc_params) if train_encoder else ()
     carried = (v, state.momentum.velocity) if fused else ((), ())
+    locals_ = (read.local, read.mask) if by_rows else ()
     (g_enc, *carried), (values, row_grads, pooled) = jax.lax.scan(
-      micro, (zeros, *carried), (batch, _micro_keys(key, a))
+      micro, (zeros, *carried), (batch, _micro_keys(key, a), locals_)
     )
     if fused:
       v, velocity = carried
@@ -415,7 +425,9 @@ def make_sparse_train_step(
         lambda g: jnp.where(ok, g, 0.0) if jnp.issubdtype(g.dtype, jnp.floating) else g, row_grads
       )
     encoder, enc_opt = state.encoder, state.opt
-    if train_encoder:
+    if by_rows:  # Adam on the rows read and their moments, written back (table_rows.py)
+      encoder, enc_opt = table_rows.update(tx_encoder, g_enc, enc_params, state, by_rows, read)
+    elif train_encoder:
       updates, enc_opt = tx_encoder.update(g_enc, state.opt, state.encoder)
       encoder = optax.apply_updates(state.encoder, updates)
     momentum_state = state.momentum

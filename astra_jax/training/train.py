@@ -157,6 +157,7 @@ def make_state_and_steps(
       optim.loss_scaling(config),
       beta,
       train_encoder=not frozen,
+      lookup_table=optim.table_by_rows(config),
     )
   else:
     tx = optim.make_optimizer(config.optim, total_steps)
