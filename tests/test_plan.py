@@ -548,3 +548,23 @@ def test_refresh_hours_read_the_given_rates_and_price_no_tpu(load_config):
   default = plan.plan_config(c, "h100-80gb").refresh
   assert default["host_s"] == pytest.approx(r["host_s"] * 1000 / 28)
   assert plan.plan_config(c, "tpu-v4-32gb", mesh="1x2").refresh == {}
+
+
+def test_the_score_beyond_w_is_priced_by_hand():
+  c = small_config(labels=1000, model=4)
+  c.data.synthetic.mean_labels = 3.0
+  p = plan.plan_config(c, "v100-32gb", mesh="2x4")
+  assert p.score_items == [] and p.vote_search_flop == 0  # W alone: nothing after training
+  assert "score beyond W" not in plan.format_plan(p)
+  c.scoring.label_text_weight_choices = (0.0, 0.5)
+  c.scoring.neighbour_weight = 0.5
+  c.data.validation_fraction = 0.1
+  p = plan.plan_config(c, "v100-32gb", mesh="2x4")
+  # d = 64; 5,000 original rows vote, 3 labels each; 1,000 label texts.
+  assert by_name(p.score_items, "label-text embeddings") == 1000 * 64 * 4
+  assert by_name(p.score_items, "vote memory: unit") == 5000 * 64 * 4
+  assert by_name(p.score_items, "vote memory: their labels") == 5001 * 8 + 15000 * 4
+  assert by_name(p.disk_items, "export: vote_memory.npz") == 5000 * 64 * 4 + 5001 * 8 + 15000 * 4
+  test = c.data.synthetic.num_test
+  assert p.vote_search_flop == 2.0 * (test + 500) * 5000 * 64
+  assert "the vote's exact search" in plan.format_plan(p)

@@ -36,6 +36,7 @@ from astra_jax.plan.inputs import (
 from astra_jax.plan.quantities import quantities
 from astra_jax.plan.records import GPUS, DataSize, GiB, NodeLayout, Plan
 from astra_jax.plan.refresh_time import refresh_times
+from astra_jax.plan.score_extras import score_extras
 from astra_jax.runtime.errors import InputError
 
 
@@ -63,6 +64,7 @@ def make_plan(
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
   host = host_items(q)
+  extras = score_extras(config, q, data.num_train)
   prep = preparation(q)
   notes = host.notes + layout_notes(config, q, layout)
   if ec_note := encoder_note(config, q.enc_source):
@@ -105,7 +107,7 @@ def make_plan(
     device_items=device_items(config, q),
     worker_items=host.worker,
     trainer_items=host.trainer,
-    disk_items=disk_items(config, q),
+    disk_items=disk_items(config, q) + extras.disk,
     notes=notes,
     node={**dataclasses.asdict(layout), "nodes": layout.nodes, "shards_per_process": q.S},
     prep_items=prep.items,
@@ -119,6 +121,8 @@ def make_plan(
       host_cores_per_node,
       train_queries_per_s,
     ),
+    score_items=extras.items,
+    vote_search_flop=extras.vote_search_flop,
   )
 
 

@@ -79,6 +79,9 @@ class Plan:
   suggestions: list[str] = dataclasses.field(default_factory=list)
   # Seconds per refresh by each backend against an epoch (refresh_time.refresh_times).
   refresh: dict = dataclasses.field(default_factory=dict)
+  # After training, each process: a score beyond W (score_extras.py).
+  score_items: list[Item] = dataclasses.field(default_factory=list)
+  vote_search_flop: float = 0.0
 
   @property
   def node_total(self) -> int:

@@ -65,8 +65,11 @@ def format_plan(p: Plan) -> str:
     ("host RAM, each refresh worker", p.worker_items, None),
     ("host RAM, each training process", p.trainer_items, None),
     ("host RAM, the node in training", p.node_items, ("total, every memmap hot", p.node_total)),
+    ("host RAM, each process after training: the score beyond W", p.score_items, None),
     ("disk, every file the run writes", p.disk_items, ("total", p.disk_total)),
   ):
+    if not items and total is None:
+      continue  # a section the config does not have (the score beyond W)
     lines += ["", f"  {title:<74}{'GiB':>8}"]
     lines += [f"    {i.name + (' (memmap)' if i.paged else ''):<72}{_gib(i.bytes)}" for i in items]
     if total:
@@ -81,6 +84,11 @@ def format_plan(p: Plan) -> str:
       paged = sum(i.bytes for i in items if i.paged)
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
       lines.append(f"    {label:<72}{_gib(resident(items))}")
+    if items is p.score_items and p.vote_search_flop:
+      lines.append(
+        f"    the vote's exact search, (test + validation rows) x memory rows x 2 d: "
+        f"{p.vote_search_flop:.2e} flop"
+      )
   lines += refresh_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]

@@ -1,0 +1,68 @@
+"""What a score beyond W costs after training: the label texts' embeddings
+(`scoring.label_text_weight`, xc/score_fusion.py) and the neighbour vote's memory
+(`scoring.neighbour_weight`, xc/neighbour_vote.py), each held by every process for the
+score's choice, the final evaluation and the export, and the FLOP of the vote's exact
+search.
+
+Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
+the plan shows what turning them on would take rather than refusing it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from astra_jax.plan.quantities import Quantities
+from astra_jax.plan.records import Item
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreExtras:
+  """A score's extras.
+
+  Attributes:
+    items: host RAM of each process after training (none when the score is W alone).
+    disk: what the export adds (`vote_memory.npz`).
+    vote_search_flop: multiply-adds x 2 of ranking the test and validation rows' nearest
+      memory rows, exactly; 0 without the vote.
+  """
+
+  items: list[Item]
+  disk: list[Item]
+  vote_search_flop: float
+
+
+def _uses(config, field: str) -> bool:
+  sc = config.get("scoring", {})
+  return bool(sc.get(field, 0.0)) or any(sc.get(f"{field}_choices", ()))
+
+
+def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
+  """The extras of `config.scoring` at the plan's sizes.
+
+  Args:
+    config: the experiment config.
+    q: the plan's quantities (L, d, test rows, positives per row).
+    num_train: the original training rows (the memory: the training and validation rows).
+  Returns:
+    The ScoreExtras.
+  """
+  items, disk, flop = [], [], 0.0
+  if _uses(config, "label_text_weight"):
+    items.append(
+      Item(f"label-text embeddings E(z_l) ({q.L:,} x {q.d} fp32)", q.L * q.d * 4, "L x d x 4")
+    )
+  if _uses(config, "neighbour_weight"):
+    n, d = num_train, q.d
+    keys = Item(f"vote memory: unit E(x) of {n:,} training rows (fp32)", n * d * 4, "N x d x 4")
+    nnz = int(n * q.lpp) if q.lpp else 0
+    labels = Item(
+      f"vote memory: their labels (CSR, ~{nnz:,} pairs)",
+      (n + 1) * 8 + nnz * 4,
+      "(N + 1) x 8 + nnz x 4",
+    )
+    items += [keys, labels]
+    disk.append(Item("export: vote_memory.npz", keys.bytes + labels.bytes, "as in memory"))
+    validation = round(config.data.get("validation_fraction", 0.0) * n)
+    flop = 2.0 * (q.num_test + validation) * n * d
+  return ScoreExtras(items, disk, flop)
