@@ -13,12 +13,13 @@ filter_labels_test.txt. Variants:
   (query, label text) pairs, W from the warm-started label texts, the fused score).
 - `tiny`: a small randomly initialised BERT over the same vocabulary (fast on a CPU).
 - `ngram`: the CPU recipe for short texts: a hashed token n-gram bag encoder
-  (`encoder.arch=ngram_bag`, 2^17 buckets), a 10-epoch siamese warm start on (query, label
-  text) pairs, W from the warm-started label texts, a 5-epoch classifier stage with hard
-  negatives from its third epoch and 4,096 random negatives a step shared by the batch,
-  embedding dropout 0.5, and the score's label-text weight chosen after training on a
-  validation split of 10% of the training rows (`scoring.label_text_weight_choices`),
-  which the model then does not train on.
+  (`encoder.arch=ngram_bag`, 2^17 buckets), a 5-epoch siamese warm start on (query, label
+  text) pairs, W from the warm-started label texts, a 5-epoch classifier stage (the
+  table's Adam on the rows a batch reads) with hard negatives from its third epoch and
+  4,096 random negatives a step shared by the batch, embedding dropout 0.5, and the
+  score's label-text weight, then its neighbour-vote weight, chosen after training on a
+  validation split of 10% of the training rows (`scoring.label_text_weight_choices`,
+  `scoring.neighbour_weight_choices`), which W then does not train on.
 
 All variants set `data.filter_self=auto` (each test row's own item filtered where the
 training labels show items never list themselves; astra_jax/data/self_filter.py). Set the
@@ -65,9 +66,9 @@ def get_config(variant: str = "minilm"):
     # 2^17 buckets read as 2^18 on both validation splits: the table's dense Adam update is
     # most of a step, so half the table is about half the step (docs/results/builddeps.md).
     c.encoder.ngram.hash_buckets = 1 << 17
-    # 1,024 pairs per step, four times the base config's in-batch negatives; 10 epochs read
-    # as 20 on both validation splits at two thirds of the time (docs/results/builddeps.md).
-    c.warmstart.epochs = 10
+    # 1,024 pairs per step, four times the base config's in-batch negatives; 5 epochs read
+    # as 10 and 20 on both validation splits, in less time (docs/results/builddeps.md).
+    c.warmstart.epochs = 5
     c.warmstart.batch_size = 1024
     c.warmstart.lr = 3e-3
     c.classifier.init = "label_text"
@@ -75,6 +76,8 @@ def get_config(variant: str = "minilm"):
     # neighbour vote reads the training rows' E(x) (docs/results/builddeps.md).
     c.optim.encoder_lr = 3e-4
     c.optim.classifier_lr = 0.3
+    # Adam on the table rows a batch reads: half the step (training/table_rows.py).
+    c.optim.encoder_table_update = "rows"
     # 5 epochs of the classifier stage, hard negatives refreshed from the third on (after
     # epochs 2 and 4): at least as good as 10 epochs refreshed from the sixth on both
     # validation splits, in half the time.
