@@ -2,9 +2,12 @@
 reference, and the exact top-k of the mixed score against the dense formula."""
 
 import numpy as np
+import pytest
 
 from astra_jax.ann import exact_topk
+from astra_jax.config import base as config_base
 from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.runtime.errors import InputError
 from astra_jax.xc import neighbour_vote
 
 
@@ -98,3 +101,30 @@ def test_memory_plus_appends_rows():
   whole = neighbour_vote.Memory.from_embeddings(keys, labels)
   np.testing.assert_allclose(both.keys, whole.keys)
   np.testing.assert_array_equal(both.labels.to_dense(), whole.labels.to_dense())
+
+
+@pytest.mark.parametrize(
+  "changes, message",
+  [
+    ({"neighbour_weight_choices": (0.2, 1.5)}, r"neighbour_weight_choices: every candidate"),
+    ({"label_text_weight_choices": (-0.1,)}, r"label_text_weight_choices: every candidate"),
+    ({"neighbour_weight": 2.0}, r"scoring\.neighbour_weight: must be in \[0, 1\], got 2\.0"),
+    ({"neighbours": 0}, r"scoring\.neighbours: must be >= 1, got 0"),
+    ({"neighbour_temperature": 0.0}, r"neighbour_temperature: must be > 0, got 0\.0"),
+  ],
+)
+def test_a_bad_vote_setting_is_one_error(load_config, changes, message):
+  c = load_config("experiments/xc_text.py", "ngram")
+  c.data.dir = "unused"
+  for key, value in changes.items():
+    c.scoring[key] = value
+  with pytest.raises(InputError, match=message):
+    config_base.validate(c)
+
+
+def test_choosing_the_vote_needs_a_validation_split(load_config):
+  c = load_config("experiments/xc_text.py", "ngram")
+  c.data.dir, c.data.validation_fraction = "unused", 0.0
+  c.scoring.label_text_weight_choices = ()
+  with pytest.raises(InputError, match="neighbour_weight_choices: chooses on the validation"):
+    config_base.validate(c)

@@ -85,31 +85,20 @@ def validate(c: ml_collections.ConfigDict) -> None:
   classifier_init.validate(c)
   require(0 <= c.scoring.label_text_weight <= 1, "scoring.label_text_weight", "must be in [0, 1]")
   require(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
-  choices = tuple(c.scoring.label_text_weight_choices)
+  _require_choices(c, "label_text_weight_choices")
+  sc = c.scoring
   require(
-    all(0 <= w <= 1 for w in choices),
-    "scoring.label_text_weight_choices",
-    f"every candidate must be in [0, 1], got {choices}",
+    0 <= sc.neighbour_weight <= 1,
+    "scoring.neighbour_weight",
+    f"must be in [0, 1], got {sc.neighbour_weight}",
   )
+  require(sc.neighbours >= 1, "scoring.neighbours", f"must be >= 1, got {sc.neighbours}")
   require(
-    not choices or c.data.validation_fraction > 0,
-    "scoring.label_text_weight_choices",
-    "chooses on the validation split: set data.validation_fraction > 0",
+    sc.neighbour_temperature > 0,
+    "scoring.neighbour_temperature",
+    f"must be > 0, got {sc.neighbour_temperature}",
   )
-  require(0 <= c.scoring.neighbour_weight <= 1, "scoring.neighbour_weight", "must be in [0, 1]")
-  require(c.scoring.neighbours >= 1, "scoring.neighbours", "must be >= 1")
-  require(c.scoring.neighbour_temperature > 0, "scoring.neighbour_temperature", "must be > 0")
-  choices = tuple(c.scoring.neighbour_weight_choices)
-  require(
-    all(0 <= w <= 1 for w in choices),
-    "scoring.neighbour_weight_choices",
-    f"every candidate must be in [0, 1], got {choices}",
-  )
-  require(
-    not choices or c.data.validation_fraction > 0,
-    "scoring.neighbour_weight_choices",
-    "chooses on the validation split: set data.validation_fraction > 0",
-  )
+  _require_choices(c, "neighbour_weight_choices")
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   require(
     c.encoder.arch in architectures.names(),
@@ -123,3 +112,19 @@ def validate(c: ml_collections.ConfigDict) -> None:
   )
   require(c.encoder.ngram.buckets_per_token >= 0, "encoder.ngram.buckets_per_token", "must be >= 0")
   require(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")
+
+
+def _require_choices(c: ml_collections.ConfigDict, field: str) -> None:
+  """A score weight's candidates (`scoring.<field>`): each in [0, 1], and a validation split
+  to choose on."""
+  choices = tuple(c.scoring[field])
+  require(
+    all(0 <= w <= 1 for w in choices),
+    f"scoring.{field}",
+    f"every candidate must be in [0, 1], got {choices}",
+  )
+  require(
+    not choices or c.data.validation_fraction > 0,
+    f"scoring.{field}",
+    "chooses on the validation split: set data.validation_fraction > 0",
+  )
