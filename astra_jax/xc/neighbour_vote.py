@@ -29,6 +29,7 @@ query blocks (`nearest`): for datasets of up to a few million rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,11 @@ class Memory:
     """This memory's rows, then `other`'s."""
     return Memory(np.concatenate([self.keys, other.keys]), self.labels.vstack(other.labels))
 
+  @functools.cached_property
+  def device_keys(self) -> jax.Array:
+    """`keys` on the default device, placed once for every search."""
+    return jnp.asarray(self.keys, jnp.float32)
+
   def votes(self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024) -> Votes:
     """The votes of each query's `vote.neighbours` nearest rows.
 
@@ -103,7 +109,7 @@ class Memory:
     Returns:
       Votes (n, vote.max_votes), most voted first (ties: the lower label id).
     """
-    neighbours, sims = nearest(queries, self.keys, vote.neighbours, block)
+    neighbours, sims = nearest(queries, self.device_keys, vote.neighbours, block)
     weights = np.exp((sims - sims[:, :1]) / vote.temperature)
     return label_votes(neighbours, weights, self.labels, vote.max_votes, normalise=True)
 
@@ -114,26 +120,32 @@ def unit_rows(x: np.ndarray) -> np.ndarray:
   return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
-def nearest(
-  queries: np.ndarray, keys: np.ndarray, k: int, block: int = 1024
-) -> tuple[np.ndarray, np.ndarray]:
+def _normalise(x: jax.Array) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _nearest_block(queries: jax.Array, keys: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  # One compiled search per (block shape, memory shape, k): a server's calls reuse it.
+  return jax.lax.top_k(_normalise(queries) @ _normalise(keys).T, k)
+
+
+def nearest(queries: np.ndarray, keys, k: int, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
   """The k most cosine-similar keys of each query (exact, a block of queries at a time).
 
   Args:
     queries: (n, d) embeddings (normalised here).
-    keys: (m, d) embeddings (normalised here).
+    keys: (m, d) embeddings, on the host or the device (normalised here).
     k: neighbours per query (at most m).
     block: queries per matmul.
   Returns:
     ((n, k) int64 key ids, (n, k) float32 cosine similarities), most similar first.
   """
-  normalise = lambda x: x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-  keys_n = normalise(jnp.asarray(keys, jnp.float32))
+  keys = jnp.asarray(keys, jnp.float32)
   k = min(k, keys.shape[0])
-  top = jax.jit(lambda q: jax.lax.top_k(normalise(q) @ keys_n.T, k))
   ids, sims = [], []
   for start in range(0, len(queries), block):
-    s, i = top(jnp.asarray(queries[start : start + block], jnp.float32))
+    s, i = _nearest_block(jnp.asarray(queries[start : start + block], jnp.float32), keys, k)
     sims.append(np.asarray(s)), ids.append(np.asarray(i))
   if not ids:
     return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
