@@ -308,6 +308,30 @@ def test_has_complete_step_needs_every_commit_marker(tmp_path):
   assert ck.has_complete_step(str(tmp_path))
 
 
+def test_a_step_deleted_while_it_is_inspected_reads_as_incomplete(tmp_path, monkeypatch):
+  """A monitor inspecting a live run's checkpoints races its retention policy: a file gone
+  between the walk's listing and its stat is a missing file, not a crash."""
+  from astra_jax.training import checkpoint as ck
+
+  step = tmp_path / "4"
+  for where in ("", *ck.ITEMS):
+    (step / where).mkdir(parents=True, exist_ok=True)
+    (step / where / ck.COMMIT_MARKER).write_text("")
+  (step / "progress" / "metadata").write_text("{}")
+  (step / ck.MANIFEST).write_text(json.dumps(ck.step_files(str(step))))
+  assert ck.damage(str(step)) is None
+
+  getsize = os.path.getsize
+
+  def deleted_meanwhile(path):
+    if path.endswith(os.path.join("progress", "metadata")):
+      raise FileNotFoundError(path)
+    return getsize(path)
+
+  monkeypatch.setattr(os.path, "getsize", deleted_meanwhile)
+  assert ck.damage(str(step)) == os.path.join("progress", "metadata") + " is missing"
+
+
 def test_a_config_recorded_with_the_flat_index_keys_is_the_same_run():
   now = json.loads(config_base.base_config().to_json())
   now["negatives"]["index"]["group_rows"] = 80_000

@@ -120,14 +120,20 @@ SPACE_MARGIN = 1.05  # free space a save asks for, over its arrays' bytes
 
 
 def step_files(step_dir: str) -> dict[str, int]:
-  """Every file under a step directory (the manifest aside) and its size."""
+  """Every file under a step directory (the manifest aside) and its size. A file that
+  vanishes during the walk is left out: a live run's retention policy may be deleting the
+  step while another process (a monitor, a benchmark) inspects it."""
   out = {}
   for root, _, files in os.walk(step_dir):
     for name in files:
       path = os.path.join(root, name)
       rel = os.path.relpath(path, step_dir)
-      if rel != MANIFEST:
+      if rel == MANIFEST:
+        continue
+      try:
         out[rel] = os.path.getsize(path)
+      except FileNotFoundError:
+        continue
   return dict(sorted(out.items()))
 
 
