@@ -1,6 +1,7 @@
 """The neighbour vote (xc/neighbour_vote.py): votes computed by hand and by a dense numpy
 reference, and the exact top-k of the mixed score against the dense formula."""
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -61,6 +62,44 @@ def test_memory_votes_equal_the_dense_reference():
   counts = labels.row_lengths()
   mean_labels = votes.values.sum(1)
   assert ((mean_labels >= counts.min() - 1e-5) & (mean_labels <= counts.max() + 1e-5)).all()
+
+
+@pytest.mark.parametrize("block, tile_floats", [(1024, 1 << 26), (8, 8 * 9), (5, 1)])
+def test_nearest_in_tiles_equals_a_brute_force_sort(block, tile_floats):
+  """One tile, key blocks of 9 rows (the last shorter), and key blocks of k rows: the
+  neighbours of sorting every cosine. Duplicated keys tie; in one tile the lower id comes
+  first, across tiles their float32 cosines may differ in the last bit, so there the
+  check is that the k best cosines are found, each at an id that has it."""
+  rng = np.random.default_rng(3)
+  keys = rng.normal(size=(103, 5)).astype(np.float32)
+  keys[[40, 77, 101]] = keys[12]  # one key four times: a tie for any query
+  queries = rng.normal(size=(23, 5)).astype(np.float32)
+  queries[4] = keys[12]
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  cos = unit(queries.astype(np.float64)) @ unit(keys.astype(np.float64)).T
+  expect = np.lexsort((np.broadcast_to(np.arange(103), cos.shape), -np.round(cos, 5)), axis=1)
+  expect = expect[:, :6]
+  for where in (keys, jnp.asarray(keys)):  # on the host, streamed; on the device
+    ids, sims = neighbour_vote.nearest(queries, where, 6, block, tile_floats)
+    np.testing.assert_allclose(sims, np.take_along_axis(cos, expect, 1), atol=1e-5)
+    np.testing.assert_allclose(sims, np.take_along_axis(cos, ids, 1), atol=1e-5)
+    assert all(len(set(row)) == 6 for row in ids)
+    if tile_floats >= len(keys) * block:
+      np.testing.assert_array_equal(ids, expect)
+    assert sorted(ids[4, :4]) == [12, 40, 77, 101]
+
+
+def test_a_memory_too_large_for_the_device_is_streamed_to_the_same_votes(monkeypatch):
+  queries, keys, labels, _ = _problem()
+  vote = neighbour_vote.NeighbourVote(0.5, neighbours=7, temperature=0.2, max_votes=17)
+  resident = neighbour_vote.Memory.from_embeddings(keys, labels)
+  assert not isinstance(resident.search_keys, np.ndarray)  # placed on the device
+  monkeypatch.setattr(neighbour_vote, "RESIDENT_KEY_BYTES", 0)
+  streamed = neighbour_vote.Memory.from_embeddings(keys, labels)
+  assert isinstance(streamed.search_keys, np.ndarray)
+  a, b = resident.votes(queries, vote, block=8), streamed.votes(queries, vote, block=8)
+  np.testing.assert_array_equal(a.ids, b.ids)
+  np.testing.assert_allclose(a.values, b.values, rtol=1e-6)
 
 
 def test_max_votes_keeps_the_most_voted():

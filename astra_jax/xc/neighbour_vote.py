@@ -23,7 +23,8 @@ well, the vote adds noise; its weight is chosen on a validation split among
 The vote enters the exact top-k kernels as a sparse term: each tile of labels adds the
 votes that fall inside it (`add_votes`), so the top-k stays exact and no (n, L) array
 exists. Cost: the memory holds N x d float32 (N training rows), searched exactly in
-query blocks (`nearest`): for datasets of up to a few million rows.
+(query block x key block) tiles (`nearest`), so memory is bounded whatever N; time grows as
+N per query (plan/score_extras.py prices it).
 """
 
 from __future__ import annotations
@@ -95,9 +96,13 @@ class Memory:
     return Memory(np.concatenate([self.keys, other.keys]), self.labels.vstack(other.labels))
 
   @functools.cached_property
-  def device_keys(self) -> jax.Array:
-    """`keys` on the default device, placed once for every search."""
-    return jnp.asarray(self.keys, jnp.float32)
+  def search_keys(self) -> jax.Array | np.ndarray:
+    """The keys a search reads: on the default device, placed once for every search, when
+    they take at most RESIDENT_KEY_BYTES; else the host array, streamed a block at a time
+    (a memory of 146M rows of d = 64 is 37 GB, more than a V100 holds)."""
+    if self.keys.nbytes <= RESIDENT_KEY_BYTES:
+      return jnp.asarray(self.keys, jnp.float32)
+    return self.keys
 
   def votes(self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024) -> Votes:
     """The votes of each query's `vote.neighbours` nearest rows.
@@ -109,7 +114,7 @@ class Memory:
     Returns:
       Votes (n, vote.max_votes), most voted first (ties: the lower label id).
     """
-    neighbours, sims = nearest(queries, self.device_keys, vote.neighbours, block)
+    neighbours, sims = nearest(queries, self.search_keys, vote.neighbours, block)
     weights = np.exp((sims - sims[:, :1]) / vote.temperature)
     return label_votes(neighbours, weights, self.labels, vote.max_votes, normalise=True)
 
@@ -124,32 +129,67 @@ def _normalise(x: jax.Array) -> jax.Array:
   return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
+# A memory up to this size stays on the device between searches; a larger one is streamed.
+RESIDENT_KEY_BYTES = 4 << 30
+# Scores of one (query block x key block) tile: 256 MB of float32 whatever the memory's size.
+TILE_FLOATS = 1 << 26
+
+
 @functools.partial(jax.jit, static_argnames=("k",))
-def _nearest_block(queries: jax.Array, keys: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  # One compiled search per (block shape, memory shape, k): a server's calls reuse it.
-  return jax.lax.top_k(_normalise(queries) @ _normalise(keys).T, k)
+def _nearest_block(
+  queries: jax.Array, keys: jax.Array, k: int, offset: int = 0
+) -> tuple[jax.Array, jax.Array]:
+  # One compiled search per (block shape, key block shape, k): a server's calls reuse it.
+  sims, ids = jax.lax.top_k(_normalise(queries) @ _normalise(keys).T, k)
+  return sims, ids + offset
 
 
-def nearest(queries: np.ndarray, keys, k: int, block: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-  """The k most cosine-similar keys of each query (exact, a block of queries at a time).
+@functools.partial(jax.jit, static_argnames=("k",))
+def _merge(
+  sims: jax.Array, ids: jax.Array, more_sims: jax.Array, more_ids: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+  # The running top k comes first and holds the lower ids, and top_k prefers the lower
+  # position among equal values: ties go to the lower id, as one search over all keys would.
+  top, where = jax.lax.top_k(jnp.concatenate([sims, more_sims], axis=1), k)
+  return top, jnp.take_along_axis(jnp.concatenate([ids, more_ids], axis=1), where, axis=1)
+
+
+def nearest(
+  queries: np.ndarray, keys, k: int, block: int = 1024, tile_floats: int = TILE_FLOATS
+) -> tuple[np.ndarray, np.ndarray]:
+  """The k most cosine-similar keys of each query, exactly, in (query block x key block)
+  tiles: each key block's top k is merged into a running top k, so memory is bounded by
+  the tile, not by the number of keys. Each key block moves to the device once.
 
   Args:
     queries: (n, d) embeddings (normalised here).
     keys: (m, d) embeddings, on the host or the device (normalised here).
     k: neighbours per query (at most m).
     block: queries per matmul.
+    tile_floats: scores per tile; key blocks hold max(k, tile_floats // block) keys.
   Returns:
-    ((n, k) int64 key ids, (n, k) float32 cosine similarities), most similar first.
+    ((n, k) int64 key ids, (n, k) float32 cosine similarities), most similar first (ties:
+    the lower id first).
   """
-  keys = jnp.asarray(keys, jnp.float32)
-  k = min(k, keys.shape[0])
-  ids, sims = [], []
-  for start in range(0, len(queries), block):
-    s, i = _nearest_block(jnp.asarray(queries[start : start + block], jnp.float32), keys, k)
-    sims.append(np.asarray(s)), ids.append(np.asarray(i))
-  if not ids:
+  num_keys, n = keys.shape[0], len(queries)
+  k = min(k, num_keys)
+  if not n:
     return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
-  return np.concatenate(ids).astype(np.int64), np.concatenate(sims)
+  key_block = max(k, tile_floats // block)
+  query_blocks = [
+    jnp.asarray(queries[start : start + block], jnp.float32) for start in range(0, n, block)
+  ]
+  best: list[tuple[jax.Array, jax.Array] | None] = [None] * len(query_blocks)
+  for r in range(0, num_keys, key_block):
+    part = keys if key_block >= num_keys else keys[r : r + key_block]
+    part = jnp.asarray(part, jnp.float32)
+    kk = min(k, part.shape[0])
+    for b, q in enumerate(query_blocks):
+      found = _nearest_block(q, part, kk, r)
+      best[b] = found if best[b] is None else _merge(*best[b], *found, k)
+  sims = np.concatenate([np.asarray(s) for s, _ in best])
+  ids = np.concatenate([np.asarray(i, np.int64) for _, i in best])
+  return ids, sims
 
 
 def label_votes(
