@@ -221,12 +221,11 @@ def embed_label_texts(embed_fn: EmbedFn, params: dict, data: dataset.XCData, con
 
 
 def vote_memory(
-  embed_fn: EmbedFn, params: dict, tokens, labels: SparseRows, config
+  embed_fn: EmbedFn, params: dict, tokens, rows: np.ndarray, labels: SparseRows, config
 ) -> neighbour_vote.Memory:
-  """The neighbour vote's memory (neighbour_vote.Memory) of token rows (n, T) and their
-  labels, under `params`' encoder."""
-  rows = tokens[np.arange(len(tokens))]
-  keys = embed(embed_fn, host_local(params["encoder"]), rows, config.eval.batch_size)
+  """The neighbour vote's memory (neighbour_vote.Memory) of `tokens`' `rows` and their
+  `labels` (in the rows' order), under `params`' encoder."""
+  keys = embed(embed_fn, host_local(params["encoder"]), tokens, config.eval.batch_size, rows)
   return neighbour_vote.Memory.from_embeddings(keys, labels)
 
 

@@ -18,12 +18,17 @@ def make_embed_fn(graphdef) -> EmbedFn:
   return jax.jit(lambda p, ids: nnx.merge(graphdef, p)(ids))
 
 
-def embed(embed_fn: EmbedFn, enc_params, tokens, batch_size: int) -> np.ndarray:
-  """(n, d) float32 E(x) of `tokens` (n, T), in batches of `batch_size` (the last padded,
-  so that one compilation serves all)."""
+def embed(
+  embed_fn: EmbedFn, enc_params, tokens, batch_size: int, rows: np.ndarray | None = None
+) -> np.ndarray:
+  """(n, d) float32 E(x) of `tokens` (n, T), or of its `rows` in their order, in batches
+  of `batch_size` (the last padded, so that one compilation serves all). Rows are read a
+  batch at a time: the token rows are never copied whole."""
   out = []
-  for start in range(0, len(tokens), batch_size):
-    ids = np.asarray(tokens[start : start + batch_size], np.int32)
+  n = len(tokens) if rows is None else len(rows)
+  for start in range(0, n, batch_size):
+    batch = slice(start, start + batch_size)
+    ids = np.asarray(tokens[batch] if rows is None else tokens[rows[batch]], np.int32)
     m = len(ids)
     if m < batch_size:
       ids = np.pad(ids, ((0, batch_size - m), (0, 0)))
@@ -37,7 +42,7 @@ def embed_rows(
   """E(x) of the given rows of `tokens`, in the rows' order (read in ascending order: a
   memory-mapped token file is read forward)."""
   order = np.argsort(rows)
-  emb = embed(embed_fn, enc_params, tokens[rows[order]], batch_size)
+  emb = embed(embed_fn, enc_params, tokens, batch_size, rows[order])
   out = np.empty_like(emb)
   out[order] = emb
   return out

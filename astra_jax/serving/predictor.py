@@ -233,21 +233,15 @@ class Predictor:
           scoring["label_text_weight"],
         )
         index = "exact"
-    self.vote = None
-    if scoring.get("neighbour_weight") and model.memory is not None:
-      # The training rows vote (neighbour_vote.py) over all L: exact, like the fusion.
-      self.vote = neighbour_vote.NeighbourVote(
-        float(scoring["neighbour_weight"]),
-        int(scoring["neighbours"]),
-        float(scoring["neighbour_temperature"]),
+    # The training rows vote (neighbour_vote.py) over all L: exact, like the fusion.
+    self.vote = neighbour_vote.from_scoring(scoring) if model.memory is not None else None
+    if self.vote is not None and index == "scann":
+      logging.info(
+        "the model mixes the neighbour vote into its scores "
+        "(scoring.neighbour_weight=%s): exact search",
+        scoring["neighbour_weight"],
       )
-      if index == "scann":
-        logging.info(
-          "the model mixes the neighbour vote into its scores "
-          "(scoring.neighbour_weight=%s): exact search",
-          scoring["neighbour_weight"],
-        )
-        index = "exact"
+      index = "exact"
     if index == "exact" and self.fusion is not None:
       texts = self.encode(self.to_tokens(model.label_texts)[0])
       self.index = FusedExactLabels(self.fusion, model.classifier, texts, vote=self.vote)

@@ -10,33 +10,45 @@ export vote with both (the held-out 10% of the recipe's rows then count for the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from astra_jax.evaluation import ranking
 from astra_jax.training.trainer import Trainer
-from astra_jax.xc.neighbour_vote import Memory
+from astra_jax.xc import neighbour_vote
+from astra_jax.xc.neighbour_vote import Memory, Votes
 
 
 @dataclasses.dataclass(frozen=True)
 class VoteMemories:
   """Attributes:
   choice: the original training rows (what the choice and the validation split read).
-  final: those and the validation rows (what the test split and the export read).
+  validation: the validation rows, None without a validation split.
+  validation_votes: the validation rows' votes from `choice` under the config's k and tau
+    (the same for every weight: the choice and the validation split's evaluation share
+    them), None without a validation split.
   """
 
   choice: Memory
-  final: Memory
+  validation: Memory | None = None
+  validation_votes: Votes | None = None
+
+  @functools.cached_property
+  def final(self) -> Memory:
+    """The training rows, then the validation rows: what the test split and the export
+    read."""
+    return self.choice if self.validation is None else self.choice.plus(self.validation)
 
 
 def vote_memories(trainer: Trainer) -> VoteMemories | None:
   """The memories of the trained state, or None when the config's score never votes
-  (`scoring.neighbour_weight` 0 and no candidate above it).
+  (`scoring.neighbour_weight` 0 and no candidate above it). Each row is embedded once.
 
   Args:
     trainer: the finished trainer.
   Returns:
-    The memories (`final` is `choice` without a validation split).
+    The memories.
   """
   p = trainer.parts
   sc = p.config.scoring
@@ -45,11 +57,14 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
   params = trainer.state.params
   n = p.data.num_train_original
   choice = ranking.vote_memory(
-    p.embed_fn, params, p.data.train_tokens[np.arange(n)], p.data.train_labels.head(n), p.config
+    p.embed_fn, params, p.data.train_tokens, np.arange(n), p.data.train_labels.head(n), p.config
   )
   if p.eval_data is p.data:  # no validation split: the test rows are never memory
-    return VoteMemories(choice, choice)
+    return VoteMemories(choice)
+  val = p.eval_data
   held = ranking.vote_memory(
-    p.embed_fn, params, p.eval_data.test_tokens, p.eval_data.test_labels, p.config
+    p.embed_fn, params, val.test_tokens, np.arange(len(val.test_tokens)), val.test_labels, p.config
   )
-  return VoteMemories(choice, choice.plus(held))
+  # The memory's keys are the validation rows' unit E(x): the queries of their votes.
+  votes = choice.votes(held.keys, neighbour_vote.with_weight(sc, 1.0))
+  return VoteMemories(choice, held, votes)

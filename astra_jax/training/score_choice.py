@@ -27,14 +27,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-import numpy as np
 from absl import logging
 
 from astra_jax.evaluation import ranking
-from astra_jax.model.embedding import embed, host_local
+from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
 from astra_jax.xc import neighbour_vote
-from astra_jax.xc.neighbour_vote import Memory
 
 CHOSEN_BY = "P@1"
 
@@ -79,15 +77,15 @@ def _first_best(read: list[tuple[float, float]]) -> float:
   return next(w for w, m in read if m == best)
 
 
-def choose_weights(trainer: Trainer, memory: Memory | None = None) -> ScoreChoice | None:
+def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> ScoreChoice | None:
   """Scores the trained model on the validation split with each candidate weight and sets
   `config.scoring.label_text_weight`, then `config.scoring.neighbour_weight` (in memory),
   to the best ones.
 
   Args:
     trainer: the finished trainer (its parts' config, validation data and state).
-    memory: the neighbour vote's memory of the training rows (neighbour_memory.py), needed
-      when the config lists neighbour weights.
+    memories: the neighbour vote's memories (neighbour_memory.py), needed when the config
+      lists neighbour weights: the validation rows' votes from the training rows.
   Returns:
     The choice, or None when the config lists no candidates.
   """
@@ -114,7 +112,7 @@ def choose_weights(trainer: Trainer, memory: Memory | None = None) -> ScoreChoic
       cfg,
       p.inv_prop,
       label_text_embeddings=texts,
-      memory=memory if votes is not None else None,
+      memory=memories.choice if votes is not None else None,
       votes=votes,
     )
     logging.info("%s %.2f: validation %s %.2f", field, weight, CHOSEN_BY, metrics[CHOSEN_BY])
@@ -126,14 +124,10 @@ def choose_weights(trainer: Trainer, memory: Memory | None = None) -> ScoreChoic
     logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
   vote_read = []
   if vote_weights:
-    if memory is None:
-      raise ValueError("choosing scoring.neighbour_weight needs the vote's memory")
-    # The validation rows' votes are the same for every weight: taken once.
-    rows = p.eval_data.test_tokens
-    enc = host_local(params["encoder"])
-    queries = embed(p.embed_fn, enc, rows[np.arange(len(rows))], p.config.eval.batch_size)
-    votes = memory.votes(queries, neighbour_vote.with_weight(p.config, 1.0))
-    vote_read = [(w, read("neighbour_weight", w, votes)) for w in vote_weights]
+    if memories is None or memories.validation_votes is None:
+      raise ValueError("choosing scoring.neighbour_weight needs the validation rows' votes")
+    # The validation rows' votes are the same for every weight: taken once (memories).
+    vote_read = [(w, read("neighbour_weight", w, memories.validation_votes)) for w in vote_weights]
     sc.neighbour_weight = _first_best(vote_read)
     logging.info("scoring.neighbour_weight=%.2f chosen on validation", sc.neighbour_weight)
   return ScoreChoice(

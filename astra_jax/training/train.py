@@ -485,7 +485,7 @@ def _train_and_evaluate(
 
   # ---- evaluate and export
   memories = vote_memories(trainer)
-  choice = choose_weights(trainer, memories.choice if memories else None)
+  choice = choose_weights(trainer, memories)
   if choice is not None:
     stages.mark("score_choice")
   final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg, memories)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -271,14 +272,18 @@ def add_votes(
 def from_config(config) -> NeighbourVote | None:
   """The config's vote (`scoring.neighbour_*`), or None when its weight is 0."""
   sc = config.get("scoring")
-  if sc is None or not sc.get("neighbour_weight", 0.0):
-    return None
+  return None if sc is None else from_scoring(sc)
+
+
+def from_scoring(scoring: Mapping) -> NeighbourVote | None:
+  """The vote of a `scoring` section (the config's, or an exported model's model.json
+  record of it), or None when its weight is 0."""
+  weight = scoring.get("neighbour_weight", 0.0)
+  return with_weight(scoring, weight) if weight else None
+
+
+def with_weight(scoring: Mapping, weight: float) -> NeighbourVote:
+  """A `scoring` section's vote settings with another weight (the choice's candidates)."""
   return NeighbourVote(
-    float(sc.neighbour_weight), int(sc.neighbours), float(sc.neighbour_temperature)
+    float(weight), int(scoring["neighbours"]), float(scoring["neighbour_temperature"])
   )
-
-
-def with_weight(config, weight: float) -> NeighbourVote:
-  """The config's vote settings with another weight (the choice's candidates)."""
-  sc = config.scoring
-  return NeighbourVote(float(weight), int(sc.neighbours), float(sc.neighbour_temperature))
