@@ -154,10 +154,7 @@ def _blocked_topk(
     m = len(q)
     pad = query_block - m if m < query_block and n > query_block else 0  # one compiled shape
     q = np.pad(q, ((0, pad), (0, 0)))
-    vi = vv = None
-    if vote is not None:
-      vi = np.pad(votes.ids[start : start + m], ((0, pad), (0, 0)), constant_values=-1)
-      vv = np.pad(votes.values[start : start + m], ((0, pad), (0, 0)))
+    vi, vv = votes.padded(start, start + m, m + pad) if vote is not None else (None, None)
     s, i = topk_block(jnp.asarray(q), w_blocks, k, label_block, num_labels, score, vote, vi, vv)
     scores[start : start + m], ids[start : start + m] = np.asarray(s)[:m], np.asarray(i)[:m]
   return scores, ids

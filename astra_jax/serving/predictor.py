@@ -89,10 +89,7 @@ class ExactLabels:
     for start, end in _chunks(len(emb)):
       rows = _bucket(end - start)
       q = _pad_rows(np.asarray(emb[start:end], np.float32), rows)
-      vi = vv = None
-      if self.vote is not None:
-        vi = np.pad(votes.ids[start:end], ((0, rows - (end - start)), (0, 0)), constant_values=-1)
-        vv = _pad_rows(votes.values[start:end], rows)
+      vi, vv = votes.padded(start, end, rows) if self.vote is not None else (None, None)
       s, i = exact_topk.topk_block(
         jnp.asarray(q),
         self.w_blocks,

@@ -74,13 +74,18 @@ def touched(rows: jax.Array, mask: jax.Array, table_size: int) -> Touched:
   )
 
 
+def _at(path, table_path: tuple[str, ...]) -> bool:
+  """Whether a tree path ends with the table's path (its keys, indices aside)."""
+  names = tuple(k.key for k in path if hasattr(k, "key"))
+  return names[-len(table_path) :] == table_path
+
+
 def _is_table(path, leaf, table_path: tuple[str, ...], table_size: int) -> bool:
-  names = tuple(getattr(k, "key", None) for k in path if hasattr(k, "key"))
   return (
     hasattr(leaf, "shape")
     and leaf.ndim >= 1
     and leaf.shape[0] == table_size
-    and names[-len(table_path) :] == table_path
+    and _at(path, table_path)
   )
 
 
@@ -113,8 +118,7 @@ def put_rows(
 def table_size(tree: Any, table_path: tuple[str, ...]) -> int:
   """The row count of the parameter at `table_path` in `tree` (the encoder's parameters)."""
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    names = tuple(getattr(k, "key", None) for k in path if hasattr(k, "key"))
-    if names[-len(table_path) :] == table_path:
+    if _at(path, table_path):
       return int(leaf.shape[0])
   raise ValueError(f"the encoder has no parameter at {'/'.join(table_path)}")
 

@@ -71,6 +71,15 @@ class Votes:
   def rows(self, lo: int, hi: int) -> Votes:
     return Votes(self.ids[lo:hi], self.values[lo:hi])
 
+  def padded(self, lo: int, hi: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values) of rows [lo, hi) padded to `rows` rows that vote for nothing (a
+    kernel's fixed query block)."""
+    pad = ((0, rows - (hi - lo)), (0, 0))
+    return (
+      np.pad(self.ids[lo:hi], pad, constant_values=-1),
+      np.pad(self.values[lo:hi], pad),
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
