@@ -4,6 +4,7 @@ import numpy as np
 
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn
+from astra_jax.xc import neighbour_vote
 
 
 def test_vote_sums_similarities_per_label_by_hand():
@@ -17,10 +18,10 @@ def test_vote_sums_similarities_per_label_by_hand():
   np.testing.assert_array_equal(out, [[2, 1, 0, 3], [0, 3, -1, -1]])
 
 
-def test_embedding_neighbors_match_brute_force_cosine():
+def test_nearest_neighbours_match_brute_force_cosine():
   rng = np.random.default_rng(0)
   q, keys = rng.normal(size=(37, 8)), rng.normal(size=(50, 8))
-  ids, sims = knn.embedding_neighbors(q, keys, 5, block=16)
+  ids, sims = neighbour_vote.nearest(q, keys, 5, block=16)
   cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (
     keys / np.linalg.norm(keys, axis=1, keepdims=True)
   ).T

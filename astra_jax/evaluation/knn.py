@@ -16,8 +16,6 @@ import numpy as np
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.xc import neighbour_vote
 
-embedding_neighbors = neighbour_vote.nearest
-
 
 def vote(
   neighbors: np.ndarray, sims: np.ndarray, train_labels: SparseRows, k_out: int

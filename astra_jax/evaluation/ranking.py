@@ -309,9 +309,9 @@ def knn_diagnostic(
   enc = host_local(params["encoder"])
   bs = config.eval.batch_size
   n_train = train_data.num_train_original
-  keys = embed(embed_fn, enc, train_data.train_tokens[np.arange(n_train)], bs)
-  queries = embed(embed_fn, enc, eval_data.test_tokens[np.arange(len(eval_data.test_tokens))], bs)
-  neighbors, sims = knn.embedding_neighbors(queries, keys, k)
+  keys = embed(embed_fn, enc, train_data.train_tokens, bs, np.arange(n_train))
+  queries = embed(embed_fn, enc, eval_data.test_tokens, bs)
+  neighbors, sims = neighbour_vote.nearest(queries, keys, k)
   train_labels = train_data.train_labels.head(n_train)
 
   def rank(k_out: int) -> np.ndarray:
