@@ -14,6 +14,7 @@ import dataclasses
 
 from astra_jax.plan.quantities import Quantities
 from astra_jax.plan.records import Item
+from astra_jax.xc.neighbour_vote import MAX_VOTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,5 +65,14 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
     items += [keys, labels]
     disk.append(Item("export: vote_memory.npz", keys.bytes + labels.bytes, "as in memory"))
     validation = round(config.data.get("validation_fraction", 0.0) * n)
+    if validation:
+      # Taken once after training and kept through the export (training/neighbour_memory.py).
+      items.append(
+        Item(
+          f"the validation rows' votes ({validation:,} x {MAX_VOTES} ids + values)",
+          validation * MAX_VOTES * 8,
+          "N_val x max_votes x (4 + 4)",
+        )
+      )
     flop = 2.0 * (q.num_test + validation) * n * d
   return ScoreExtras(items, disk, flop)

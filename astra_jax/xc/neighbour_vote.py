@@ -39,6 +39,8 @@ import numpy as np
 
 from astra_jax.data.sparse_rows import SparseRows
 
+MAX_VOTES = 256  # labels a query's vote keeps, the most voted
+
 
 @dataclasses.dataclass(frozen=True)
 class NeighbourVote:
@@ -54,7 +56,7 @@ class NeighbourVote:
   weight: float
   neighbours: int
   temperature: float
-  max_votes: int = 256
+  max_votes: int = MAX_VOTES
 
   def mix(self, probabilities: jax.Array, votes: jax.Array) -> jax.Array:
     """(1 - a) p + a v."""
