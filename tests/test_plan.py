@@ -567,6 +567,10 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert by_name(p.disk_items, "export: vote_memory.npz") == 5000 * 64 * 4 + 5001 * 8 + 15000 * 4
   # 500 validation rows (10% of 5,000), 256 voted labels each, an int32 id and a float32 vote.
   assert by_name(p.score_items, "the validation rows' votes") == 500 * 256 * 8
+  from astra_jax.plan.score_extras import VOTE_SLOTS
+  from astra_jax.xc.neighbour_vote import MAX_VOTES
+
+  assert VOTE_SLOTS == MAX_VOTES == 256
   test = c.data.synthetic.num_test
   assert p.vote_search_flop == 2.0 * (test + 500) * 5000 * 64
   assert "the vote's exact search" in plan.format_plan(p)

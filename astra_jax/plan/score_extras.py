@@ -14,7 +14,10 @@ import dataclasses
 
 from astra_jax.plan.quantities import Quantities
 from astra_jax.plan.records import Item
-from astra_jax.xc.neighbour_vote import MAX_VOTES
+
+# neighbour_vote.MAX_VOTES, the labels a query's vote keeps: that module imports jax, which
+# the planner never does (tests/test_plan.py checks both).
+VOTE_SLOTS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +72,8 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
       # Taken once after training and kept through the export (training/neighbour_memory.py).
       items.append(
         Item(
-          f"the validation rows' votes ({validation:,} x {MAX_VOTES} ids + values)",
-          validation * MAX_VOTES * 8,
+          f"the validation rows' votes ({validation:,} x {VOTE_SLOTS} ids + values)",
+          validation * VOTE_SLOTS * 8,
           "N_val x max_votes x (4 + 4)",
         )
       )
