@@ -1,7 +1,7 @@
 """Four local CPU processes (jax.distributed over gloo, one device each, a 2 x 2 mesh)
 train exactly like one process with the same 4 devices: the same batches, per-host token
 reads, per-host mining of each host's W shard for its data group's queries only, the same
-metrics."""
+metrics (the final ones with the neighbour vote, each process voting for its own rows)."""
 
 import json
 import os
@@ -34,6 +34,8 @@ def _overrides(data_dir):
     "--config.negatives.index.kind=exact",
     "--config.mesh.data=2",
     "--config.mesh.model=2",
+    # The final evaluation votes too: each process for the test rows its devices rank.
+    "--config.scoring.neighbour_weight=0.5",
   ]
 
 

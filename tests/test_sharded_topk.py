@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.sharded_topk import ShardedSearch
+from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 from astra_jax.xc import neighbour_vote, score_fusion
 
@@ -119,6 +120,35 @@ def test_voted_sharded_topk_equals_the_dense_mixed_ranking(fused):
   np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
 
 
+@pytest.mark.parametrize("shape,lo,batch_size", [((2, 2), 3, 8), ((1, 4), 0, 12), ((4, 1), 5, 4)])
+def test_votes_from_a_memory_equal_the_votes_taken_beforehand(shape, lo, batch_size):
+  """With a memory, the search votes for each row from the embedding it ranks: the same
+  ranking as the votes taken by Memory.votes over the dense embeddings and handed in."""
+  mesh = _mesh(*shape)
+  num_labels, n = 30, 23
+  table, tokens, w = _problem(num_labels, sharding.padded_rows(num_labels, mesh), n=n)
+  rng = np.random.default_rng(3)
+  memory = neighbour_vote.Memory.from_embeddings(
+    rng.normal(size=(40, 8)),
+    SparseRows.from_lists(
+      [list(rng.choice(num_labels, 3, replace=False)) for _ in range(40)], num_labels
+    ),
+  )
+  vote = neighbour_vote.NeighbourVote(0.7, 5, 0.1, 8)
+  search = ShardedSearch(mesh, num_labels, 7, None, vote)
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), None)
+  taken = memory.votes(table[tokens[lo:]].sum(1), vote)
+
+  def ranked(**kw):
+    return np.concatenate(
+      [x for _, x in search.search_rows(ENCODE, table, tokens, lo, n, 5, parts, batch_size, **kw)]
+    )
+
+  np.testing.assert_array_equal(ranked(memory=memory), ranked(votes=taken))
+  with pytest.raises(ValueError, match="votes or a memory"):
+    ranked()
+
+
 def _all_gather_sizes(hlo: str) -> list[int]:
   """Element counts of every all-gather's result in a compiled HLO module."""
   sizes = []
@@ -135,11 +165,10 @@ def test_compiled_search_gathers_candidates_and_queries_never_w(shape):
   num_labels, d, q, k = 4096, 16, 16, 5
   shard_rows = num_labels // shape[1]
   search = ShardedSearch(mesh, num_labels, 256)
-  kernel = search.kernel(ENCODE, k)
-  ids = jax.device_put(jnp.zeros((q, 3), jnp.int32), NamedSharding(mesh, P(sharding.ALL)))
+  kernel = search.kernel(k)
+  emb = jax.device_put(jnp.zeros((q, d)), NamedSharding(mesh, P(sharding.ALL)))
   w = jax.device_put(jnp.zeros((num_labels, d)), NamedSharding(mesh, P("model")))
-  table = jnp.zeros((64, d))
-  hlo = kernel.lower(table, ids, None, w).compile().as_text()
+  hlo = kernel.lower(emb, None, w).compile().as_text()
   sizes = _all_gather_sizes(hlo)
   assert sizes, "the candidates must cross the model axis"
   # Only queries (q x d) and candidates (q x M k) are gathered; a gather of W or a shard

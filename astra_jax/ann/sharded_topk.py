@@ -21,7 +21,9 @@ The label-text fusion (score_fusion.py) runs through the same kernel with E(z_l)
 laid out like W, each tile's [w_l | E(z_l)/|E(z_l)|] assembled on the fly. The neighbour
 vote (neighbour_vote.py) arrives as each query's (S,) voted label ids and votes, split over
 the devices like the queries and gathered over 'model' with them; each tile adds the votes
-that fall inside it.
+that fall inside it. Unless they were taken before, each process takes the votes of the
+rows its devices hold from the embeddings of step 1, so a row is encoded once and voted for
+by one process.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk, tile_score
 from astra_jax.parallel.sharding import ALL
-from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
+from astra_jax.xc.neighbour_vote import Memory, NeighbourVote, Votes, add_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
@@ -110,12 +112,17 @@ class ShardedSearch:
     """Query rows per call: `batch_size` rounded up to a multiple of the devices."""
     return -(-batch_size // self.devices) * self.devices
 
-  def kernel(self, encode: EncodeFn, k: int):
-    """jit((encoder params, ids (Q, T) split over all devices, votes ((Q, S) ids, (Q, S)
-    values) split likewise or None, W (L', d) split over 'model' [, unit label texts
-    (L', d)]) -> (scores, ids) (Q, k), split like the ids). One per (search, encoder, k)
-    for the process's life: every evaluation of a run reuses it."""
-    return _kernel(self, encode, k)
+  def kernel(self, k: int):
+    """jit((embeddings (Q, d) split over all devices, votes ((Q, S) ids, (Q, S) values)
+    split likewise or None, W (L', d) split over 'model' [, unit label texts (L', d)]) ->
+    (scores, ids) (Q, k), split like the embeddings). One per (search, k) for the
+    process's life: every evaluation of a run reuses it."""
+    return _kernel(self, k)
+
+  def encoder(self, encode: EncodeFn):
+    """jit((encoder params, ids (Q, T) split over all devices) -> embeddings (Q, d) split
+    likewise): each device encodes its own queries."""
+    return _encoder(self.mesh, encode)
 
   def label_parts(
     self, classifier: jax.Array, label_texts: np.ndarray | None
@@ -140,6 +147,7 @@ class ShardedSearch:
     label_parts: tuple[jax.Array, ...],
     batch_size: int,
     votes: Votes | None = None,
+    memory: Memory | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
@@ -152,16 +160,19 @@ class ShardedSearch:
       k: labels per row.
       label_parts: `label_parts(W, E(z_l))`.
       batch_size: query rows per call (rounded to the devices; the last call is padded).
-      votes: with `self.vote`, the votes of rows [lo, hi) (row lo first).
+      votes: with `self.vote`, the votes of rows [lo, hi) (row lo first), when already
+        taken; else
+      memory: with `self.vote`, the rows that vote: each process votes for the rows it
+        ranks, from the embeddings it ranks them by.
     Returns:
       [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
       in row order (padding rows past `hi` dropped).
     """
-    kernel = self.kernel(encode, k)
+    kernel, encoder = self.kernel(k), self.encoder(encode)
     q = self.block_rows(batch_size)
     sharding = NamedSharding(self.mesh, P(ALL))
-    if self.vote is not None and votes is None:
-      raise ValueError("a search with a neighbour vote needs the rows' votes")
+    if self.vote is not None and (votes is None) == (memory is None):
+      raise ValueError("a search with a neighbour vote needs the rows' votes or a memory")
     out = []
     for start in range(lo, hi, q):
       stop = min(start + q, hi)
@@ -178,11 +189,13 @@ class ShardedSearch:
 
         return jax.make_array_from_callback((q, array.shape[1]), sharding, read)
 
-      ids = rows_of(tokens, 0, np.int32)
+      emb = encoder(enc_params, rows_of(tokens, 0, np.int32))
       voted = None
-      if self.vote is not None:
+      if self.vote is not None and votes is not None:
         voted = (rows_of(votes.ids, -1, offset=lo), rows_of(votes.values, 0.0, offset=lo))
-      _, top = kernel(enc_params, ids, voted, *label_parts)
+      elif self.vote is not None:
+        voted = self._own_votes(emb, memory, start, stop)
+      _, top = kernel(emb, voted, *label_parts)
       for shard in top.addressable_shards:
         a = start + (shard.index[0].start or 0)
         n = min(stop - a, shard.data.shape[0])
@@ -190,9 +203,46 @@ class ShardedSearch:
           out.append((a, np.asarray(shard.data)[:n]))
     return sorted(out, key=lambda x: x[0])
 
+  def _own_votes(
+    self, emb: jax.Array, memory: Memory, start: int, stop: int
+  ) -> tuple[jax.Array, jax.Array]:
+    """The votes of the rows of block `emb` (global rows from `start`) this process's
+    devices hold, split like `emb`; rows at or past `stop` vote for nothing. One search of
+    the memory for all of the process's rows."""
+    shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
+    held = [max(0, min(stop - start - (x.index[0].start or 0), x.data.shape[0])) for x in shards]
+    queries = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
+    slots = self.vote.max_votes
+    if len(queries):
+      mine = memory.votes(queries, self.vote)
+    else:
+      mine = Votes(np.full((0, slots), -1, np.int32), np.zeros((0, slots), np.float32))
+    ids, values, first = [], [], 0
+    for x, n in zip(shards, held):
+      i, v = mine.padded(first, first + n, x.data.shape[0])
+      ids.append(jax.device_put(i, x.device))
+      values.append(jax.device_put(v, x.device))
+      first += n
+    shape = (emb.shape[0], slots)
+    return (
+      jax.make_array_from_single_device_arrays(shape, emb.sharding, ids),
+      jax.make_array_from_single_device_arrays(shape, emb.sharding, values),
+    )
+
 
 @functools.lru_cache(maxsize=32)
-def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
+def _encoder(mesh: jax.sharding.Mesh, encode: EncodeFn):
+  """ShardedSearch.encoder's compiled function."""
+  query_sharding = NamedSharding(mesh, P(ALL))
+
+  def run(enc_params, ids):
+    return jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
+
+  return jax.jit(run, out_shardings=query_sharding)
+
+
+@functools.lru_cache(maxsize=32)
+def _kernel(search: ShardedSearch, k: int):
   """ShardedSearch.kernel's compiled function."""
   mesh, fusion, vote, num_labels, label_block = (
     search.mesh,
@@ -233,13 +283,7 @@ def _kernel(search: ShardedSearch, encode: EncodeFn, k: int):
     out_specs=(P(ALL), P(ALL)),
     check_vma=False,
   )
-  query_sharding = NamedSharding(mesh, P(ALL))
-
-  def run(enc_params, ids, voted, *label_parts):
-    emb = jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
-    return sharded(emb, voted, *label_parts)
-
-  return jax.jit(run)
+  return jax.jit(sharded)
 
 
 def on_mesh(classifier: jax.Array, mesh: jax.sharding.Mesh) -> jax.Array:

@@ -186,13 +186,7 @@ class ModelEvaluator:
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
     sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
-    votes = None
-    if self.search.vote is not None and self.votes is not None:
-      votes = self.votes.rows(lo, hi)
-    elif self.search.vote is not None:
-      # Every process votes for the whole block; each then reads its own rows' votes.
-      queries = embed(self.embed_fn, host_local(self.encoder), self.tokens[lo:hi], self.batch_size)
-      votes = self.memory.votes(queries, self.search.vote)
+    votes = self.votes.rows(lo, hi) if self.votes is not None else None
     for first, ids in self.search.search_rows(
       self.embed_fn,
       self.encoder,
@@ -203,6 +197,7 @@ class ModelEvaluator:
       self.label_parts,
       self.batch_size,
       votes,
+      self.memory if votes is None else None,
     ):
       sums = metrics.add_sums(
         sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
