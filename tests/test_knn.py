@@ -2,9 +2,9 @@
 
 import numpy as np
 
+from astra_jax.ann import vote_memory
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn
-from astra_jax.xc import neighbour_vote
 
 
 def test_vote_sums_similarities_per_label_by_hand():
@@ -21,7 +21,7 @@ def test_vote_sums_similarities_per_label_by_hand():
 def test_nearest_neighbours_match_brute_force_cosine():
   rng = np.random.default_rng(0)
   q, keys = rng.normal(size=(37, 8)), rng.normal(size=(50, 8))
-  ids, sims = neighbour_vote.nearest(q, keys, 5, block=16)
+  ids, sims = vote_memory.nearest(q, keys, 5, block=16)
   cos = (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (
     keys / np.linalg.norm(keys, axis=1, keepdims=True)
   ).T

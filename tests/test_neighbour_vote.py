@@ -1,11 +1,13 @@
 """The neighbour vote (xc/neighbour_vote.py): votes computed by hand and by a dense numpy
 reference, and the exact top-k of the mixed score against the dense formula."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from astra_jax.ann import exact_topk
+from astra_jax.ann import exact_topk, index as ann_index, memory_search, vote_memory
 from astra_jax.config import base as config_base
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.runtime.errors import InputError
@@ -50,7 +52,7 @@ def _problem(seed=0, n=23, m=40, L=17, d=6):
 def test_memory_votes_equal_the_dense_reference():
   queries, keys, labels, _ = _problem()
   vote = neighbour_vote.NeighbourVote(0.5, neighbours=7, temperature=0.2, max_votes=17)
-  memory = neighbour_vote.Memory.from_embeddings(keys, labels)
+  memory = vote_memory.Memory.from_embeddings(keys, labels)
   votes = memory.votes(queries, vote, block=8)
   spread = np.zeros((len(queries), labels.num_cols))
   for i in range(len(queries)):
@@ -80,7 +82,7 @@ def test_nearest_in_tiles_equals_a_brute_force_sort(block, tile_floats):
   expect = np.lexsort((np.broadcast_to(np.arange(103), cos.shape), -np.round(cos, 5)), axis=1)
   expect = expect[:, :6]
   for where in (keys, jnp.asarray(keys)):  # on the host, streamed; on the device
-    ids, sims = neighbour_vote.nearest(queries, where, 6, block, tile_floats)
+    ids, sims = vote_memory.nearest(queries, where, 6, block, tile_floats)
     np.testing.assert_allclose(sims, np.take_along_axis(cos, expect, 1), atol=1e-5)
     np.testing.assert_allclose(sims, np.take_along_axis(cos, ids, 1), atol=1e-5)
     assert all(len(set(row)) == 6 for row in ids)
@@ -92,10 +94,10 @@ def test_nearest_in_tiles_equals_a_brute_force_sort(block, tile_floats):
 def test_a_memory_too_large_for_the_device_is_streamed_to_the_same_votes(monkeypatch):
   queries, keys, labels, _ = _problem()
   vote = neighbour_vote.NeighbourVote(0.5, neighbours=7, temperature=0.2, max_votes=17)
-  resident = neighbour_vote.Memory.from_embeddings(keys, labels)
+  resident = vote_memory.Memory.from_embeddings(keys, labels)
   assert not isinstance(resident.search_keys, np.ndarray)  # placed on the device
-  monkeypatch.setattr(neighbour_vote, "RESIDENT_KEY_BYTES", 0)
-  streamed = neighbour_vote.Memory.from_embeddings(keys, labels)
+  monkeypatch.setattr(vote_memory, "RESIDENT_KEY_BYTES", 0)
+  streamed = vote_memory.Memory.from_embeddings(keys, labels)
   assert isinstance(streamed.search_keys, np.ndarray)
   a, b = resident.votes(queries, vote, block=8), streamed.votes(queries, vote, block=8)
   np.testing.assert_array_equal(a.ids, b.ids)
@@ -104,7 +106,7 @@ def test_a_memory_too_large_for_the_device_is_streamed_to_the_same_votes(monkeyp
 
 def test_max_votes_keeps_the_most_voted():
   queries, keys, labels, _ = _problem(seed=1)
-  memory = neighbour_vote.Memory.from_embeddings(keys, labels)
+  memory = vote_memory.Memory.from_embeddings(keys, labels)
   every = memory.votes(queries, neighbour_vote.NeighbourVote(0.5, 9, 0.1, max_votes=17))
   top3 = memory.votes(queries, neighbour_vote.NeighbourVote(0.5, 9, 0.1, max_votes=3))
   np.testing.assert_array_equal(top3.ids, every.ids[:, :3])
@@ -115,7 +117,7 @@ def test_exact_topk_with_votes_equals_the_dense_mixed_score():
   queries, keys, labels, rng = _problem(seed=2, n=37, L=53)
   w = rng.normal(size=(53, 6)).astype(np.float32)
   vote = neighbour_vote.NeighbourVote(0.7, neighbours=5, temperature=0.1, max_votes=53)
-  votes = neighbour_vote.Memory.from_embeddings(keys, labels).votes(queries, vote)
+  votes = vote_memory.Memory.from_embeddings(keys, labels).votes(queries, vote)
   scores, ids = exact_topk.topk(
     queries,
     w,
@@ -134,12 +136,66 @@ def test_exact_topk_with_votes_equals_the_dense_mixed_score():
 
 def test_memory_plus_appends_rows():
   _, keys, labels, _ = _problem()
-  a = neighbour_vote.Memory.from_embeddings(keys[:10], labels.row_range(0, 10))
-  b = neighbour_vote.Memory.from_embeddings(keys[10:], labels.row_range(10, 40))
+  a = vote_memory.Memory.from_embeddings(keys[:10], labels.row_range(0, 10))
+  b = vote_memory.Memory.from_embeddings(keys[10:], labels.row_range(10, 40))
   both = a.plus(b)
-  whole = neighbour_vote.Memory.from_embeddings(keys, labels)
+  whole = vote_memory.Memory.from_embeddings(keys, labels)
   np.testing.assert_allclose(both.keys, whole.keys)
   np.testing.assert_array_equal(both.labels.to_dense(), whole.labels.to_dense())
+
+
+def test_which_memories_scann_searches():
+  searches = memory_search.SEARCHES
+  assert not searches["auto"].uses_scann(memory_search.SCANN_MEMORY_ROWS)
+  assert searches["auto"].uses_scann(memory_search.SCANN_MEMORY_ROWS + 1)
+  assert searches["scann"].uses_scann(1) and not searches["exact"].uses_scann(10**9)
+  # The vote's default (xc may not import ann) is the search's.
+  assert neighbour_vote.SEARCH_ROWS == memory_search.SCANN_ROWS_PER_QUERY
+
+
+def _clustered_memory(rows=6000, d=16, centres=60, seed=0):
+  """Unit rows around `centres` directions, each row one label (its cluster's, or a rarer
+  one), as real embeddings cluster by topic."""
+  rng = np.random.default_rng(seed)
+  means = rng.normal(size=(centres, d))
+  which = rng.integers(0, centres, rows)
+  keys = means[which] + 0.35 * rng.normal(size=(rows, d))
+  label = np.where(rng.random(rows) < 0.8, which, centres + rng.integers(0, 200, rows))
+  labels = SparseRows.from_lists([[int(x)] for x in label], centres + 200)
+  queries = means[rng.integers(0, centres, 300)] + 0.35 * rng.normal(size=(300, d))
+  return vote_memory.Memory.from_embeddings(keys, labels), queries
+
+
+@pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")
+def test_a_scann_search_of_every_row_finds_the_exact_neighbours():
+  """With every row in a query's budget, every leaf is opened and every row re-ranked
+  exactly: ScaNN's neighbours and votes are the exact search's."""
+  memory, queries = _clustered_memory()
+  exact = neighbour_vote.NeighbourVote(0.5, 20, 0.1, search="exact")
+  every_row = dataclasses.replace(exact, search="scann", search_rows=len(memory.keys))
+  (ids, sims), (want_ids, want_sims) = (
+    memory.nearest(queries, every_row),
+    memory.nearest(queries, exact),
+  )
+  np.testing.assert_allclose(sims, want_sims, atol=1e-5)
+  assert np.mean(ids == want_ids) > 0.999  # equal up to the order of exact ties
+  a, b = memory.votes(queries, every_row), memory.votes(queries, exact)
+  np.testing.assert_allclose(a.values, b.values, atol=1e-5)
+
+
+@pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")
+def test_a_scann_search_of_a_tenth_of_the_rows_keeps_the_vote():
+  """A budget of a tenth of the rows finds most of the exact neighbours, and the most
+  voted label is the exact vote's for nearly every query."""
+  memory, queries = _clustered_memory()
+  exact = neighbour_vote.NeighbourVote(0.5, 20, 0.1, search="exact")
+  tenth = dataclasses.replace(exact, search="scann", search_rows=len(memory.keys) // 10)
+  ids, _ = memory.nearest(queries, tenth)
+  want, _ = memory.nearest(queries, exact)
+  recall = np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids, want)])
+  assert recall > 0.9, recall
+  top = memory.votes(queries, tenth).ids[:, 0]
+  assert np.mean(top == memory.votes(queries, exact).ids[:, 0]) > 0.95
 
 
 @pytest.mark.parametrize(
@@ -150,6 +206,8 @@ def test_memory_plus_appends_rows():
     ({"neighbour_weight": 2.0}, r"scoring\.neighbour_weight: must be in \[0, 1\], got 2\.0"),
     ({"neighbours": 0}, r"scoring\.neighbours: must be >= 1, got 0"),
     ({"neighbour_temperature": 0.0}, r"neighbour_temperature: must be > 0, got 0\.0"),
+    ({"neighbour_search": "faiss"}, r"neighbour_search: use one of auto, exact, scann"),
+    ({"neighbour_search_rows": 0}, r"neighbour_search_rows: must be >= 1, got 0"),
   ],
 )
 def test_a_bad_vote_setting_is_one_error(load_config, changes, message):

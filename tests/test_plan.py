@@ -554,7 +554,7 @@ def test_the_score_beyond_w_is_priced_by_hand():
   c = small_config(labels=1000, model=4)
   c.data.synthetic.mean_labels = 3.0
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
-  assert p.score_items == [] and p.vote_search_flop == 0  # W alone: nothing after training
+  assert p.score_items == [] and p.vote_search is None  # W alone: nothing after training
   assert "score beyond W" not in plan.format_plan(p)
   c.scoring.label_text_weight_choices = (0.0, 0.5)
   c.scoring.neighbour_weight = 0.5
@@ -567,10 +567,21 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert by_name(p.disk_items, "export: vote_memory.npz") == 5000 * 64 * 4 + 5001 * 8 + 15000 * 4
   # 500 validation rows (10% of 5,000), 256 voted labels each, an int32 id and a float32 vote.
   assert by_name(p.score_items, "the validation rows' votes") == 500 * 256 * 8
+  from astra_jax.plan.records import VoteSearchCost
   from astra_jax.plan.score_extras import VOTE_SLOTS
   from astra_jax.xc.neighbour_vote import MAX_VOTES
 
   assert VOTE_SLOTS == MAX_VOTES == 256
   test = c.data.synthetic.num_test
-  assert p.vote_search_flop == 2.0 * (test + 500) * 5000 * 64
+  assert p.vote_search == VoteSearchCost(False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0)
   assert "the vote's exact search" in plan.format_plan(p)
+  # Past 10^6 memory rows, a ScaNN index: ~2 sqrt(N) leaves of N / leaves rows, as many
+  # searched as hold neighbour_search_rows, their rows and every leaf centre scored.
+  c.data.synthetic.num_train = 4_000_000
+  p = plan.plan_config(c, "v100-32gb", mesh="2x4")
+  leaves = int(2 * 4_000_000**0.5)  # 4,000 leaves of 1,000 rows
+  assert p.vote_search.scann and p.vote_search.rows_per_query == 50 * 1000 + leaves
+  assert p.vote_search.search_flop == 2.0 * (test + 400_000) * (50_000 + leaves) * 64
+  assert p.vote_search.build_flop == 2.0 * 4_000_000 * leaves * 64
+  assert by_name(p.score_items, "vote memory: its ScaNN index") == 4_000_000 * (256 + 16 + 4)
+  assert "the vote's ScaNN search" in plan.format_plan(p)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.ann import vote_memory
 from astra_jax.ann.sharded_topk import ShardedSearch
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
@@ -128,7 +129,7 @@ def test_votes_from_a_memory_equal_the_votes_taken_beforehand(shape, lo, batch_s
   num_labels, n = 30, 23
   table, tokens, w = _problem(num_labels, sharding.padded_rows(num_labels, mesh), n=n)
   rng = np.random.default_rng(3)
-  memory = neighbour_vote.Memory.from_embeddings(
+  memory = vote_memory.Memory.from_embeddings(
     rng.normal(size=(40, 8)),
     SparseRows.from_lists(
       [list(rng.choice(num_labels, 3, replace=False)) for _ in range(40)], num_labels

@@ -38,8 +38,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk, tile_score
+from astra_jax.ann.vote_memory import Memory
 from astra_jax.parallel.sharding import ALL
-from astra_jax.xc.neighbour_vote import Memory, NeighbourVote, Votes, add_votes
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)

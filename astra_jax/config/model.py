@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from astra_jax.ann import memory_search
 from astra_jax.config.require import require
 from astra_jax.model import architectures
 from astra_jax.xc import classifier_init
@@ -66,6 +67,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.scoring.neighbour_weight = 0.0
   c.scoring.neighbours = 50
   c.scoring.neighbour_temperature = 0.1
+  # How the memory is searched (xc/memory_search.py): auto (exactly up to 10^6 rows, with a
+  # ScaNN index above), exact, or scann, which scores about neighbour_search_rows rows a query.
+  c.scoring.neighbour_search = "auto"
+  c.scoring.neighbour_search_rows = memory_search.SCANN_ROWS_PER_QUERY
   # Candidates for neighbour_weight, chosen after label_text_weight, as it is.
   c.scoring.neighbour_weight_choices = ()
 
@@ -97,6 +102,16 @@ def validate(c: ml_collections.ConfigDict) -> None:
     sc.neighbour_temperature > 0,
     "scoring.neighbour_temperature",
     f"must be > 0, got {sc.neighbour_temperature}",
+  )
+  require(
+    sc.neighbour_search in memory_search.SEARCHES,
+    "scoring.neighbour_search",
+    f"use one of {', '.join(memory_search.SEARCHES)}, got {sc.neighbour_search!r}",
+  )
+  require(
+    sc.neighbour_search_rows >= 1,
+    "scoring.neighbour_search_rows",
+    f"must be >= 1, got {sc.neighbour_search_rows}",
   )
   _require_choices(c, "neighbour_weight_choices")
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")

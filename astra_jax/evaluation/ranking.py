@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from astra_jax.ann import sharded_topk
+from astra_jax.ann.vote_memory import Memory, nearest
 from astra_jax.data import dataset
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn, metrics
@@ -130,7 +131,7 @@ class ModelEvaluator:
   inv_prop: np.ndarray | None
   ks: tuple[int, ...]
   batch_size: int
-  memory: neighbour_vote.Memory | None = None
+  memory: Memory | None = None
   votes: neighbour_vote.Votes | None = None
 
   @classmethod
@@ -144,7 +145,7 @@ class ModelEvaluator:
     inv_prop: np.ndarray | None,
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
-    memory: neighbour_vote.Memory | None = None,
+    memory: Memory | None = None,
     votes: neighbour_vote.Votes | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
@@ -217,11 +218,11 @@ def embed_label_texts(embed_fn: EmbedFn, params: dict, data: dataset.XCData, con
 
 def vote_memory(
   embed_fn: EmbedFn, params: dict, tokens, rows: np.ndarray, labels: SparseRows, config
-) -> neighbour_vote.Memory:
-  """The neighbour vote's memory (neighbour_vote.Memory) of `tokens`' `rows` and their
+) -> Memory:
+  """The neighbour vote's memory (ann/vote_memory.Memory) of `tokens`' `rows` and their
   `labels` (in the rows' order), under `params`' encoder."""
   keys = embed(embed_fn, host_local(params["encoder"]), tokens, config.eval.batch_size, rows)
-  return neighbour_vote.Memory.from_embeddings(keys, labels)
+  return Memory.from_embeddings(keys, labels)
 
 
 # ----------------------------------------------------------------- training's evaluations
@@ -235,7 +236,7 @@ def evaluate_model(
   max_rows: int = 0,
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
-  memory: neighbour_vote.Memory | None = None,
+  memory: Memory | None = None,
   votes: neighbour_vote.Votes | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
@@ -306,7 +307,7 @@ def knn_diagnostic(
   n_train = train_data.num_train_original
   keys = embed(embed_fn, enc, train_data.train_tokens, bs, np.arange(n_train))
   queries = embed(embed_fn, enc, eval_data.test_tokens, bs)
-  neighbors, sims = neighbour_vote.nearest(queries, keys, k)
+  neighbors, sims = nearest(queries, keys, k)
   train_labels = train_data.train_labels.head(n_train)
 
   def rank(k_out: int) -> np.ndarray:

@@ -122,7 +122,7 @@ def make_plan(
       train_queries_per_s,
     ),
     score_items=extras.items,
-    vote_search_flop=extras.vote_search_flop,
+    vote_search=extras.vote_search,
   )
 
 

@@ -58,6 +58,24 @@ class NodeLayout:
     return self.gpus_per_node // self.processes_per_node
 
 
+@dataclasses.dataclass(frozen=True)
+class VoteSearchCost:
+  """The vote's search of the memory for the test and validation rows (ann/memory_search.py).
+
+  Attributes:
+    scann: True for a ScaNN index over the memory, False for the exact search.
+    rows_per_query: memory rows (and ScaNN leaf centres) a query scores.
+    search_flop: multiply-adds x 2 of those scores for every query.
+    build_flop: multiply-adds x 2 of assigning the memory's rows to the index's leaves (0
+      for the exact search).
+  """
+
+  scann: bool
+  rows_per_query: int
+  search_flop: float
+  build_flop: float
+
+
 @dataclasses.dataclass
 class Plan:
   config_name: str
@@ -81,7 +99,7 @@ class Plan:
   refresh: dict = dataclasses.field(default_factory=dict)
   # After training, each process: a score beyond W (score_extras.py).
   score_items: list[Item] = dataclasses.field(default_factory=list)
-  vote_search_flop: float = 0.0
+  vote_search: VoteSearchCost | None = None
 
   @property
   def node_total(self) -> int:

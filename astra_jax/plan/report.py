@@ -84,17 +84,28 @@ def format_plan(p: Plan) -> str:
       paged = sum(i.bytes for i in items if i.paged)
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
       lines.append(f"    {label:<72}{_gib(resident(items))}")
-    if items is p.score_items and p.vote_search_flop:
-      lines.append(
-        f"    the vote's exact search, (test + validation rows) x memory rows x 2 d: "
-        f"{p.vote_search_flop:.2e} flop"
-      )
+    if items is p.score_items and p.vote_search:
+      lines += _vote_search_lines(p.vote_search)
   lines += refresh_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
   if p.suggestions:
     lines += ["", "  to make it fit:"] + [f"    - {x}" for x in p.suggestions]
   return "\n".join(lines)
+
+
+def _vote_search_lines(v) -> list[str]:
+  """The vote's search (score_extras.VoteSearchCost) in the plan's words."""
+  if not v.scann:
+    return [
+      f"    the vote's exact search, (test + validation rows) x memory rows x 2 d: "
+      f"{v.search_flop:.2e} flop"
+    ]
+  return [
+    f"    the vote's ScaNN search, (test + validation rows) x {v.rows_per_query:,} rows and "
+    f"leaf centres x 2 d: {v.search_flop:.2e} flop",
+    f"    its index's build, memory rows x leaves x 2 d to assign them: {v.build_flop:.2e} flop",
+  ]
 
 
 def _hours(seconds: float) -> str:

@@ -1,8 +1,8 @@
 """What a score beyond W costs after training: the label texts' embeddings
 (`scoring.label_text_weight`, xc/score_fusion.py) and the neighbour vote's memory
 (`scoring.neighbour_weight`, xc/neighbour_vote.py), each held by every process for the
-score's choice, the final evaluation and the export, and the FLOP of the vote's exact
-search.
+score's choice, the final evaluation and the export, and the FLOP of the vote's search
+(exact, or through a ScaNN index past 10^6 memory rows: ann/memory_search.py).
 
 Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from astra_jax.ann import index, memory_search
 from astra_jax.plan.quantities import Quantities
-from astra_jax.plan.records import Item
+from astra_jax.plan.records import Item, VoteSearchCost
 
 # neighbour_vote.MAX_VOTES, the labels a query's vote keeps: that module imports jax, which
 # the planner never does (tests/test_plan.py checks both).
@@ -27,13 +28,12 @@ class ScoreExtras:
   Attributes:
     items: host RAM of each process after training (none when the score is W alone).
     disk: what the export adds (`vote_memory.npz`).
-    vote_search_flop: multiply-adds x 2 of ranking the test and validation rows' nearest
-      memory rows, exactly; 0 without the vote.
+    vote_search: the vote's search cost; None without the vote.
   """
 
   items: list[Item]
   disk: list[Item]
-  vote_search_flop: float
+  vote_search: VoteSearchCost | None
 
 
 def _uses(config, field: str) -> bool:
@@ -51,7 +51,7 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
   Returns:
     The ScoreExtras.
   """
-  items, disk, flop = [], [], 0.0
+  items, disk, search = [], [], None
   if _uses(config, "label_text_weight"):
     items.append(
       Item(f"label-text embeddings E(z_l) ({q.L:,} x {q.d} fp32)", q.L * q.d * 4, "L x d x 4")
@@ -77,5 +77,24 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
           "N_val x max_votes x (4 + 4)",
         )
       )
-    flop = 2.0 * (q.num_test + validation) * n * d
-  return ScoreExtras(items, disk, flop)
+    queries = q.num_test + validation
+    sc = config.scoring
+    if memory_search.SEARCHES[sc.get("neighbour_search", "auto")].uses_scann(n):
+      rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
+      params = memory_search.scann_params(n, sc.get("neighbours", 50), rows)
+      scored = index.rows_scored_per_query(n, params) + params.num_leaves
+      # ScaNN keeps a float32 copy of the rows to re-rank with, 4-bit codes of each pair of
+      # dimensions and each row's leaf.
+      items.append(
+        Item(
+          f"vote memory: its ScaNN index ({params.num_leaves:,} leaves)",
+          n * (4 * d + d // 4 + 4),
+          "N x (4 d + d / 4 + 4)",
+        )
+      )
+      search = VoteSearchCost(
+        True, scored, 2.0 * queries * scored * d, 2.0 * n * params.num_leaves * d
+      )
+    else:
+      search = VoteSearchCost(False, n, 2.0 * queries * n * d, 0.0)
+  return ScoreExtras(items, disk, search)

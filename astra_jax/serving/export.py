@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from astra_jax.ann.vote_memory import Memory
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.label_subset import sample_labels
 from astra_jax.data.sparse_rows import SparseRows
@@ -43,7 +44,6 @@ from astra_jax.model.factory import encoder_for_shape
 from astra_jax.model.interface import EncoderShape
 from astra_jax.runtime import distributed, tmpnames
 from astra_jax.runtime.errors import InputError
-from astra_jax.xc.neighbour_vote import Memory
 
 FORMAT_VERSION = 1
 MODEL_DIR = "model"

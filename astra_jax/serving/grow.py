@@ -29,12 +29,12 @@ import time
 
 import numpy as np
 
+from astra_jax.ann.vote_memory import Memory
 from astra_jax.data import tokenize, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model import embedding
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export
-from astra_jax.xc.neighbour_vote import Memory
 from astra_jax.xc.score_fusion import unit_rows
 
 # model.json keys save_model writes itself; every other key of the old model is carried over.

@@ -14,10 +14,11 @@ import functools
 
 import numpy as np
 
+from astra_jax.ann.vote_memory import Memory
 from astra_jax.evaluation import ranking
 from astra_jax.training.trainer import Trainer
 from astra_jax.xc import neighbour_vote
-from astra_jax.xc.neighbour_vote import Memory, Votes
+from astra_jax.xc.neighbour_vote import Votes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,8 @@ ADDED_KEYS = {
   "scoring.neighbour_weight": 0.0,
   "scoring.neighbours": 50,
   "scoring.neighbour_temperature": 0.1,
+  "scoring.neighbour_search": "auto",
+  "scoring.neighbour_search_rows": 50_000,
   "scoring.neighbour_weight_choices": (),
   "optim.encoder_table_update": "dense",
 }

@@ -16,6 +16,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+from astra_jax.ann import vote_memory
 from astra_jax.data import dataset
 from astra_jax.evaluation import final_eval, ranking
 from astra_jax.model.embedding import EmbedFn, embed, embed_rows, host_local
@@ -32,7 +33,6 @@ from astra_jax.training.pipeline import TrainBatches
 from astra_jax.training.progress import Progress
 from astra_jax.training.step_profile import StepProfiler
 from astra_jax.training.train_log import TrainLog
-from astra_jax.xc import neighbour_vote
 
 # W = scale * V: V's rows grow as 1 / scale while the decay shrinks the scale, so V is
 # folded back into W (scale 1) at a log line once the scale is below this.
@@ -320,7 +320,7 @@ class Trainer:
     n, limit = self.parts.data.test_labels.num_rows, self.config.eval.final_max_rows
     return min(n, limit) if limit > 0 else n
 
-  def final_evaluation(self, memory: neighbour_vote.Memory | None = None) -> dict[str, float]:
+  def final_evaluation(self, memory: vote_memory.Memory | None = None) -> dict[str, float]:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
     stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted). `memory`: the
     rows the neighbour vote reads, when the score votes."""

@@ -1,0 +1,77 @@
+"""How the neighbour vote finds the memory rows nearest a query (`scoring.neighbour_search`).
+
+The vote (xc/neighbour_vote.py) needs each query's k most cosine-similar rows of the memory,
+the N training rows' unit embeddings. Two ways:
+
+  * exact: `vote_memory.nearest`, (query block x key block) tiles on the device, O(N d)
+    per query. Right for the CPU recipe's memories (10^4-10^6 rows), where a search is
+    seconds.
+  * scann: a ScaNN index over the memory (index.py, as the refresh searches W), built
+    on the host once per memory and cached with it; a query scores about
+    `scoring.neighbour_search_rows` rows in its nearest leaves, then re-ranks its best
+    candidates exactly, so its cost no longer grows with N. At SS-20M's 146M rows the exact
+    search is ~6e17 flop; this is what makes a vote there affordable.
+
+`auto` (the default) searches exactly up to SCANN_MEMORY_ROWS rows and with ScaNN above.
+Without ScaNN installed every search is exact. No jax here: the planner reads this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from astra_jax.ann import index
+
+# Memories of more rows than this are searched with ScaNN under `auto`: the exact search of
+# 10^6 rows costs ~1.3e8 flop a query, ~10 ms on two CPU cores.
+SCANN_MEMORY_ROWS = 1_000_000
+# Rows a ScaNN search scores per query, by default (`scoring.neighbour_search_rows`).
+SCANN_ROWS_PER_QUERY = 50_000
+
+
+@dataclasses.dataclass(frozen=True)
+class MemorySearch:
+  """One way of searching the memory (`scoring.neighbour_search`).
+
+  Attributes:
+    name: the config's name for it.
+    scann_from_rows: ScaNN searches a memory of more rows than this; None: never.
+  """
+
+  name: str
+  scann_from_rows: int | None
+
+  def uses_scann(self, rows: int) -> bool:
+    """Whether a memory of `rows` rows is searched with ScaNN (when it is installed)."""
+    return self.scann_from_rows is not None and rows > self.scann_from_rows
+
+
+SEARCHES = {
+  s.name: s
+  for s in (
+    MemorySearch("auto", SCANN_MEMORY_ROWS),
+    MemorySearch("exact", None),
+    MemorySearch("scann", 0),
+  )
+}
+
+
+def scann_params(rows: int, k: int, rows_per_query: int) -> index.ScannParams:
+  """The index's knobs: scann_defaults' fixed-cost rule (leaves of ~1,000 rows once N is
+  large, as many searched as hold `rows_per_query` rows, the best 20 k re-ranked exactly)."""
+  return index.scann_defaults(rows, k, rows_per_query=min(rows_per_query, rows))
+
+
+def scann_index(keys: np.ndarray, params: index.ScannParams, threads: int = 0) -> index.ScannIndex:
+  """A ScaNN index over the memory's unit keys (inner product = cosine).
+
+  Args:
+    keys: (N, d) unit-norm rows.
+    params: its knobs (`scann_params`).
+    threads: the build's and searches' threads (0: ScaNN's default, every core).
+  Returns:
+    The index.
+  """
+  return index.ScannIndex(keys, 1, params, threads)  # each search gives its own k

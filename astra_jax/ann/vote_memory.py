@@ -1,0 +1,188 @@
+"""The neighbour vote's memory (xc/neighbour_vote.py): the training rows that vote, as
+their unit embeddings and labels, and the search for a query's nearest rows among them.
+
+The search is exact by default, in (query block x key block) tiles on the device with a
+running top k (`nearest`), so its memory is bounded by the tile whatever the number of
+rows N and its time grows as N per query; a memory past 10^6 rows is searched with a ScaNN
+index built over it on the host (memory_search.py), a fixed number of rows per query. A
+memory too large for a device stays on the host and reaches the device a key block at a
+time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from astra_jax.ann import index as ann_index, memory_search
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+  """The training rows that vote: their unit-norm embeddings and their labels.
+
+  Attributes:
+    keys: (N, d) float32, E(x_j) / |E(x_j)|.
+    labels: the N rows' labels.
+  """
+
+  keys: np.ndarray
+  labels: SparseRows
+
+  def __post_init__(self):
+    if len(self.keys) != self.labels.num_rows:
+      raise ValueError(f"{len(self.keys)} memory rows but {self.labels.num_rows} label rows")
+
+  @classmethod
+  def from_embeddings(cls, embeddings: np.ndarray, labels: SparseRows) -> Memory:
+    return cls(unit_rows(embeddings), labels)
+
+  def plus(self, other: Memory) -> Memory:
+    """This memory's rows, then `other`'s."""
+    return Memory(np.concatenate([self.keys, other.keys]), self.labels.vstack(other.labels))
+
+  @functools.cached_property
+  def search_keys(self) -> jax.Array | np.ndarray:
+    """The keys a search reads: on the default device, placed once for every search, when
+    they take at most RESIDENT_KEY_BYTES; else the host array, streamed a block at a time
+    (a memory of 146M rows of d = 64 is 37 GB, more than a V100 holds)."""
+    if self.keys.nbytes <= RESIDENT_KEY_BYTES:
+      return jnp.asarray(self.keys, jnp.float32)
+    return self.keys
+
+  @functools.cached_property
+  def _scann_indexes(self) -> dict:
+    return {}  # the build's knobs -> the ScaNN index over the keys, built on first use
+
+  def scann_index(self, params: ann_index.ScannParams) -> ann_index.ScannIndex:
+    """The ScaNN index over the keys built with `params`, once for every search: the leaves
+    a query opens and the candidates it re-ranks are the search's, not the build's."""
+    key = dataclasses.replace(params, num_leaves_to_search=1, reorder=1)
+    if key not in self._scann_indexes:
+      start = time.perf_counter()
+      self._scann_indexes[key] = memory_search.scann_index(self.keys, params)
+      logging.info(
+        "neighbour vote: ScaNN index over %d memory rows (%d leaves) built in %.1f s",
+        len(self.keys),
+        params.num_leaves,
+        time.perf_counter() - start,
+      )
+    return self._scann_indexes[key]
+
+  def nearest(
+    self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """Each query's `vote.neighbours` nearest rows, found as `vote.search` says.
+
+    Args:
+      queries: (n, d) E(x) (normalised here).
+      vote: the vote's settings.
+      block: queries per exact search call.
+    Returns:
+      ((n, k) row ids, -1 for none, (n, k) cosine similarities, -inf for none), most
+      similar first.
+    """
+    if memory_search.SEARCHES[vote.search].uses_scann(len(self.keys)):
+      if ann_index.scann_available():
+        k = vote.neighbours
+        params = memory_search.scann_params(len(self.keys), k, vote.search_rows)
+        return self.scann_index(params).search_scored(
+          unit_rows(queries), k, params.num_leaves_to_search, params.reorder
+        )
+      ann_index.warn_scann_missing()
+    return nearest(queries, self.search_keys, vote.neighbours, block)
+
+  def votes(self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024) -> Votes:
+    """The votes of each query's `vote.neighbours` nearest rows.
+
+    Args:
+      queries: (n, d) E(x) (normalised here).
+      vote: the vote's settings.
+      block: queries per exact search call.
+    Returns:
+      Votes (n, vote.max_votes), most voted first (ties: the lower label id).
+    """
+    neighbours, sims = self.nearest(queries, vote, block)
+    weights = np.exp((sims - sims[:, :1]) / vote.temperature)
+    return label_votes(neighbours, weights, self.labels, vote.max_votes, normalise=True)
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+  """Rows over their norms, float32 (zero rows stay zero)."""
+  x = np.asarray(x, np.float32)
+  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _normalise(x: jax.Array) -> jax.Array:
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+# A memory up to this size stays on the device between searches; a larger one is streamed.
+RESIDENT_KEY_BYTES = 4 << 30
+# Scores of one (query block x key block) tile: 256 MB of float32 whatever the memory's size.
+TILE_FLOATS = 1 << 26
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _nearest_block(
+  queries: jax.Array, keys: jax.Array, k: int, offset: int = 0
+) -> tuple[jax.Array, jax.Array]:
+  # One compiled search per (block shape, key block shape, k): a server's calls reuse it.
+  sims, ids = jax.lax.top_k(_normalise(queries) @ _normalise(keys).T, k)
+  return sims, ids + offset
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _merge(
+  sims: jax.Array, ids: jax.Array, more_sims: jax.Array, more_ids: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+  # The running top k comes first and holds the lower ids, and top_k prefers the lower
+  # position among equal values: ties go to the lower id, as one search over all keys would.
+  top, where = jax.lax.top_k(jnp.concatenate([sims, more_sims], axis=1), k)
+  return top, jnp.take_along_axis(jnp.concatenate([ids, more_ids], axis=1), where, axis=1)
+
+
+def nearest(
+  queries: np.ndarray, keys, k: int, block: int = 1024, tile_floats: int = TILE_FLOATS
+) -> tuple[np.ndarray, np.ndarray]:
+  """The k most cosine-similar keys of each query, exactly, in (query block x key block)
+  tiles: each key block's top k is merged into a running top k, so memory is bounded by
+  the tile, not by the number of keys. Each key block moves to the device once.
+
+  Args:
+    queries: (n, d) embeddings (normalised here).
+    keys: (m, d) embeddings, on the host or the device (normalised here).
+    k: neighbours per query (at most m).
+    block: queries per matmul.
+    tile_floats: scores per tile; key blocks hold max(k, tile_floats // block) keys.
+  Returns:
+    ((n, k) int64 key ids, (n, k) float32 cosine similarities), most similar first (ties:
+    the lower id first).
+  """
+  num_keys, n = keys.shape[0], len(queries)
+  k = min(k, num_keys)
+  if not n:
+    return np.zeros((0, k), np.int64), np.zeros((0, k), np.float32)
+  key_block = max(k, tile_floats // block)
+  query_blocks = [
+    jnp.asarray(queries[start : start + block], jnp.float32) for start in range(0, n, block)
+  ]
+  best: list[tuple[jax.Array, jax.Array] | None] = [None] * len(query_blocks)
+  for r in range(0, num_keys, key_block):
+    part = keys if key_block >= num_keys else keys[r : r + key_block]
+    part = jnp.asarray(part, jnp.float32)
+    kk = min(k, part.shape[0])
+    for b, q in enumerate(query_blocks):
+      found = _nearest_block(q, part, kk, r)
+      best[b] = found if best[b] is None else _merge(*best[b], *found, k)
+  sims = np.concatenate([np.asarray(s) for s, _ in best])
+  ids = np.concatenate([np.asarray(i, np.int64) for _, i in best])
+  return ids, sims
