@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk, tile_score
 from astra_jax.ann.vote_memory import Memory
+from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
@@ -111,7 +112,7 @@ class ShardedSearch:
 
   def block_rows(self, batch_size: int) -> int:
     """Query rows per call: `batch_size` rounded up to a multiple of the devices."""
-    return -(-batch_size // self.devices) * self.devices
+    return mesh_embedding.block_rows(self.mesh, batch_size)
 
   def kernel(self, k: int):
     """jit((embeddings (Q, d) split over all devices, votes ((Q, S) ids, (Q, S) values)
@@ -123,7 +124,7 @@ class ShardedSearch:
   def encoder(self, encode: EncodeFn):
     """jit((encoder params, ids (Q, T) split over all devices) -> embeddings (Q, d) split
     likewise): each device encodes its own queries."""
-    return _encoder(self.mesh, encode)
+    return mesh_embedding.encoder(self.mesh, encode)
 
   def label_parts(
     self, classifier: jax.Array, label_texts: np.ndarray | None
@@ -229,17 +230,6 @@ class ShardedSearch:
       jax.make_array_from_single_device_arrays(shape, emb.sharding, ids),
       jax.make_array_from_single_device_arrays(shape, emb.sharding, values),
     )
-
-
-@functools.lru_cache(maxsize=32)
-def _encoder(mesh: jax.sharding.Mesh, encode: EncodeFn):
-  """ShardedSearch.encoder's compiled function."""
-  query_sharding = NamedSharding(mesh, P(ALL))
-
-  def run(enc_params, ids):
-    return jax.lax.with_sharding_constraint(encode(enc_params, ids), query_sharding)
-
-  return jax.jit(run, out_shardings=query_sharding)
 
 
 @functools.lru_cache(maxsize=32)

@@ -21,7 +21,8 @@ from astra_jax.ann.vote_memory import Memory, nearest
 from astra_jax.data import dataset
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn, metrics
-from astra_jax.model.embedding import EmbedFn, embed, host_local
+from astra_jax.model.embedding import EmbedFn
+from astra_jax.parallel.mesh_embedding import embed_on_mesh
 from astra_jax.runtime import distributed
 from astra_jax.xc import neighbour_vote, score_fusion
 
@@ -162,7 +163,7 @@ class ModelEvaluator:
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
       texts = label_text_embeddings
       if texts is None:
-        texts = embed_label_texts(embed_fn, params, data, config)
+        texts = embed_label_texts(mesh, embed_fn, params, data, config)
     search = sharded_topk.ShardedSearch(
       mesh, data.num_labels, config.eval.label_block, fusion, vote
     )
@@ -211,17 +212,26 @@ class ModelEvaluator:
     return metrics.as_percent(metrics.from_sums(self.block_sums(0, n), n, self.ks))
 
 
-def embed_label_texts(embed_fn: EmbedFn, params: dict, data: dataset.XCData, config) -> np.ndarray:
-  """(L, d) E(z_l) of every label's text under `params`' encoder (the fused score's rows)."""
-  return embed(embed_fn, host_local(params["encoder"]), data.label_tokens, config.eval.batch_size)
+def embed_label_texts(
+  mesh: jax.sharding.Mesh, embed_fn: EmbedFn, params: dict, data: dataset.XCData, config
+) -> np.ndarray:
+  """(L, d) E(z_l) of every label's text under `params`' encoder (the fused score's rows),
+  encoded over `mesh`'s devices, on every process."""
+  return embed_on_mesh(mesh, embed_fn, params["encoder"], data.label_tokens, config.eval.batch_size)
 
 
 def vote_memory(
-  embed_fn: EmbedFn, params: dict, tokens, rows: np.ndarray, labels: SparseRows, config
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  tokens,
+  rows: np.ndarray,
+  labels: SparseRows,
+  config,
 ) -> Memory:
   """The neighbour vote's memory (ann/vote_memory.Memory) of `tokens`' `rows` and their
-  `labels` (in the rows' order), under `params`' encoder."""
-  keys = embed(embed_fn, host_local(params["encoder"]), tokens, config.eval.batch_size, rows)
+  `labels` (in the rows' order), under `params`' encoder, encoded over `mesh`'s devices."""
+  keys = embed_on_mesh(mesh, embed_fn, params["encoder"], tokens, config.eval.batch_size, rows)
   return Memory.from_embeddings(keys, labels)
 
 
@@ -282,7 +292,7 @@ def diagnostics(
   Returns:
     {"kNN-E P@k": ..., "W-alone P@k": ...}, each part only when asked for.
   """
-  out = knn_diagnostic(embed_fn, params, train_data, eval_data, config)
+  out = knn_diagnostic(mesh, embed_fn, params, train_data, eval_data, config)
   fusion = score_fusion.from_config(config, params["classifier"].shape[1])
   if config.eval.classifier_alone and fusion is not None:
     # The negative-sampling strategies change W, not the text term; the fused score dilutes
@@ -295,18 +305,22 @@ def diagnostics(
 
 
 def knn_diagnostic(
-  embed_fn: EmbedFn, params: dict, train_data: dataset.XCData, eval_data: dataset.XCData, config
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  train_data: dataset.XCData,
+  eval_data: dataset.XCData,
+  config,
 ) -> dict[str, float]:
   """`eval.knn_diagnostic` > 0: {"kNN-E P@k": ...}, the vote of that many nearest original
   training rows under the encoder's own embeddings (knn.py); {} when off."""
   k = config.eval.knn_diagnostic
   if not k:
     return {}
-  enc = host_local(params["encoder"])
-  bs = config.eval.batch_size
+  enc, bs = params["encoder"], config.eval.batch_size
   n_train = train_data.num_train_original
-  keys = embed(embed_fn, enc, train_data.train_tokens, bs, np.arange(n_train))
-  queries = embed(embed_fn, enc, eval_data.test_tokens, bs)
+  keys = embed_on_mesh(mesh, embed_fn, enc, train_data.train_tokens, bs, np.arange(n_train))
+  queries = embed_on_mesh(mesh, embed_fn, enc, eval_data.test_tokens, bs)
   neighbors, sims = nearest(queries, keys, k)
   train_labels = train_data.train_labels.head(n_train)
 

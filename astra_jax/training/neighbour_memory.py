@@ -58,13 +58,25 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
   params = trainer.state.params
   n = p.data.num_train_original
   choice = ranking.vote_memory(
-    p.embed_fn, params, p.data.train_tokens, np.arange(n), p.data.train_labels.head(n), p.config
+    p.mesh,
+    p.embed_fn,
+    params,
+    p.data.train_tokens,
+    np.arange(n),
+    p.data.train_labels.head(n),
+    p.config,
   )
   if p.eval_data is p.data:  # no validation split: the test rows are never memory
     return VoteMemories(choice)
   val = p.eval_data
   held = ranking.vote_memory(
-    p.embed_fn, params, val.test_tokens, np.arange(len(val.test_tokens)), val.test_labels, p.config
+    p.mesh,
+    p.embed_fn,
+    params,
+    val.test_tokens,
+    np.arange(len(val.test_tokens)),
+    val.test_labels,
+    p.config,
   )
   # The memory's keys are the validation rows' unit E(x): the queries of their votes.
   votes = choice.votes(held.keys, neighbour_vote.with_weight(sc, 1.0))

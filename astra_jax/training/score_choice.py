@@ -99,7 +99,7 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
   # E(z_l) depends on the encoder only: embedded once for every candidate.
   texts = None
   if any(text_weights) or sc.label_text_weight:
-    texts = ranking.embed_label_texts(p.embed_fn, params, p.eval_data, p.config)
+    texts = ranking.embed_label_texts(p.mesh, p.embed_fn, params, p.eval_data, p.config)
 
   def read(field: str, weight: float, votes: neighbour_vote.Votes | None = None) -> float:
     cfg = copy.deepcopy(p.config)

@@ -24,13 +24,14 @@ from astra_jax.config import base as config_base
 from astra_jax.data import dataset, label_subset, synthetic, validation
 from astra_jax.evaluation import final_eval, metrics
 from astra_jax.model import pretrained
-from astra_jax.model.embedding import embed, make_embed_fn
+from astra_jax.model.embedding import make_embed_fn
 from astra_jax.negatives import strategies
 from astra_jax.negatives.manager import HardNegatives
 from astra_jax.negatives.sampler import NegativeSampler
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.negatives.strategies import IndexOver
 from astra_jax.parallel import device_check, sharding
+from astra_jax.parallel.mesh_embedding import embed_on_mesh
 from astra_jax.runtime import cpu_budget, distributed, host_memory
 from astra_jax.runtime.errors import InputError
 from astra_jax.runtime.watchdog import HangWatchdog
@@ -326,7 +327,7 @@ def starting_classifier(
     d,
     config.train.seed,
     data.label_tokens,
-    lambda tokens: embed(embed_fn, enc_params, tokens, config.eval.batch_size),
+    lambda tokens: embed_on_mesh(mesh, embed_fn, enc_params, tokens, config.eval.batch_size),
     w_layout,
     # Rows the export gives are not embedded: at 10^7 labels that pass costs minutes.
     skip=None if source is None else source >= 0,

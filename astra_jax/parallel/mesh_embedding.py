@@ -1,0 +1,88 @@
+"""E(x) of many token rows with every device of every process, the result on every process.
+
+After training, the score beyond W embeds whole splits: the neighbour vote's memory (every
+training row), the label texts of the fused score, the kNN diagnostic's rows. Each process
+needs all of those embeddings (it votes or scores against all of them), but encoding them
+on one device of each process repeats the same work on every process and leaves the other
+devices idle: at SS-20M's 146M training rows that is one GPU's hours on every node. Here a
+block of rows is split over all the mesh's devices like a training batch, each process
+reading only its devices' token rows, and the block's (rows x d) embeddings, not its tokens,
+are gathered onto every process.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax.parallel.sharding import ALL
+from astra_jax.runtime import distributed
+
+EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
+
+
+@functools.lru_cache(maxsize=32)
+def encoder(mesh: jax.sharding.Mesh, encode: EncodeFn):
+  """jit((encoder params, ids (Q, T) split over all of `mesh`'s devices) -> embeddings
+  (Q, d) split likewise): each device encodes its own rows. One per (mesh, encoder)."""
+  rows = NamedSharding(mesh, P(ALL))
+
+  def run(enc_params, ids):
+    return jax.lax.with_sharding_constraint(encode(enc_params, ids), rows)
+
+  return jax.jit(run, out_shardings=rows)
+
+
+def block_rows(mesh: jax.sharding.Mesh, batch_size: int) -> int:
+  """Rows per call: `batch_size` rounded up to a multiple of the devices."""
+  devices = mesh.devices.size
+  return -(-batch_size // devices) * devices
+
+
+def embed_on_mesh(
+  mesh: jax.sharding.Mesh,
+  encode: EncodeFn,
+  enc_params,
+  tokens,
+  batch_size: int,
+  rows: np.ndarray | None = None,
+) -> np.ndarray:
+  """(n, d) float32 E(x) of `tokens` (n, T), or of its `rows` in their order, on every
+  process.
+
+  Args:
+    mesh: the devices to encode on (all of them, over every process).
+    encode: the inference-mode encoder (embedding.make_embed_fn).
+    enc_params: its parameters, replicated on `mesh` (or a host copy in one process).
+    tokens: (N, T) token ids, e.g. a memory-mapped token file; each process reads only the
+      rows its devices encode.
+    batch_size: rows per call, rounded up to the devices (the last call is padded, so one
+      compilation serves all).
+    rows: the rows of `tokens` to embed, in this order; None: all of them.
+  Returns:
+    (n, d) float32, the same on every process.
+  """
+  n = len(tokens) if rows is None else len(rows)
+  q = block_rows(mesh, batch_size)
+  sharding = NamedSharding(mesh, P(ALL))
+  run = encoder(mesh, encode)
+  out = []
+  for start in range(0, n, q):
+    stop = min(start + q, n)
+
+    def read(index, start=start, stop=stop):
+      a = start + (index[0].start or 0)
+      b = start + (q if index[0].stop is None else index[0].stop)
+      which = slice(min(a, stop), min(b, stop))
+      x = np.asarray(tokens[which] if rows is None else tokens[rows[which]], np.int32)
+      return np.pad(x, ((0, (b - a) - len(x)), (0, 0)))
+
+    ids = jax.make_array_from_callback((q, tokens.shape[1]), sharding, read)
+    out.append(distributed.gather_rows(run(enc_params, ids))[: stop - start])
+  if not out:
+    return np.zeros((0, 0), np.float32)
+  return np.concatenate(out).astype(np.float32, copy=False)
