@@ -575,9 +575,13 @@ def test_the_score_beyond_w_is_priced_by_hand():
   test = c.data.synthetic.num_test
   assert p.vote_search == VoteSearchCost(False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0)
   assert "the vote's exact search" in plan.format_plan(p)
-  # Past 10^6 memory rows, a ScaNN index: ~2 sqrt(N) leaves of N / leaves rows, as many
-  # searched as hold neighbour_search_rows, their rows and every leaf centre scored.
+  # On GPUs `auto` stays exact whatever the memory's rows.
   c.data.synthetic.num_train = 4_000_000
+  p = plan.plan_config(c, "v100-32gb", mesh="2x4")
+  assert not p.vote_search.scann and p.vote_search.rows_per_query == 4_000_000
+  # With scann: ~2 sqrt(N) leaves of N / leaves rows, as many searched as hold
+  # neighbour_search_rows, their rows and every leaf centre scored.
+  c.scoring.neighbour_search = "scann"
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
   leaves = int(2 * 4_000_000**0.5)  # 4,000 leaves of 1,000 rows
   assert p.vote_search.scann and p.vote_search.rows_per_query == 50 * 1000 + leaves

@@ -5,15 +5,17 @@ the N training rows' unit embeddings. Two ways:
 
   * exact: `vote_memory.nearest`, (query block x key block) tiles on the device, O(N d)
     per query. Right for the CPU recipe's memories (10^4-10^6 rows), where a search is
-    seconds.
+    seconds, and on accelerators.
   * scann: a ScaNN index over the memory (index.py, as the refresh searches W), built
     on the host once per memory and cached with it; a query scores about
     `scoring.neighbour_search_rows` rows in its nearest leaves, then re-ranks its best
-    candidates exactly, so its cost no longer grows with N. At SS-20M's 146M rows the exact
-    search is ~6e17 flop; this is what makes a vote there affordable.
+    candidates exactly, so its cost no longer grows with N, but its recall at a fixed
+    budget does fall as N grows. At SS-20M's 146M rows the exact search is ~6e17 flop,
+    hours on a GPU and out of reach of CPUs.
 
-`auto` (the default) searches exactly up to SCANN_MEMORY_ROWS rows and with ScaNN above.
-Without ScaNN installed every search is exact. No jax here: the planner reads this module.
+`auto` (the default) searches exactly on a GPU or TPU, and on CPUs exactly up to
+SCANN_MEMORY_ROWS rows and with ScaNN above. Without ScaNN installed every search is exact.
+No jax here: the planner reads this module.
 """
 
 from __future__ import annotations
@@ -38,22 +40,34 @@ class MemorySearch:
   Attributes:
     name: the config's name for it.
     scann_from_rows: ScaNN searches a memory of more rows than this; None: never.
+    on_accelerators: whether it does so where the exact search runs on a GPU or TPU.
   """
 
   name: str
   scann_from_rows: int | None
+  on_accelerators: bool
 
-  def uses_scann(self, rows: int) -> bool:
-    """Whether a memory of `rows` rows is searched with ScaNN (when it is installed)."""
-    return self.scann_from_rows is not None and rows > self.scann_from_rows
+  def uses_scann(self, rows: int, accelerator: bool) -> bool:
+    """Whether a memory of `rows` rows is searched with ScaNN (when it is installed).
+
+    Args:
+      rows: the memory's rows.
+      accelerator: whether the exact search would run on a GPU or TPU.
+    """
+    if self.scann_from_rows is None or (accelerator and not self.on_accelerators):
+      return False
+    return rows > self.scann_from_rows
 
 
+# `auto` keeps the exact search on accelerators: there it is a matmul at tens of TFLOP/s
+# (SS-20M's 146M rows: hours on one GPU, once after training) with recall 1, where ScaNN's
+# recall at a fixed budget falls as the memory grows (docs/results/vote_search.md).
 SEARCHES = {
   s.name: s
   for s in (
-    MemorySearch("auto", SCANN_MEMORY_ROWS),
-    MemorySearch("exact", None),
-    MemorySearch("scann", 0),
+    MemorySearch("auto", SCANN_MEMORY_ROWS, on_accelerators=False),
+    MemorySearch("exact", None, on_accelerators=False),
+    MemorySearch("scann", 0, on_accelerators=True),
   )
 }
 

@@ -3,8 +3,9 @@ their unit embeddings and labels, and the search for a query's nearest rows amon
 
 The search is exact by default, in (query block x key block) tiles on the device with a
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
-rows N and its time grows as N per query; a memory past 10^6 rows is searched with a ScaNN
-index built over it on the host (memory_search.py), a fixed number of rows per query. A
+rows N and its time grows as N per query; on CPUs a memory past 10^6 rows is searched with
+a ScaNN index built over it on the host (memory_search.py), a fixed number of rows per
+query. A
 memory too large for a device stays on the host and reaches the device a key block at a
 time.
 """
@@ -90,7 +91,8 @@ class Memory:
       ((n, k) row ids, -1 for none, (n, k) cosine similarities, -inf for none), most
       similar first.
     """
-    if memory_search.SEARCHES[vote.search].uses_scann(len(self.keys)):
+    accelerator = jax.default_backend() != "cpu"
+    if memory_search.SEARCHES[vote.search].uses_scann(len(self.keys), accelerator):
       if ann_index.scann_available():
         k = vote.neighbours
         params = memory_search.scann_params(len(self.keys), k, vote.search_rows)

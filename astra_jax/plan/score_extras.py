@@ -2,7 +2,7 @@
 (`scoring.label_text_weight`, xc/score_fusion.py) and the neighbour vote's memory
 (`scoring.neighbour_weight`, xc/neighbour_vote.py), each held by every process for the
 score's choice, the final evaluation and the export, and the FLOP of the vote's search
-(exact, or through a ScaNN index past 10^6 memory rows: ann/memory_search.py).
+(exact, or through a ScaNN index: ann/memory_search.py).
 
 Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
@@ -79,7 +79,9 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
       )
     queries = q.num_test + validation
     sc = config.scoring
-    if memory_search.SEARCHES[sc.get("neighbour_search", "auto")].uses_scann(n):
+    # The plan is for GPUs: `auto` searches exactly there.
+    search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
+    if search_kind.uses_scann(n, accelerator=True):
       rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
       params = memory_search.scann_params(n, sc.get("neighbours", 50), rows)
       scored = index.rows_scored_per_query(n, params) + params.num_leaves
