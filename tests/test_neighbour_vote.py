@@ -186,6 +186,18 @@ def test_a_scann_search_of_every_row_finds_the_exact_neighbours():
   assert np.mean(ids == want_ids) > 0.999  # equal up to the order of exact ties
   a, b = memory.votes(queries, every_row), memory.votes(queries, exact)
   np.testing.assert_allclose(a.values, b.values, atol=1e-5)
+  none, _ = memory.nearest(queries[:0], every_row)
+  assert none.shape == (0, 20)
+
+
+def test_without_scann_a_scann_search_is_exact(monkeypatch):
+  monkeypatch.setattr(ann_index, "scann_available", lambda: False)
+  memory, queries = _clustered_memory(rows=500)
+  exact = neighbour_vote.NeighbourVote(0.5, 20, 0.1, search="exact")
+  scann = dataclasses.replace(exact, search="scann", search_rows=10)
+  np.testing.assert_array_equal(
+    memory.nearest(queries, scann)[0], memory.nearest(queries, exact)[0]
+  )
 
 
 @pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")

@@ -93,13 +93,14 @@ class Memory:
     """
     accelerator = jax.default_backend() != "cpu"
     if memory_search.SEARCHES[vote.search].uses_scann(len(self.keys), accelerator):
-      if ann_index.scann_available():
+      if not ann_index.scann_available():
+        ann_index.warn_scann_missing()
+      elif len(queries):  # no queries: the exact search's empty answer
         k = vote.neighbours
         params = memory_search.scann_params(len(self.keys), k, vote.search_rows)
         return self.scann_index(params).search_scored(
           unit_rows(queries), k, params.num_leaves_to_search, params.reorder
         )
-      ann_index.warn_scann_missing()
     return nearest(queries, self.search_keys, vote.neighbours, block)
 
   def votes(self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024) -> Votes:
