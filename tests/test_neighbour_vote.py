@@ -146,14 +146,13 @@ def test_memory_plus_appends_rows():
 
 def test_which_memories_scann_searches():
   searches = memory_search.SEARCHES
-  many = memory_search.SCANN_MEMORY_ROWS
-  # auto: on CPUs ScaNN past 10^6 rows; on accelerators exact, whatever the rows.
-  assert not searches["auto"].uses_scann(many, accelerator=False)
-  assert searches["auto"].uses_scann(many + 1, accelerator=False)
-  assert not searches["auto"].uses_scann(10**9, accelerator=True)
+  # auto: on CPUs ScaNN past four times the budget; on accelerators exact, whatever the rows.
+  assert not searches["auto"].uses_scann(200_000, 50_000, accelerator=False)
+  assert searches["auto"].uses_scann(200_001, 50_000, accelerator=False)
+  assert not searches["auto"].uses_scann(10**9, 50_000, accelerator=True)
   for accelerator in (False, True):
-    assert searches["scann"].uses_scann(1, accelerator)
-    assert not searches["exact"].uses_scann(10**9, accelerator)
+    assert searches["scann"].uses_scann(1, 50_000, accelerator)
+    assert not searches["exact"].uses_scann(10**9, 1, accelerator)
   # The vote's default (xc may not import ann) is the search's.
   assert neighbour_vote.SEARCH_ROWS == memory_search.SCANN_ROWS_PER_QUERY
 

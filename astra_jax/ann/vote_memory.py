@@ -3,9 +3,9 @@ their unit embeddings and labels, and the search for a query's nearest rows amon
 
 The search is exact by default, in (query block x key block) tiles on the device with a
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
-rows N and its time grows as N per query; on CPUs a memory past 10^6 rows is searched with
-a ScaNN index built over it on the host (memory_search.py), a fixed number of rows per
-query. A
+rows N and its time grows as N per query; on CPUs a memory of more than four times the
+ScaNN budget is searched with a ScaNN index built over it on the host (memory_search.py), a
+fixed number of rows per query. A
 memory too large for a device stays on the host and reaches the device a key block at a
 time.
 """
@@ -92,7 +92,8 @@ class Memory:
       similar first.
     """
     accelerator = jax.default_backend() != "cpu"
-    if memory_search.SEARCHES[vote.search].uses_scann(len(self.keys), accelerator):
+    search = memory_search.SEARCHES[vote.search]
+    if search.uses_scann(len(self.keys), vote.search_rows, accelerator):
       if not ann_index.scann_available():
         ann_index.warn_scann_missing()
       elif len(queries):  # no queries: the exact search's empty answer

@@ -68,8 +68,8 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.scoring.neighbours = 50
   c.scoring.neighbour_temperature = 0.1
   # How the memory is searched (ann/memory_search.py): auto (exactly on GPUs and TPUs, and on
-  # CPUs up to 10^6 rows, with a ScaNN index above), exact, or scann, which scores about
-  # neighbour_search_rows rows a query.
+  # CPUs up to 4 x neighbour_search_rows memory rows, with a ScaNN index above), exact, or
+  # scann, whose queries score about neighbour_search_rows rows each.
   c.scoring.neighbour_search = "auto"
   c.scoring.neighbour_search_rows = memory_search.SCANN_ROWS_PER_QUERY
   # Candidates for neighbour_weight, chosen after label_text_weight, as it is.

@@ -81,8 +81,8 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
     sc = config.scoring
     # The plan is for GPUs: `auto` searches exactly there.
     search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
-    if search_kind.uses_scann(n, accelerator=True):
-      rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
+    rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
+    if search_kind.uses_scann(n, rows, accelerator=True):
       params = memory_search.scann_params(n, sc.get("neighbours", 50), rows)
       scored = index.rows_scored_per_query(n, params) + params.num_leaves
       # ScaNN keeps a float32 copy of the rows to re-rank with, 4-bit codes of each pair of
