@@ -567,14 +567,33 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert by_name(p.disk_items, "export: vote_memory.npz") == 5000 * 64 * 4 + 5001 * 8 + 15000 * 4
   # 500 validation rows (10% of 5,000), 256 voted labels each, an int32 id and a float32 vote.
   assert by_name(p.score_items, "the validation rows' votes") == 500 * 256 * 8
+  from astra_jax.plan import refresh_time
   from astra_jax.plan.records import VoteSearchCost
   from astra_jax.plan.score_extras import VOTE_SLOTS
   from astra_jax.xc.neighbour_vote import MAX_VOTES
 
   assert VOTE_SLOTS == MAX_VOTES == 256
   test = c.data.synthetic.num_test
-  assert p.vote_search == VoteSearchCost(False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0)
+  assert p.vote_search == VoteSearchCost(
+    False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0, 5000, test, 500
+  )
   assert "the vote's exact search" in plan.format_plan(p)
+  # Its seconds: 8 processes on one node (one a GPU), 100 training queries/s a GPU given;
+  # the memory encoded over all 8 GPUs at 3x that; each process searching its eighth of
+  # the test rows and all 500 validation rows on one V100 at half its 15.7 TFLOP/s.
+  p = plan.plan_config(
+    c,
+    "v100-32gb",
+    mesh="2x4",
+    processes_per_node=8,
+    host_cores_per_node=40,
+    train_queries_per_s=100.0,
+  )
+  t = p.vote_time
+  assert t.encode_s == pytest.approx(5000 / (3 * 100.0 * 8))
+  queries = -(-test // 8) + 500
+  assert t.search_s == pytest.approx(2.0 * queries * 5000 * 64 / (15.7e12 * 0.5))
+  assert t.build_s == 0 and t.search_on == "one GPU"
   # On GPUs `auto` stays exact whatever the memory's rows.
   c.data.synthetic.num_train = 4_000_000
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
@@ -589,3 +608,17 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert p.vote_search.build_flop == 2.0 * 4_000_000 * leaves * 64
   assert by_name(p.score_items, "vote memory: its ScaNN index") == 4_000_000 * (256 + 16 + 4)
   assert "the vote's ScaNN search" in plan.format_plan(p)
+  # On the host: 40 cores a node over 8 processes, at the refresh index's measured rates.
+  p = plan.plan_config(
+    c,
+    "v100-32gb",
+    mesh="2x4",
+    processes_per_node=8,
+    host_cores_per_node=40,
+    train_queries_per_s=100.0,
+  )
+  t, scored = p.vote_time, 50_000 + leaves
+  queries = -(-test // 8) + 400_000
+  assert t.search_on == "5 host cores"
+  assert t.search_s == pytest.approx(queries * scored * 64 * refresh_time.HOST_SEARCH_CORE_S / 5)
+  assert t.build_s == pytest.approx(2 * 4_000_000 * 64 * refresh_time.HOST_BUILD_CORE_S / 5)

@@ -37,6 +37,7 @@ from astra_jax.plan.quantities import quantities
 from astra_jax.plan.records import GPUS, DataSize, GiB, NodeLayout, Plan
 from astra_jax.plan.refresh_time import refresh_times
 from astra_jax.plan.score_extras import score_extras
+from astra_jax.plan.vote_time import vote_time
 from astra_jax.runtime.errors import InputError
 
 
@@ -69,6 +70,13 @@ def make_plan(
   notes = host.notes + layout_notes(config, q, layout)
   if ec_note := encoder_note(config, q.enc_source):
     notes.append(ec_note)
+  votes = vote_time(extras.vote_search, q, gpu, layout, host_cores_per_node, train_queries_per_s)
+  if votes is not None and not extras.vote_search.scann and votes.search_s > 3600:
+    notes.append(
+      f"the vote's exact search takes ~{votes.search_s / 3600:.1f} h per process here; "
+      "scoring.neighbour_search=scann searches through a ScaNN index instead, its recall "
+      "at this size unmeasured (docs/results/vote_search.md)"
+    )
   enc = q.enc
   return Plan(
     config_name=config_name or config.data.get("name", ""),
@@ -123,6 +131,7 @@ def make_plan(
     ),
     score_items=extras.items,
     vote_search=extras.vote_search,
+    vote_time=votes,
   )
 
 

@@ -74,6 +74,27 @@ class VoteSearchCost:
   rows_per_query: int
   search_flop: float
   build_flop: float
+  memory_rows: int = 0
+  test_rows: int = 0
+  validation_rows: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VoteTime:
+  """The vote's seconds after training (vote_time.py).
+
+  Attributes:
+    encode_s: the memory's rows encoded over every GPU of the run.
+    search_s: one process's search: its share of the test rows and every validation row.
+    build_s: one process's ScaNN index builds (the choice's memory and the final one); 0
+      for the exact search.
+    search_on: where the search runs, in words.
+  """
+
+  encode_s: float
+  search_s: float
+  build_s: float
+  search_on: str
 
 
 @dataclasses.dataclass
@@ -100,6 +121,7 @@ class Plan:
   # After training, each process: a score beyond W (score_extras.py).
   score_items: list[Item] = dataclasses.field(default_factory=list)
   vote_search: VoteSearchCost | None = None
+  vote_time: VoteTime | None = None
 
   @property
   def node_total(self) -> int:

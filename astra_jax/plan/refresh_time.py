@@ -68,6 +68,12 @@ GPU_RATES = {
 }
 
 
+def estimated_queries_per_s(q: Quantities, rates: GpuRates) -> float:
+  """Training queries per second per GPU: the paper's V100 step scaled by the GPU's speed
+  and the encoder's parameters x tokens (module docstring)."""
+  return REFERENCE_QUERIES_PER_S * rates.step_speedup * REFERENCE_PARAM_TOKENS / (q.P * q.T)
+
+
 def host_rows_scored(q: Quantities, index_config) -> int:
   """Rows a query scores in one shard's index (its leaves' rows and their centres); every
   row for the exact index."""
@@ -111,9 +117,7 @@ def refresh_times(
   device_flops = 2 * (-(-q.rows // q.D)) * q.R * q.d
   device_s = device_flops / (rates.matmul_flops * DEVICE_SEARCH_EFFICIENCY)
   estimated = not train_queries_per_s
-  qps = train_queries_per_s or (
-    REFERENCE_QUERIES_PER_S * rates.step_speedup * REFERENCE_PARAM_TOKENS / (q.P * q.T)
-  )
+  qps = train_queries_per_s or estimated_queries_per_s(q, rates)
   epoch_s = q.rows / (qps * q.G)
   return {
     "host_s": host_s,

@@ -85,7 +85,7 @@ def format_plan(p: Plan) -> str:
       label = "resident" + (", + the memmaps in the page cache when hot" if paged else "")
       lines.append(f"    {label:<72}{_gib(resident(items))}")
     if items is p.score_items and p.vote_search:
-      lines += _vote_search_lines(p.vote_search)
+      lines += _vote_search_lines(p.vote_search, p.vote_time)
   lines += refresh_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
@@ -94,18 +94,29 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
-def _vote_search_lines(v) -> list[str]:
-  """The vote's search (score_extras.VoteSearchCost) in the plan's words."""
+def _vote_search_lines(v, t) -> list[str]:
+  """The vote's search (records.VoteSearchCost) and its seconds (records.VoteTime, or None)
+  in the plan's words."""
   if not v.scann:
-    return [
+    lines = [
       f"    the vote's exact search, (test + validation rows) x memory rows x 2 d: "
       f"{v.search_flop:.2e} flop"
     ]
-  return [
-    f"    the vote's ScaNN search, (test + validation rows) x {v.rows_per_query:,} rows and "
-    f"leaf centres x 2 d: {v.search_flop:.2e} flop",
-    f"    its index's build, memory rows x leaves x 2 d to assign them: {v.build_flop:.2e} flop",
-  ]
+  else:
+    lines = [
+      f"    the vote's ScaNN search, (test + validation rows) x {v.rows_per_query:,} rows "
+      f"and leaf centres x 2 d: {v.search_flop:.2e} flop",
+      f"    its index's build, memory rows x leaves x 2 d to assign them: {v.build_flop:.2e} flop",
+    ]
+  if t is not None:
+    lines += [
+      f"    estimated: the memory's encoding over every GPU {t.encode_s / 3600:.2f} h; each "
+      f"process's search",
+      f"      (its share of the test rows, every validation row) on {t.search_on} "
+      f"{t.search_s / 3600:.2f} h"
+      + (f", its two index builds {t.build_s / 3600:.2f} h" if v.scann else ""),
+    ]
+  return lines
 
 
 def _hours(seconds: float) -> str:

@@ -95,8 +95,14 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
         )
       )
       search = VoteSearchCost(
-        True, scored, 2.0 * queries * scored * d, 2.0 * n * params.num_leaves * d
+        True,
+        scored,
+        2.0 * queries * scored * d,
+        2.0 * n * params.num_leaves * d,
+        n,
+        q.num_test,
+        validation,
       )
     else:
-      search = VoteSearchCost(False, n, 2.0 * queries * n * d, 0.0)
+      search = VoteSearchCost(False, n, 2.0 * queries * n * d, 0.0, n, q.num_test, validation)
   return ScoreExtras(items, disk, search)
