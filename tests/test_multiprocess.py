@@ -34,8 +34,11 @@ def _overrides(data_dir):
     "--config.negatives.index.kind=exact",
     "--config.mesh.data=2",
     "--config.mesh.model=2",
-    # The final evaluation votes too: each process for the test rows its devices rank.
-    "--config.scoring.neighbour_weight=0.5",
+    # The score votes too, its weight chosen on a validation split: each process votes for
+    # the validation and test rows its devices rank, the validation rows' votes kept for
+    # every candidate weight.
+    "--config.data.validation_fraction=0.2",
+    "--config.scoring.neighbour_weight_choices=(0.0,0.5,1.0)",
   ]
 
 
@@ -95,19 +98,27 @@ def test_four_processes_train_like_one(tmp_path):
   np.testing.assert_allclose(_losses(tmp_path / "two"), _losses(tmp_path / "one"), rtol=1e-3)
   for k in ("P@1", "P@5"):
     assert abs(a[k] - b[k]) <= 0.5, (k, a[k], b[k])
+  candidates = [
+    {x["neighbour_weight"]: x["P@1"] for x in r["score_choice"]["neighbour_candidates"]}
+    for r in (a, b)
+  ]
+  assert candidates[0].keys() == candidates[1].keys() == {0.0, 0.5, 1.0}
+  for w, p1 in candidates[0].items():
+    assert abs(p1 - candidates[1][w]) <= 0.5, (w, candidates)
   # Each process mined only its own W shard (labels [0, 150) or [150, 300)) for its own
-  # data group's training rows ([0, 900) or [900, 1800) of the 1,800 with the label texts):
-  # the same negatives as the one process mined there, and the four cover all of it.
+  # data group's training rows ([0, 750) or [750, 1500) of the 1,500: the 1,200 left by the
+  # validation split, then the 300 label texts): the same negatives as the one process mined
+  # there, and the four cover all of it.
   ref = np.load(tmp_path / "one" / "negatives" / "hard_epoch2.npy")
-  assert ref.shape == (1800, 2 * 4)
+  assert ref.shape == (1500, 2 * 4)
   covered = set()
   for i in range(NUM_PROCESSES):
     hard = np.load(tmp_path / "two" / f"process{i}" / "negatives" / "hard_epoch2.npy")
-    assert hard.shape == (900, 4)
+    assert hard.shape == (750, 4)
     shard = int(hard.min() >= 150)
     assert hard.min() >= 150 * shard and hard.max() < 150 * (shard + 1)
     columns = ref[:, 4 * shard : 4 * (shard + 1)]
-    group = [g for g in (0, 1) if np.array_equal(hard, columns[900 * g : 900 * (g + 1)])]
+    group = [g for g in (0, 1) if np.array_equal(hard, columns[750 * g : 750 * (g + 1)])]
     assert len(group) == 1, i
     covered.add((group[0], shard))
   assert covered == {(0, 0), (0, 1), (1, 0), (1, 1)}

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann import vote_memory
-from astra_jax.ann.sharded_topk import ShardedSearch
+from astra_jax.ann.sharded_topk import ShardedSearch, VoteCache
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 from astra_jax.xc import neighbour_vote, score_fusion
@@ -148,6 +148,42 @@ def test_votes_from_a_memory_equal_the_votes_taken_beforehand(shape, lo, batch_s
   np.testing.assert_array_equal(ranked(memory=memory), ranked(votes=taken))
   with pytest.raises(ValueError, match="votes or a memory"):
     ranked()
+
+
+def test_a_vote_cache_searches_the_memory_once_for_every_weight(monkeypatch):
+  """Two searches of the same rows with weights 0.7 and 0.2 through one VoteCache: the
+  memory is searched by the first only, and each ranking is the uncached one's."""
+  mesh = _mesh(2, 2)
+  num_labels, n = 30, 23
+  table, tokens, w = _problem(num_labels, num_labels, n=n)
+  rng = np.random.default_rng(4)
+  memory = vote_memory.Memory.from_embeddings(
+    rng.normal(size=(40, 8)),
+    SparseRows.from_lists(
+      [list(rng.choice(num_labels, 3, replace=False)) for _ in range(40)], num_labels
+    ),
+  )
+  w_mesh = jax.device_put(w, NamedSharding(mesh, P("model")))
+  calls = []
+  searched = vote_memory.Memory.votes
+  monkeypatch.setattr(
+    vote_memory.Memory, "votes", lambda self, *a, **k: calls.append(1) or searched(self, *a, **k)
+  )
+
+  def ranked(weight, cache):
+    search = ShardedSearch(
+      mesh, num_labels, 7, None, neighbour_vote.NeighbourVote(weight, 5, 0.1, 8)
+    )
+    parts = search.label_parts(w_mesh, None)
+    found = search.search_rows(ENCODE, table, tokens, 2, n, 5, parts, 8, None, memory, cache)
+    return np.concatenate([x for _, x in found])
+
+  cache = VoteCache()
+  for weight in (0.7, 0.2):
+    uncached = ranked(weight, None)
+    before = len(calls)
+    np.testing.assert_array_equal(ranked(weight, cache), uncached)
+    assert len(calls) == before + (3 if weight == 0.7 else 0)  # 3 blocks of 8 rows: 2 to 23
 
 
 def _all_gather_sizes(hlo: str) -> list[int]:

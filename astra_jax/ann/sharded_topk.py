@@ -87,6 +87,20 @@ def _tile_topk(
   return jax.lax.fori_loop(0, tiles, body, init)
 
 
+@dataclasses.dataclass
+class VoteCache:
+  """One process's votes for the rows it ranks, block by block, kept for the next search of
+  the same rows from the same memory: the score choice's candidate weights change the
+  vote's weight, not its neighbours. It holds the process's own rows only.
+
+  Attributes:
+    blocks: (the vote's settings but its weight, block start, stop, rows per block) ->
+      this process's Votes for the rows of the block its devices hold, in their order.
+  """
+
+  blocks: dict = dataclasses.field(default_factory=dict)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardedSearch:
   """Exact top-k of encoded token rows against W's shards on `mesh` (module docstring).
@@ -150,6 +164,7 @@ class ShardedSearch:
     batch_size: int,
     votes: Votes | None = None,
     memory: Memory | None = None,
+    vote_cache: VoteCache | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
@@ -166,6 +181,8 @@ class ShardedSearch:
         taken; else
       memory: with `self.vote`, the rows that vote: each process votes for the rows it
         ranks, from the embeddings it ranks them by.
+      vote_cache: where those votes are kept for, or read from, another search of the same
+        rows from the same memory (None: taken anew).
     Returns:
       [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
       in row order (padding rows past `hi` dropped).
@@ -196,7 +213,7 @@ class ShardedSearch:
       if self.vote is not None and votes is not None:
         voted = (rows_of(votes.ids, -1, offset=lo), rows_of(votes.values, 0.0, offset=lo))
       elif self.vote is not None:
-        voted = self._own_votes(emb, memory, start, stop)
+        voted = self._own_votes(emb, memory, start, stop, vote_cache)
       _, top = kernel(emb, voted, *label_parts)
       for shard in top.addressable_shards:
         a = start + (shard.index[0].start or 0)
@@ -206,19 +223,24 @@ class ShardedSearch:
     return sorted(out, key=lambda x: x[0])
 
   def _own_votes(
-    self, emb: jax.Array, memory: Memory, start: int, stop: int
+    self, emb: jax.Array, memory: Memory, start: int, stop: int, cache: VoteCache | None
   ) -> tuple[jax.Array, jax.Array]:
     """The votes of the rows of block `emb` (global rows from `start`) this process's
     devices hold, split like `emb`; rows at or past `stop` vote for nothing. One search of
-    the memory for all of the process's rows."""
+    the memory for all of the process's rows, or none when `cache` holds them."""
     shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
     held = [max(0, min(stop - start - (x.index[0].start or 0), x.data.shape[0])) for x in shards]
-    queries = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
     slots = self.vote.max_votes
-    if len(queries):
-      mine = memory.votes(queries, self.vote)
-    else:
-      mine = Votes(np.full((0, slots), -1, np.int32), np.zeros((0, slots), np.float32))
+    key = (dataclasses.replace(self.vote, weight=0.0), start, stop, emb.shape[0])
+    mine = None if cache is None else cache.blocks.get(key)
+    if mine is None:
+      queries = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
+      if len(queries):
+        mine = memory.votes(queries, self.vote)
+      else:
+        mine = Votes(np.full((0, slots), -1, np.int32), np.zeros((0, slots), np.float32))
+      if cache is not None:
+        cache.blocks[key] = mine
     ids, values, first = [], [], 0
     for x, n in zip(shards, held):
       i, v = mine.padded(first, first + n, x.data.shape[0])

@@ -118,8 +118,9 @@ class ModelEvaluator:
     ks: the cut-offs.
     batch_size: query rows per compiled call.
     memory: the training rows that vote (neighbour_vote.py) when `search.vote` is set.
-    votes: the test rows' votes from `memory`, when already taken (they depend on the
-      encoder, the memory and the vote's k and tau, not on its weight).
+    vote_cache: where this process's votes from `memory` are kept for another evaluation
+      of the same rows (they depend on the encoder, the memory and the vote's k and tau,
+      not on its weight); None: taken anew.
   """
 
   search: sharded_topk.ShardedSearch
@@ -133,7 +134,7 @@ class ModelEvaluator:
   ks: tuple[int, ...]
   batch_size: int
   memory: Memory | None = None
-  votes: neighbour_vote.Votes | None = None
+  vote_cache: sharded_topk.VoteCache | None = None
 
   @classmethod
   def for_model(
@@ -147,15 +148,15 @@ class ModelEvaluator:
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
     memory: Memory | None = None,
-    votes: neighbour_vote.Votes | None = None,
+    vote_cache: sharded_topk.VoteCache | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
     alone when `fused` is False). The fused score embeds every label's text with the
     encoder unless `label_text_embeddings` (L, d) already holds them. The neighbour vote
     (`scoring.neighbour_weight`) is in the score only with a `memory` to vote from: the
-    periodic evaluations have none and score without it; `votes`: the test rows' votes
-    from it, when already taken."""
+    periodic evaluations have none and score without it; `vote_cache`: where the votes
+    from it are kept between evaluations of the same rows."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     vote = neighbour_vote.from_config(config) if fused and memory is not None else None
@@ -179,7 +180,7 @@ class ModelEvaluator:
       tuple(config.eval.ks),
       config.eval.batch_size,
       memory if vote is not None else None,
-      votes if vote is not None else None,
+      vote_cache if vote is not None else None,
     )
 
   def block_sums(self, lo: int, hi: int) -> dict[str, float]:
@@ -188,7 +189,6 @@ class ModelEvaluator:
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
     sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
-    votes = self.votes.rows(lo, hi) if self.votes is not None else None
     for first, ids in self.search.search_rows(
       self.embed_fn,
       self.encoder,
@@ -198,8 +198,8 @@ class ModelEvaluator:
       k,
       self.label_parts,
       self.batch_size,
-      votes,
-      self.memory if votes is None else None,
+      memory=self.memory,
+      vote_cache=self.vote_cache,
     ):
       sums = metrics.add_sums(
         sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
@@ -247,14 +247,14 @@ def evaluate_model(
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
   memory: Memory | None = None,
-  votes: neighbour_vote.Votes | None = None,
+  vote_cache: sharded_topk.VoteCache | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
   the config's score (by W alone when `fused` is False; `label_text_embeddings`, `memory`,
-  `votes`: as `ModelEvaluator.for_model`)."""
+  `vote_cache`: as `ModelEvaluator.for_model`)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
   evaluator = ModelEvaluator.for_model(
-    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings, memory, votes
+    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings, memory, vote_cache
   )
   return evaluator.score(n)
 

@@ -65,7 +65,7 @@ def make_plan(
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
   host = host_items(q)
-  extras = score_extras(config, q, data.num_train)
+  extras = score_extras(config, q, data.num_train, layout.nodes * layout.processes_per_node)
   prep = preparation(q)
   notes = host.notes + layout_notes(config, q, layout)
   if ec_note := encoder_note(config, q.enc_source):

@@ -85,7 +85,7 @@ class VoteTime:
 
   Attributes:
     encode_s: the memory's rows encoded over every GPU of the run.
-    search_s: one process's search: its share of the test rows and every validation row.
+    search_s: one process's search: its share of the test and validation rows.
     build_s: one process's ScaNN index builds (the choice's memory and the final one); 0
       for the exact search.
     search_on: where the search runs, in words.

@@ -112,7 +112,7 @@ def _vote_search_lines(v, t) -> list[str]:
     lines += [
       f"    estimated: the memory's encoding over every GPU {t.encode_s / 3600:.2f} h; each "
       f"process's search",
-      f"      (its share of the test rows, every validation row) on {t.search_on} "
+      f"      (its share of the test and validation rows) on {t.search_on} "
       f"{t.search_s / 3600:.2f} h"
       + (f", its two index builds {t.build_s / 3600:.2f} h" if v.scann else ""),
     ]

@@ -41,13 +41,14 @@ def _uses(config, field: str) -> bool:
   return bool(sc.get(field, 0.0)) or any(sc.get(f"{field}_choices", ()))
 
 
-def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
+def score_extras(config, q: Quantities, num_train: int, processes: int = 1) -> ScoreExtras:
   """The extras of `config.scoring` at the plan's sizes.
 
   Args:
     config: the experiment config.
     q: the plan's quantities (L, d, test rows, positives per row).
     num_train: the original training rows (the memory: the training and validation rows).
+    processes: the run's processes (each keeps the votes of the validation rows it ranks).
   Returns:
     The ScoreExtras.
   """
@@ -69,12 +70,14 @@ def score_extras(config, q: Quantities, num_train: int) -> ScoreExtras:
     disk.append(Item("export: vote_memory.npz", keys.bytes + labels.bytes, "as in memory"))
     validation = round(config.data.get("validation_fraction", 0.0) * n)
     if validation:
-      # Taken once after training and kept through the export (training/neighbour_memory.py).
+      # Each process's share, taken by the choice's first candidate and kept for the others
+      # (training/neighbour_memory.py).
+      own = -(-validation // processes)
       items.append(
         Item(
-          f"the validation rows' votes ({validation:,} x {VOTE_SLOTS} ids + values)",
-          validation * VOTE_SLOTS * 8,
-          "N_val x max_votes x (4 + 4)",
+          f"its validation rows' votes ({own:,} x {VOTE_SLOTS} ids + values)",
+          own * VOTE_SLOTS * 8,
+          "N_val / processes x max_votes x (4 + 4)",
         )
       )
     queries = q.num_test + validation

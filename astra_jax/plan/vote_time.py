@@ -4,8 +4,8 @@
           every GPU of the run (parallel/mesh_embedding.py), at FORWARD_SPEEDUP times the
           training step's queries per second (refresh_time.estimated_queries_per_s, or
           the rate the user gives);
-  exact   each process searches, on one of its GPUs, its share of the test rows and every
-          validation row against all memory rows: 2 x queries x N x d flops at the GPU's
+  exact   each process searches, on one of its GPUs, its share of the test and validation
+          rows against all memory rows: 2 x queries x N x d flops at the GPU's
           matmul rate x DEVICE_SEARCH_EFFICIENCY (refresh_time.py);
   scann   the same queries on the process's share of the node's host cores, each scoring
           `rows_per_query` rows and leaf centres at the refresh index's measured rate per
@@ -50,7 +50,7 @@ def vote_time(
   if search is None or rates is None:
     return None
   processes = layout.nodes * layout.processes_per_node
-  queries = -(-search.test_rows // processes) + search.validation_rows
+  queries = -(-search.test_rows // processes) + -(-search.validation_rows // processes)
   qps = train_queries_per_s or refresh_time.estimated_queries_per_s(q, rates)
   encode_s = search.memory_rows / (FORWARD_SPEEDUP * qps * q.G)
   if not search.scann:

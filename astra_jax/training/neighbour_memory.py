@@ -14,11 +14,10 @@ import functools
 
 import numpy as np
 
+from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.ann.vote_memory import Memory
 from astra_jax.evaluation import ranking
 from astra_jax.training.trainer import Trainer
-from astra_jax.xc import neighbour_vote
-from astra_jax.xc.neighbour_vote import Votes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,14 +25,14 @@ class VoteMemories:
   """Attributes:
   choice: the original training rows (what the choice and the validation split read).
   validation: the validation rows, None without a validation split.
-  validation_votes: the validation rows' votes from `choice` under the config's k and tau
-    (the same for every weight: the choice and the validation split's evaluation share
-    them), None without a validation split.
+  validation_cache: each process's votes from `choice` for the validation rows it ranks,
+    taken by the first evaluation of them and read by the next (the same for every weight:
+    the choice's candidates and the validation split's evaluation share them).
   """
 
   choice: Memory
   validation: Memory | None = None
-  validation_votes: Votes | None = None
+  validation_cache: VoteCache = dataclasses.field(default_factory=VoteCache)
 
   @functools.cached_property
   def final(self) -> Memory:
@@ -78,6 +77,4 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
     val.test_labels,
     p.config,
   )
-  # The memory's keys are the validation rows' unit E(x): the queries of their votes.
-  votes = choice.votes(held.keys, neighbour_vote.with_weight(sc, 1.0))
-  return VoteMemories(choice, held, votes)
+  return VoteMemories(choice, held)

@@ -90,7 +90,7 @@ def evaluate_and_export(
       config,
       p.inv_prop,
       memory=memories.choice if votes else None,
-      votes=memories.validation_votes if votes else None,
+      vote_cache=memories.validation_cache if votes else None,
     )
     val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
     trainer.record_eval(config.train.epochs, "validation", val)

@@ -29,10 +29,10 @@ import dataclasses
 
 from absl import logging
 
+from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.evaluation import ranking
 from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
-from astra_jax.xc import neighbour_vote
 
 CHOSEN_BY = "P@1"
 
@@ -101,7 +101,7 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
   if any(text_weights) or sc.label_text_weight:
     texts = ranking.embed_label_texts(p.mesh, p.embed_fn, params, p.eval_data, p.config)
 
-  def read(field: str, weight: float, votes: neighbour_vote.Votes | None = None) -> float:
+  def read(field: str, weight: float, cache: VoteCache | None = None) -> float:
     cfg = copy.deepcopy(p.config)
     cfg.scoring[field] = weight
     metrics = ranking.evaluate_model(
@@ -112,8 +112,8 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
       cfg,
       p.inv_prop,
       label_text_embeddings=texts,
-      memory=memories.choice if votes is not None else None,
-      votes=votes,
+      memory=memories.choice if cache is not None else None,
+      vote_cache=cache,
     )
     logging.info("%s %.2f: validation %s %.2f", field, weight, CHOSEN_BY, metrics[CHOSEN_BY])
     return float(metrics[CHOSEN_BY])
@@ -124,10 +124,10 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
     logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
   vote_read = []
   if vote_weights:
-    if memories is None or memories.validation_votes is None:
-      raise ValueError("choosing scoring.neighbour_weight needs the validation rows' votes")
-    # The validation rows' votes are the same for every weight: taken once (memories).
-    vote_read = [(w, read("neighbour_weight", w, memories.validation_votes)) for w in vote_weights]
+    if memories is None or memories.validation is None:
+      raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
+    # The validation rows' votes are the same for every weight: taken by the first read.
+    vote_read = [(w, read("neighbour_weight", w, memories.validation_cache)) for w in vote_weights]
     sc.neighbour_weight = _first_best(vote_read)
     logging.info("scoring.neighbour_weight=%.2f chosen on validation", sc.neighbour_weight)
   return ScoreChoice(
