@@ -31,7 +31,7 @@ from absl import app, flags
 
 from astra_jax.ann import memory_search, vote_memory
 from astra_jax.data.sparse_rows import SparseRows
-from astra_jax.xc import neighbour_vote
+from astra_jax.xc import neighbour_vote, score_fusion
 
 flags.DEFINE_integer("memory_rows", 2_000_000, "rows in the memory (N)")
 flags.DEFINE_integer("queries", 4096, "queries searched")
@@ -71,7 +71,7 @@ def _median_seconds(call) -> float:
 def main(_):
   rng = np.random.default_rng(0)
   centres = rng.normal(size=(FLAGS.clusters, FLAGS.dim)) if FLAGS.clusters else None
-  keys = vote_memory.unit_rows(_rows(rng, FLAGS.memory_rows, centres))
+  keys = score_fusion.unit_rows(_rows(rng, FLAGS.memory_rows, centres))
   queries = _rows(rng, FLAGS.queries, centres)
   one_label_each = SparseRows(np.arange(len(keys) + 1), np.zeros(len(keys), np.int32), None, 1)
   memory = vote_memory.Memory(keys, one_label_each)

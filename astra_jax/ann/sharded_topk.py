@@ -195,23 +195,11 @@ class ShardedSearch:
     out = []
     for start in range(lo, hi, q):
       stop = min(start + q, hi)
-
-      def rows_of(array, fill, dtype=None, start=start, stop=stop, offset=0):
-        """Rows [start, start + q) of `array` (its row 0 is global row `offset`) split over
-        the devices, each process reading its own; rows past `stop` are `fill`."""
-
-        def read(index):
-          a = start + (index[0].start or 0)
-          b = start + (q if index[0].stop is None else index[0].stop)
-          x = np.asarray(array[min(a, stop) - offset : min(b, stop) - offset], dtype)
-          return np.pad(x, ((0, (b - a) - len(x)), (0, 0)), constant_values=fill)
-
-        return jax.make_array_from_callback((q, array.shape[1]), sharding, read)
-
-      emb = encoder(enc_params, rows_of(tokens, 0, np.int32))
+      block = functools.partial(mesh_embedding.block_array, sharding, start=start, stop=stop, q=q)
+      emb = encoder(enc_params, block(tokens, dtype=np.int32))
       voted = None
       if self.vote is not None and votes is not None:
-        voted = (rows_of(votes.ids, -1, offset=lo), rows_of(votes.values, 0.0, offset=lo))
+        voted = (block(votes.ids, fill=-1, offset=lo), block(votes.values, fill=0.0, offset=lo))
       elif self.vote is not None:
         voted = self._own_votes(emb, memory, start, stop, vote_cache)
       _, top = kernel(emb, voted, *label_parts)

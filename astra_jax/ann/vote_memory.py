@@ -5,9 +5,8 @@ The search is exact by default, in (query block x key block) tiles on the device
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
 rows N and its time grows as N per query; on CPUs a memory of more than four times the
 ScaNN budget is searched with a ScaNN index built over it on the host (memory_search.py), a
-fixed number of rows per query. A
-memory too large for a device stays on the host and reaches the device a key block at a
-time.
+fixed number of rows per query. A memory too large for a device stays on the host and
+reaches the device a key block at a time.
 """
 
 from __future__ import annotations
@@ -23,7 +22,9 @@ from absl import logging
 
 from astra_jax.ann import index as ann_index, memory_search
 from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.runtime import cpu_budget
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
+from astra_jax.xc.score_fusion import unit_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,9 @@ class Memory:
     key = dataclasses.replace(params, num_leaves_to_search=1, reorder=1)
     if key not in self._scann_indexes:
       start = time.perf_counter()
-      self._scann_indexes[key] = memory_search.scann_index(self.keys, params)
+      # The task's share of the cores, not ScaNN's default of every core of the machine.
+      threads = cpu_budget.task_cpus()
+      self._scann_indexes[key] = memory_search.scann_index(self.keys, params, threads)
       logging.info(
         "neighbour vote: ScaNN index over %d memory rows (%d leaves) built in %.1f s",
         len(self.keys),
@@ -117,12 +120,6 @@ class Memory:
     neighbours, sims = self.nearest(queries, vote, block)
     weights = np.exp((sims - sims[:, :1]) / vote.temperature)
     return label_votes(neighbours, weights, self.labels, vote.max_votes, normalise=True)
-
-
-def unit_rows(x: np.ndarray) -> np.ndarray:
-  """Rows over their norms, float32 (zero rows stay zero)."""
-  x = np.asarray(x, np.float32)
-  return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
 
 def _normalise(x: jax.Array) -> jax.Array:

@@ -43,6 +43,43 @@ def block_rows(mesh: jax.sharding.Mesh, batch_size: int) -> int:
   return -(-batch_size // devices) * devices
 
 
+def block_array(
+  sharding: NamedSharding,
+  array,
+  start: int,
+  stop: int,
+  q: int,
+  fill=0,
+  dtype=None,
+  rows: np.ndarray | None = None,
+  offset: int = 0,
+) -> jax.Array:
+  """Global rows [start, start + q) of `array`, or of its `rows`, as a (q, width) array
+  split by `sharding`, each process reading only its devices' rows (a memmap is never read
+  whole); rows at or past `stop` are `fill`.
+
+  Args:
+    sharding: how the block is split (rows over every device).
+    array: (N, width), indexable by a slice, or by row ids when `rows` is given.
+    start, stop, q: the block's first row, the first row past the data, the block's rows.
+    fill: the value of rows at or past `stop`.
+    dtype: the block's dtype (None: the array's).
+    rows: global row i is `array[rows[i]]`; None: `array[i - offset]`.
+    offset: the global row of `array`'s row 0 (without `rows`).
+  Returns:
+    The (q, width) block.
+  """
+
+  def read(index):
+    a = start + (index[0].start or 0)
+    b = start + (q if index[0].stop is None else index[0].stop)
+    which = slice(min(a, stop) - offset, min(b, stop) - offset)
+    x = np.asarray(array[which] if rows is None else array[rows[which]], dtype)
+    return np.pad(x, ((0, (b - a) - len(x)), (0, 0)), constant_values=fill)
+
+  return jax.make_array_from_callback((q, array.shape[1]), sharding, read)
+
+
 def embed_on_mesh(
   mesh: jax.sharding.Mesh,
   encode: EncodeFn,
@@ -73,15 +110,7 @@ def embed_on_mesh(
   out = []
   for start in range(0, n, q):
     stop = min(start + q, n)
-
-    def read(index, start=start, stop=stop):
-      a = start + (index[0].start or 0)
-      b = start + (q if index[0].stop is None else index[0].stop)
-      which = slice(min(a, stop), min(b, stop))
-      x = np.asarray(tokens[which] if rows is None else tokens[rows[which]], np.int32)
-      return np.pad(x, ((0, (b - a) - len(x)), (0, 0)))
-
-    ids = jax.make_array_from_callback((q, tokens.shape[1]), sharding, read)
+    ids = block_array(sharding, tokens, start, stop, q, dtype=np.int32, rows=rows)
     out.append(distributed.gather_rows(run(enc_params, ids))[: stop - start])
   if not out:
     return np.zeros((0, 0), np.float32)

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from astra_jax.plan.records import GPUS, USABLE_FRACTION, GiB, Plan, resident
+from astra_jax.plan.records import (
+  GPUS,
+  USABLE_FRACTION,
+  GiB,
+  Plan,
+  VoteSearchCost,
+  VoteTime,
+  resident,
+)
 
 
 def _gib(n: int) -> str:
@@ -94,7 +102,7 @@ def format_plan(p: Plan) -> str:
   return "\n".join(lines)
 
 
-def _vote_search_lines(v, t) -> list[str]:
+def _vote_search_lines(v: VoteSearchCost, t: VoteTime | None) -> list[str]:
   """The vote's search (records.VoteSearchCost) and its seconds (records.VoteTime, or None)
   in the plan's words."""
   if not v.scann:

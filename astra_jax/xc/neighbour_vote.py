@@ -79,9 +79,6 @@ class Votes:
   ids: np.ndarray
   values: np.ndarray
 
-  def rows(self, lo: int, hi: int) -> Votes:
-    return Votes(self.ids[lo:hi], self.values[lo:hi])
-
   def padded(self, lo: int, hi: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, values) of rows [lo, hi) padded to `rows` rows that vote for nothing (a
     kernel's fixed query block)."""
@@ -176,13 +173,11 @@ def from_config(config) -> NeighbourVote | None:
 
 def from_scoring(scoring: Mapping) -> NeighbourVote | None:
   """The vote of a `scoring` section (the config's, or an exported model's model.json
-  record of it), or None when its weight is 0."""
+  record of it), or None when its weight is 0 (a record without the search's keys reads
+  as the defaults)."""
   weight = scoring.get("neighbour_weight", 0.0)
-  return with_weight(scoring, weight) if weight else None
-
-
-def with_weight(scoring: Mapping, weight: float) -> NeighbourVote:
-  """A `scoring` section's vote settings with another weight (the choice's candidates)."""
+  if not weight:
+    return None
   return NeighbourVote(
     float(weight),
     int(scoring["neighbours"]),
