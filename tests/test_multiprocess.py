@@ -105,6 +105,12 @@ def test_four_processes_train_like_one(tmp_path):
   assert candidates[0].keys() == candidates[1].keys() == {0.0, 0.5, 1.0}
   for w, p1 in candidates[0].items():
     assert abs(p1 - candidates[1][w]) <= 0.5, (w, candidates)
+  # The vote's memory was split over the four processes' devices; each wrote its own rows
+  # of the exported keys: the one process's keys, every row written (unit norm).
+  keys = [np.load(tmp_path / run / "model" / "vote_memory_keys.npy") for run in ("one", "two")]
+  assert keys[1].shape == (1500, 64)
+  np.testing.assert_allclose(np.linalg.norm(keys[1], axis=1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(keys[1], keys[0], atol=1e-4)
   # Each process mined only its own W shard (labels [0, 150) or [150, 300)) for its own
   # data group's training rows ([0, 750) or [750, 1500) of the 1,500: the 1,200 left by the
   # validation split, then the 300 label texts): the same negatives as the one process mined

@@ -134,14 +134,15 @@ def test_exact_topk_with_votes_equals_the_dense_mixed_score():
   np.testing.assert_allclose(scores, np.take_along_axis(dense, want, 1), rtol=1e-5, atol=1e-6)
 
 
-def test_memory_plus_appends_rows():
-  _, keys, labels, _ = _problem()
-  a = vote_memory.Memory.from_embeddings(keys[:10], labels.row_range(0, 10))
-  b = vote_memory.Memory.from_embeddings(keys[10:], labels.row_range(10, 40))
-  both = a.plus(b)
-  whole = vote_memory.Memory.from_embeddings(keys, labels)
-  np.testing.assert_allclose(both.keys, whole.keys)
-  np.testing.assert_array_equal(both.labels.to_dense(), whole.labels.to_dense())
+def test_a_memory_head_votes_as_a_memory_of_those_rows():
+  queries, keys, labels, _ = _problem()
+  head = vote_memory.Memory.from_embeddings(keys, labels).head(10)
+  alone = vote_memory.Memory.from_embeddings(keys[:10], labels.row_range(0, 10))
+  assert head.num_rows == 10
+  vote = neighbour_vote.NeighbourVote(0.5, 4, 0.1)
+  a, b = head.votes(queries, vote), alone.votes(queries, vote)
+  np.testing.assert_array_equal(a.ids, b.ids)
+  np.testing.assert_allclose(a.values, b.values)
 
 
 def test_which_memories_scann_searches():

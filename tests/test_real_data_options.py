@@ -3,6 +3,9 @@ split for the periodic evaluations, W from label texts, the label-text term in t
 with W alone reported beside it and its weight chosen on the validation split, then the
 neighbour vote's, the kNN diagnostic and the TF-IDF baseline in results.json."""
 
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -124,6 +127,22 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
     assert r["tfidf_knn_baseline"]["P@1"] > r["popularity_baseline"]["P@1"]
   else:
     assert "tfidf_knn_baseline" not in r
+  # A model of format 1, its keys inside vote_memory.npz, reads as the same memory.
+  model_dir = tmp_path / "wd" / "model"
+  keys_now = np.array(model.memory.keys)
+  labels_now = model.memory.labels
+  np.savez(
+    model_dir / export.VOTE_MEMORY_FILE,
+    keys=keys_now,
+    indptr=labels_now.indptr,
+    indices=labels_now.indices,
+  )
+  os.remove(model_dir / export.VOTE_MEMORY_KEYS_FILE)
+  meta = json.loads((model_dir / "model.json").read_text())
+  (model_dir / "model.json").write_text(json.dumps({**meta, "format_version": 1}))
+  old = export.load_model(str(tmp_path / "wd")).memory
+  np.testing.assert_array_equal(old.keys, keys_now)
+  np.testing.assert_array_equal(old.labels.indices, labels_now.indices)
   # A rerun in the same workdir with another split is another run: refused.
   c.data.validation_fraction = 0.5
   with pytest.raises(Exception, match="validation_fraction"):

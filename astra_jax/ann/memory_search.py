@@ -33,6 +33,10 @@ SCANN_ROWS_PER_QUERY = 50_000
 # quarter of the rows a query, debian-builddeps' real memory kept recall@50 0.96 and the
 # vote's P@1 within 0.3 of the exact search's, and below that ScaNN saves less than 4x.
 AUTO_ROWS_PER_BUDGET = 4
+# A device's share of the memory (mesh_memory.py) may take at most this part of the device
+# memory free after training, the rest left to the search's tiles and the evaluation's
+# batches; a larger memory stays whole on the host of every process (vote_memory.Memory).
+DEVICE_ROOM_FRACTION = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,19 @@ SEARCHES = {
     MemorySearch("scann", scann=True, on_accelerators=True, rows_per_budget=0),
   )
 }
+
+
+def device_share_bytes(rows: int, d: int, devices: int) -> int:
+  """Bytes of one device's share of a memory of `rows` keys of width `d` split over
+  `devices`: its keys (float32) and their row ids (int32)."""
+  return -(-rows // devices) * (4 * d + 4)
+
+
+def fits_devices(rows: int, d: int, devices: int, room: int | None) -> bool:
+  """Whether the memory is split over the devices (mesh_memory.py) rather than held on the
+  host: its share of a device within DEVICE_ROOM_FRACTION of `room`, the device's free bytes
+  after training (None: unknown, as on CPUs, where it always is)."""
+  return room is None or device_share_bytes(rows, d, devices) <= DEVICE_ROOM_FRACTION * room
 
 
 def scann_params(rows: int, k: int, rows_per_query: int) -> index.ScannParams:

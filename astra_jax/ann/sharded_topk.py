@@ -38,6 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk, tile_score
+from astra_jax.ann.mesh_memory import MeshMemory
 from astra_jax.ann.vote_memory import Memory
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
@@ -163,7 +164,7 @@ class ShardedSearch:
     label_parts: tuple[jax.Array, ...],
     batch_size: int,
     votes: Votes | None = None,
-    memory: Memory | None = None,
+    memory: Memory | MeshMemory | None = None,
     vote_cache: VoteCache | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
@@ -211,7 +212,12 @@ class ShardedSearch:
     return sorted(out, key=lambda x: x[0])
 
   def _own_votes(
-    self, emb: jax.Array, memory: Memory, start: int, stop: int, cache: VoteCache | None
+    self,
+    emb: jax.Array,
+    memory: Memory | MeshMemory,
+    start: int,
+    stop: int,
+    cache: VoteCache | None,
   ) -> tuple[jax.Array, jax.Array]:
     """The votes of the rows of block `emb` (global rows from `start`) this process's
     devices hold, split like `emb`; rows at or past `stop` vote for nothing. One search of
@@ -221,14 +227,16 @@ class ShardedSearch:
     slots = self.vote.max_votes
     key = (dataclasses.replace(self.vote, weight=0.0), start, stop, emb.shape[0])
     mine = None if cache is None else cache.blocks.get(key)
-    if mine is None:
+    if mine is None and isinstance(memory, MeshMemory):  # a collective: every process
+      mine = memory.own_votes(emb, held, self.vote)
+    elif mine is None:
       queries = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
       if len(queries):
         mine = memory.votes(queries, self.vote)
       else:
         mine = Votes(np.full((0, slots), -1, np.int32), np.zeros((0, slots), np.float32))
-      if cache is not None:
-        cache.blocks[key] = mine
+    if cache is not None and key not in cache.blocks:
+      cache.blocks[key] = mine
     ids, values, first = [], [], 0
     for x, n in zip(shards, held):
       i, v = mine.padded(first, first + n, x.data.shape[0])

@@ -1,5 +1,8 @@
-"""The neighbour vote's memory (xc/neighbour_vote.py): the training rows that vote, as
-their unit embeddings and labels, and the search for a query's nearest rows among them.
+"""The neighbour vote's memory (xc/neighbour_vote.py) whole on the host: the training rows
+that vote, as their unit embeddings and labels, and the search for a query's nearest rows
+among them. The Predictor reads the exported memory so; a training run keeps its memory
+split over the devices that encoded it (mesh_memory.py) and gathers it here only for a
+ScaNN search, or where the devices have no room for it.
 
 The search is exact by default, in (query block x key block) tiles on the device with a
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
@@ -47,9 +50,13 @@ class Memory:
   def from_embeddings(cls, embeddings: np.ndarray, labels: SparseRows) -> Memory:
     return cls(unit_rows(embeddings), labels)
 
-  def plus(self, other: Memory) -> Memory:
-    """This memory's rows, then `other`'s."""
-    return Memory(np.concatenate([self.keys, other.keys]), self.labels.vstack(other.labels))
+  @property
+  def num_rows(self) -> int:
+    return len(self.keys)
+
+  def head(self, n: int) -> Memory:
+    """The memory of its first n rows (a view of the keys)."""
+    return self if n == self.num_rows else Memory(self.keys[:n], self.labels.head(n))
 
   @functools.cached_property
   def search_keys(self) -> jax.Array | np.ndarray:

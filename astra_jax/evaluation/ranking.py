@@ -15,8 +15,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from absl import logging
 
-from astra_jax.ann import sharded_topk
+from astra_jax.ann import memory_search, mesh_memory, sharded_topk
 from astra_jax.ann.vote_memory import Memory, nearest
 from astra_jax.data import dataset
 from astra_jax.data.sparse_rows import SparseRows
@@ -133,7 +134,7 @@ class ModelEvaluator:
   inv_prop: np.ndarray | None
   ks: tuple[int, ...]
   batch_size: int
-  memory: Memory | None = None
+  memory: Memory | mesh_memory.MeshMemory | None = None
   vote_cache: sharded_topk.VoteCache | None = None
 
   @classmethod
@@ -147,7 +148,7 @@ class ModelEvaluator:
     inv_prop: np.ndarray | None,
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
-    memory: Memory | None = None,
+    memory: Memory | mesh_memory.MeshMemory | None = None,
     vote_cache: sharded_topk.VoteCache | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
@@ -224,15 +225,29 @@ def vote_memory(
   mesh: jax.sharding.Mesh,
   embed_fn: EmbedFn,
   params: dict,
-  tokens,
-  rows: np.ndarray,
+  sources: list[mesh_memory.MemorySource],
   labels: SparseRows,
   config,
-) -> Memory:
-  """The neighbour vote's memory (ann/vote_memory.Memory) of `tokens`' `rows` and their
-  `labels` (in the rows' order), under `params`' encoder, encoded over `mesh`'s devices."""
-  keys = embed_on_mesh(mesh, embed_fn, params["encoder"], tokens, config.eval.batch_size, rows)
-  return Memory.from_embeddings(keys, labels)
+) -> mesh_memory.MeshMemory | Memory:
+  """The neighbour vote's memory of `sources`' rows, one after another, and their `labels`,
+  under `params`' encoder, encoded over `mesh`'s devices: left on them (ann/mesh_memory.py)
+  where their share fits every device's free memory (memory_search.fits_devices), else
+  gathered onto the host of every process (ann/vote_memory.Memory), each process's exact
+  search streaming it to one device a key block at a time."""
+  enc, bs = params["encoder"], config.eval.batch_size
+  rows, d, devices = labels.num_rows, params["classifier"].shape[1], mesh.devices.size
+  room = mesh_memory.device_room(mesh)
+  if distributed.all_true(memory_search.fits_devices(rows, d, devices, room)):
+    return mesh_memory.embed_memory(mesh, embed_fn, enc, sources, labels, bs)
+  logging.warning(
+    "neighbour vote: %d memory rows take %.2f GiB a device against %.2f GiB free: held on "
+    "the host of every process instead",
+    rows,
+    memory_search.device_share_bytes(rows, d, devices) / 2**30,
+    room / 2**30,
+  )
+  keys = [embed_on_mesh(mesh, embed_fn, enc, s.tokens, bs, s.rows) for s in sources]
+  return Memory.from_embeddings(np.concatenate(keys), labels)
 
 
 # ----------------------------------------------------------------- training's evaluations
@@ -246,7 +261,7 @@ def evaluate_model(
   max_rows: int = 0,
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
-  memory: Memory | None = None,
+  memory: Memory | mesh_memory.MeshMemory | None = None,
   vote_cache: sharded_topk.VoteCache | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by

@@ -7,9 +7,10 @@
   classifier.npy        W[:L] float32 (opens with np.load(mmap_mode="r"))
   tokenizer/            the training tokenizer's files, copied
   labels.txt            one label text per line, when the dataset has label texts
-  vote_memory.npz       when the score has a neighbour vote (xc/neighbour_vote.py): the
-                        voting rows' unit embeddings `keys` (N, d) float32 and their labels
-                        as CSR `indptr`, `indices`
+  vote_memory_keys.npy  when the score has a neighbour vote (xc/neighbour_vote.py): the
+                        voting rows' unit embeddings (N, d) float32 (memory-mappable)
+  vote_memory.npz       their labels as CSR `indptr`, `indices` (format 1 held the keys
+                        here too, as `keys`; both are read)
   config.json           the training config
 
 Encoder parameters go to safetensors rather than an orbax checkpoint: it is one flat file
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from astra_jax.ann.mesh_memory import MeshMemory
 from astra_jax.ann.vote_memory import Memory
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.label_subset import sample_labels
@@ -45,10 +47,13 @@ from astra_jax.model.interface import EncoderShape
 from astra_jax.runtime import distributed, tmpnames
 from astra_jax.runtime.errors import InputError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: the vote memory's keys inside vote_memory.npz
 MODEL_DIR = "model"
 CLASSIFIER_ROWS_FILE = ".classifier-rows.npy"  # W written by every process, then moved in
 VOTE_MEMORY_FILE = "vote_memory.npz"
+VOTE_MEMORY_KEYS_FILE = "vote_memory_keys.npy"
+MEMORY_KEYS_ROWS_FILE = ".vote-memory-keys.npy"  # written by every process, then moved in
 
 
 class ModelNotFoundError(InputError, FileNotFoundError):
@@ -146,10 +151,12 @@ def save_model(
   train_config: dict | None = None,
   extra: dict | None = None,
   memory: Memory | None = None,
+  memory_keys_file: str | None = None,
 ) -> str:
   """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
   the path of a finished float32 .npy of it (write_classifier_rows), moved into the model;
-  `memory`: the neighbour vote's rows, when the score votes."""
+  `memory`: the neighbour vote's rows, when the score votes; `memory_keys_file`: a finished
+  .npy of its keys (write_memory_keys), moved into the model instead of writing them."""
   from safetensors.numpy import save as safetensors_save
 
   rows_file = classifier if isinstance(classifier, str) else None
@@ -178,9 +185,13 @@ def save_model(
     if label_texts is not None:
       xc_format.write_texts(os.path.join(tmp, "labels.txt"), label_texts)
     if memory is not None:
+      keys_path = os.path.join(tmp, VOTE_MEMORY_KEYS_FILE)
+      if memory_keys_file:
+        os.replace(memory_keys_file, keys_path)
+      else:
+        np.save(keys_path, np.asarray(memory.keys, np.float32))
       np.savez(
         os.path.join(tmp, VOTE_MEMORY_FILE),
-        keys=np.asarray(memory.keys, np.float32),
         indptr=np.asarray(memory.labels.indptr, np.int64),
         indices=np.asarray(memory.labels.indices, np.int32),
       )
@@ -251,6 +262,31 @@ def write_classifier_rows(classifier, num_labels: int, path: str) -> None:
   distributed.barrier("export: classifier rows written")
 
 
+def write_memory_keys(memory: MeshMemory | Memory, path: str) -> None:
+  """The vote memory's keys as a float32 (N, d) .npy at `path`, in row order, each process
+  writing the rows its devices hold: the keys are never gathered onto one host (a memory
+  already whole on every host: process 0 writes it). Every process calls it (on a file
+  system they share, as write_classifier_rows).
+
+  Args:
+    memory: the memory (its first `num_rows` rows are written).
+    path: the .npy to write (replaced).
+  """
+  if distributed.is_leader():
+    shape = (memory.num_rows, memory.keys.shape[-1])
+    np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape).flush()
+  distributed.barrier("export: vote memory keys file created")
+  out = np.load(path, mmap_mode="r+")
+  if isinstance(memory, MeshMemory):
+    for rows, keys in memory.own_rows():
+      out[rows] = keys
+  elif distributed.is_leader():
+    out[:] = memory.keys
+  out.flush()
+  del out
+  distributed.barrier("export: vote memory keys written")
+
+
 def save_trained_model(
   workdir: str,
   config,
@@ -258,16 +294,23 @@ def save_trained_model(
   params: dict,
   data: dataset.XCData,
   metrics: dict | None = None,
-  memory: Memory | None = None,
+  memory: MeshMemory | Memory | None = None,
 ) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
   tokenizer and label texts of its dataset, and the neighbour vote's `memory` when the
-  score votes. Every process writes its own rows of W (write_classifier_rows); process 0
-  writes the rest."""
+  score votes. Every process writes its own rows of W (write_classifier_rows) and of the
+  memory's keys (write_memory_keys); process 0 writes the rest."""
   rows_file = os.path.join(workdir, CLASSIFIER_ROWS_FILE)
   write_classifier_rows(params["classifier"], data.num_labels, rows_file)
+  keys_file = os.path.join(workdir, MEMORY_KEYS_ROWS_FILE)
+  if memory is not None:
+    write_memory_keys(memory, keys_file)
   if jax.process_index() != 0:
     return None
+  host_memory = None
+  if memory is not None:
+    labels = memory.labels.head(memory.num_rows)
+    host_memory = Memory(np.load(keys_file, mmap_mode="r"), labels)
   texts = label_texts_of(config.data, data.data_dir) if data.label_tokens is not None else None
   if texts is not None and config.data.get("label_subset", 0):  # the subset's, in its order
     kept = sample_labels(len(texts), config.data.label_subset, config.data.label_subset_seed)
@@ -291,7 +334,8 @@ def save_trained_model(
       "filter_self": config.data.get("filter_self", "off") == "on"
       or len(data.train_self_pairs) > 0,
     },
-    memory=memory,
+    memory=host_memory,
+    memory_keys_file=keys_file if memory is not None else None,
   )
 
 
@@ -329,10 +373,10 @@ def load_model(workdir: str) -> Model:
       meta = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise InputError(f"{meta_path}: unreadable: {e}") from None
-  if meta.get("format_version") != FORMAT_VERSION:
+  if meta.get("format_version") not in READABLE_VERSIONS:
     raise InputError(
       f"{meta_path}: format_version {meta.get('format_version')!r}, this code "
-      f"reads {FORMAT_VERSION}"
+      f"reads {' and '.join(map(str, READABLE_VERSIONS))}"
     )
   try:
     cfg = architectures.shape_from_json(meta)
@@ -384,19 +428,29 @@ def load_model(workdir: str) -> Model:
 
 
 def _load_memory(path: str, num_labels: int, dim: int) -> Memory | None:
-  """The neighbour vote's memory of a model directory, or None when it has none."""
-  file = os.path.join(path, VOTE_MEMORY_FILE)
-  if not os.path.exists(file):
+  """The neighbour vote's memory of a model directory (its keys memory-mapped), or None when
+  it has none."""
+  labels_file = os.path.join(path, VOTE_MEMORY_FILE)
+  if not os.path.exists(labels_file):
     return None
+  keys_file = labels_file
   try:
-    with np.load(file) as z:
-      keys, indptr, indices = z["keys"], z["indptr"], z["indices"]
+    with np.load(labels_file) as z:
+      indptr, indices = z["indptr"], z["indices"]
+      keys = z["keys"] if "keys" in z.files else None  # format 1 kept them here
   except (OSError, ValueError, KeyError) as e:
-    raise InputError(f"{file}: cannot read: {e}") from None
+    raise InputError(f"{labels_file}: cannot read: {e}") from None
+  if keys is None:
+    keys_file = os.path.join(path, VOTE_MEMORY_KEYS_FILE)
+    try:
+      keys = np.load(keys_file, mmap_mode="r")
+    except (OSError, ValueError) as e:
+      raise InputError(f"{keys_file}: cannot read: {e}") from None
   if keys.ndim != 2 or keys.shape[1] != dim or len(indptr) != len(keys) + 1:
     raise InputError(
-      f"{file}: keys {keys.shape} and {len(indptr)} row pointers, the model's d is {dim}"
+      f"{keys_file}: keys {keys.shape} for {len(indptr) - 1} label rows ({labels_file}), "
+      f"the model's d is {dim}"
     )
   if len(indices) != indptr[-1] or (len(indices) and indices.max() >= num_labels):
-    raise InputError(f"{file}: its label rows do not fit the model's {num_labels} labels")
+    raise InputError(f"{labels_file}: its label rows do not fit the model's {num_labels} labels")
   return Memory(keys, SparseRows(indptr, indices, None, num_labels))

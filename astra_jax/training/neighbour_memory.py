@@ -14,6 +14,7 @@ import functools
 
 import numpy as np
 
+from astra_jax.ann.mesh_memory import MemorySource, MeshMemory
 from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.ann.vote_memory import Memory
 from astra_jax.evaluation import ranking
@@ -23,22 +24,28 @@ from astra_jax.training.trainer import Trainer
 @dataclasses.dataclass(frozen=True)
 class VoteMemories:
   """Attributes:
-  choice: the original training rows (what the choice and the validation split read).
-  validation: the validation rows, None without a validation split.
+  final: the training rows, then the validation rows: what the test split and the export
+    read; split over the mesh's devices (ann/mesh_memory.py), or on the host of every
+    process where the devices have no room for it (evaluation/ranking.vote_memory).
+  train_rows: how many of its rows are the original training rows.
   validation_cache: each process's votes from `choice` for the validation rows it ranks,
     taken by the first evaluation of them and read by the next (the same for every weight:
     the choice's candidates and the validation split's evaluation share them).
   """
 
-  choice: Memory
-  validation: Memory | None = None
+  final: MeshMemory | Memory
+  train_rows: int
   validation_cache: VoteCache = dataclasses.field(default_factory=VoteCache)
 
+  @property
+  def has_validation(self) -> bool:
+    return self.final.num_rows > self.train_rows
+
   @functools.cached_property
-  def final(self) -> Memory:
-    """The training rows, then the validation rows: what the test split and the export
-    read."""
-    return self.choice if self.validation is None else self.choice.plus(self.validation)
+  def choice(self) -> MeshMemory | Memory:
+    """The original training rows (what the choice and the validation split read): the
+    same keys, the validation rows left out."""
+    return self.final.head(self.train_rows)
 
 
 def vote_memories(trainer: Trainer) -> VoteMemories | None:
@@ -54,27 +61,11 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
   sc = p.config.scoring
   if not sc.get("neighbour_weight", 0.0) and not any(sc.get("neighbour_weight_choices", ())):
     return None
-  params = trainer.state.params
   n = p.data.num_train_original
-  choice = ranking.vote_memory(
-    p.mesh,
-    p.embed_fn,
-    params,
-    p.data.train_tokens,
-    np.arange(n),
-    p.data.train_labels.head(n),
-    p.config,
-  )
-  if p.eval_data is p.data:  # no validation split: the test rows are never memory
-    return VoteMemories(choice)
-  val = p.eval_data
-  held = ranking.vote_memory(
-    p.mesh,
-    p.embed_fn,
-    params,
-    val.test_tokens,
-    np.arange(len(val.test_tokens)),
-    val.test_labels,
-    p.config,
-  )
-  return VoteMemories(choice, held)
+  sources = [MemorySource(p.data.train_tokens, np.arange(n))]
+  labels = p.data.train_labels.head(n)
+  if p.eval_data is not p.data:  # without a validation split the test rows are never memory
+    sources.append(MemorySource(p.eval_data.test_tokens))
+    labels = labels.vstack(p.eval_data.test_labels)
+  memory = ranking.vote_memory(p.mesh, p.embed_fn, trainer.state.params, sources, labels, p.config)
+  return VoteMemories(memory, n)

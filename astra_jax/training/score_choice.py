@@ -124,7 +124,7 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
     logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
   vote_read = []
   if vote_weights:
-    if memories is None or memories.validation is None:
+    if memories is None or not memories.has_validation:
       raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
     # The validation rows' votes are the same for every weight: taken by the first read.
     vote_read = [(w, read("neighbour_weight", w, memories.validation_cache)) for w in vote_weights]

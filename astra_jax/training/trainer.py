@@ -16,7 +16,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from astra_jax.ann import vote_memory
+from astra_jax.ann.mesh_memory import MeshMemory
+from astra_jax.ann.vote_memory import Memory
 from astra_jax.data import dataset
 from astra_jax.evaluation import final_eval, ranking
 from astra_jax.model.embedding import EmbedFn, embed, embed_rows, host_local
@@ -320,7 +321,7 @@ class Trainer:
     n, limit = self.parts.data.test_labels.num_rows, self.config.eval.final_max_rows
     return min(n, limit) if limit > 0 else n
 
-  def final_evaluation(self, memory: vote_memory.Memory | None = None) -> dict[str, float]:
+  def final_evaluation(self, memory: MeshMemory | Memory | None = None) -> dict[str, float]:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
     stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted). `memory`: the
     rows the neighbour vote reads, when the score votes."""
