@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from astra_jax import plan
+from astra_jax.ann import memory_search
 from astra_jax.ann.index import IndexKnobs
 from astra_jax.config import base as config_base
 from astra_jax.data import catalog
@@ -550,7 +551,7 @@ def test_refresh_hours_read_the_given_rates_and_price_no_tpu(load_config):
   assert plan.plan_config(c, "tpu-v4-32gb", mesh="1x2").refresh == {}
 
 
-def test_the_score_beyond_w_is_priced_by_hand():
+def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   c = small_config(labels=1000, model=4)
   c.data.synthetic.mean_labels = 3.0
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
@@ -562,9 +563,13 @@ def test_the_score_beyond_w_is_priced_by_hand():
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
   # d = 64; 5,000 original rows vote, 3 labels each; 1,000 label texts.
   assert by_name(p.score_items, "label-text embeddings") == 1000 * 64 * 4
-  assert by_name(p.score_items, "vote memory: unit") == 5000 * 64 * 4
+  # The keys stay on the 8 GPUs, 625 rows each with their int32 row ids; the labels on
+  # every process; the export writes both.
+  assert not any(i.name.startswith("vote memory: unit") for i in p.score_items)
+  assert by_name(p.score_device_items, "vote memory: its 625 keys") == 625 * (64 * 4 + 4)
   assert by_name(p.score_items, "vote memory: their labels") == 5001 * 8 + 15000 * 4
-  assert by_name(p.disk_items, "export: vote_memory.npz") == 5000 * 64 * 4 + 5001 * 8 + 15000 * 4
+  assert by_name(p.disk_items, "export: vote_memory_keys.npy") == 5000 * 64 * 4
+  assert by_name(p.disk_items, "export: vote_memory.npz") == 5001 * 8 + 15000 * 4
   # 500 validation rows (10% of 5,000), 256 voted labels each, an int32 id and a float32
   # vote; each of the 8 processes (one a GPU) keeps those of the 63 it ranks.
   assert p.node["processes_per_node"] == 8
@@ -577,14 +582,14 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert VOTE_SLOTS == MAX_VOTES == 256
   test = c.data.synthetic.num_test
   assert p.vote_search == VoteSearchCost(
-    False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0, 5000, test, 500
+    False, 5000, 2.0 * (test + 500) * 5000 * 64, 0.0, 5000, test, 500, True
   )
   assert "the vote's exact search" in plan.format_plan(p)
 
   # Its seconds: 8 processes on one node (one a GPU) with 40 host cores, 100 training
-  # queries/s a GPU given; the memory encoded over all 8 GPUs at 3x that; each process
-  # searching its eighth of the test and validation rows on one V100 at half its 15.7
-  # TFLOP/s.
+  # queries/s a GPU given; the memory encoded over all 8 GPUs at 3x that; the test and
+  # validation rows searched against the memory split over the 8 V100s, each at half its
+  # 15.7 TFLOP/s.
   def timed_plan():
     return plan.plan_config(
       c,
@@ -598,9 +603,18 @@ def test_the_score_beyond_w_is_priced_by_hand():
   p = timed_plan()
   t = p.vote_time
   assert t.encode_s == pytest.approx(5000 / (3 * 100.0 * 8))
+  assert t.search_s == pytest.approx(2.0 * (test + 500) * 5000 * 64 / (8 * 15.7e12 * 0.5))
+  assert t.build_s == 0 and t.search_on == "all 8 GPUs"
+  # A memory with no room on the GPUs is whole on every host, and each process searches
+  # its eighth of the test and validation rows on one of its GPUs.
+  with monkeypatch.context() as m:
+    m.setattr(memory_search, "DEVICE_ROOM_FRACTION", 0.0)
+    p = timed_plan()
+  assert p.score_device_items == [] and not p.vote_search.on_devices
+  assert by_name(p.score_items, "vote memory: unit") == 5000 * 64 * 4
   queries = -(-test // 8) + 63
-  assert t.search_s == pytest.approx(2.0 * queries * 5000 * 64 / (15.7e12 * 0.5))
-  assert t.build_s == 0 and t.search_on == "one GPU"
+  assert p.vote_time.search_s == pytest.approx(2.0 * queries * 5000 * 64 / (15.7e12 * 0.5))
+  assert p.vote_time.search_on == "one GPU of each process"
   # On GPUs `auto` stays exact whatever the memory's rows.
   c.data.synthetic.num_train = 4_000_000
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
@@ -614,6 +628,7 @@ def test_the_score_beyond_w_is_priced_by_hand():
   assert p.vote_search.search_flop == 2.0 * (test + 400_000) * (50_000 + leaves) * 64
   assert p.vote_search.build_flop == 2.0 * 4_000_000 * leaves * 64
   assert by_name(p.score_items, "vote memory: its ScaNN index") == 4_000_000 * (256 + 16 + 4)
+  assert by_name(p.score_items, "vote memory: unit") == 4_000_000 * 64 * 4  # gathered
   assert "the vote's ScaNN search" in plan.format_plan(p)
   # On the host: 40 cores a node over 8 processes, at the refresh index's measured rates.
   p = timed_plan()

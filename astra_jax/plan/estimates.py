@@ -34,7 +34,7 @@ from astra_jax.plan.inputs import (
   encoder_note,
 )
 from astra_jax.plan.quantities import quantities
-from astra_jax.plan.records import GPUS, DataSize, GiB, NodeLayout, Plan
+from astra_jax.plan.records import GPUS, USABLE_FRACTION, DataSize, GiB, NodeLayout, Plan
 from astra_jax.plan.refresh_time import refresh_times
 from astra_jax.plan.score_extras import score_extras
 from astra_jax.plan.vote_time import vote_time
@@ -65,7 +65,11 @@ def make_plan(
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
   host = host_items(q)
-  extras = score_extras(config, q, data.num_train, layout.nodes * layout.processes_per_node)
+  devices = device_items(config, q)
+  # What training leaves free on a GPU (its activations included: a conservative bound).
+  room = int(GPUS[gpu] * USABLE_FRACTION) - sum(i.bytes for i in devices) if gpu in GPUS else None
+  processes = layout.nodes * layout.processes_per_node
+  extras = score_extras(config, q, data.num_train, processes, device_room=room)
   prep = preparation(q)
   notes = host.notes + layout_notes(config, q, layout)
   if ec_note := encoder_note(config, q.enc_source):
@@ -73,7 +77,7 @@ def make_plan(
   votes = vote_time(extras.vote_search, q, gpu, layout, host_cores_per_node, train_queries_per_s)
   if votes is not None and not extras.vote_search.scann and votes.search_s > 3600:
     notes.append(
-      f"the vote's exact search takes ~{votes.search_s / 3600:.1f} h per process here; "
+      f"the vote's exact search takes ~{votes.search_s / 3600:.1f} h on {votes.search_on} here; "
       "scoring.neighbour_search=scann searches through a ScaNN index instead, its recall "
       "at this size unmeasured (docs/results/vote_search.md)"
     )
@@ -112,7 +116,7 @@ def make_plan(
       "dense_update": q.dense,
     },
     gpu=gpu,
-    device_items=device_items(config, q),
+    device_items=devices,
     worker_items=host.worker,
     trainer_items=host.trainer,
     disk_items=disk_items(config, q) + extras.disk,
@@ -130,6 +134,7 @@ def make_plan(
       train_queries_per_s,
     ),
     score_items=extras.items,
+    score_device_items=extras.device,
     vote_search=extras.vote_search,
     vote_time=votes,
   )

@@ -77,6 +77,7 @@ class VoteSearchCost:
   memory_rows: int = 0
   test_rows: int = 0
   validation_rows: int = 0
+  on_devices: bool = True  # the keys split over every GPU, else whole on every host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +86,8 @@ class VoteTime:
 
   Attributes:
     encode_s: the memory's rows encoded over every GPU of the run.
-    search_s: one process's search: its share of the test and validation rows.
+    search_s: the search of the test and validation rows: over every GPU of the run (the
+      exact search), or one process's share on its host cores (ScaNN).
     build_s: one process's ScaNN index builds (the choice's memory and the final one); 0
       for the exact search.
     search_on: where the search runs, in words.
@@ -120,6 +122,8 @@ class Plan:
   refresh: dict = dataclasses.field(default_factory=dict)
   # After training, each process: a score beyond W (score_extras.py).
   score_items: list[Item] = dataclasses.field(default_factory=list)
+  # After training, each GPU beside the trained state: the vote memory's share.
+  score_device_items: list[Item] = dataclasses.field(default_factory=list)
   vote_search: VoteSearchCost | None = None
   vote_time: VoteTime | None = None
 

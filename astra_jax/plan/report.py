@@ -74,6 +74,7 @@ def format_plan(p: Plan) -> str:
     ("host RAM, each training process", p.trainer_items, None),
     ("host RAM, the node in training", p.node_items, ("total, every memmap hot", p.node_total)),
     ("host RAM, each process after training: the score beyond W", p.score_items, None),
+    ("each GPU after training, beside the trained state", p.score_device_items, None),
     ("disk, every file the run writes", p.disk_items, ("total", p.disk_total)),
   ):
     if not items and total is None:
@@ -117,11 +118,14 @@ def _vote_search_lines(v: VoteSearchCost, t: VoteTime | None) -> list[str]:
       f"    its index's build, memory rows x leaves x 2 d to assign them: {v.build_flop:.2e} flop",
     ]
   if t is not None:
+    whose = (
+      "the search (the memory split over the GPUs)"
+      if v.on_devices and not v.scann
+      else "each process's search (its share of the test and validation rows)"
+    )
     lines += [
-      f"    estimated: the memory's encoding over every GPU {t.encode_s / 3600:.2f} h; each "
-      f"process's search",
-      f"      (its share of the test and validation rows) on {t.search_on} "
-      f"{t.search_s / 3600:.2f} h"
+      f"    estimated: the memory's encoding over every GPU {t.encode_s / 3600:.2f} h; {whose}",
+      f"      on {t.search_on} {t.search_s / 3600:.2f} h"
       + (f", its two index builds {t.build_s / 3600:.2f} h" if v.scann else ""),
     ]
   return lines

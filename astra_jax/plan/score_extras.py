@@ -1,8 +1,10 @@
 """What a score beyond W costs after training: the label texts' embeddings
-(`scoring.label_text_weight`, xc/score_fusion.py) and the neighbour vote's memory
-(`scoring.neighbour_weight`, xc/neighbour_vote.py), each held by every process for the
-score's choice, the final evaluation and the export, and the FLOP of the vote's search
-(exact, or through a ScaNN index: ann/memory_search.py).
+(`scoring.label_text_weight`, xc/score_fusion.py), held by every process, and the neighbour
+vote's memory (`scoring.neighbour_weight`, xc/neighbour_vote.py): its keys split over every
+GPU (ann/mesh_memory.py) where a GPU's share fits beside the trained state
+(memory_search.fits_devices), else whole on the host of every process, and gathered there
+for a ScaNN search; its labels on every process; and the FLOP of the vote's search (exact,
+or through a ScaNN index: ann/memory_search.py).
 
 Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
@@ -27,11 +29,13 @@ class ScoreExtras:
 
   Attributes:
     items: host RAM of each process after training (none when the score is W alone).
-    disk: what the export adds (`vote_memory.npz`).
+    device: memory of each GPU after training, beside the trained state.
+    disk: what the export adds (`vote_memory_keys.npy`, `vote_memory.npz`).
     vote_search: the vote's search cost; None without the vote.
   """
 
   items: list[Item]
+  device: list[Item]
   disk: list[Item]
   vote_search: VoteSearchCost | None
 
@@ -41,7 +45,14 @@ def _uses(config, field: str) -> bool:
   return bool(sc.get(field, 0.0)) or any(sc.get(f"{field}_choices", ()))
 
 
-def score_extras(config, q: Quantities, num_train: int, processes: int = 1) -> ScoreExtras:
+def score_extras(
+  config,
+  q: Quantities,
+  num_train: int,
+  processes: int = 1,
+  accelerator: bool = True,
+  device_room: int | None = None,
+) -> ScoreExtras:
   """The extras of `config.scoring` at the plan's sizes.
 
   Args:
@@ -49,25 +60,46 @@ def score_extras(config, q: Quantities, num_train: int, processes: int = 1) -> S
     q: the plan's quantities (L, d, test rows, positives per row).
     num_train: the original training rows (the memory: the training and validation rows).
     processes: the run's processes (each keeps the votes of the validation rows it ranks).
+    accelerator: whether the run's devices are GPUs or TPUs (`auto` then searches exactly).
+    device_room: a GPU's free bytes after training (None: room for any memory).
   Returns:
     The ScoreExtras.
   """
-  items, disk, search = [], [], None
+  items, device, disk, search = [], [], [], None
   if _uses(config, "label_text_weight"):
     items.append(
       Item(f"label-text embeddings E(z_l) ({q.L:,} x {q.d} fp32)", q.L * q.d * 4, "L x d x 4")
     )
   if _uses(config, "neighbour_weight"):
     n, d = num_train, q.d
-    keys = Item(f"vote memory: unit E(x) of {n:,} training rows (fp32)", n * d * 4, "N x d x 4")
+    keys = Item(
+      f"vote memory: unit E(x) of {n:,} training rows (fp32), gathered for ScaNN",
+      n * d * 4,
+      "N x d x 4",
+    )
     nnz = int(n * q.lpp) if q.lpp else 0
     labels = Item(
       f"vote memory: their labels (CSR, ~{nnz:,} pairs)",
       (n + 1) * 8 + nnz * 4,
       "(N + 1) x 8 + nnz x 4",
     )
-    items += [keys, labels]
-    disk.append(Item("export: vote_memory.npz", keys.bytes + labels.bytes, "as in memory"))
+    items.append(labels)
+    on_devices = memory_search.fits_devices(n, d, q.G, device_room)
+    if on_devices:  # each device its share of the keys and their memory rows (int32)
+      device.append(
+        Item(
+          f"vote memory: its {-(-n // q.G):,} keys of the {n:,} (fp32) and their row ids",
+          memory_search.device_share_bytes(n, d, q.G),
+          "N / G x (d x 4 + 4)",
+        )
+      )
+    else:
+      room = "on the host: no room on the GPUs"
+      items.append(dataclasses.replace(keys, name=keys.name.replace("gathered for ScaNN", room)))
+    disk += [
+      Item("export: vote_memory_keys.npy", keys.bytes, "N x d x 4"),
+      Item("export: vote_memory.npz (their labels)", labels.bytes, "as in memory"),
+    ]
     validation = round(config.data.get("validation_fraction", 0.0) * n)
     if validation:
       # Each process's share, taken by the choice's first candidate and kept for the others
@@ -82,14 +114,16 @@ def score_extras(config, q: Quantities, num_train: int, processes: int = 1) -> S
       )
     queries = q.num_test + validation
     sc = config.scoring
-    # The plan is for GPUs: `auto` searches exactly there.
     search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
     rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
-    if search_kind.uses_scann(n, rows, accelerator=True):
+    if search_kind.uses_scann(n, rows, accelerator):
       params = memory_search.scann_params(n, sc.get("neighbours", 50), rows)
       scored = index.rows_scored_per_query(n, params) + params.num_leaves
-      # ScaNN keeps a float32 copy of the rows to re-rank with, 4-bit codes of each pair of
+      # The index is built on the host from the keys gathered onto every process; ScaNN
+      # keeps a float32 copy of the rows to re-rank with, 4-bit codes of each pair of
       # dimensions and each row's leaf.
+      if on_devices:
+        items.append(keys)
       items.append(
         Item(
           f"vote memory: its ScaNN index ({params.num_leaves:,} leaves)",
@@ -105,7 +139,9 @@ def score_extras(config, q: Quantities, num_train: int, processes: int = 1) -> S
         n,
         q.num_test,
         validation,
+        on_devices,
       )
     else:
-      search = VoteSearchCost(False, n, 2.0 * queries * n * d, 0.0, n, q.num_test, validation)
-  return ScoreExtras(items, disk, search)
+      flop = 2.0 * queries * n * d
+      search = VoteSearchCost(False, n, flop, 0.0, n, q.num_test, validation, on_devices)
+  return ScoreExtras(items, device, disk, search)

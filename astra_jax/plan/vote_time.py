@@ -1,12 +1,14 @@
-"""How long the neighbour vote takes after training, per process, at the plan's sizes.
+"""How long the neighbour vote takes after training at the plan's sizes.
 
   encode  the memory's rows (training + validation) through the encoder once, split over
           every GPU of the run (parallel/mesh_embedding.py), at FORWARD_SPEEDUP times the
           training step's queries per second (refresh_time.estimated_queries_per_s, or
           the rate the user gives);
-  exact   each process searches, on one of its GPUs, its share of the test and validation
-          rows against all memory rows: 2 x queries x N x d flops at the GPU's
-          matmul rate x DEVICE_SEARCH_EFFICIENCY (refresh_time.py);
+  exact   the test and validation rows against all memory rows, the memory split over
+          every GPU of the run (ann/mesh_memory.py): 2 x queries x N x d flops over G GPUs
+          at the GPU's matmul rate x DEVICE_SEARCH_EFFICIENCY (refresh_time.py); a memory
+          with no room on the GPUs is on every host, and each process searches for its
+          share of the queries on one of its GPUs;
   scann   the same queries on the process's share of the node's host cores, each scoring
           `rows_per_query` rows and leaf centres at the refresh index's measured rate per
           row score, plus two index builds (the choice's memory and the final one) at its
@@ -34,7 +36,7 @@ def vote_time(
   host_cores_per_node: int = 0,
   train_queries_per_s: float = 0.0,
 ) -> VoteTime | None:
-  """The vote's seconds per process (module docstring).
+  """The vote's seconds (module docstring).
 
   Args:
     search: the vote's search (score_extras.py); None without the vote.
@@ -54,9 +56,12 @@ def vote_time(
   qps = train_queries_per_s or refresh_time.estimated_queries_per_s(q, rates)
   encode_s = search.memory_rows / (FORWARD_SPEEDUP * qps * q.G)
   if not search.scann:
-    flops = 2.0 * queries * search.memory_rows * q.d
-    search_s = flops / (rates.matmul_flops * refresh_time.DEVICE_SEARCH_EFFICIENCY)
-    return VoteTime(encode_s, search_s, 0.0, "one GPU")
+    rate = rates.matmul_flops * refresh_time.DEVICE_SEARCH_EFFICIENCY
+    if not search.on_devices:
+      flops = 2.0 * queries * search.memory_rows * q.d
+      return VoteTime(encode_s, flops / rate, 0.0, "one GPU of each process")
+    flops = 2.0 * (search.test_rows + search.validation_rows) * search.memory_rows * q.d
+    return VoteTime(encode_s, flops / (q.G * rate), 0.0, f"all {q.G} GPUs")
   node_cores = host_cores_per_node or rates.host_cores_per_gpu * layout.gpus_per_node
   cores = max(1, node_cores // layout.processes_per_node)
   search_core_s = queries * search.rows_per_query * q.d * refresh_time.HOST_SEARCH_CORE_S
