@@ -11,6 +11,7 @@ from astra_jax.ann import exact_topk, index as ann_index, memory_search, vote_me
 from astra_jax.config import base as config_base
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.runtime.errors import InputError
+from astra_jax.serving import serve_index
 from astra_jax.xc import neighbour_vote
 
 
@@ -242,3 +243,30 @@ def test_choosing_the_vote_needs_a_validation_split(load_config):
   c.scoring.label_text_weight_choices = ()
   with pytest.raises(InputError, match="neighbour_weight_choices: chooses on the validation"):
     config_base.validate(c)
+
+
+@pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")
+def test_a_memory_index_is_kept_in_the_model_directory(tmp_path, monkeypatch):
+  """With a MemoryIndexStore, the first search builds the memory's ScaNN index and saves it;
+  a new process's memory (a new Memory) loads it instead of building, with the same
+  neighbours; another model id builds anew."""
+  memory, queries = _clustered_memory(rows=3000)
+  vote = neighbour_vote.NeighbourVote(0.5, 10, 0.1, search="scann", search_rows=600)
+  built = []
+  real = vote_memory.memory_search.scann_index
+  monkeypatch.setattr(
+    vote_memory.memory_search, "scann_index", lambda *a, **k: built.append(1) or real(*a, **k)
+  )
+
+  def search(model_id):
+    store = serve_index.MemoryIndexStore(str(tmp_path), model_id)
+    return memory.with_index_store(store).nearest(queries, vote)
+
+  first = search("m1")
+  assert len(built) == 1 and (tmp_path / serve_index.MEMORY_INDEX_DIR).is_dir()
+  again = search("m1")
+  assert len(built) == 1  # loaded
+  np.testing.assert_array_equal(again[0], first[0])
+  np.testing.assert_allclose(again[1], first[1])
+  search("m2")
+  assert len(built) == 2

@@ -351,11 +351,14 @@ class ScannIndex:
     self.searcher.serialize(path, relative_path=True)
 
   @classmethod
-  def load(cls, path: str, params: ScannParams) -> ScannIndex:
-    """An index `save` wrote; `params` are the knobs it was built with."""
+  def load(cls, path: str, params: ScannParams, threads: int = 0) -> ScannIndex:
+    """An index `save` wrote; `params` are the knobs it was built with; threads > 0: its
+    searches' thread count (as the constructor's)."""
     import scann
 
     index = cls.__new__(cls)
     index.params = params
     index.searcher = scann.scann_ops_pybind.load_searcher(path, assets_backcompat_shim=False)
+    if threads > 0:
+      index.searcher.set_num_threads(threads)
     return index

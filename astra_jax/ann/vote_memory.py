@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,19 @@ from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
 from astra_jax.xc.score_fusion import unit_rows
 
 
+class IndexStore(Protocol):
+  """Keeps a ScaNN index over a memory's keys between processes."""
+
+  def get(
+    self,
+    build: Callable[[], ann_index.ScannIndex],
+    shape: tuple[int, int],
+    params: ann_index.ScannParams,
+    threads: int = 0,
+  ) -> ann_index.ScannIndex:
+    """The index kept for rows of `shape` built with `params`, else `build()`'s, kept."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
   """The training rows that vote: their unit-norm embeddings and their labels.
@@ -37,10 +52,13 @@ class Memory:
   Attributes:
     keys: (N, d) float32, E(x_j) / |E(x_j)|.
     labels: the N rows' labels.
+    index_store: where a ScaNN index over the keys is kept between processes (an exported
+      model's directory: serving/serve_index.MemoryIndexStore); None: built in memory.
   """
 
   keys: np.ndarray
   labels: SparseRows
+  index_store: IndexStore | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
     if len(self.keys) != self.labels.num_rows:
@@ -57,6 +75,10 @@ class Memory:
   def head(self, n: int) -> Memory:
     """The memory of its first n rows (a view of the keys)."""
     return self if n == self.num_rows else Memory(self.keys[:n], self.labels.head(n))
+
+  def with_index_store(self, store: IndexStore) -> Memory:
+    """The same rows, their ScaNN index kept in `store`."""
+    return dataclasses.replace(self, index_store=store)
 
   @functools.cached_property
   def search_keys(self) -> jax.Array | np.ndarray:
@@ -76,16 +98,21 @@ class Memory:
     a query opens and the candidates it re-ranks are the search's, not the build's."""
     key = dataclasses.replace(params, num_leaves_to_search=1, reorder=1)
     if key not in self._scann_indexes:
-      start = time.perf_counter()
       # The task's share of the cores, not ScaNN's default of every core of the machine.
       threads = cpu_budget.task_cpus()
-      self._scann_indexes[key] = memory_search.scann_index(self.keys, params, threads)
-      logging.info(
-        "neighbour vote: ScaNN index over %d memory rows (%d leaves) built in %.1f s",
-        len(self.keys),
-        params.num_leaves,
-        time.perf_counter() - start,
-      )
+      build = functools.partial(memory_search.scann_index, self.keys, params, threads)
+      if self.index_store is not None:  # loaded, or built and kept (the store logs which)
+        index = self.index_store.get(build, self.keys.shape, key, threads)
+      else:
+        start = time.perf_counter()
+        index = build()
+        logging.info(
+          "neighbour vote: ScaNN index over %d memory rows (%d leaves) built in %.1f s",
+          len(self.keys),
+          params.num_leaves,
+          time.perf_counter() - start,
+        )
+      self._scann_indexes[key] = index
     return self._scann_indexes[key]
 
   def nearest(

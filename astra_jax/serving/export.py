@@ -19,7 +19,8 @@ machinery or orbax-version coupling, none of which an inference export needs.
 
 The directory is written under a temporary name and renamed into place, so a crash never
 leaves a half-written `model/` that a later run would trust. Re-exporting replaces the whole
-directory, including any ScaNN index cached inside it (it indexed the old W).
+directory, including any ScaNN index the Predictor cached inside it (`scann/` over the old W,
+`vote_scann/` over the old memory: serving/serve_index.py).
 """
 
 from __future__ import annotations

@@ -232,6 +232,11 @@ class Predictor:
         index = "exact"
     # The training rows vote (neighbour_vote.py) over all L: exact, like the fusion.
     self.vote = neighbour_vote.from_scoring(scoring) if model.memory is not None else None
+    # A ScaNN index over the memory (ann/memory_search.py) is kept in the model directory.
+    self.memory = None
+    if self.vote is not None:
+      store = serve_index.MemoryIndexStore(model.path, model.model_id)
+      self.memory = model.memory.with_index_store(store)
     if self.vote is not None and index == "scann":
       logging.info(
         "the model mixes the neighbour vote into its scores "
@@ -384,7 +389,7 @@ class Predictor:
     """The index's top k of the embedded queries, with their votes when the score votes."""
     if self.vote is None:
       return self.index.search(emb, k)
-    return self.index.search(emb, k, self.model.memory.votes(emb, self.vote))
+    return self.index.search(emb, k, self.memory.votes(emb, self.vote))
 
   def _without_own_items(
     self, texts: list[str], scores: np.ndarray, ids: np.ndarray, k: int

@@ -1,11 +1,13 @@
-"""ScaNN over the trained classifier rows W, for prediction.
+"""ScaNN over the trained classifier rows W, and over the neighbour vote's memory, for
+prediction.
 
 Built once per exported model with the same deterministic builder the hard-negative miner
 uses (`ann.index.ScannIndex`), saved with ScaNN's own serialization into
 WORKDIR/model/scann/ (atomically: a temporary directory renamed into place) together with
 `astra_index.json` (the model id and knobs it was built for), and reloaded on the next
 start when those still match. A re-export of the model replaces model/ and with it the
-stale index.
+stale index. The vote's memory (when its search takes ScaNN: ann/memory_search.py) keeps its
+index the same way in WORKDIR/model/vote_scann/ (`MemoryIndexStore`).
 
 Scores of the returned candidates are recomputed exactly as <w_l, e> from W, so the ScaNN
 and exact paths report the same numbers for the same labels; rows for which ScaNN returns
@@ -20,6 +22,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 
 import numpy as np
 from absl import logging
@@ -29,6 +32,7 @@ from astra_jax.runtime import tmpnames
 from astra_jax.serving.export import replace_dir
 
 INDEX_DIR = "scann"
+MEMORY_INDEX_DIR = "vote_scann"  # the neighbour vote's memory's index (vote_memory.py)
 META_FILE = "astra_index.json"
 _SERIAL_MAX = 16  # up to this many queries, search in the calling thread (no pool hand-off)
 # Fewer rows than this: exact search (ScaNN's 16 leaves and 16-centre quantizer need more).
@@ -101,18 +105,55 @@ def open_scann(
 ) -> ScannLabels:
   """The cached index in model_path/scann when it was built for this model and these knobs,
   else a new one (saved there for next time; a read-only model dir only logs a warning)."""
-  path = os.path.join(model_path, INDEX_DIR)
+  index, loaded, build_s = cached_index(
+    os.path.join(model_path, INDEX_DIR),
+    model_id,
+    lambda: ScannIndex(np.asarray(w, np.float32), 10, params),
+    w.shape,
+    params,
+    "classifier rows",
+    rebuild,
+  )
+  return ScannLabels(index, w, loaded, build_s)
+
+
+def cached_index(
+  path: str,
+  model_id: str,
+  build: Callable[[], ScannIndex],
+  shape: tuple[int, int],
+  params: ScannParams,
+  what: str,
+  rebuild: bool = False,
+  threads: int = 0,
+) -> tuple[ScannIndex, bool, float]:
+  """The ScaNN index saved in directory `path` when it was built for this model, rows and
+  knobs, else `build()`'s, saved there for next time (a read-only model dir only logs a
+  warning).
+
+  Args:
+    path: the index's directory inside the model directory.
+    model_id: the model's id (model.json): a re-export makes a new one.
+    build: builds the index over the rows.
+    shape: the rows' (count, width).
+    params: the knobs it is built with.
+    what: the rows, in words, for the log.
+    rebuild: build even when a matching index is saved.
+    threads: a loaded index's search threads (0: ScaNN's default).
+  Returns:
+    (the index, whether it was loaded, the build's seconds when it was built).
+  """
   want = {
     "model_id": model_id,
-    "num_rows": int(w.shape[0]),
-    "dim": int(w.shape[1]),
+    "num_rows": int(shape[0]),
+    "dim": int(shape[1]),
     "params": dataclasses.asdict(params),
   }
   have = None if rebuild else _read_meta(path)
   if have is not None and {k: have.get(k) for k in want} == want:
     t0 = time.time()
     try:
-      index = ScannIndex.load(path, params)
+      index = ScannIndex.load(path, params, threads)
       # Another process may have replaced the directory while this one read it.
       replaced = _read_meta(path) != have
     except (RuntimeError, OSError, ValueError) as e:
@@ -120,19 +161,18 @@ def open_scann(
       logging.info("could not load the ScaNN index in %s (%s)", path, e)
     if not replaced:
       logging.info("loaded the ScaNN index from %s in %.1fs", path, time.time() - t0)
-      return ScannLabels(index, w, True, have.get("build_s", 0.0))
+      return index, True, have.get("build_s", 0.0)
     logging.info("the ScaNN index in %s changed while loading; building one", path)
   elif have is not None:
     logging.info(
       "the ScaNN index in %s was built for another model or other knobs; rebuilding", path
     )
   t0 = time.time()
-  index = ScannIndex(np.asarray(w, np.float32), 10, params)
+  index = build()
   build_s = round(time.time() - t0, 2)
-  logging.info(
-    "built a ScaNN index over %d x %d classifier rows in %.1fs (%s)", *w.shape, build_s, params
-  )
-  tmp = os.path.join(model_path, f".{INDEX_DIR}.tmp-{tmpnames.unique_suffix()}")
+  logging.info("built a ScaNN index over %d x %d %s in %.1fs (%s)", *shape, what, build_s, params)
+  parent, name = os.path.split(path)
+  tmp = os.path.join(parent, f".{name}.tmp-{tmpnames.unique_suffix()}")
   try:
     shutil.rmtree(tmp, ignore_errors=True)
     index.save(tmp)
@@ -144,4 +184,28 @@ def open_scann(
     logging.warning(
       "could not save the ScaNN index into %s (%s); it is rebuilt on every start", path, e
     )
-  return ScannLabels(index, w, False, build_s)
+  return index, False, build_s
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryIndexStore:
+  """Where a model's vote memory keeps its ScaNN index (vote_memory.IndexStore):
+  model_path/MEMORY_INDEX_DIR, reused while the model and the index's knobs are the same.
+
+  Attributes:
+    model_path: the model directory.
+    model_id: its id.
+  """
+
+  model_path: str
+  model_id: str
+
+  def get(
+    self,
+    build: Callable[[], ScannIndex],
+    shape: tuple[int, int],
+    params: ScannParams,
+    threads: int = 0,
+  ) -> ScannIndex:
+    path = os.path.join(self.model_path, MEMORY_INDEX_DIR)
+    return cached_index(path, self.model_id, build, shape, params, "memory rows", False, threads)[0]
