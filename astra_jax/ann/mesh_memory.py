@@ -33,14 +33,13 @@ import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from astra_jax.ann import index as ann_index, memory_search
 from astra_jax.ann.exact_topk import merge_topk
-from astra_jax.ann.vote_memory import TILE_FLOATS, Memory
+from astra_jax.ann.vote_memory import TILE_FLOATS, Memory, neighbour_votes, searches_with_scann
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
 from astra_jax.runtime import distributed
-from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
 
@@ -106,18 +105,6 @@ class MeshMemory:
     kernel = _search_kernel(self.mesh, k, min(tile, self.keys.shape[1]))
     return kernel(queries, self.keys, self.rows, jnp.int32(self.limit))
 
-  def uses_scann(self, vote: NeighbourVote) -> bool:
-    """Whether `vote` searches this memory with ScaNN on the host (memory_search.py) rather
-    than exactly on the mesh."""
-    accelerator = jax.default_backend() != "cpu"
-    search = memory_search.SEARCHES[vote.search]
-    if not search.uses_scann(self.num_rows, vote.search_rows, accelerator):
-      return False
-    if not ann_index.scann_available():
-      ann_index.warn_scann_missing()
-      return False
-    return True
-
   def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
     """The votes of the rows of an encoded block this process's devices hold; a collective.
 
@@ -129,20 +116,14 @@ class MeshMemory:
     Returns:
       Votes of the held rows, in their order.
     """
-    shards = sorted(queries.addressable_shards, key=lambda x: x.index[0].start or 0)
     if not self.num_rows:
       n, slots = sum(held), vote.max_votes
       return Votes(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
-    if self.uses_scann(vote):
-      mine = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
-      return self.host.votes(mine, vote)
-    k = min(vote.neighbours, self.num_rows)
-    sims, ids = self.nearest(queries, k)
-    by_start = lambda a: sorted(a.addressable_shards, key=lambda x: x.index[0].start or 0)
-    sims = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(by_start(sims), held)])
-    ids = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(by_start(ids), held)])
-    weights = np.exp((sims - sims[:, :1]) / vote.temperature) if len(sims) else sims
-    return label_votes(ids.astype(np.int64), weights, self.labels, vote.max_votes, normalise=True)
+    if searches_with_scann(self.num_rows, vote):  # on the host, the keys gathered once
+      return self.host.own_votes(queries, held, vote)
+    sims, ids = self.nearest(queries, min(vote.neighbours, self.num_rows))
+    ids = mesh_embedding.held_rows(ids, held).astype(np.int64)
+    return neighbour_votes(ids, mesh_embedding.held_rows(sims, held), self.labels, vote)
 
   def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
     """(memory rows, their keys) of each of this process's devices, rows below `limit`

@@ -227,16 +227,10 @@ class ShardedSearch:
     slots = self.vote.max_votes
     key = (dataclasses.replace(self.vote, weight=0.0), start, stop, emb.shape[0])
     mine = None if cache is None else cache.blocks.get(key)
-    if mine is None and isinstance(memory, MeshMemory):  # a collective: every process
+    if mine is None:  # a collective for a memory on the mesh: every process takes part
       mine = memory.own_votes(emb, held, self.vote)
-    elif mine is None:
-      queries = np.concatenate([np.asarray(x.data)[:n] for x, n in zip(shards, held)])
-      if len(queries):
-        mine = memory.votes(queries, self.vote)
-      else:
-        mine = Votes(np.full((0, slots), -1, np.int32), np.zeros((0, slots), np.float32))
-    if cache is not None and key not in cache.blocks:
-      cache.blocks[key] = mine
+      if cache is not None:
+        cache.blocks[key] = mine
     ids, values, first = [], [], 0
     for x, n in zip(shards, held):
       i, v = mine.padded(first, first + n, x.data.shape[0])

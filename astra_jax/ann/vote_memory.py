@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import jax
@@ -27,7 +27,8 @@ from absl import logging
 
 from astra_jax.ann import index as ann_index, memory_search
 from astra_jax.data.sparse_rows import SparseRows
-from astra_jax.runtime import cpu_budget
+from astra_jax.parallel import mesh_embedding
+from astra_jax.runtime import cpu_budget, distributed
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
 from astra_jax.xc.score_fusion import unit_rows
 
@@ -128,17 +129,13 @@ class Memory:
       ((n, k) row ids, -1 for none, (n, k) cosine similarities, -inf for none), most
       similar first.
     """
-    accelerator = jax.default_backend() != "cpu"
-    search = memory_search.SEARCHES[vote.search]
-    if search.uses_scann(len(self.keys), vote.search_rows, accelerator):
-      if not ann_index.scann_available():
-        ann_index.warn_scann_missing()
-      elif len(queries):  # no queries: the exact search's empty answer
-        k = vote.neighbours
-        params = memory_search.scann_params(len(self.keys), k, vote.search_rows)
-        return self.scann_index(params).search_scored(
-          unit_rows(queries), k, params.num_leaves_to_search, params.reorder
-        )
+    # No queries: the exact search's empty answer.
+    if len(queries) and searches_with_scann(self.num_rows, vote):
+      k = vote.neighbours
+      params = memory_search.scann_params(self.num_rows, k, vote.search_rows)
+      return self.scann_index(params).search_scored(
+        unit_rows(queries), k, params.num_leaves_to_search, params.reorder
+      )
     return nearest(queries, self.search_keys, vote.neighbours, block)
 
   def votes(self, queries: np.ndarray, vote: NeighbourVote, block: int = 1024) -> Votes:
@@ -151,9 +148,56 @@ class Memory:
     Returns:
       Votes (n, vote.max_votes), most voted first (ties: the lower label id).
     """
-    neighbours, sims = self.nearest(queries, vote, block)
-    weights = np.exp((sims - sims[:, :1]) / vote.temperature)
-    return label_votes(neighbours, weights, self.labels, vote.max_votes, normalise=True)
+    return neighbour_votes(*self.nearest(queries, vote, block), self.labels, vote)
+
+  def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
+    """The votes of the rows of an encoded block this process's devices hold (as
+    mesh_memory.MeshMemory.own_votes; no collective here).
+
+    Args:
+      queries: (Q, d) E(x) of the block, split over the mesh's devices.
+      held: for each of this process's shards of `queries`, in row order, its real rows.
+      vote: the vote's settings.
+    Returns:
+      Votes of the held rows, in their order.
+    """
+    return self.votes(mesh_embedding.held_rows(queries, held), vote)
+
+  def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(memory rows, their keys) this process writes of the memory on export: all of them
+    on process 0 (every process holds the same), none elsewhere."""
+    return [(np.arange(self.num_rows), self.keys)] if distributed.is_leader() else []
+
+
+def searches_with_scann(rows: int, vote: NeighbourVote) -> bool:
+  """Whether `vote` searches a memory of `rows` rows through a ScaNN index: as
+  memory_search.SEARCHES says on this backend, and ScaNN is installed (without it every
+  search is exact, after one warning)."""
+  accelerator = jax.default_backend() != "cpu"
+  if not memory_search.SEARCHES[vote.search].uses_scann(rows, vote.search_rows, accelerator):
+    return False
+  if not ann_index.scann_available():
+    ann_index.warn_scann_missing()
+    return False
+  return True
+
+
+def neighbour_votes(
+  neighbours: np.ndarray, sims: np.ndarray, labels: SparseRows, vote: NeighbourVote
+) -> Votes:
+  """The vote of each query's neighbours (xc/neighbour_vote.py): weights
+  exp((cos - best cos) / tau), normalised by their sum.
+
+  Args:
+    neighbours: (n, k) memory rows, most similar first (-1: none).
+    sims: (n, k) their cosines (-inf: none).
+    labels: the memory rows' labels.
+    vote: the vote's settings.
+  Returns:
+    Votes (n, vote.max_votes), most voted first (ties: the lower label id).
+  """
+  weights = np.exp((sims - sims[:, :1]) / vote.temperature) if len(sims) else sims
+  return label_votes(neighbours, weights, labels, vote.max_votes, normalise=True)
 
 
 def _normalise(x: jax.Array) -> jax.Array:

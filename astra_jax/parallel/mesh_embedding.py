@@ -13,7 +13,7 @@ are gathered onto every process.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -78,6 +78,20 @@ def block_array(
     return np.pad(x, ((0, (b - a) - len(x)), (0, 0)), constant_values=fill)
 
   return jax.make_array_from_callback((q, array.shape[1]), sharding, read)
+
+
+def held_rows(x: jax.Array, held: Sequence[int]) -> np.ndarray:
+  """This process's real rows of a block split over the devices: each of its shards of `x`,
+  in row order, cut to its `held` rows (the rest pad the block's end).
+
+  Args:
+    x: (q, ...) split over its rows.
+    held: for each of this process's shards, in row order, how many rows are real.
+  Returns:
+    (sum(held), ...) on the host.
+  """
+  shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+  return np.concatenate([np.asarray(s.data)[:n] for s, n in zip(shards, held)])
 
 
 def embed_on_mesh(

@@ -278,11 +278,8 @@ def write_memory_keys(memory: MeshMemory | Memory, path: str) -> None:
     np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape).flush()
   distributed.barrier("export: vote memory keys file created")
   out = np.load(path, mmap_mode="r+")
-  if isinstance(memory, MeshMemory):
-    for rows, keys in memory.own_rows():
-      out[rows] = keys
-  elif distributed.is_leader():
-    out[:] = memory.keys
+  for rows, keys in memory.own_rows():
+    out[rows] = keys
   out.flush()
   del out
   distributed.barrier("export: vote memory keys written")
