@@ -143,3 +143,56 @@ def test_four_processes_train_like_one(tmp_path):
     err = p.communicate(timeout=120)[1]
     lines = [l for l in err.splitlines() if l.startswith("error:")]
     assert p.returncode == 1 and len(lines) == 1 and "negatives.k_r: 32 -> 16" in lines[0], err
+
+
+def test_four_processes_vote_from_their_shares_of_the_memory(tmp_path):
+  """Four processes, each holding a quarter of the vote's memory on its host
+  (ann/process_memory.py) or on its device (ann/mesh_memory.py): each one's votes for its
+  rows of a query block are those of one dense search over all rows, and the keys they
+  export are every unit row in order (tests/vote_memory_process.py)."""
+  import sys
+
+  from vote_memory_problem import problem, unit
+  from vote_memory_process import QUERIES, VOTE
+
+  from astra_jax.ann.vote_memory import Memory
+
+  script = os.path.join(ROOT, "tests", "vote_memory_process.py")
+  procs = [
+    subprocess.Popen(
+      [sys.executable, script, str(tmp_path)],
+      cwd=ROOT,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for _, env in _group([])
+  ]
+  outs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, out in zip(procs, outs):
+    assert p.returncode == 0, out[-3000:]
+
+  _, _, labels, keys, rng = problem(seed=4, num_labels=12)
+  queries = rng.normal(size=(QUERIES, 8)).astype(np.float32)
+  dense = {
+    rows: Memory(unit(keys[:rows]).astype(np.float32), labels.head(rows)).votes(queries, VOTE)
+    for rows in (48, 37)
+  }
+  positions, host_rows = [], []
+  for i in range(NUM_PROCESSES):
+    got = np.load(tmp_path / f"process{i}.npz")
+    positions.append(got["positions"])
+    host_rows.append(got["host_rows"])
+    for layout in ("hosts", "devices"):
+      for name, rows in (("all", 48), ("head", 37)):
+        want = dense[rows]
+        mine = got["positions"]
+        np.testing.assert_array_equal(got[f"{layout}_{name}_ids"], want.ids[mine])
+        np.testing.assert_allclose(got[f"{layout}_{name}_values"], want.values[mine], atol=1e-5)
+  # Each process ranked a quarter of the queries and held a quarter of the rows.
+  assert sorted(np.concatenate(positions).tolist()) == list(range(QUERIES))
+  assert sorted(np.concatenate(host_rows).tolist()) == list(range(48))
+  assert max(len(r) for r in host_rows) <= 48 // 4 + 2
+  for layout in ("hosts", "devices"):
+    np.testing.assert_allclose(np.load(tmp_path / f"keys_{layout}.npy"), unit(keys), atol=1e-6)

@@ -605,16 +605,22 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   assert t.encode_s == pytest.approx(5000 / (3 * 100.0 * 8))
   assert t.search_s == pytest.approx(2.0 * (test + 500) * 5000 * 64 / (8 * 15.7e12 * 0.5))
   assert t.build_s == 0 and t.search_on == "all 8 GPUs"
-  # A memory with no room on the GPUs is whole on every host, and each process searches
-  # its eighth of the test and validation rows on one of its GPUs.
+  # A memory with no room on the GPUs (or scoring.neighbour_memory=hosts) is split over the
+  # 8 processes' hosts, 625 rows of 64 float32 and an int64 row id each, and each process
+  # searches its rows for every test and validation row on one of its GPUs.
   with monkeypatch.context() as m:
     m.setattr(memory_search, "DEVICE_ROOM_FRACTION", 0.0)
-    p = timed_plan()
-  assert p.score_device_items == [] and not p.vote_search.on_devices
-  assert by_name(p.score_items, "vote memory: unit") == 5000 * 64 * 4
-  queries = -(-test // 8) + 63
-  assert p.vote_time.search_s == pytest.approx(2.0 * queries * 5000 * 64 / (15.7e12 * 0.5))
-  assert p.vote_time.search_on == "one GPU of each process"
+    no_room = timed_plan()
+  c.scoring.neighbour_memory = "hosts"
+  forced = timed_plan()
+  c.scoring.neighbour_memory = "auto"
+  for p in (no_room, forced):
+    assert p.score_device_items == [] and not p.vote_search.on_devices
+    assert by_name(p.score_items, "vote memory: the process's") == 625 * (64 * 4 + 8)
+    assert not [x for x in p.score_items if x.name.startswith("vote memory: unit")]
+    search_s = 2.0 * (test + 500) * 625 * 64 / (15.7e12 * 0.5)
+    assert p.vote_time.search_s == pytest.approx(search_s)
+    assert p.vote_time.search_on == "one GPU of each process"
   # On GPUs `auto` stays exact whatever the memory's rows.
   c.data.synthetic.num_train = 4_000_000
   p = plan.plan_config(c, "v100-32gb", mesh="2x4")
@@ -629,6 +635,7 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   assert p.vote_search.build_flop == 2.0 * 4_000_000 * leaves * 64
   assert by_name(p.score_items, "vote memory: its ScaNN index") == 4_000_000 * (256 + 16 + 4)
   assert by_name(p.score_items, "vote memory: unit") == 4_000_000 * 64 * 4  # gathered
+  assert p.score_device_items == [] and not p.vote_search.on_devices  # not also on the GPUs
   assert "the vote's ScaNN search" in plan.format_plan(p)
   # On the host: 40 cores a node over 8 processes, at the refresh index's measured rates.
   p = timed_plan()

@@ -16,12 +16,17 @@ the N training rows' unit embeddings. Two ways:
 `auto` (the default) searches exactly on a GPU or TPU, and on CPUs exactly until the memory
 holds more than AUTO_ROWS_PER_BUDGET times the budget (200,000 rows at the default 50,000),
 with ScaNN above. Without ScaNN installed every search is exact.
+
+Where the memory lives (`scoring.neighbour_memory`, LAYOUTS): split over the devices that
+encoded it (mesh_memory.py) where a device's share fits, else over the processes' hosts,
+each its own rows (process_memory.py).
 No jax here: the planner reads this module.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -35,7 +40,8 @@ SCANN_ROWS_PER_QUERY = 50_000
 AUTO_ROWS_PER_BUDGET = 4
 # A device's share of the memory (mesh_memory.py) may take at most this part of the device
 # memory free after training, the rest left to the search's tiles and the evaluation's
-# batches; a larger memory stays whole on the host of every process (vote_memory.Memory).
+# batches; a larger memory stays on the processes' hosts, each its own rows
+# (process_memory.py).
 DEVICE_ROOM_FRACTION = 0.5
 
 
@@ -93,6 +99,33 @@ def fits_devices(rows: int, d: int, devices: int, room: int | None) -> bool:
   host: its share of a device within DEVICE_ROOM_FRACTION of `room`, the device's free bytes
   after training (None: unknown, as on CPUs, where it always is)."""
   return room is None or device_share_bytes(rows, d, devices) <= DEVICE_ROOM_FRACTION * room
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryLayout:
+  """Where the vote's memory lives after training (`scoring.neighbour_memory`).
+
+  Attributes:
+    name: the config's name for it.
+    on_devices: (rows, d, devices, room) -> whether the keys are split over the devices
+      (mesh_memory.py) rather than over the processes' hosts (process_memory.py); `room` is
+      a device's free bytes after training, None where the backend does not say.
+  """
+
+  name: str
+  on_devices: Callable[[int, int, int, int | None], bool]
+
+
+# `auto` keeps the keys on the devices where a device's share fits beside what training left
+# there; `hosts` keeps the devices free for the evaluation's batches whatever the room.
+LAYOUTS = {
+  layout.name: layout
+  for layout in (
+    MemoryLayout("auto", fits_devices),
+    MemoryLayout("devices", lambda rows, d, devices, room: True),
+    MemoryLayout("hosts", lambda rows, d, devices, room: False),
+  )
+}
 
 
 def scann_params(rows: int, k: int, rows_per_query: int) -> index.ScannParams:

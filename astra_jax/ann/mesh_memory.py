@@ -83,6 +83,10 @@ class MeshMemory:
   def num_rows(self) -> int:
     return self.limit
 
+  @property
+  def dim(self) -> int:
+    return self.keys.shape[-1]
+
   def head(self, n: int) -> MeshMemory:
     """The memory of its first n rows (the same keys on the devices, the rest masked)."""
     if not 0 <= n <= self.labels.num_rows:

@@ -38,8 +38,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk, tile_score
-from astra_jax.ann.mesh_memory import MeshMemory
-from astra_jax.ann.vote_memory import Memory
+from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
@@ -164,7 +163,7 @@ class ShardedSearch:
     label_parts: tuple[jax.Array, ...],
     batch_size: int,
     votes: Votes | None = None,
-    memory: Memory | MeshMemory | None = None,
+    memory: VoteMemory | None = None,
     vote_cache: VoteCache | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
@@ -214,7 +213,7 @@ class ShardedSearch:
   def _own_votes(
     self,
     emb: jax.Array,
-    memory: Memory | MeshMemory,
+    memory: VoteMemory,
     start: int,
     stop: int,
     cache: VoteCache | None,

@@ -1,8 +1,9 @@
 """The neighbour vote's memory (xc/neighbour_vote.py) whole on the host: the training rows
 that vote, as their unit embeddings and labels, and the search for a query's nearest rows
 among them. The Predictor reads the exported memory so; a training run keeps its memory
-split over the devices that encoded it (mesh_memory.py) and gathers it here only for a
-ScaNN search, or where the devices have no room for it.
+split over the devices that encoded it (mesh_memory.py), or over the processes' hosts where
+the devices have no room for it (process_memory.py), and gathers it here only for a ScaNN
+search.
 
 The search is exact by default, in (query block x key block) tiles on the device with a
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
@@ -46,6 +47,32 @@ class IndexStore(Protocol):
     """The index kept for rows of `shape` built with `params`, else `build()`'s, kept."""
 
 
+class VoteMemory(Protocol):
+  """The memory rows the vote reads, wherever they live: whole on the host (`Memory`), split
+  over the devices (mesh_memory.MeshMemory) or over the processes' hosts
+  (process_memory.ProcessMemory)."""
+
+  labels: SparseRows
+
+  @property
+  def num_rows(self) -> int:
+    """The rows that vote."""
+
+  @property
+  def dim(self) -> int:
+    """The keys' width d."""
+
+  def head(self, n: int) -> VoteMemory:
+    """The memory of its first n rows."""
+
+  def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
+    """The votes of the rows of an encoded block this process's devices hold; every process
+    calls it for each block."""
+
+  def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(memory rows, their keys) this process writes on export."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
   """The training rows that vote: their unit-norm embeddings and their labels.
@@ -72,6 +99,10 @@ class Memory:
   @property
   def num_rows(self) -> int:
     return len(self.keys)
+
+  @property
+  def dim(self) -> int:
+    return self.keys.shape[1]
 
   def head(self, n: int) -> Memory:
     """The memory of its first n rows (a view of the keys)."""

@@ -72,6 +72,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # scann, whose queries score about neighbour_search_rows rows each.
   c.scoring.neighbour_search = "auto"
   c.scoring.neighbour_search_rows = memory_search.SCANN_ROWS_PER_QUERY
+  # Where the memory's keys live after training (ann/memory_search.LAYOUTS): auto (split over
+  # the devices where a device's share takes at most half its free memory, else over the
+  # processes' hosts), devices, or hosts.
+  c.scoring.neighbour_memory = "auto"
   # Candidates for neighbour_weight, chosen after label_text_weight, as it is.
   c.scoring.neighbour_weight_choices = ()
 
@@ -108,6 +112,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     sc.neighbour_search in memory_search.SEARCHES,
     "scoring.neighbour_search",
     f"use one of {', '.join(memory_search.SEARCHES)}, got {sc.neighbour_search!r}",
+  )
+  require(
+    sc.neighbour_memory in memory_search.LAYOUTS,
+    "scoring.neighbour_memory",
+    f"use one of {', '.join(memory_search.LAYOUTS)}, got {sc.neighbour_memory!r}",
   )
   require(
     sc.neighbour_search_rows >= 1,

@@ -17,8 +17,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from astra_jax.ann import memory_search, mesh_memory, sharded_topk
-from astra_jax.ann.vote_memory import Memory, nearest
+from astra_jax.ann import memory_search, mesh_memory, process_memory, sharded_topk
+from astra_jax.ann.vote_memory import Memory, VoteMemory, nearest, searches_with_scann
 from astra_jax.data import dataset
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import knn, metrics
@@ -134,7 +134,7 @@ class ModelEvaluator:
   inv_prop: np.ndarray | None
   ks: tuple[int, ...]
   batch_size: int
-  memory: Memory | mesh_memory.MeshMemory | None = None
+  memory: VoteMemory | None = None
   vote_cache: sharded_topk.VoteCache | None = None
 
   @classmethod
@@ -148,7 +148,7 @@ class ModelEvaluator:
     inv_prop: np.ndarray | None,
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
-    memory: Memory | mesh_memory.MeshMemory | None = None,
+    memory: VoteMemory | None = None,
     vote_cache: sharded_topk.VoteCache | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
@@ -228,26 +228,41 @@ def vote_memory(
   sources: list[mesh_memory.MemorySource],
   labels: SparseRows,
   config,
-) -> mesh_memory.MeshMemory | Memory:
+) -> VoteMemory:
   """The neighbour vote's memory of `sources`' rows, one after another, and their `labels`,
-  under `params`' encoder, encoded over `mesh`'s devices: left on them (ann/mesh_memory.py)
-  where their share fits every device's free memory (memory_search.fits_devices), else
-  gathered onto the host of every process (ann/vote_memory.Memory), each process's exact
-  search streaming it to one device a key block at a time."""
-  enc, bs = params["encoder"], config.eval.batch_size
+  under `params`' encoder, encoded over `mesh`'s devices: gathered whole onto every process
+  where the vote searches it through a ScaNN index (ann/vote_memory.Memory: the index is
+  built over every row), else left where `scoring.neighbour_memory` says
+  (memory_search.LAYOUTS): on the devices (ann/mesh_memory.py), by default where their share
+  fits every device's free memory, else each process's rows on its host
+  (ann/process_memory.py)."""
+  enc, bs, sc = params["encoder"], config.eval.batch_size, config.scoring
   rows, d, devices = labels.num_rows, params["classifier"].shape[1], mesh.devices.size
-  room = mesh_memory.device_room(mesh)
-  if distributed.all_true(memory_search.fits_devices(rows, d, devices, room)):
-    return mesh_memory.embed_memory(mesh, embed_fn, enc, sources, labels, bs)
-  logging.warning(
-    "neighbour vote: %d memory rows take %.2f GiB a device against %.2f GiB free: held on "
-    "the host of every process instead",
-    rows,
-    memory_search.device_share_bytes(rows, d, devices) / 2**30,
-    room / 2**30,
+  # The search's settings alone decide; the vote's weight may be chosen later.
+  search = neighbour_vote.NeighbourVote(
+    0.0,
+    int(sc.get("neighbours", 50)),
+    float(sc.get("neighbour_temperature", 0.1)),
+    search=sc.get("neighbour_search", "auto"),
+    search_rows=int(sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)),
   )
-  keys = [embed_on_mesh(mesh, embed_fn, enc, s.tokens, bs, s.rows) for s in sources]
-  return Memory.from_embeddings(np.concatenate(keys), labels)
+  if searches_with_scann(rows, search):
+    keys = [embed_on_mesh(mesh, embed_fn, enc, s.tokens, bs, s.rows) for s in sources]
+    return Memory.from_embeddings(np.concatenate(keys), labels)
+  layout = memory_search.LAYOUTS[sc.get("neighbour_memory", "auto")]
+  room = mesh_memory.device_room(mesh)
+  if distributed.all_true(layout.on_devices(rows, d, devices, room)):
+    return mesh_memory.embed_memory(mesh, embed_fn, enc, sources, labels, bs)
+  share = memory_search.device_share_bytes(rows, d, devices) / 2**30
+  logging.warning(
+    "neighbour vote: %d memory rows (%.2f GiB a device%s, scoring.neighbour_memory=%s): "
+    "held on the processes' hosts, each its own rows",
+    rows,
+    share,
+    "" if room is None else f" against {room / 2**30:.2f} GiB free",
+    layout.name,
+  )
+  return process_memory.embed_process_memory(mesh, embed_fn, enc, sources, labels, bs)
 
 
 # ----------------------------------------------------------------- training's evaluations
@@ -261,7 +276,7 @@ def evaluate_model(
   max_rows: int = 0,
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
-  memory: Memory | mesh_memory.MeshMemory | None = None,
+  memory: VoteMemory | None = None,
   vote_cache: sharded_topk.VoteCache | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by

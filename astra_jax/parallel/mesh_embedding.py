@@ -94,6 +94,16 @@ def held_rows(x: jax.Array, held: Sequence[int]) -> np.ndarray:
   return np.concatenate([np.asarray(s.data)[:n] for s, n in zip(shards, held)])
 
 
+def held_positions(x: jax.Array, held: Sequence[int]) -> np.ndarray:
+  """The rows of a block split over the devices that `held_rows` returns, as positions in
+  the block (int64, in the same order)."""
+  shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+  return np.concatenate(
+    [(s.index[0].start or 0) + np.arange(n, dtype=np.int64) for s, n in zip(shards, held)]
+    or [np.zeros(0, np.int64)]
+  )
+
+
 def embed_on_mesh(
   mesh: jax.sharding.Mesh,
   encode: EncodeFn,

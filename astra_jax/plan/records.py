@@ -77,7 +77,7 @@ class VoteSearchCost:
   memory_rows: int = 0
   test_rows: int = 0
   validation_rows: int = 0
-  on_devices: bool = True  # the keys split over every GPU, else whole on every host
+  on_devices: bool = True  # the keys split over every GPU, else over the processes' hosts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -118,11 +118,12 @@ def _vote_search_lines(v: VoteSearchCost, t: VoteTime | None) -> list[str]:
       f"    its index's build, memory rows x leaves x 2 d to assign them: {v.build_flop:.2e} flop",
     ]
   if t is not None:
-    whose = (
-      "the search (the memory split over the GPUs)"
-      if v.on_devices and not v.scann
-      else "each process's search (its share of the test and validation rows)"
-    )
+    if v.scann:
+      whose = "each process's search (its share of the test and validation rows)"
+    elif v.on_devices:
+      whose = "the search (the memory split over the GPUs)"
+    else:
+      whose = "each process's search (its share of the memory, every test and validation row)"
     lines += [
       f"    estimated: the memory's encoding over every GPU {t.encode_s / 3600:.2f} h; {whose}",
       f"      on {t.search_on} {t.search_s / 3600:.2f} h"

@@ -1,10 +1,10 @@
 """What a score beyond W costs after training: the label texts' embeddings
 (`scoring.label_text_weight`, xc/score_fusion.py), held by every process, and the neighbour
-vote's memory (`scoring.neighbour_weight`, xc/neighbour_vote.py): its keys split over every
-GPU (ann/mesh_memory.py) where a GPU's share fits beside the trained state
-(memory_search.fits_devices), else whole on the host of every process, and gathered there
-for a ScaNN search; its labels on every process; and the FLOP of the vote's search (exact,
-or through a ScaNN index: ann/memory_search.py).
+vote's memory (`scoring.neighbour_weight`, xc/neighbour_vote.py): its keys whole on every
+host for a ScaNN search, else split over every GPU (ann/mesh_memory.py) where a GPU's share
+fits beside the trained state (memory_search.LAYOUTS), else each process's share on its
+host (ann/process_memory.py); its labels on every process; and the FLOP of the vote's
+search (exact, or through a ScaNN index: ann/memory_search.py).
 
 Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
@@ -73,7 +73,7 @@ def score_extras(
   if _uses(config, "neighbour_weight"):
     n, d = num_train, q.d
     keys = Item(
-      f"vote memory: unit E(x) of {n:,} training rows (fp32), gathered for ScaNN",
+      f"vote memory: unit E(x) of {n:,} training rows (fp32), whole for ScaNN",
       n * d * 4,
       "N x d x 4",
     )
@@ -84,8 +84,16 @@ def score_extras(
       "(N + 1) x 8 + nnz x 4",
     )
     items.append(labels)
-    on_devices = memory_search.fits_devices(n, d, q.G, device_room)
-    if on_devices:  # each device its share of the keys and their memory rows (int32)
+    sc = config.scoring
+    search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
+    rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
+    scann = search_kind.uses_scann(n, rows, accelerator)
+    layout = memory_search.LAYOUTS[sc.get("neighbour_memory", "auto")]
+    # A ScaNN index is built over every row: the keys are gathered whole onto every process.
+    on_devices = not scann and layout.on_devices(n, d, q.G, device_room)
+    if scann:
+      items.append(keys)
+    elif on_devices:  # each device its share of the keys and their memory rows (int32)
       device.append(
         Item(
           f"vote memory: its {-(-n // q.G):,} keys of the {n:,} (fp32) and their row ids",
@@ -93,9 +101,15 @@ def score_extras(
           "N / G x (d x 4 + 4)",
         )
       )
-    else:
-      room = "on the host: no room on the GPUs"
-      items.append(dataclasses.replace(keys, name=keys.name.replace("gathered for ScaNN", room)))
+    else:  # each process its devices' share of the keys and their memory rows (int64)
+      items.append(
+        Item(
+          f"vote memory: the process's {-(-n // processes):,} keys (fp32) and row ids"
+          f"{' (no room on the GPUs)' if layout.name == 'auto' else ''}",
+          -(-n // processes) * (4 * d + 8),
+          "N / processes x (d x 4 + 8)",
+        )
+      )
     disk += [
       Item("export: vote_memory_keys.npy", keys.bytes, "N x d x 4"),
       Item("export: vote_memory.npz (their labels)", labels.bytes, "as in memory"),
@@ -113,17 +127,12 @@ def score_extras(
         )
       )
     queries = q.num_test + validation
-    sc = config.scoring
-    search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
-    rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)
-    if search_kind.uses_scann(n, rows, accelerator):
+    if scann:
       params = memory_search.scann_params(n, sc.get("neighbours", 50), rows)
       scored = index.rows_scored_per_query(n, params) + params.num_leaves
       # The index is built on the host from the keys gathered onto every process; ScaNN
       # keeps a float32 copy of the rows to re-rank with, 4-bit codes of each pair of
       # dimensions and each row's leaf.
-      if on_devices:
-        items.append(keys)
       items.append(
         Item(
           f"vote memory: its ScaNN index ({params.num_leaves:,} leaves)",

@@ -7,8 +7,9 @@
   exact   the test and validation rows against all memory rows, the memory split over
           every GPU of the run (ann/mesh_memory.py): 2 x queries x N x d flops over G GPUs
           at the GPU's matmul rate x DEVICE_SEARCH_EFFICIENCY (refresh_time.py); a memory
-          with no room on the GPUs is on every host, and each process searches for its
-          share of the queries on one of its GPUs;
+          with no room on the GPUs is split over the processes' hosts
+          (ann/process_memory.py), and each process searches its share of the rows for all
+          the queries on one of its GPUs;
   scann   the same queries on the process's share of the node's host cores, each scoring
           `rows_per_query` rows and leaf centres at the refresh index's measured rate per
           row score, plus two index builds (the choice's memory and the final one) at its
@@ -58,7 +59,8 @@ def vote_time(
   if not search.scann:
     rate = rates.matmul_flops * refresh_time.DEVICE_SEARCH_EFFICIENCY
     if not search.on_devices:
-      flops = 2.0 * queries * search.memory_rows * q.d
+      share = -(-search.memory_rows // processes)
+      flops = 2.0 * (search.test_rows + search.validation_rows) * share * q.d
       return VoteTime(encode_s, flops / rate, 0.0, "one GPU of each process")
     flops = 2.0 * (search.test_rows + search.validation_rows) * search.memory_rows * q.d
     return VoteTime(encode_s, flops / (q.G * rate), 0.0, f"all {q.G} GPUs")

@@ -37,8 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from astra_jax.ann.mesh_memory import MeshMemory
-from astra_jax.ann.vote_memory import Memory
+from astra_jax.ann.vote_memory import Memory, VoteMemory
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.label_subset import sample_labels
 from astra_jax.data.sparse_rows import SparseRows
@@ -263,7 +262,7 @@ def write_classifier_rows(classifier, num_labels: int, path: str) -> None:
   distributed.barrier("export: classifier rows written")
 
 
-def write_memory_keys(memory: MeshMemory | Memory, path: str) -> None:
+def write_memory_keys(memory: VoteMemory, path: str) -> None:
   """The vote memory's keys as a float32 (N, d) .npy at `path`, in row order, each process
   writing the rows its devices hold: the keys are never gathered onto one host (a memory
   already whole on every host: process 0 writes it). Every process calls it (on a file
@@ -274,7 +273,7 @@ def write_memory_keys(memory: MeshMemory | Memory, path: str) -> None:
     path: the .npy to write (replaced).
   """
   if distributed.is_leader():
-    shape = (memory.num_rows, memory.keys.shape[-1])
+    shape = (memory.num_rows, memory.dim)
     np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape).flush()
   distributed.barrier("export: vote memory keys file created")
   out = np.load(path, mmap_mode="r+")
@@ -292,7 +291,7 @@ def save_trained_model(
   params: dict,
   data: dataset.XCData,
   metrics: dict | None = None,
-  memory: MeshMemory | Memory | None = None,
+  memory: VoteMemory | None = None,
 ) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
   tokenizer and label texts of its dataset, and the neighbour vote's `memory` when the

@@ -14,9 +14,9 @@ import functools
 
 import numpy as np
 
-from astra_jax.ann.mesh_memory import MemorySource, MeshMemory
+from astra_jax.ann.mesh_memory import MemorySource
 from astra_jax.ann.sharded_topk import VoteCache
-from astra_jax.ann.vote_memory import Memory
+from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.evaluation import ranking
 from astra_jax.training.trainer import Trainer
 
@@ -25,15 +25,16 @@ from astra_jax.training.trainer import Trainer
 class VoteMemories:
   """Attributes:
   final: the training rows, then the validation rows: what the test split and the export
-    read; split over the mesh's devices (ann/mesh_memory.py), or on the host of every
-    process where the devices have no room for it (evaluation/ranking.vote_memory).
+    read; split over the mesh's devices (ann/mesh_memory.py), or over the processes'
+    hosts where the devices have no room for it (ann/process_memory.py,
+    evaluation/ranking.vote_memory).
   train_rows: how many of its rows are the original training rows.
   validation_cache: each process's votes from `choice` for the validation rows it ranks,
     taken by the first evaluation of them and read by the next (the same for every weight:
     the choice's candidates and the validation split's evaluation share them).
   """
 
-  final: MeshMemory | Memory
+  final: VoteMemory
   train_rows: int
   validation_cache: VoteCache = dataclasses.field(default_factory=VoteCache)
 
@@ -42,7 +43,7 @@ class VoteMemories:
     return self.final.num_rows > self.train_rows
 
   @functools.cached_property
-  def choice(self) -> MeshMemory | Memory:
+  def choice(self) -> VoteMemory:
     """The original training rows (what the choice and the validation split read): the
     same keys, the validation rows left out."""
     return self.final.head(self.train_rows)

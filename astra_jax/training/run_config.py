@@ -31,6 +31,7 @@ FREE_KEYS = (
   "train.hang_timeout_s",
   "negatives.refresh_threads",
   "negatives.on_refresh_failure",
+  "scoring.neighbour_memory",
 )
 
 
@@ -84,6 +85,7 @@ ADDED_KEYS = {
   "scoring.neighbour_temperature": 0.1,
   "scoring.neighbour_search": "auto",
   "scoring.neighbour_search_rows": 50_000,
+  "scoring.neighbour_memory": "auto",
   "scoring.neighbour_weight_choices": (),
   "optim.encoder_table_update": "dense",
 }

@@ -1,0 +1,229 @@
+"""The neighbour vote's memory on the hosts, each process holding the rows its devices
+encoded.
+
+Where a device has no room for its share of the memory (memory_search.fits_devices), the
+keys go to host RAM instead of the devices (mesh_memory.py keeps them there otherwise). Had
+every process gathered the whole memory, SS-20M's 146M x 64 float32 keys would take 35 GiB
+of every process's RAM; here each process keeps only the rows its own devices encoded, 1/P
+of them, as the mesh layout keeps 1/D on each device.
+
+A search (`ProcessMemory.own_votes`) gathers the block's queries (Q x d) onto every process,
+each process searches its own rows for all of them exactly (vote_memory.nearest, on its
+default device, its share streamed there a key block at a time), and the
+processes' candidates (Q x P k) are gathered and merged, each process keeping its own
+queries' best k. Only queries and candidates cross processes; the flops are split over the
+processes, one device each, as they were when each searched the whole memory for its own
+queries. Ties rank the lower memory row first, as the whole memory's search does.
+
+The labels of the memory rows stay on the host of every process (as in mesh_memory.py). A
+ScaNN search (memory_search.py) gathers the keys whole onto every process once (`host`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from astra_jax.ann.mesh_memory import EncodeFn, MemorySource
+from astra_jax.ann.vote_memory import (
+  Memory,
+  nearest,
+  neighbour_votes,
+  searches_with_scann,
+)
+from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.parallel import mesh_embedding
+from astra_jax.parallel.sharding import ALL
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
+from astra_jax.xc.score_fusion import unit_rows
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ProcessMemory:
+  """This process's rows of the memory, on its host, and every row's labels (module
+  docstring).
+
+  Attributes:
+    keys: (S, d) float32 unit E(x_j) of the rows this process's devices encoded.
+    rows: (S,) int64, their memory rows, ascending.
+    labels: the labels of all the memory's rows, on every process.
+    limit: only rows below it vote (`head`).
+  """
+
+  keys: np.ndarray
+  rows: np.ndarray
+  labels: SparseRows
+  limit: int
+
+  @property
+  def num_rows(self) -> int:
+    return self.limit
+
+  @property
+  def dim(self) -> int:
+    return self.keys.shape[-1]
+
+  def head(self, n: int) -> ProcessMemory:
+    """The memory of its first n rows (the same keys, the rest left out of every search)."""
+    if not 0 <= n <= self.labels.num_rows:
+      raise ValueError(f"{n} rows of a memory of {self.labels.num_rows}")
+    return dataclasses.replace(self, limit=n)
+
+  @functools.cached_property
+  def _held(self) -> int:
+    """How many of this process's rows lie below `limit` (its rows ascend)."""
+    return int(np.searchsorted(self.rows, self.limit))
+
+  def nearest(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's queries' k nearest memory rows by cosine, exactly; a collective of
+    every process, each passing the same queries.
+
+    Args:
+      queries: (Q, d) E(x) (normalised here), the same on every process.
+      k: neighbours per query.
+    Returns:
+      ((Q, k) int64 memory rows, -1 for none; (Q, k) float32 cosines, -inf for none), most
+      similar first (ties: the lower row first).
+    """
+    k, n = min(k, self.limit), len(queries)
+    ids, sims = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf, np.float32)
+    if self._held and n:
+      # Streamed from the host a key block at a time: the share is here because the
+      # devices have no room for it.
+      found, cos = nearest(queries, self.keys[: self._held], k)
+      ids[:, : found.shape[1]] = self.rows[found]
+      sims[:, : found.shape[1]] = cos
+    if jax.process_count() == 1:
+      return ids, sims
+    ids = np.asarray(multihost_utils.process_allgather(ids.astype(np.int32)), np.int64)
+    sims = np.asarray(multihost_utils.process_allgather(sims), np.float32)
+    return merge_candidates(ids, sims, k)
+
+  def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
+    """The votes of the rows of an encoded block this process's devices hold; a collective
+    (as mesh_memory.MeshMemory.own_votes).
+
+    Args:
+      queries: (Q, d) E(x) of the block, split over every device of the mesh.
+      held: for each of this process's shards of `queries`, in row order, its real rows.
+      vote: the vote's settings.
+    Returns:
+      Votes of the held rows, in their order.
+    """
+    if not self.num_rows:
+      n, slots = sum(held), vote.max_votes
+      return Votes(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
+    if searches_with_scann(self.num_rows, vote):
+      return self.host.own_votes(queries, held, vote)
+    ids, sims = self.nearest(_all_rows(queries), vote.neighbours)
+    mine = mesh_embedding.held_positions(queries, held)
+    return neighbour_votes(ids[mine], sims[mine], self.labels, vote)
+
+  def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(memory rows, their keys) of this process, rows below `limit` only: what the export
+    writes of its share (no collective)."""
+    return [(self.rows[: self._held], self.keys[: self._held])]
+
+  @functools.cached_property
+  def host(self) -> Memory:
+    """The memory's first `limit` rows whole on the host of every process (for a ScaNN
+    index over them); a collective, gathered on first use."""
+    keys, rows = self.keys[: self._held], self.rows[: self._held]
+    if jax.process_count() > 1:
+      counts = np.asarray(multihost_utils.process_allgather(np.int32(len(rows)))).reshape(-1)
+      most = int(counts.max())
+      keys = np.pad(keys, ((0, most - len(keys)), (0, 0)))
+      rows = np.pad(rows.astype(np.int32), (0, most - len(rows)), constant_values=-1)
+      keys = np.asarray(multihost_utils.process_allgather(keys)).reshape(-1, keys.shape[1])
+      rows = np.asarray(multihost_utils.process_allgather(rows)).reshape(-1)
+    kept = rows >= 0
+    out = np.empty((self.limit, self.keys.shape[1]), np.float32)
+    out[rows[kept]] = keys[kept]
+    return Memory(out, self.labels.head(self.limit))
+
+
+def merge_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+  """The best k of every process's candidates for the same queries.
+
+  Args:
+    ids: (P, Q, k') memory rows, -1 for none.
+    sims: (P, Q, k') their cosines, -inf for none.
+    k: neighbours to keep per query (at most P k').
+  Returns:
+    ((Q, k) ids, (Q, k) cosines), most similar first, ties ranking the lower row first.
+  """
+  ids = np.concatenate(list(ids), axis=1)
+  sims = np.concatenate(list(sims), axis=1)
+  # A missing candidate (-1) sorts after every row at the same -inf, so after all real ones.
+  rank = np.where(ids < 0, np.iinfo(np.int64).max, ids)
+  order = np.lexsort((rank, -sims), axis=-1)[:, :k]
+  return np.take_along_axis(ids, order, 1), np.take_along_axis(sims, order, 1)
+
+
+def _all_rows(x: jax.Array) -> np.ndarray:
+  """Every row of a block split over the devices, on every process."""
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def embed_process_memory(
+  mesh: jax.sharding.Mesh,
+  encode: EncodeFn,
+  enc_params,
+  sources: Sequence[MemorySource],
+  labels: SparseRows,
+  batch_size: int,
+) -> ProcessMemory:
+  """The memory of `sources`' rows (one after another) and their `labels`, each block of
+  rows encoded over every device of `mesh`, each process keeping its devices' rows on its
+  host.
+
+  Args:
+    mesh: the devices to encode on.
+    encode: the inference-mode encoder (embedding.make_embed_fn).
+    enc_params: its parameters, replicated on `mesh` (or a host copy in one process).
+    sources: the rows, in the memory's order.
+    labels: their labels, one row each, in the same order.
+    batch_size: rows per call, rounded up to the devices.
+  Returns:
+    The memory.
+  """
+  n = sum(len(s) for s in sources)
+  if n != labels.num_rows:
+    raise ValueError(f"{n} memory rows but {labels.num_rows} label rows")
+  q = mesh_embedding.block_rows(mesh, batch_size)
+  sharding = NamedSharding(mesh, P(ALL))
+  run = mesh_embedding.encoder(mesh, encode)
+  keys, rows, first, d = [], [], 0, 1
+  for source in sources:
+    for start in range(0, len(source), q):
+      stop = min(start + q, len(source))
+      ids = mesh_embedding.block_array(
+        sharding, source.tokens, start, stop, q, dtype=np.int32, rows=source.rows
+      )
+      emb = run(enc_params, ids)
+      d = emb.shape[1]
+      for shard in sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0):
+        a = start + (shard.index[0].start or 0)
+        real = max(0, min(stop - a, shard.data.shape[0]))
+        if real:
+          keys.append(unit_rows(np.asarray(shard.data)[:real]))
+          rows.append(first + a + np.arange(real, dtype=np.int64))
+    first += len(source)
+  keys = np.concatenate(keys) if keys else np.zeros((0, d), np.float32)
+  rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+  logging.info(
+    "neighbour vote: %d of the %d memory rows on this process's host (%.2f GiB)",
+    len(rows),
+    n,
+    keys.nbytes / 2**30,
+  )
+  return ProcessMemory(keys, rows, labels, n)
