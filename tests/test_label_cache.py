@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from astra_jax.data import label_cache, sparse_reader, synthetic, tokenize, xc_format
-from astra_jax.data.sparse_rows import SparseRows, WithLabelRows, XCFormatError
+from astra_jax.data import csr_files, label_cache, sparse_reader, synthetic, tokenize, xc_format
+from astra_jax.data.sparse_rows import SparseRows, StackedRows, WithLabelRows, XCFormatError
 from astra_jax.negatives import refresh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,6 +179,52 @@ def test_label_text_rows_are_an_identity_block():
   assert [rows.row(i).tolist() for i in range(7)] == [stacked.row(i).tolist() for i in range(7)]
 
 
+def test_stacked_rows_read_as_their_rows_one_after_another():
+  """StackedRows(first, second) against the same rows written out by hand."""
+  first = SparseRows.from_lists([[0, 2], [], [1, 2, 3]], 4)
+  second = SparseRows.from_lists([[3], [0, 1]], 4)
+  rows = StackedRows(first, second)
+  by_hand = SparseRows.from_lists([[0, 2], [], [1, 2, 3], [3], [0, 1]], 4)
+  assert rows.num_rows == 5 and rows.nnz == 8
+  np.testing.assert_array_equal(rows.to_dense(), by_hand.to_dense())
+  np.testing.assert_array_equal(rows.row_lengths(), [2, 0, 3, 1, 2])
+  pick = np.array([4, 0, 3, 1, 2, 4])
+  which, labels = rows.entries(pick)
+  np.testing.assert_array_equal(which, [0, 0, 1, 1, 2, 4, 4, 4, 5, 5])
+  np.testing.assert_array_equal(labels, [0, 1, 0, 2, 3, 1, 2, 3, 0, 1])
+  np.testing.assert_array_equal(rows.row_lengths(pick), [2, 2, 1, 0, 3, 2])
+  assert rows.head(3) is first and rows.head(5) is rows
+  np.testing.assert_array_equal(rows.head(4).to_dense(), by_hand.to_dense()[:4])
+  assert rows.parts() == [first, second]
+
+
+@pytest.mark.parametrize("block", [2, 3, 1 << 24])
+def test_label_rows_are_written_as_numpy_writes_them(tmp_path, monkeypatch, block):
+  """csr_files streams blocks of `block` elements of one or several parts (a head view and
+  the label-text identity among them): np.load reads the arrays np.savez and np.save write
+  of the same rows."""
+  monkeypatch.setattr(csr_files, "WRITE_BLOCK", block)
+  first = SparseRows.from_lists([[0, 2], [], [1, 2, 3]], 4)
+  second = SparseRows.from_lists([[3], [0, 1], [2]], 4)
+  by_hand = SparseRows.from_lists([[0, 2], [], [1, 2, 3], [3], [0, 1]], 4)
+  with_texts = SparseRows.from_lists([[0, 2], [], [1, 2, 3], [0], [1], [2], [3]], 4)
+  cases = [
+    (StackedRows(first, second).head(5), by_hand),
+    (first, first),
+    (WithLabelRows(first), with_texts),
+  ]
+  for i, (rows, want) in enumerate(cases):
+    npz, stem = str(tmp_path / f"rows{i}.npz"), str(tmp_path / f"rows{i}")
+    csr_files.save_npz(rows, npz)
+    paths = csr_files.save_npy(rows, stem)
+    with np.load(npz) as got:
+      assert sorted(got.files) == ["indices", "indptr"]
+      for name, array in (("indptr", want.indptr), ("indices", want.indices)):
+        for read in (got[name], np.load(paths[name], mmap_mode="r")):
+          assert read.dtype == array.dtype
+          np.testing.assert_array_equal(read, array)
+
+
 def test_refresh_worker_maps_the_label_cache(tmp_path):
   path = tmp_path / "trn_X_Y.txt"
   path.write_text("2 3\n0:1 2:1\n1:1\n")
@@ -189,9 +235,11 @@ def test_refresh_worker_maps_the_label_cache(tmp_path):
     loaded = refresh.load_labels(src)
     assert isinstance(loaded, type(labels))
     np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
+  # Rows in RAM (a validation split's): written beside the JSON and mapped, not loaded.
   in_ram = SparseRows.from_lists([[1], [0]], 2)
   for labels in (in_ram, WithLabelRows(in_ram)):
     loaded = refresh.load_labels(refresh.positives_source(labels, str(tmp_path)))
+    assert isinstance(loaded.indices, np.memmap) and loaded.values is None
     np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
 
 

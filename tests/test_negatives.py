@@ -325,12 +325,12 @@ def _job_inputs(tmp_path, epoch=3, k=8, backend="exact", fault=""):
   )
   np.save(tmp_path / "w.npy", w)
   np.save(tmp_path / "q.npy", q)
-  save_labels(str(tmp_path / "labels.npz"), labels)
+  save_labels(str(tmp_path / "labels.json"), labels)
   return RefreshJob(
     epoch,
     str(tmp_path / "w.npy"),
     str(tmp_path / "q.npy"),
-    str(tmp_path / "labels.npz"),
+    str(tmp_path / "labels.json"),
     str(tmp_path / f"out{epoch}.npy"),
     str(tmp_path / f"stats{epoch}.json"),
     k,
@@ -778,10 +778,13 @@ def test_negatives_recall_is_the_mined_negatives_against_brute_force(tmp_path, k
     order = [j for j in np.argsort(-scores[i], kind="stable") if j not in set(labels.row(i))]
     shares.append(len(set(order[: job.k]) & set(mined[i])) / job.k)
   assert stats["negatives_recall"] == pytest.approx(np.mean(shares), abs=1e-4)
-  # run here, synchronously: the peak it reports is this process's, up to now
+  # Run here, synchronously: the peak it reports is this process's, up to now. Linux raises
+  # its high-water mark lazily (pages freed by madvise before the mark caught up with them
+  # lower what a later read reports), so the earlier read may exceed a later one slightly.
   import resource
 
-  assert 0 < stats["peak_rss_bytes"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  later = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  assert 0 < stats["peak_rss_bytes"] <= 1.1 * later
   # 3 of 40 leaves (of ~80 in the grouped build: its rows are in two groups each)
   assert 0.2 < stats["negatives_recall"] < 1.0
   exact = run_job(

@@ -9,7 +9,7 @@ import pytest
 
 from astra_jax.ann import exact_topk, index as ann_index, memory_search, vote_memory
 from astra_jax.config import base as config_base
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import serve_index
 from astra_jax.xc import neighbour_vote
@@ -27,6 +27,19 @@ def test_label_votes_normalised_by_hand():
   votes = neighbour_vote.label_votes(neighbours, weights, labels, 3, normalise=True)
   # Query 0: label 2 = (0.5 + 0.25) / 1, label 1 = 0.5, labels 0 and 3 = 0.25 (0 first).
   # Query 1: labels 0 and 3 = 2 / 2 (the missing neighbours weigh nothing).
+  np.testing.assert_array_equal(votes.ids, [[2, 1, 0], [0, 3, -1]])
+  np.testing.assert_allclose(votes.values, [[0.75, 0.5, 0.25], [1.0, 1.0, 0.0]])
+
+
+def test_label_votes_read_stacked_rows_by_hand():
+  """The same rows as the hand case above, split into two blocks that are never copied
+  (the training rows, then the validation rows): the same votes."""
+  first = SparseRows.from_lists([[1, 2]], 5)
+  second = SparseRows.from_lists([[2], [0, 3]], 5)
+  labels = StackedRows(first, second)
+  neighbours = np.array([[0, 1, 2], [2, -1, -1]])
+  weights = np.array([[0.5, 0.25, 0.25], [2.0, 7.0, 7.0]])
+  votes = neighbour_vote.label_votes(neighbours, weights, labels, 3, normalise=True)
   np.testing.assert_array_equal(votes.ids, [[2, 1, 0], [0, 3, -1]])
   np.testing.assert_allclose(votes.values, [[0.75, 0.5, 0.25], [1.0, 1.0, 0.0]])
 

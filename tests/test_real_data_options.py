@@ -100,6 +100,10 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   # ranks by the mixed score over it, as numpy does.
   assert len(model.memory.keys) == 400
   np.testing.assert_allclose(model.memory.keys[:300], unit(keys), atol=1e-5)
+  np.testing.assert_array_equal(
+    model.memory.labels.to_dense(),
+    np.concatenate([data.train_labels.head(300).to_dense(), val.test_labels.to_dense()]),
+  )
   p = Predictor(model, index="scann")
   assert p.vote == neighbour_vote.NeighbourVote(a, 5, 0.2)
   texts = ["item 3 words", "another query text"]

@@ -14,8 +14,9 @@ a running top k over its own keys in tiles of bounded size, and the devices' can
 D k) are all-gathered and merged, each device keeping its own queries' best k. Only queries
 and candidates cross devices; the flops are split over every device of every process.
 
-The labels of the memory rows (SparseRows) stay on the host of every process: the votes are
-summed there (neighbour_vote.label_votes) from the neighbours' row ids. A search that takes
+The labels of the memory rows (views of the data's label rows) stay on the host of every
+process: the votes are summed there (neighbour_vote.label_votes) from the neighbours' row
+ids. A search that takes
 ScaNN (memory_search.py: on CPUs, for large memories) reads the keys whole on the host
 (`MeshMemory.host`, gathered once); the export writes each process's rows where they are
 (`own_rows`, serving/export.write_memory_keys).
@@ -35,7 +36,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk
 from astra_jax.ann.vote_memory import TILE_FLOATS, Memory, neighbour_votes, searches_with_scann
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
 from astra_jax.runtime import distributed
@@ -76,7 +77,7 @@ class MeshMemory:
   mesh: jax.sharding.Mesh
   keys: jax.Array
   rows: jax.Array
-  labels: SparseRows
+  labels: SparseRows | StackedRows
   limit: int
 
   @property
@@ -175,7 +176,7 @@ def embed_memory(
   encode: EncodeFn,
   enc_params,
   sources: Sequence[MemorySource],
-  labels: SparseRows,
+  labels: SparseRows | StackedRows,
   batch_size: int,
 ) -> MeshMemory:
   """The memory of `sources`' rows (one after another) and their `labels`, each block of

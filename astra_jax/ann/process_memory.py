@@ -38,7 +38,7 @@ from astra_jax.ann.vote_memory import (
   neighbour_votes,
   searches_with_scann,
 )
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
@@ -59,7 +59,7 @@ class ProcessMemory:
 
   keys: np.ndarray
   rows: np.ndarray
-  labels: SparseRows
+  labels: SparseRows | StackedRows
   limit: int
 
   @property
@@ -179,7 +179,7 @@ def embed_process_memory(
   encode: EncodeFn,
   enc_params,
   sources: Sequence[MemorySource],
-  labels: SparseRows,
+  labels: SparseRows | StackedRows,
   batch_size: int,
 ) -> ProcessMemory:
   """The memory of `sources`' rows (one after another) and their `labels`, each block of

@@ -27,7 +27,7 @@ import numpy as np
 from absl import logging
 
 from astra_jax.ann import index as ann_index, memory_search
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.runtime import cpu_budget, distributed
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, label_votes
@@ -52,7 +52,7 @@ class VoteMemory(Protocol):
   over the devices (mesh_memory.MeshMemory) or over the processes' hosts
   (process_memory.ProcessMemory)."""
 
-  labels: SparseRows
+  labels: SparseRows | StackedRows
 
   @property
   def num_rows(self) -> int:
@@ -85,7 +85,7 @@ class Memory:
   """
 
   keys: np.ndarray
-  labels: SparseRows
+  labels: SparseRows | StackedRows
   index_store: IndexStore | None = dataclasses.field(default=None, compare=False)
 
   def __post_init__(self):
@@ -93,7 +93,7 @@ class Memory:
       raise ValueError(f"{len(self.keys)} memory rows but {self.labels.num_rows} label rows")
 
   @classmethod
-  def from_embeddings(cls, embeddings: np.ndarray, labels: SparseRows) -> Memory:
+  def from_embeddings(cls, embeddings: np.ndarray, labels: SparseRows | StackedRows) -> Memory:
     return cls(unit_rows(embeddings), labels)
 
   @property
@@ -214,7 +214,7 @@ def searches_with_scann(rows: int, vote: NeighbourVote) -> bool:
 
 
 def neighbour_votes(
-  neighbours: np.ndarray, sims: np.ndarray, labels: SparseRows, vote: NeighbourVote
+  neighbours: np.ndarray, sims: np.ndarray, labels: SparseRows | StackedRows, vote: NeighbourVote
 ) -> Votes:
   """The vote of each query's neighbours (xc/neighbour_vote.py): weights
   exp((cos - best cos) / tau), normalised by their sum.

@@ -108,6 +108,10 @@ class SparseRows:
     vals = None if self.values is None else self.values[:end]
     return SparseRows(self.indptr[: n + 1], self.indices[:end], vals, self.num_cols)
 
+  def parts(self) -> list[SparseRows]:
+    """The blocks of rows this matrix is, in order (itself)."""
+    return [self]
+
   def to_dense(self) -> np.ndarray:
     dense = np.zeros((self.num_rows, self.num_cols), np.float32)
     rows = np.repeat(np.arange(self.num_rows), self.row_lengths())
@@ -206,9 +210,74 @@ class WithLabelRows:
   def to_dense(self) -> np.ndarray:
     return np.concatenate([self.base.to_dense(), np.eye(self.num_cols, dtype=np.float32)])
 
+  def parts(self) -> list[SparseRows]:
+    """The blocks of rows this matrix is, in order: the training rows, then the identity."""
+    L = self.num_cols
+    identity = SparseRows(np.arange(L + 1, dtype=np.int64), np.arange(L, dtype=np.int32), None, L)
+    return self.base.parts() + [identity]
+
   def stacked(self) -> SparseRows:
     """The rows as one SparseRows in RAM (a copy: for small matrices held in RAM anyway)."""
     L = self.num_cols
     return self.base.vstack(
       SparseRows(np.arange(L + 1, dtype=np.int64), np.arange(L, dtype=np.int32), None, L)
     )
+
+
+class StackedRows:
+  """The rows of `first`, then those of `second`, without copying either: the neighbour
+  vote's memory (the training rows, then the validation rows), whose labels the data
+  already holds. Offers the part of SparseRows' interface the vote and the export read.
+
+  Attributes:
+    first, second: the two blocks of rows (the same columns).
+  """
+
+  def __init__(self, first: SparseRows, second: SparseRows):
+    if first.num_cols != second.num_cols:
+      raise ValueError(f"column counts differ: {first.num_cols} vs {second.num_cols}")
+    self.first, self.second, self.num_cols = first, second, first.num_cols
+
+  @property
+  def num_rows(self) -> int:
+    return self.first.num_rows + self.second.num_rows
+
+  @property
+  def nnz(self) -> int:
+    return self.first.nnz + self.second.nnz
+
+  def row_lengths(self, rows: np.ndarray | None = None) -> np.ndarray:
+    if rows is None:
+      return np.concatenate([self.first.row_lengths(), self.second.row_lengths()])
+    rows = np.asarray(rows, np.int64)
+    low = rows < self.first.num_rows
+    out = np.empty(len(rows), np.int64)
+    out[low] = self.first.row_lengths(rows[low])
+    out[~low] = self.second.row_lengths(rows[~low] - self.first.num_rows)
+    return out
+
+  def entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (position in `rows`, label) pairs of the given rows, grouped by position."""
+    rows = np.asarray(rows, np.int64)
+    low = rows < self.first.num_rows
+    which = np.repeat(np.arange(len(rows), dtype=np.int64), self.row_lengths(rows))
+    labels = np.empty(len(which), np.int64)
+    from_first = low[which]
+    labels[from_first] = self.first.entries(rows[low])[1]
+    labels[~from_first] = self.second.entries(rows[~low] - self.first.num_rows)[1]
+    return which, labels
+
+  def head(self, n: int) -> SparseRows | StackedRows:
+    """The first n rows (views)."""
+    if n <= self.first.num_rows:
+      return self.first.head(n)
+    if n == self.num_rows:
+      return self
+    return StackedRows(self.first, self.second.head(n - self.first.num_rows))
+
+  def to_dense(self) -> np.ndarray:
+    return np.concatenate([self.first.to_dense(), self.second.to_dense()])
+
+  def parts(self) -> list[SparseRows]:
+    """The blocks of rows this matrix is, in order."""
+    return self.first.parts() + self.second.parts()

@@ -20,7 +20,7 @@ from absl import logging
 from astra_jax.ann import memory_search, mesh_memory, process_memory, sharded_topk
 from astra_jax.ann.vote_memory import Memory, VoteMemory, nearest, searches_with_scann
 from astra_jax.data import dataset
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.evaluation import knn, metrics
 from astra_jax.model.embedding import EmbedFn
 from astra_jax.parallel.mesh_embedding import embed_on_mesh
@@ -226,7 +226,7 @@ def vote_memory(
   embed_fn: EmbedFn,
   params: dict,
   sources: list[mesh_memory.MemorySource],
-  labels: SparseRows,
+  labels: SparseRows | StackedRows,
   config,
 ) -> VoteMemory:
   """The neighbour vote's memory of `sources`' rows, one after another, and their `labels`,

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from astra_jax.ann import index as index_lib
-from astra_jax.data import label_cache, rowsets
+from astra_jax.data import csr_files, label_cache, rowsets
 from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
 from astra_jax.negatives import mining
@@ -87,36 +87,42 @@ class RefreshJob:
 
 
 def positives_source(labels: SparseRows | WithLabelRows, directory: str) -> str:
-  """Where a worker reads the training positives: for rows memory-mapped from a label cache,
-  a small JSON naming the cache (the worker maps the same files: no copy, one page-cache
-  copy per node); for rows held only in RAM, an .npz of them. Returns its path."""
+  """Where a worker reads the training positives, a small JSON: for rows memory-mapped from
+  a label cache, naming the cache (the worker maps the same files: no copy, one page-cache
+  copy per node); for rows held only in RAM (a validation split's), naming .npy files of
+  them written beside it, which the worker maps. Returns its path."""
   base = labels.base if isinstance(labels, WithLabelRows) else labels
+  path = os.path.join(directory, "train_labels.json")
   if base.cache:
-    path = os.path.join(directory, "train_labels.json")
     with atomic_text_writer(path) as f:
       json.dump({"cache": base.cache, "label_rows": isinstance(labels, WithLabelRows)}, f)
   else:
-    path = os.path.join(directory, "train_labels.npz")
-    save_labels(path, labels.stacked() if isinstance(labels, WithLabelRows) else labels)
+    save_labels(path, labels)
   return path
 
 
-def save_labels(path: str, labels: SparseRows) -> None:
-  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npz"
-  np.savez(tmp, indptr=labels.indptr, indices=labels.indices, num_cols=labels.num_cols)
-  os.replace(tmp, path)
+def save_labels(path: str, labels: SparseRows | WithLabelRows) -> None:
+  """`labels` as .npy files beside `path` (written a block at a time, never copied whole)
+  and `path`, a JSON naming them."""
+  stem = path[: -len(".json")] if path.endswith(".json") else path
+  arrays = csr_files.save_npy(labels, stem)
+  with atomic_text_writer(path) as f:
+    json.dump({"arrays": arrays, "num_cols": labels.num_cols}, f)
 
 
 def load_labels(path: str) -> SparseRows | WithLabelRows:
-  """The positives `positives_source` wrote: a label cache (memory-mapped) or an .npz."""
-  if path.endswith(".json"):
-    with open(path) as f:
-      view = json.load(f)
+  """The positives `positives_source` or `save_labels` wrote, memory-mapped."""
+  with open(path) as f:
+    view = json.load(f)
+  if "cache" in view:
     rows = label_cache.open_cache(view["cache"])
     return WithLabelRows(rows) if view["label_rows"] else rows
-  z = np.load(path)
+  arrays = view["arrays"]
   return SparseRows(
-    z["indptr"], z["indices"], np.ones(len(z["indices"]), np.float32), int(z["num_cols"])
+    np.load(arrays["indptr"], mmap_mode="r"),
+    np.load(arrays["indices"], mmap_mode="r"),
+    None,
+    int(view["num_cols"]),
   )
 
 

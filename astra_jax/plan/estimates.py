@@ -64,7 +64,7 @@ def make_plan(
     The Plan."""
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
-  host = host_items(q)
+  host = host_items(q, config.data.get("validation_fraction", 0.0))
   devices = device_items(config, q)
   # What training leaves free on a GPU (its activations included: a conservative bound).
   room = int(GPUS[gpu] * USABLE_FRACTION) - sum(i.bytes for i in devices) if gpu in GPUS else None

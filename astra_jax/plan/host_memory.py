@@ -81,8 +81,14 @@ def _trainer_items(q: Quantities) -> list[Item]:
   ]
 
 
-def host_items(q: Quantities) -> HostItems:
-  """A refresh worker's, a training process's and a node's memory (module docstring)."""
+def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
+  """A refresh worker's, a training process's and a node's memory (module docstring).
+
+  Args:
+    q: the plan's quantities.
+    validation_fraction: `data.validation_fraction`: the split copies the training rows'
+      labels into RAM (data/validation.take_rows), the kept rows and the held-out ones.
+  """
   rows, T, Pn = q.rows, q.T, q.Pn
   notes = []
   worker = _worker_items(q)
@@ -104,6 +110,15 @@ def host_items(q: Quantities) -> HostItems:
       )
     )
     trainer.insert(0, label_cache)
+    if validation_fraction:
+      trainer.insert(
+        1,
+        Item(
+          f"its label rows copied by the validation split (~{q.nnz_file:,} pairs)",
+          (q.label_cache_bytes - q.L * 4) + 8,
+          "(N + 2) x 8 + nnz x 4",
+        ),
+      )
   else:
     notes.append(
       "the label matrix is not counted (labels per point unknown): its cache, "

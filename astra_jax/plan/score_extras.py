@@ -3,8 +3,9 @@
 vote's memory (`scoring.neighbour_weight`, xc/neighbour_vote.py): its keys whole on every
 host for a ScaNN search, else split over every GPU (ann/mesh_memory.py) where a GPU's share
 fits beside the trained state (memory_search.LAYOUTS), else each process's share on its
-host (ann/process_memory.py); its labels on every process; and the FLOP of the vote's
-search (exact, or through a ScaNN index: ann/memory_search.py).
+host (ann/process_memory.py); its labels, views of the data's label rows (no bytes beyond
+training's); and the FLOP of the vote's search (exact, or through a ScaNN index:
+ann/memory_search.py).
 
 Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
@@ -77,13 +78,14 @@ def score_extras(
       n * d * 4,
       "N x d x 4",
     )
+    # The memory's labels are views of the data's label rows (training, then validation):
+    # no bytes beyond training's; the export streams them to vote_memory.npz.
     nnz = int(n * q.lpp) if q.lpp else 0
     labels = Item(
       f"vote memory: their labels (CSR, ~{nnz:,} pairs)",
       (n + 1) * 8 + nnz * 4,
       "(N + 1) x 8 + nnz x 4",
     )
-    items.append(labels)
     sc = config.scoring
     search_kind = memory_search.SEARCHES[sc.get("neighbour_search", "auto")]
     rows = sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from astra_jax.ann.vote_memory import Memory, VoteMemory
-from astra_jax.data import dataset, xc_format
+from astra_jax.data import csr_files, dataset, xc_format
 from astra_jax.data.label_subset import sample_labels
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.model import architectures
@@ -190,11 +190,8 @@ def save_model(
         os.replace(memory_keys_file, keys_path)
       else:
         np.save(keys_path, np.asarray(memory.keys, np.float32))
-      np.savez(
-        os.path.join(tmp, VOTE_MEMORY_FILE),
-        indptr=np.asarray(memory.labels.indptr, np.int64),
-        indices=np.asarray(memory.labels.indices, np.int32),
-      )
+      # Streamed: the memory's labels are views of the data's, never copied whole.
+      csr_files.save_npz(memory.labels, os.path.join(tmp, VOTE_MEMORY_FILE))
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(train_config or {}, f, indent=1)
     meta = {

@@ -17,6 +17,7 @@ import numpy as np
 from astra_jax.ann.mesh_memory import MemorySource
 from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.ann.vote_memory import VoteMemory
+from astra_jax.data.sparse_rows import StackedRows
 from astra_jax.evaluation import ranking
 from astra_jax.training.trainer import Trainer
 
@@ -67,6 +68,6 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
   labels = p.data.train_labels.head(n)
   if p.eval_data is not p.data:  # without a validation split the test rows are never memory
     sources.append(MemorySource(p.eval_data.test_tokens))
-    labels = labels.vstack(p.eval_data.test_labels)
+    labels = StackedRows(labels, p.eval_data.test_labels)  # views: the data holds both
   memory = ranking.vote_memory(p.mesh, p.embed_fn, trainer.state.params, sources, labels, p.config)
   return VoteMemories(memory, n)

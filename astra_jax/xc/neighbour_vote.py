@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
 
 MAX_VOTES = 256  # labels a query's vote keeps, the most voted
 # Rows a ScaNN search of the memory scores per query, by default: ann/memory_search.py's
@@ -92,7 +92,7 @@ class Votes:
 def label_votes(
   neighbours: np.ndarray,
   weights: np.ndarray,
-  labels: SparseRows,
+  labels: SparseRows | StackedRows,
   top: int,
   normalise: bool = False,
 ) -> Votes:
@@ -112,14 +112,11 @@ def label_votes(
   q = np.repeat(np.arange(n), k)[valid.ravel()]
   nb = neighbours.ravel()[valid.ravel()]
   w = weights.ravel()[valid.ravel()].astype(np.float64)
-  counts = labels.indptr[nb + 1] - labels.indptr[nb]
-  starts = np.repeat(labels.indptr[nb], counts)
-  offsets = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-  ids = labels.indices[starts + offsets].astype(np.int64)
-  qs = np.repeat(q, counts)
+  which, ids = labels.entries(nb)
+  qs = q[which]
   # One score per (query, label) pair.
   keys, inverse = np.unique(qs * labels.num_cols + ids, return_inverse=True)
-  scores = np.bincount(inverse, weights=np.repeat(w, counts), minlength=len(keys))
+  scores = np.bincount(inverse, weights=w[which], minlength=len(keys))
   if normalise:
     total = np.bincount(q, weights=w, minlength=n)
     scores = scores / np.maximum(total[keys // labels.num_cols], 1e-30)
