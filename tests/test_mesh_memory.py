@@ -13,7 +13,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from vote_memory_problem import ENCODE, mesh_of, problem, unit
 
 from astra_jax.ann import index as ann_index, mesh_memory, vote_memory
-from astra_jax.ann.sharded_topk import ShardedSearch
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 from astra_jax.serving import export
@@ -39,29 +38,6 @@ def test_mesh_memory_finds_the_dense_nearest_rows(shape):
     np.testing.assert_array_equal(np.asarray(ids), want)
     np.testing.assert_allclose(np.asarray(sims), np.take_along_axis(cos, want, 1), atol=1e-5)
   np.testing.assert_allclose(memory.head(37).host.keys, unit(keys[:37]), atol=1e-6)
-
-
-@pytest.mark.parametrize("shape,lo", [((2, 2), 3), ((1, 4), 0), ((4, 1), 5)])
-def test_a_search_votes_from_the_mesh_memory_as_from_the_host_memory(shape, lo):
-  """The ranking of a voted search reading the mesh memory equals the one reading the same
-  rows whole on the host (vote_memory.Memory)."""
-  mesh = mesh_of(*shape)
-  table, sources, labels, _, rng = problem(seed=1, num_labels=30)
-  memory = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)
-  num_labels, n = 30, 23
-  w = np.zeros((sharding.padded_rows(num_labels, mesh), 8), np.float32)
-  w[:num_labels] = rng.normal(size=(num_labels, 8))
-  tokens = rng.integers(0, 64, size=(n, 3)).astype(np.int32)
-  vote = neighbour_vote.NeighbourVote(0.7, 5, 0.1, 8)
-  search = ShardedSearch(mesh, num_labels, 7, None, vote)
-  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), None)
-
-  def ranked(where):
-    found = search.search_rows(ENCODE, table, tokens, lo, n, 5, parts, 8, memory=where)
-    return np.concatenate([x for _, x in found])
-
-  for view in (memory, memory.head(37)):
-    np.testing.assert_array_equal(ranked(view), ranked(view.host))
 
 
 def test_an_empty_memory_votes_for_nothing():

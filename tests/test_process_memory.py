@@ -74,10 +74,10 @@ def test_the_processes_candidates_merge_to_one_search_over_all_rows():
   assert (few_ids[:, 3:] == -1).all() and np.isneginf(few_sims[:, 3:]).all()
 
 
-@pytest.mark.parametrize("shape,lo", [((2, 2), 3), ((1, 4), 0)])
-def test_a_search_votes_from_the_process_memory_as_from_the_host_memory(shape, lo):
-  """The ranking of a voted search reading the processes' shares equals the one reading the
-  same rows whole on the host (vote_memory.Memory), and the one reading the mesh memory."""
+@pytest.mark.parametrize("shape,lo", [((2, 2), 3), ((1, 4), 0), ((4, 1), 5)])
+def test_a_search_votes_from_either_layout_as_from_the_host_memory(shape, lo):
+  """The ranking of a voted search reading the processes' shares, and the one reading the
+  mesh memory, equal the one reading the same rows whole on the host (vote_memory.Memory)."""
   mesh, table, memory, _, rng = _memory(shape, seed=1, num_labels=30)
   _, sources, labels, _, _ = problem(seed=1, num_labels=30)
   on_mesh = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)

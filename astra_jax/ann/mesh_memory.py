@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,13 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk
-from astra_jax.ann.vote_memory import TILE_FLOATS, Memory, neighbour_votes, searches_with_scann
+from astra_jax.ann.vote_memory import (
+  TILE_FLOATS,
+  FirstRows,
+  Memory,
+  neighbour_votes,
+  searches_with_scann,
+)
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
@@ -62,7 +68,7 @@ class MemorySource:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class MeshMemory:
+class MeshMemory(FirstRows):
   """The memory's unit keys split over the mesh's devices, and its rows' labels (module
   docstring).
 
@@ -79,20 +85,6 @@ class MeshMemory:
   rows: jax.Array
   labels: SparseRows | StackedRows
   limit: int
-
-  @property
-  def num_rows(self) -> int:
-    return self.limit
-
-  @property
-  def dim(self) -> int:
-    return self.keys.shape[-1]
-
-  def head(self, n: int) -> MeshMemory:
-    """The memory of its first n rows (the same keys on the devices, the rest masked)."""
-    if not 0 <= n <= self.labels.num_rows:
-      raise ValueError(f"{n} rows of a memory of {self.labels.num_rows}")
-    return dataclasses.replace(self, limit=n)
 
   def nearest(self, queries: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """Each query's k nearest memory rows by cosine, exactly; a collective of every process.
@@ -122,8 +114,7 @@ class MeshMemory:
       Votes of the held rows, in their order.
     """
     if not self.num_rows:
-      n, slots = sum(held), vote.max_votes
-      return Votes(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
+      return Votes.none(sum(held), vote.max_votes)
     if searches_with_scann(self.num_rows, vote):  # on the host, the keys gathered once
       return self.host.own_votes(queries, held, vote)
     sims, ids = self.nearest(queries, min(vote.neighbours, self.num_rows))
@@ -192,32 +183,59 @@ def embed_memory(
   Returns:
     The memory.
   """
-  n = sum(len(s) for s in sources)
-  if n != labels.num_rows:
-    raise ValueError(f"{n} memory rows but {labels.num_rows} label rows")
+  n = check_rows(sources, labels)
   q = mesh_embedding.block_rows(mesh, batch_size)
   devices = mesh.devices.size
   slots = sum(-(-len(s) // q) for s in sources) * (q // devices)
+  keys = rows = None
+  at = 0
+  for first, real, emb in encoded_blocks(mesh, encode, enc_params, sources, batch_size):
+    if keys is None:
+      keys, rows = _empty(mesh, devices, slots, emb.shape[1])
+    keys, rows = _place(mesh)(keys, rows, emb, first, real, at)
+    at += q // devices
+  if keys is None:  # no rows: an empty memory of width 1
+    keys, rows = _empty(mesh, devices, 0, 1)
+  logging.info("neighbour vote: %d memory rows over %d devices", n, devices)
+  return MeshMemory(mesh, keys, rows, labels, n)
+
+
+def encoded_blocks(
+  mesh: jax.sharding.Mesh,
+  encode: EncodeFn,
+  enc_params,
+  sources: Sequence[MemorySource],
+  batch_size: int,
+) -> Iterator[tuple[int, int, jax.Array]]:
+  """Each block of `sources`' rows (one source after another) encoded over every device of
+  `mesh`, each process reading only its devices' token rows.
+
+  Args:
+    mesh, encode, enc_params, sources, batch_size: as embed_memory's.
+  Yields:
+    (the block's first memory row, its real rows, its (q, d) embeddings split over every
+    device; rows past the real ones pad the last block of a source).
+  """
+  q = mesh_embedding.block_rows(mesh, batch_size)
   sharding = NamedSharding(mesh, P(ALL))
   run = mesh_embedding.encoder(mesh, encode)
-  keys = rows = None
-  at = first = 0
+  first = 0
   for source in sources:
     for start in range(0, len(source), q):
       stop = min(start + q, len(source))
       ids = mesh_embedding.block_array(
         sharding, source.tokens, start, stop, q, dtype=np.int32, rows=source.rows
       )
-      emb = run(enc_params, ids)
-      if keys is None:
-        keys, rows = _empty(mesh, devices, slots, emb.shape[1])
-      keys, rows = _place(mesh)(keys, rows, emb, first + start, stop - start, at)
-      at += q // devices
+      yield first + start, stop - start, run(enc_params, ids)
     first += len(source)
-  if keys is None:  # no rows: an empty memory of width 1
-    keys, rows = _empty(mesh, devices, 0, 1)
-  logging.info("neighbour vote: %d memory rows over %d devices", n, devices)
-  return MeshMemory(mesh, keys, rows, labels, n)
+
+
+def check_rows(sources: Sequence[MemorySource], labels: SparseRows | StackedRows) -> int:
+  """The memory's rows, which must be its labels' rows."""
+  n = sum(len(s) for s in sources)
+  if n != labels.num_rows:
+    raise ValueError(f"{n} memory rows but {labels.num_rows} label rows")
+  return n
 
 
 def _empty(mesh: jax.sharding.Mesh, devices: int, slots: int, d: int):

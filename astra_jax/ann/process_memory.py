@@ -29,10 +29,11 @@ import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.ann import mesh_memory
 from astra_jax.ann.mesh_memory import EncodeFn, MemorySource
 from astra_jax.ann.vote_memory import (
+  FirstRows,
   Memory,
   nearest,
   neighbour_votes,
@@ -40,13 +41,12 @@ from astra_jax.ann.vote_memory import (
 )
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
-from astra_jax.parallel.sharding import ALL
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
 from astra_jax.xc.score_fusion import unit_rows
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class ProcessMemory:
+class ProcessMemory(FirstRows):
   """This process's rows of the memory, on its host, and every row's labels (module
   docstring).
 
@@ -61,20 +61,6 @@ class ProcessMemory:
   rows: np.ndarray
   labels: SparseRows | StackedRows
   limit: int
-
-  @property
-  def num_rows(self) -> int:
-    return self.limit
-
-  @property
-  def dim(self) -> int:
-    return self.keys.shape[-1]
-
-  def head(self, n: int) -> ProcessMemory:
-    """The memory of its first n rows (the same keys, the rest left out of every search)."""
-    if not 0 <= n <= self.labels.num_rows:
-      raise ValueError(f"{n} rows of a memory of {self.labels.num_rows}")
-    return dataclasses.replace(self, limit=n)
 
   @functools.cached_property
   def _held(self) -> int:
@@ -118,8 +104,7 @@ class ProcessMemory:
       Votes of the held rows, in their order.
     """
     if not self.num_rows:
-      n, slots = sum(held), vote.max_votes
-      return Votes(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
+      return Votes.none(sum(held), vote.max_votes)
     if searches_with_scann(self.num_rows, vote):
       return self.host.own_votes(queries, held, vote)
     ids, sims = self.nearest(_all_rows(queries), vote.neighbours)
@@ -196,28 +181,16 @@ def embed_process_memory(
   Returns:
     The memory.
   """
-  n = sum(len(s) for s in sources)
-  if n != labels.num_rows:
-    raise ValueError(f"{n} memory rows but {labels.num_rows} label rows")
-  q = mesh_embedding.block_rows(mesh, batch_size)
-  sharding = NamedSharding(mesh, P(ALL))
-  run = mesh_embedding.encoder(mesh, encode)
-  keys, rows, first, d = [], [], 0, 1
-  for source in sources:
-    for start in range(0, len(source), q):
-      stop = min(start + q, len(source))
-      ids = mesh_embedding.block_array(
-        sharding, source.tokens, start, stop, q, dtype=np.int32, rows=source.rows
-      )
-      emb = run(enc_params, ids)
-      d = emb.shape[1]
-      for shard in sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0):
-        a = start + (shard.index[0].start or 0)
-        real = max(0, min(stop - a, shard.data.shape[0]))
-        if real:
-          keys.append(unit_rows(np.asarray(shard.data)[:real]))
-          rows.append(first + a + np.arange(real, dtype=np.int64))
-    first += len(source)
+  n = mesh_memory.check_rows(sources, labels)
+  keys, rows, d = [], [], 1
+  for first, real, emb in mesh_memory.encoded_blocks(mesh, encode, enc_params, sources, batch_size):
+    d = emb.shape[1]
+    for shard in sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0):
+      at = shard.index[0].start or 0
+      held = max(0, min(real - at, shard.data.shape[0]))
+      if held:
+        keys.append(unit_rows(np.asarray(shard.data)[:held]))
+        rows.append(first + at + np.arange(held, dtype=np.int64))
   keys = np.concatenate(keys) if keys else np.zeros((0, d), np.float32)
   rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
   logging.info(

@@ -73,6 +73,26 @@ class VoteMemory(Protocol):
     """(memory rows, their keys) this process writes on export."""
 
 
+class FirstRows:
+  """What a memory whose first `limit` rows vote shares, however its keys are laid out
+  (mesh_memory.MeshMemory, process_memory.ProcessMemory): a frozen dataclass with `keys`
+  (..., d), `labels` of all its rows and `limit`."""
+
+  @property
+  def num_rows(self) -> int:
+    return self.limit
+
+  @property
+  def dim(self) -> int:
+    return self.keys.shape[-1]
+
+  def head(self, n: int):
+    """The memory of its first n rows (the same keys, the rest left out of every search)."""
+    if not 0 <= n <= self.labels.num_rows:
+      raise ValueError(f"{n} rows of a memory of {self.labels.num_rows}")
+    return dataclasses.replace(self, limit=n)
+
+
 @dataclasses.dataclass(frozen=True)
 class Memory:
   """The training rows that vote: their unit-norm embeddings and their labels.

@@ -79,6 +79,11 @@ class Votes:
   ids: np.ndarray
   values: np.ndarray
 
+  @classmethod
+  def none(cls, n: int, slots: int) -> Votes:
+    """n queries that vote for nothing."""
+    return cls(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
+
   def padded(self, lo: int, hi: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, values) of rows [lo, hi) padded to `rows` rows that vote for nothing (a
     kernel's fixed query block)."""
