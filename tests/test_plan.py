@@ -580,6 +580,11 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   # vote; each of the 8 processes (one a GPU) keeps those of the 63 it ranks.
   assert p.node["processes_per_node"] == 8
   assert by_name(p.score_items, "its validation rows' votes") == 63 * 256 * 8
+  # ... in the process's vote_cache/, memory-mapped: on disk until the run ends.
+  assert [i.paged for i in p.score_items if i.name.startswith("its validation rows' votes")] == [
+    True
+  ]
+  assert by_name(p.disk_items, "vote_cache/ of the 8 process(es)") == 8 * 63 * 256 * 8
   from astra_jax.plan import refresh_time
   from astra_jax.plan.records import VoteSearchCost
   from astra_jax.plan.score_extras import VOTE_SLOTS

@@ -99,6 +99,7 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   # The exported memory holds the training rows, then the 100 validation rows; a Predictor
   # ranks by the mixed score over it, as numpy does.
   assert len(model.memory.keys) == 400
+  assert not (tmp_path / "wd" / "vote_cache").exists()  # the validation votes, once read
   np.testing.assert_allclose(model.memory.keys[:300], unit(keys), atol=1e-5)
   np.testing.assert_array_equal(
     model.memory.labels.to_dense(),

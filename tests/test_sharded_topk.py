@@ -150,9 +150,11 @@ def test_votes_from_a_memory_equal_the_votes_taken_beforehand(shape, lo, batch_s
     ranked()
 
 
-def test_a_vote_cache_searches_the_memory_once_for_every_weight(monkeypatch):
-  """Two searches of the same rows with weights 0.7 and 0.2 through one VoteCache: the
-  memory is searched by the first only, and each ranking is the uncached one's."""
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_vote_cache_searches_the_memory_once_for_every_weight(monkeypatch, tmp_path, on_disk):
+  """Two searches of the same rows with weights 0.7 and 0.2 through one VoteCache, in RAM
+  or in a directory: the memory is searched by the first only, and each ranking is the
+  uncached one's; clearing it removes its files."""
   mesh = _mesh(2, 2)
   num_labels, n = 30, 23
   table, tokens, w = _problem(num_labels, num_labels, n=n)
@@ -178,12 +180,16 @@ def test_a_vote_cache_searches_the_memory_once_for_every_weight(monkeypatch):
     found = search.search_rows(ENCODE, table, tokens, 2, n, 5, parts, 8, None, memory, cache)
     return np.concatenate([x for _, x in found])
 
-  cache = VoteCache()
+  cache = VoteCache(str(tmp_path / "votes") if on_disk else None)
   for weight in (0.7, 0.2):
     uncached = ranked(weight, None)
     before = len(calls)
     np.testing.assert_array_equal(ranked(weight, cache), uncached)
     assert len(calls) == before + (3 if weight == 0.7 else 0)  # 3 blocks of 8 rows: 2 to 23
+  kept = list(cache.blocks.values())
+  assert len(kept) == 3 and all(isinstance(v.ids, np.memmap) == on_disk for v in kept)
+  cache.clear()
+  assert not cache.blocks and not (tmp_path / "votes").exists()
 
 
 def _all_gather_sizes(hlo: str) -> list[int]:

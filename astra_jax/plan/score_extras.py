@@ -119,13 +119,22 @@ def score_extras(
     validation = round(config.data.get("validation_fraction", 0.0) * n)
     if validation:
       # Each process's share, taken by the choice's first candidate and kept for the others
-      # (training/neighbour_memory.py).
+      # in the process's vote_cache/ (training/neighbour_memory.py), read back
+      # memory-mapped, removed once the validation split's evaluation has read it.
       own = -(-validation // processes)
-      items.append(
+      cache = Item(
+        f"its validation rows' votes ({own:,} x {VOTE_SLOTS} ids + values)",
+        own * VOTE_SLOTS * 8,
+        "N_val / processes x max_votes x (4 + 4)",
+        paged=True,
+      )
+      items.append(cache)
+      disk.append(
         Item(
-          f"its validation rows' votes ({own:,} x {VOTE_SLOTS} ids + values)",
-          own * VOTE_SLOTS * 8,
-          "N_val / processes x max_votes x (4 + 4)",
+          f"vote_cache/ of the {processes} process(es) until the run ends (the validation "
+          "rows' votes)",
+          processes * cache.bytes,
+          "processes x N_val / processes x max_votes x (4 + 4)",
         )
       )
     queries = q.num_test + validation

@@ -66,6 +66,14 @@ def is_leader() -> bool:
   return jax.process_index() == 0
 
 
+def process_dir(workdir: str) -> str:
+  """Where this process keeps files of its own: the workdir itself in a one-process run,
+  else WORKDIR/process<i>."""
+  if jax.process_count() == 1:
+    return workdir
+  return os.path.join(workdir, f"process{jax.process_index()}")
+
+
 def barrier(name: str) -> None:
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices(name)

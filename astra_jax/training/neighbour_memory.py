@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import numpy as np
 
@@ -19,7 +20,11 @@ from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.data.sparse_rows import StackedRows
 from astra_jax.evaluation import ranking
+from astra_jax.runtime import distributed
 from astra_jax.training.trainer import Trainer
+
+# The validation rows' votes, in each process's directory until the last evaluation of them.
+VOTE_CACHE_DIR = "vote_cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +37,9 @@ class VoteMemories:
   train_rows: how many of its rows are the original training rows.
   validation_cache: each process's votes from `choice` for the validation rows it ranks,
     taken by the first evaluation of them and read by the next (the same for every weight:
-    the choice's candidates and the validation split's evaluation share them).
+    the choice's candidates and the validation split's evaluation share them); written to
+    the process's directory (`vote_cache/`) and removed once the last evaluation has read
+    them (results.evaluate_and_export).
   """
 
   final: VoteMemory
@@ -70,4 +77,6 @@ def vote_memories(trainer: Trainer) -> VoteMemories | None:
     sources.append(MemorySource(p.eval_data.test_tokens))
     labels = StackedRows(labels, p.eval_data.test_labels)  # views: the data holds both
   memory = ranking.vote_memory(p.mesh, p.embed_fn, trainer.state.params, sources, labels, p.config)
-  return VoteMemories(memory, n)
+  cache = VoteCache(os.path.join(distributed.process_dir(p.workdir), VOTE_CACHE_DIR))
+  cache.clear()  # a crashed run's blocks
+  return VoteMemories(memory, n, cache)

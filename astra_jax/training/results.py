@@ -94,6 +94,8 @@ def evaluate_and_export(
     )
     val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
     trainer.record_eval(config.train.epochs, "validation", val)
+  if memories is not None:  # the validation rows' votes are read for the last time above
+    memories.validation_cache.clear()
   trainer.record_eval(config.train.epochs, "test", final)
   return final, ann, phase_spans
 

@@ -217,7 +217,7 @@ def make_hard_negatives(
   bounds = data_group_bounds(data.train_labels.num_rows, mesh.shape["data"])
   return HardNegatives(
     schedule,
-    workdir if jax.process_count() == 1 else os.path.join(workdir, f"process{jax.process_index()}"),
+    distributed.process_dir(workdir),
     data.train_labels,
     dim,
     index=IndexKnobs.from_config(nc.index),
