@@ -179,14 +179,15 @@ def test_four_processes_vote_from_their_shares_of_the_memory(tmp_path):
     rows: Memory(unit(keys[:rows]).astype(np.float32), labels.head(rows)).votes(queries, VOTE)
     for rows in (48, 37)
   }
+  flipped = Memory(unit(keys).astype(np.float32), labels).votes(queries[::-1], VOTE)
   positions, host_rows = [], []
   for i in range(NUM_PROCESSES):
     got = np.load(tmp_path / f"process{i}.npz")
     positions.append(got["positions"])
     host_rows.append(got["host_rows"])
     for layout in ("hosts", "devices"):
-      for name, rows in (("all", 48), ("head", 37)):
-        want = dense[rows]
+      cases = (("all", dense[48]), ("head", dense[37]), ("pair0", dense[48]), ("pair1", flipped))
+      for name, want in cases:
         mine = got["positions"]
         np.testing.assert_array_equal(got[f"{layout}_{name}_ids"], want.ids[mine])
         np.testing.assert_allclose(got[f"{layout}_{name}_values"], want.values[mine], atol=1e-5)

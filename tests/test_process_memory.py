@@ -99,6 +99,35 @@ def test_a_search_votes_from_either_layout_as_from_the_host_memory(shape, lo):
     np.testing.assert_array_equal(ranked(mesh_view), want)
 
 
+@pytest.mark.parametrize("per_search,searches", [(16, 2), (1 << 16, 1), (0, 3)])
+def test_the_process_memory_searches_many_blocks_at_once(monkeypatch, per_search, searches):
+  """Rows 3 to 23 in blocks of 8: a memory that takes 16 query rows a search searches its
+  rows twice (two blocks, then one), one of 2^16 once, one of 0 once a block; the same
+  ranking as the host memory's every time."""
+  mesh, table, memory, _, rng = _memory((2, 2), seed=5, num_labels=30)
+  num_labels, n = 30, 23
+  w = np.zeros((sharding.padded_rows(num_labels, mesh), 8), np.float32)
+  w[:num_labels] = rng.normal(size=(num_labels, 8))
+  tokens = rng.integers(0, 64, size=(n, 3)).astype(np.int32)
+  search = ShardedSearch(mesh, num_labels, 7, None, neighbour_vote.NeighbourVote(0.7, 5, 0.1, 8))
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), None)
+  calls = []
+  nearest = process_memory.ProcessMemory.nearest
+  monkeypatch.setattr(process_memory.ProcessMemory, "query_rows_per_search", per_search)
+  monkeypatch.setattr(
+    process_memory.ProcessMemory,
+    "nearest",
+    lambda self, queries, k: calls.append(len(queries)) or nearest(self, queries, k),
+  )
+
+  def ranked(where):
+    found = search.search_rows(ENCODE, table, tokens, 3, n, 5, parts, 8, memory=where)
+    return np.concatenate([x for _, x in found])
+
+  np.testing.assert_array_equal(ranked(memory), ranked(memory.host))
+  assert len(calls) == searches and sum(calls) == 24  # three blocks of 8 query rows
+
+
 def test_an_empty_process_memory_votes_for_nothing():
   mesh = mesh_of(2, 2)
   table, _, _, _, _ = problem()

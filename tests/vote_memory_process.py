@@ -46,6 +46,13 @@ def main(out: str) -> None:
     for name, view in (("all", memory), ("head", memory.head(37))):
       votes = view.own_votes(placed, held, VOTE)
       found[f"{layout}_{name}_ids"], found[f"{layout}_{name}_values"] = votes.ids, votes.values
+    # Two blocks in one search (the second the queries in reverse): each block's own votes.
+    flipped = jax.make_array_from_callback(
+      queries.shape, placed.sharding, lambda index: queries[::-1][index]
+    )
+    pair = memory.own_votes_blocks([(placed, held), (flipped, held)], VOTE)
+    for name, votes in zip(("pair0", "pair1"), pair):
+      found[f"{layout}_{name}_ids"], found[f"{layout}_{name}_values"] = votes.ids, votes.values
     export.write_memory_keys(memory, os.path.join(out, f"keys_{layout}.npy"))
   np.savez(os.path.join(out, f"process{jax.process_index()}.npz"), **found)
 

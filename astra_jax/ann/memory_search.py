@@ -38,6 +38,12 @@ SCANN_ROWS_PER_QUERY = 50_000
 # quarter of the rows a query, debian-builddeps' real memory kept recall@50 0.96 and the
 # vote's P@1 within 0.3 of the exact search's, and below that ScaNN saves less than 4x.
 AUTO_ROWS_PER_BUDGET = 4
+# Query rows a search of a memory on the processes' hosts takes at once (process_memory.py):
+# each search streams the process's share of the keys to its device, 4 d bytes a row, and
+# scores 2 d flop a row for each query: on a V100 (7.85e12 flop/s in the search, ~12 GB/s
+# from the host) the transfer takes 1,300 / Q of the flops' time for Q queries, 1/50 with
+# this many, 1.3x with one block of 1,024.
+PROCESS_QUERY_ROWS = 1 << 16
 # A device's share of the memory (mesh_memory.py) may take at most this part of the device
 # memory free after training, the rest left to the search's tiles and the evaluation's
 # batches; a larger memory stays on the processes' hosts, each its own rows

@@ -30,7 +30,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from astra_jax.ann import mesh_memory
+from astra_jax.ann import memory_search, mesh_memory
 from astra_jax.ann.mesh_memory import EncodeFn, MemorySource
 from astra_jax.ann.vote_memory import (
   FirstRows,
@@ -92,6 +92,11 @@ class ProcessMemory(FirstRows):
     sims = np.asarray(multihost_utils.process_allgather(sims), np.float32)
     return merge_candidates(ids, sims, k)
 
+  # Every search streams the process's share of the keys to its device once: a search
+  # takes this many query rows (many blocks), so that the transfer is small beside the
+  # search's flops (memory_search.PROCESS_QUERY_ROWS).
+  query_rows_per_search = memory_search.PROCESS_QUERY_ROWS
+
   def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
     """The votes of the rows of an encoded block this process's devices hold; a collective
     (as mesh_memory.MeshMemory.own_votes).
@@ -103,13 +108,25 @@ class ProcessMemory(FirstRows):
     Returns:
       Votes of the held rows, in their order.
     """
+    return self.own_votes_blocks([(queries, held)], vote)[0]
+
+  def own_votes_blocks(
+    self, blocks: Sequence[tuple[jax.Array, Sequence[int]]], vote: NeighbourVote
+  ) -> list[Votes]:
+    """`own_votes` of each (block, held) of `blocks`, in one search of this process's rows
+    for every block's queries; a collective."""
     if not self.num_rows:
-      return Votes.none(sum(held), vote.max_votes)
+      return [Votes.none(sum(held), vote.max_votes) for _, held in blocks]
     if searches_with_scann(self.num_rows, vote):
-      return self.host.own_votes(queries, held, vote)
-    ids, sims = self.nearest(_all_rows(queries), vote.neighbours)
-    mine = mesh_embedding.held_positions(queries, held)
-    return neighbour_votes(ids[mine], sims[mine], self.labels, vote)
+      return [self.host.own_votes(queries, held, vote) for queries, held in blocks]
+    every = np.concatenate([_all_rows(queries) for queries, _ in blocks])
+    ids, sims = self.nearest(every, vote.neighbours)
+    out, at = [], 0
+    for queries, held in blocks:
+      mine = at + mesh_embedding.held_positions(queries, held)
+      out.append(neighbour_votes(ids[mine], sims[mine], self.labels, vote))
+      at += queries.shape[0]
+    return out
 
   def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
     """(memory rows, their keys) of this process, rows below `limit` only: what the export

@@ -221,51 +221,76 @@ class ShardedSearch:
     sharding = NamedSharding(self.mesh, P(ALL))
     if self.vote is not None and (votes is None) == (memory is None):
       raise ValueError("a search with a neighbour vote needs the rows' votes or a memory")
+    # A memory that streams its keys to the device for every search takes many blocks'
+    # queries at once (process_memory.py); the others one block at a time.
+    per_search = 1
+    if self.vote is not None and memory is not None:
+      per_search = max(1, memory.query_rows_per_search // q)
+    starts = list(range(lo, hi, q))
     out = []
-    for start in range(lo, hi, q):
-      stop = min(start + q, hi)
-      block = functools.partial(mesh_embedding.block_array, sharding, start=start, stop=stop, q=q)
-      emb = encoder(enc_params, block(tokens, dtype=np.int32))
-      voted = None
-      if self.vote is not None and votes is not None:
-        voted = (block(votes.ids, fill=-1, offset=lo), block(votes.values, fill=0.0, offset=lo))
-      elif self.vote is not None:
-        voted = self._own_votes(emb, memory, start, stop, vote_cache)
-      _, top = kernel(emb, voted, *label_parts)
-      for shard in top.addressable_shards:
-        a = start + (shard.index[0].start or 0)
-        n = min(stop - a, shard.data.shape[0])
-        if n > 0:
-          out.append((a, np.asarray(shard.data)[:n]))
+    for g in range(0, len(starts), per_search):
+      group = starts[g : g + per_search]
+      embs, voted = [], []
+      for start in group:
+        stop = min(start + q, hi)
+        block = functools.partial(mesh_embedding.block_array, sharding, start=start, stop=stop, q=q)
+        embs.append(encoder(enc_params, block(tokens, dtype=np.int32)))
+        if self.vote is not None and votes is not None:
+          ids = block(votes.ids, fill=-1, offset=lo)
+          voted.append((ids, block(votes.values, fill=0.0, offset=lo)))
+      if self.vote is None:
+        voted = [None] * len(group)
+      elif votes is None:
+        voted = self._own_votes(embs, memory, group, hi, vote_cache)
+      for start, emb, block_votes in zip(group, embs, voted):
+        stop = min(start + q, hi)
+        _, top = kernel(emb, block_votes, *label_parts)
+        for shard in top.addressable_shards:
+          a = start + (shard.index[0].start or 0)
+          n = min(stop - a, shard.data.shape[0])
+          if n > 0:
+            out.append((a, np.asarray(shard.data)[:n]))
     return sorted(out, key=lambda x: x[0])
 
   def _own_votes(
     self,
-    emb: jax.Array,
+    embs: list[jax.Array],
     memory: VoteMemory,
-    start: int,
-    stop: int,
+    starts: list[int],
+    hi: int,
     cache: VoteCache | None,
-  ) -> tuple[jax.Array, jax.Array]:
-    """The votes of the rows of block `emb` (global rows from `start`) this process's
-    devices hold, split like `emb`; rows at or past `stop` vote for nothing. One search of
-    the memory for all of the process's rows, or none when `cache` holds them."""
+  ) -> list[tuple[jax.Array, jax.Array]]:
+    """The votes of the rows of encoded blocks `embs` (global rows from `starts`) this
+    process's devices hold, each split like its block; rows at or past `hi` vote for
+    nothing. One search of the memory for all the blocks `cache` does not hold (every
+    process holds the same blocks: they are searched in step)."""
+    held, keys, mine = [], [], []
+    for emb, start in zip(embs, starts):
+      shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
+      stop = min(start + emb.shape[0], hi)
+      held.append(
+        [max(0, min(stop - start - (x.index[0].start or 0), x.data.shape[0])) for x in shards]
+      )
+      keys.append((dataclasses.replace(self.vote, weight=0.0), start, stop, emb.shape[0]))
+      mine.append(None if cache is None else cache.get(keys[-1]))
+    todo = [i for i, m in enumerate(mine) if m is None]
+    if todo:  # a collective for a memory split over devices or processes
+      found = memory.own_votes_blocks([(embs[i], held[i]) for i in todo], self.vote)
+      for i, votes in zip(todo, found):
+        mine[i] = votes if cache is None else cache.put(keys[i], votes)
+    return [self._placed(emb, votes, counts) for emb, votes, counts in zip(embs, mine, held)]
+
+  def _placed(self, emb: jax.Array, votes: Votes, held: list[int]) -> tuple[jax.Array, jax.Array]:
+    """This process's `votes` for its held rows of block `emb`, as (ids, values) split like
+    the block (padding rows vote for nothing)."""
     shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
-    held = [max(0, min(stop - start - (x.index[0].start or 0), x.data.shape[0])) for x in shards]
-    slots = self.vote.max_votes
-    key = (dataclasses.replace(self.vote, weight=0.0), start, stop, emb.shape[0])
-    mine = None if cache is None else cache.get(key)
-    if mine is None:  # a collective for a memory on the mesh: every process takes part
-      mine = memory.own_votes(emb, held, self.vote)
-      if cache is not None:
-        mine = cache.put(key, mine)
     ids, values, first = [], [], 0
     for x, n in zip(shards, held):
-      i, v = mine.padded(first, first + n, x.data.shape[0])
+      i, v = votes.padded(first, first + n, x.data.shape[0])
       ids.append(jax.device_put(i, x.device))
       values.append(jax.device_put(v, x.device))
       first += n
-    shape = (emb.shape[0], slots)
+    shape = (emb.shape[0], self.vote.max_votes)
     return (
       jax.make_array_from_single_device_arrays(shape, emb.sharding, ids),
       jax.make_array_from_single_device_arrays(shape, emb.sharding, values),

@@ -65,15 +65,36 @@ class VoteMemory(Protocol):
   def head(self, n: int) -> VoteMemory:
     """The memory of its first n rows."""
 
+  @property
+  def query_rows_per_search(self) -> int:
+    """Query rows a search takes at once, over several blocks (0: one block a search)."""
+
   def own_votes(self, queries: jax.Array, held: Sequence[int], vote: NeighbourVote) -> Votes:
     """The votes of the rows of an encoded block this process's devices hold; every process
     calls it for each block."""
+
+  def own_votes_blocks(
+    self, blocks: Sequence[tuple[jax.Array, Sequence[int]]], vote: NeighbourVote
+  ) -> list[Votes]:
+    """`own_votes` of each (block, held) of `blocks`, in one search where the memory can."""
 
   def own_rows(self) -> list[tuple[np.ndarray, np.ndarray]]:
     """(memory rows, their keys) this process writes on export."""
 
 
-class FirstRows:
+class BlockBySearch:
+  """A memory searched one block of queries at a time (`VoteMemory`'s defaults)."""
+
+  query_rows_per_search = 0
+
+  def own_votes_blocks(
+    self, blocks: Sequence[tuple[jax.Array, Sequence[int]]], vote: NeighbourVote
+  ) -> list[Votes]:
+    """`own_votes` of each (block, held) of `blocks`, one search each."""
+    return [self.own_votes(queries, held, vote) for queries, held in blocks]
+
+
+class FirstRows(BlockBySearch):
   """What a memory whose first `limit` rows vote shares, however its keys are laid out
   (mesh_memory.MeshMemory, process_memory.ProcessMemory): a frozen dataclass with `keys`
   (..., d), `labels` of all its rows and `limit`."""
@@ -94,7 +115,7 @@ class FirstRows:
 
 
 @dataclasses.dataclass(frozen=True)
-class Memory:
+class Memory(BlockBySearch):
   """The training rows that vote: their unit-norm embeddings and their labels.
 
   Attributes:

@@ -9,7 +9,8 @@
           at the GPU's matmul rate x DEVICE_SEARCH_EFFICIENCY (refresh_time.py); a memory
           with no room on the GPUs is split over the processes' hosts
           (ann/process_memory.py), and each process searches its share of the rows for all
-          the queries on one of its GPUs;
+          the queries on one of its GPUs, the share crossing the host link once for every
+          memory_search.PROCESS_QUERY_ROWS queries (GpuRates.host_to_device);
   scann   the same queries on the process's share of the node's host cores, each scoring
           `rows_per_query` rows and leaf centres at the refresh index's measured rate per
           row score, plus two index builds (the choice's memory and the final one) at its
@@ -21,6 +22,7 @@ prints them as estimates.
 
 from __future__ import annotations
 
+from astra_jax.ann import memory_search
 from astra_jax.plan import refresh_time
 from astra_jax.plan.quantities import Quantities
 from astra_jax.plan.records import NodeLayout, VoteSearchCost, VoteTime
@@ -60,8 +62,11 @@ def vote_time(
     rate = rates.matmul_flops * refresh_time.DEVICE_SEARCH_EFFICIENCY
     if not search.on_devices:
       share = -(-search.memory_rows // processes)
-      flops = 2.0 * (search.test_rows + search.validation_rows) * share * q.d
-      return VoteTime(encode_s, flops / rate, 0.0, "one GPU of each process")
+      queries = search.test_rows + search.validation_rows
+      flops = 2.0 * queries * share * q.d
+      passes = -(-queries // memory_search.PROCESS_QUERY_ROWS)
+      transfer_s = passes * share * 4 * q.d / rates.host_to_device
+      return VoteTime(encode_s, flops / rate + transfer_s, 0.0, "one GPU of each process")
     flops = 2.0 * (search.test_rows + search.validation_rows) * search.memory_rows * q.d
     return VoteTime(encode_s, flops / (q.G * rate), 0.0, f"all {q.G} GPUs")
   node_cores = host_cores_per_node or rates.host_cores_per_gpu * layout.gpus_per_node
