@@ -1,19 +1,21 @@
 """The neighbour vote's memory on the hosts, each process holding the rows its devices
 encoded.
 
-Where a device has no room for its share of the memory (memory_search.fits_devices), the
-keys go to host RAM instead of the devices (mesh_memory.py keeps them there otherwise). Had
+Where a device has no room for its share of the memory (memory_search.fits_devices), or
+`scoring.neighbour_memory=hosts` says so, the keys go to host RAM instead of the devices
+(mesh_memory.py keeps them there otherwise). Had
 every process gathered the whole memory, SS-20M's 146M x 64 float32 keys would take 35 GiB
 of every process's RAM; here each process keeps only the rows its own devices encoded, 1/P
 of them, as the mesh layout keeps 1/D on each device.
 
-A search (`ProcessMemory.own_votes`) gathers the block's queries (Q x d) onto every process,
-each process searches its own rows for all of them exactly (vote_memory.nearest, on its
-default device, its share streamed there a key block at a time), and the
-processes' candidates (Q x P k) are gathered and merged, each process keeping its own
-queries' best k. Only queries and candidates cross processes; the flops are split over the
-processes, one device each, as they were when each searched the whole memory for its own
-queries. Ties rank the lower memory row first, as the whole memory's search does.
+A search (`ProcessMemory.own_votes_blocks`) gathers the queries (Q x d) of many encoded
+blocks onto every process, each process searches its own rows for all of them exactly
+(vote_memory.nearest, on its default device, its share streamed there a key block at a time:
+once a search, so a search takes `query_rows_per_search` queries), and the processes'
+candidates (Q x P k) are gathered and merged, each process keeping its own queries' best k.
+Only queries and candidates cross processes; the flops are split over the processes, one
+device each, as they were when each searched the whole memory for its own queries. Ties rank
+the lower memory row first, as the whole memory's search does.
 
 The labels of the memory rows stay on the host of every process (as in mesh_memory.py). A
 ScaNN search (memory_search.py) gathers the keys whole onto every process once (`host`).
@@ -41,6 +43,7 @@ from astra_jax.ann.vote_memory import (
 )
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
+from astra_jax.runtime import distributed
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
 from astra_jax.xc.score_fusion import unit_rows
 
@@ -119,7 +122,7 @@ class ProcessMemory(FirstRows):
       return [Votes.none(sum(held), vote.max_votes) for _, held in blocks]
     if searches_with_scann(self.num_rows, vote):
       return [self.host.own_votes(queries, held, vote) for queries, held in blocks]
-    every = np.concatenate([_all_rows(queries) for queries, _ in blocks])
+    every = np.concatenate([distributed.gather_rows(queries) for queries, _ in blocks])
     ids, sims = self.nearest(every, vote.neighbours)
     out, at = [], 0
     for queries, held in blocks:
@@ -167,13 +170,6 @@ def merge_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndar
   rank = np.where(ids < 0, np.iinfo(np.int64).max, ids)
   order = np.lexsort((rank, -sims), axis=-1)[:, :k]
   return np.take_along_axis(ids, order, 1), np.take_along_axis(sims, order, 1)
-
-
-def _all_rows(x: jax.Array) -> np.ndarray:
-  """Every row of a block split over the devices, on every process."""
-  if jax.process_count() == 1:
-    return np.asarray(x)
-  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def embed_process_memory(
