@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
-from vote_memory_problem import ENCODE, mesh_of, problem, unit
+from vote_memory_problem import ENCODE, dense_memory, mesh_of, problem, unit, written_keys
 
 from astra_jax.ann import index as ann_index, mesh_memory, vote_memory
 from astra_jax.data.sparse_rows import SparseRows
@@ -27,7 +27,7 @@ def test_mesh_memory_finds_the_dense_nearest_rows(shape):
   table, sources, labels, keys, rng = problem()
   memory = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)
   assert memory.num_rows == 48 and memory.keys.shape[0] == shape[0] * shape[1]
-  np.testing.assert_allclose(memory.host.keys, unit(keys), atol=1e-6)
+  np.testing.assert_allclose(written_keys(memory), unit(keys), atol=1e-6)
   queries = rng.normal(size=(16, 8)).astype(np.float32)
   placed = jax.device_put(queries, NamedSharding(mesh, P(sharding.ALL)))
   k = 9  # more than the 7 slots a device of the 2 x 4 mesh holds
@@ -37,7 +37,7 @@ def test_mesh_memory_finds_the_dense_nearest_rows(shape):
     want = np.argsort(-cos, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(np.asarray(ids), want)
     np.testing.assert_allclose(np.asarray(sims), np.take_along_axis(cos, want, 1), atol=1e-5)
-  np.testing.assert_allclose(memory.head(37).host.keys, unit(keys[:37]), atol=1e-6)
+  np.testing.assert_allclose(written_keys(memory.head(37)), unit(keys[:37]), atol=1e-6)
 
 
 def test_an_empty_memory_votes_for_nothing():
@@ -51,8 +51,10 @@ def test_an_empty_memory_votes_for_nothing():
 
 
 @pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")
-def test_a_scann_search_reads_the_gathered_keys():
-  """`search=scann` with every row in the budget: the votes of the exact mesh search."""
+def test_a_scann_vote_searches_the_mesh_memory_exactly():
+  """The mesh memory is always searched exactly (a memory the vote searches with ScaNN is
+  built whole on the host instead: ranking.vote_memory): `search=scann` with every row in
+  the budget votes as the exact search does."""
   mesh = mesh_of(2, 2)
   table, sources, labels, _, rng = problem(seed=2)
   memory = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)
@@ -99,7 +101,8 @@ def test_the_export_writes_the_keys_in_row_order(tmp_path):
   mesh = mesh_of(2, 4)
   table, sources, labels, keys, _ = problem()
   memory = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)
-  for which, rows in ((memory, 48), (memory.head(37), 37), (memory.host.head(30), 30)):
+  host = dense_memory(keys, labels).head(30)
+  for which, rows in ((memory, 48), (memory.head(37), 37), (host, 30)):
     path = str(tmp_path / f"keys{rows}.npy")
     export.write_memory_keys(which, path)
     np.testing.assert_allclose(np.load(path), unit(keys[:rows]), atol=1e-6)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import ConfigDict
-from vote_memory_problem import ENCODE, mesh_of, problem, unit
+from vote_memory_problem import ENCODE, dense_memory, mesh_of, problem, unit, written_keys
 
 from astra_jax.ann import index as ann_index, mesh_memory, process_memory, vote_memory
 from astra_jax.ann.sharded_topk import ShardedSearch
@@ -43,7 +43,7 @@ def test_process_memory_finds_the_dense_nearest_rows(shape):
     want = np.argsort(-cos, axis=1, kind="stable")[:, :9]
     np.testing.assert_array_equal(ids, want)
     np.testing.assert_allclose(sims, np.take_along_axis(cos, want, 1), atol=1e-5)
-  np.testing.assert_allclose(memory.head(37).host.keys, unit(keys[:37]), atol=1e-6)
+  np.testing.assert_allclose(written_keys(memory.head(37)), unit(keys[:37]), atol=1e-6)
 
 
 def test_the_processes_candidates_merge_to_one_search_over_all_rows():
@@ -78,7 +78,7 @@ def test_the_processes_candidates_merge_to_one_search_over_all_rows():
 def test_a_search_votes_from_either_layout_as_from_the_host_memory(shape, lo):
   """The ranking of a voted search reading the processes' shares, and the one reading the
   mesh memory, equal the one reading the same rows whole on the host (vote_memory.Memory)."""
-  mesh, table, memory, _, rng = _memory(shape, seed=1, num_labels=30)
+  mesh, table, memory, keys, rng = _memory(shape, seed=1, num_labels=30)
   _, sources, labels, _, _ = problem(seed=1, num_labels=30)
   on_mesh = mesh_memory.embed_memory(mesh, ENCODE, table, sources, labels, batch_size=8)
   num_labels, n = 30, 23
@@ -93,8 +93,8 @@ def test_a_search_votes_from_either_layout_as_from_the_host_memory(shape, lo):
     found = search.search_rows(ENCODE, table, tokens, lo, n, 5, parts, 8, memory=where)
     return np.concatenate([x for _, x in found])
 
-  for view, mesh_view in ((memory, on_mesh), (memory.head(37), on_mesh.head(37))):
-    want = ranked(view.host)
+  for rows, view, mesh_view in ((48, memory, on_mesh), (37, memory.head(37), on_mesh.head(37))):
+    want = ranked(dense_memory(keys, labels, rows))
     np.testing.assert_array_equal(ranked(view), want)
     np.testing.assert_array_equal(ranked(mesh_view), want)
 
@@ -104,7 +104,7 @@ def test_the_process_memory_searches_many_blocks_at_once(monkeypatch, per_search
   """Rows 3 to 23 in blocks of 8: a memory that takes 16 query rows a search searches its
   rows twice (two blocks, then one), one of 2^16 once, one of 0 once a block; the same
   ranking as the host memory's every time."""
-  mesh, table, memory, _, rng = _memory((2, 2), seed=5, num_labels=30)
+  mesh, table, memory, keys, rng = _memory((2, 2), seed=5, num_labels=30)
   num_labels, n = 30, 23
   w = np.zeros((sharding.padded_rows(num_labels, mesh), 8), np.float32)
   w[:num_labels] = rng.normal(size=(num_labels, 8))
@@ -124,7 +124,7 @@ def test_the_process_memory_searches_many_blocks_at_once(monkeypatch, per_search
     found = search.search_rows(ENCODE, table, tokens, 3, n, 5, parts, 8, memory=where)
     return np.concatenate([x for _, x in found])
 
-  np.testing.assert_array_equal(ranked(memory), ranked(memory.host))
+  np.testing.assert_array_equal(ranked(memory), ranked(dense_memory(keys, memory.labels)))
   assert len(calls) == searches and sum(calls) == 24  # three blocks of 8 query rows
 
 
@@ -141,8 +141,10 @@ def test_an_empty_process_memory_votes_for_nothing():
 
 
 @pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")
-def test_a_scann_search_of_the_process_memory_reads_the_gathered_keys():
-  """`search=scann` with every row in the budget: the votes of the exact search."""
+def test_a_scann_vote_searches_the_process_memory_exactly():
+  """The processes' shares are always searched exactly (a memory the vote searches with
+  ScaNN is built whole on the host instead: ranking.vote_memory): `search=scann` with every
+  row in the budget votes as the exact search does."""
   mesh, _, memory, _, rng = _memory((2, 2), seed=2)
   exact = neighbour_vote.NeighbourVote(0.5, 6, 0.1, 8, search="exact")
   scann = dataclasses.replace(exact, search="scann", search_rows=48)
@@ -170,8 +172,8 @@ def test_a_memory_without_room_on_the_devices_is_split_over_the_hosts(monkeypatc
   on_devices = layout == "auto" and (room is None or room >= 864)
   want = mesh_memory.MeshMemory if on_devices else process_memory.ProcessMemory
   assert isinstance(memory, want)
-  np.testing.assert_allclose(memory.host.keys, unit(keys), atol=1e-6)
-  np.testing.assert_array_equal(memory.host.labels.to_dense(), labels.to_dense())
+  np.testing.assert_allclose(written_keys(memory), unit(keys), atol=1e-6)
+  np.testing.assert_array_equal(memory.labels.to_dense(), labels.to_dense())
 
 
 @pytest.mark.skipif(not ann_index.scann_available(), reason="ScaNN is not installed")

@@ -5,7 +5,7 @@ their rows' labels, and the dense keys to check against."""
 import jax
 import numpy as np
 
-from astra_jax.ann import mesh_memory
+from astra_jax.ann import mesh_memory, vote_memory
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 
@@ -37,3 +37,18 @@ def problem(seed: int = 0, a: int = 37, b: int = 11, num_labels: int = 9):
   ]
   keys = np.concatenate([table[first[::-1]].sum(1), table[second].sum(1)])
   return table, sources, labels, keys, rng
+
+
+def dense_memory(keys: np.ndarray, labels: SparseRows, rows: int | None = None):
+  """The reference: the first `rows` of the dense keys, unit rows, whole on the host."""
+  rows = len(keys) if rows is None else rows
+  return vote_memory.Memory(unit(keys[:rows]).astype(np.float32), labels.head(rows))
+
+
+def written_keys(memory) -> np.ndarray:
+  """The keys a memory's `own_rows` give (what the export writes), in row order; one
+  process holds them all."""
+  out = np.full((memory.num_rows, memory.dim), np.nan, np.float32)
+  for rows, keys in memory.own_rows():
+    out[rows] = keys
+  return out

@@ -16,10 +16,9 @@ and candidates cross devices; the flops are split over every device of every pro
 
 The labels of the memory rows (views of the data's label rows) stay on the host of every
 process: the votes are summed there (neighbour_vote.label_votes) from the neighbours' row
-ids. A search that takes
-ScaNN (memory_search.py: on CPUs, for large memories) reads the keys whole on the host
-(`MeshMemory.host`, gathered once); the export writes each process's rows where they are
-(`own_rows`, serving/export.write_memory_keys).
+ids. The search is always exact: a memory the vote searches through ScaNN is built whole on
+every host instead (evaluation/ranking.vote_memory). The export writes each process's rows
+where they are (`own_rows`, serving/export.write_memory_keys).
 """
 
 from __future__ import annotations
@@ -35,17 +34,10 @@ from absl import logging
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import merge_topk
-from astra_jax.ann.vote_memory import (
-  TILE_FLOATS,
-  FirstRows,
-  Memory,
-  neighbour_votes,
-  searches_with_scann,
-)
+from astra_jax.ann.vote_memory import TILE_FLOATS, FirstRows, neighbour_votes
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL
-from astra_jax.runtime import distributed
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
@@ -115,8 +107,6 @@ class MeshMemory(FirstRows):
     """
     if not self.num_rows:
       return Votes.none(sum(held), vote.max_votes)
-    if searches_with_scann(self.num_rows, vote):  # on the host, the keys gathered once
-      return self.host.own_votes(queries, held, vote)
     sims, ids = self.nearest(queries, min(vote.neighbours, self.num_rows))
     ids = mesh_embedding.held_rows(ids, held).astype(np.int64)
     return neighbour_votes(ids, mesh_embedding.held_rows(sims, held), self.labels, vote)
@@ -132,19 +122,6 @@ class MeshMemory(FirstRows):
       kept = (ids >= 0) & (ids < self.limit)
       out.append((ids[kept], np.asarray(k.data).reshape(len(ids), -1)[kept]))
     return out
-
-  @functools.cached_property
-  def host(self) -> Memory:
-    """The memory's first `limit` rows whole on the host of every process (for a ScaNN
-    index over them, or the export); a collective, gathered on first use."""
-    keys = distributed.gather_rows(self.keys)
-    rows = distributed.gather_rows(self.rows)
-    d = keys.shape[-1]
-    keys, rows = keys.reshape(-1, d), rows.reshape(-1)
-    kept = (rows >= 0) & (rows < self.limit)
-    out = np.empty((self.limit, d), np.float32)
-    out[rows[kept]] = keys[kept]
-    return Memory(out, self.labels.head(self.limit))
 
 
 def device_room(mesh: jax.sharding.Mesh) -> int | None:

@@ -17,8 +17,9 @@ Only queries and candidates cross processes; the flops are split over the proces
 device each, as they were when each searched the whole memory for its own queries. Ties rank
 the lower memory row first, as the whole memory's search does.
 
-The labels of the memory rows stay on the host of every process (as in mesh_memory.py). A
-ScaNN search (memory_search.py) gathers the keys whole onto every process once (`host`).
+The labels of the memory rows stay on the host of every process (as in mesh_memory.py). The
+search is always exact: a memory the vote searches through ScaNN is built whole on every
+host instead (evaluation/ranking.vote_memory).
 """
 
 from __future__ import annotations
@@ -34,13 +35,7 @@ from jax.experimental import multihost_utils
 
 from astra_jax.ann import memory_search, mesh_memory
 from astra_jax.ann.mesh_memory import EncodeFn, MemorySource
-from astra_jax.ann.vote_memory import (
-  FirstRows,
-  Memory,
-  nearest,
-  neighbour_votes,
-  searches_with_scann,
-)
+from astra_jax.ann.vote_memory import FirstRows, nearest, neighbour_votes
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.parallel import mesh_embedding
 from astra_jax.runtime import distributed
@@ -120,8 +115,6 @@ class ProcessMemory(FirstRows):
     for every block's queries; a collective."""
     if not self.num_rows:
       return [Votes.none(sum(held), vote.max_votes) for _, held in blocks]
-    if searches_with_scann(self.num_rows, vote):
-      return [self.host.own_votes(queries, held, vote) for queries, held in blocks]
     every = np.concatenate([distributed.gather_rows(queries) for queries, _ in blocks])
     ids, sims = self.nearest(every, vote.neighbours)
     out, at = [], 0
@@ -135,23 +128,6 @@ class ProcessMemory(FirstRows):
     """(memory rows, their keys) of this process, rows below `limit` only: what the export
     writes of its share (no collective)."""
     return [(self.rows[: self._held], self.keys[: self._held])]
-
-  @functools.cached_property
-  def host(self) -> Memory:
-    """The memory's first `limit` rows whole on the host of every process (for a ScaNN
-    index over them); a collective, gathered on first use."""
-    keys, rows = self.keys[: self._held], self.rows[: self._held]
-    if jax.process_count() > 1:
-      counts = np.asarray(multihost_utils.process_allgather(np.int32(len(rows)))).reshape(-1)
-      most = int(counts.max())
-      keys = np.pad(keys, ((0, most - len(keys)), (0, 0)))
-      rows = np.pad(rows.astype(np.int32), (0, most - len(rows)), constant_values=-1)
-      keys = np.asarray(multihost_utils.process_allgather(keys)).reshape(-1, keys.shape[1])
-      rows = np.asarray(multihost_utils.process_allgather(rows)).reshape(-1)
-    kept = rows >= 0
-    out = np.empty((self.limit, self.keys.shape[1]), np.float32)
-    out[rows[kept]] = keys[kept]
-    return Memory(out, self.labels.head(self.limit))
 
 
 def merge_candidates(ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -2,8 +2,8 @@
 that vote, as their unit embeddings and labels, and the search for a query's nearest rows
 among them. The Predictor reads the exported memory so; a training run keeps its memory
 split over the devices that encoded it (mesh_memory.py), or over the processes' hosts where
-the devices have no room for it (process_memory.py), and gathers it here only for a ScaNN
-search.
+the devices have no room for it (process_memory.py), both searched exactly, and builds it
+whole here only where the vote searches it through ScaNN (evaluation/ranking.vote_memory).
 
 The search is exact by default, in (query block x key block) tiles on the device with a
 running top k (`nearest`), so its memory is bounded by the tile whatever the number of
