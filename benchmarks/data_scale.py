@@ -17,6 +17,9 @@ process, so its peak memory is its own:
   open_cached    a second process's dataset.load on the built caches (no parse, no
                  tokenization: the caches' files stay untouched), then what a training
                  process reads from them: propensities, popularity, 200 sampled batches
+  open_split     the same with a validation split of 10% of the rows carved first
+                 (data/validation.py: the kept rows read through their ids, the held-out
+                 rows' labels copied); compare its peak_anon_bytes with open_cached's
 One JSON line per phase: phase, rows, seconds (wall), cpu_seconds, peak_rss_bytes
 (ru_maxrss: includes the mapped cache pages the phase touched), peak_anon_bytes (sampled
 RssAnon: the process's own memory, without page cache), bytes (files written), and
@@ -56,7 +59,16 @@ MAX_LEN = 32
 VOCAB = 8000
 CHUNK_ROWS = 100_000
 UNIQUE_ROWS = 1_000_000  # see generate
-PHASES = ("generate", "parse_labels", "open_labels", "tokenize", "prepare_rest", "open_cached")
+PHASES = (
+  "generate",
+  "parse_labels",
+  "open_labels",
+  "tokenize",
+  "prepare_rest",
+  "open_cached",
+  "open_split",
+)
+VALIDATION_FRACTION = 0.1  # open_split's held-out share
 
 
 # ------------------------------------------------------------------------------ generation
@@ -226,6 +238,18 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
     if _cache_files(d) != before:
       raise RuntimeError("opening the caches rewrote them")
     return {"open_seconds": open_s, **_training_reads(data)}
+  if phase == "open_split":
+    from astra_jax.data import validation
+
+    t0 = time.time()
+    split = validation.carve(dataset.load(_data_config(d)), VALIDATION_FRACTION, 0)
+    open_s = time.time() - t0
+    held_out = split.validation.test_labels
+    return {
+      "open_seconds": open_s,
+      "held_out_copy_bytes": held_out.indptr.nbytes + held_out.indices.nbytes,
+      **_training_reads(split.train),
+    }
   raise ValueError(f"unknown phase {phase!r}")
 
 

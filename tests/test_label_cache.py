@@ -1,6 +1,7 @@
 """The chunked label reader against an independent parser, the binary label cache, the
 virtual label-text rows, and resumable streaming tokenization."""
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,13 @@ import numpy as np
 import pytest
 
 from astra_jax.data import csr_files, label_cache, sparse_reader, synthetic, tokenize, xc_format
-from astra_jax.data.sparse_rows import SparseRows, StackedRows, WithLabelRows, XCFormatError
+from astra_jax.data.sparse_rows import (
+  SelectedRows,
+  SparseRows,
+  StackedRows,
+  WithLabelRows,
+  XCFormatError,
+)
 from astra_jax.negatives import refresh
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -195,7 +202,9 @@ def test_stacked_rows_read_as_their_rows_one_after_another():
   np.testing.assert_array_equal(rows.row_lengths(pick), [2, 2, 1, 0, 3, 2])
   assert rows.head(3) is first and rows.head(5) is rows
   np.testing.assert_array_equal(rows.head(4).to_dense(), by_hand.to_dense()[:4])
-  assert rows.parts() == [first, second]
+  blocks = list(rows.blocks(2))
+  assert [b.num_rows for b in blocks] == [2, 1, 2]
+  np.testing.assert_array_equal(np.concatenate([b.to_dense() for b in blocks]), by_hand.to_dense())
 
 
 @pytest.mark.parametrize("block", [2, 3, 1 << 24])
@@ -208,10 +217,13 @@ def test_label_rows_are_written_as_numpy_writes_them(tmp_path, monkeypatch, bloc
   second = SparseRows.from_lists([[3], [0, 1], [2]], 4)
   by_hand = SparseRows.from_lists([[0, 2], [], [1, 2, 3], [3], [0, 1]], 4)
   with_texts = SparseRows.from_lists([[0, 2], [], [1, 2, 3], [0], [1], [2], [3]], 4)
+  unweighted = SparseRows(by_hand.indptr, by_hand.indices, None, 4)
+  picked = SparseRows.from_lists([[0, 1], [1, 2, 3], [0, 2]], 4)
   cases = [
     (StackedRows(first, second).head(5), by_hand),
     (first, first),
     (WithLabelRows(first), with_texts),
+    (SelectedRows(unweighted, np.array([4, 2, 0])), picked),
   ]
   for i, (rows, want) in enumerate(cases):
     npz, stem = str(tmp_path / f"rows{i}.npz"), str(tmp_path / f"rows{i}")
@@ -235,7 +247,18 @@ def test_refresh_worker_maps_the_label_cache(tmp_path):
     loaded = refresh.load_labels(src)
     assert isinstance(loaded, type(labels))
     np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
-  # Rows in RAM (a validation split's): written beside the JSON and mapped, not loaded.
+  # Rows a validation split keeps: their row ids written beside the JSON, the cache mapped.
+  kept = SelectedRows(cached, np.array([1]))
+  for labels in (kept, WithLabelRows(kept)):
+    src = refresh.positives_source(labels, str(tmp_path))
+    with open(src) as f:
+      assert os.path.getsize(json.load(f)["rows"]) < 1000  # the row ids only
+    loaded = refresh.load_labels(src)
+    inner = loaded.base if isinstance(labels, WithLabelRows) else loaded
+    assert isinstance(inner, SelectedRows) and isinstance(inner.base.indices, np.memmap)
+    assert not inner.rows.flags.owndata  # a view of the mapped file
+    np.testing.assert_array_equal(loaded.to_dense(), labels.to_dense())
+  # Rows in RAM: written beside the JSON and mapped, not loaded.
   in_ram = SparseRows.from_lists([[1], [0]], 2)
   for labels in (in_ram, WithLabelRows(in_ram)):
     loaded = refresh.load_labels(refresh.positives_source(labels, str(tmp_path)))

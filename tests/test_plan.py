@@ -567,13 +567,17 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   # every process; the export writes both.
   assert not any(i.name.startswith("vote memory: unit") for i in p.score_items)
   assert by_name(p.score_device_items, "vote memory: its 625 keys") == 625 * (64 * 4 + 4)
-  # The memory's labels are views of the training data's: no bytes after training; the
-  # validation split's copy of the label rows (5,000 of them, 3 labels each, in two CSRs)
-  # is the training process's.
+  # The memory's labels are views of the training data's: no bytes after training. The
+  # validation split keeps the 4,500 kept rows' ids (int64) and copies the 500 held-out
+  # rows' labels (3 each) in the training process; the refresh worker maps the ids from an
+  # .npy its process writes, one per process on disk.
   assert not [i for i in p.score_items if i.name.startswith("vote memory: their labels")]
-  assert by_name(p.trainer_items, "its label rows copied by the validation split") == (
-    5002 * 8 + 15000 * 4
+  assert by_name(p.trainer_items, "validation split: the kept rows' ids") == 4500 * 8
+  assert by_name(p.trainer_items, "validation split: the held-out rows' labels") == (
+    501 * 8 + 1500 * 4
   )
+  assert by_name(p.worker_items, "validation split: the kept rows' ids") == 4500 * 8
+  assert by_name(p.disk_items, "validation split: the kept rows' ids") == 8 * 4500 * 8
   assert by_name(p.disk_items, "export: vote_memory_keys.npy") == 5000 * 64 * 4
   assert by_name(p.disk_items, "export: vote_memory.npz") == 5001 * 8 + 15000 * 4
   # 500 validation rows (10% of 5,000), 256 voted labels each, an int32 id and a float32

@@ -1,11 +1,13 @@
 """data.validation_fraction: the held-out rows, and what training and evaluation see."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from astra_jax.data import validation
 from astra_jax.data.dataset import RowConcat, XCData
-from astra_jax.data.sparse_rows import SparseRows
+from astra_jax.data.sparse_rows import SelectedRows, SparseRows, WithLabelRows
 from astra_jax.runtime.errors import InputError
 
 
@@ -71,3 +73,61 @@ def test_carve_without_augmentation_and_bad_fractions():
   assert len(split.train.train_tokens) == 10 and split.validation.test_labels.num_rows == 10
   with pytest.raises(InputError, match="validation_fraction"):
     validation.carve(data, 0.01, seed=0)  # rounds to no validation row
+
+
+def _unweighted(rows: SparseRows) -> SparseRows:
+  """The same rows as a label cache holds them: no values array (every value one)."""
+  return SparseRows(rows.indptr, rows.indices, None, rows.num_cols)
+
+
+@pytest.mark.parametrize("with_texts", [False, True])
+def test_kept_rows_read_the_label_rows_in_place(with_texts):
+  """Without values (a label cache), the kept rows are row ids into the data's rows, not a
+  copy: every read equals the copy a dense reference picks, and the label-text rows stay."""
+  data, _, rows = _data(augmented=False)
+  original = _unweighted(data.train_labels)
+  labels = WithLabelRows(original) if with_texts else original
+  data = dataclasses.replace(data, train_labels=labels)
+  split = validation.carve(data, 0.25, seed=0)
+  keep, val = validation.split_rows(20, 0.25, seed=0)
+  got = split.train.train_labels
+  inner = got.base if with_texts else got
+  assert isinstance(inner, SelectedRows) and inner.base is original
+  dense = np.zeros((20, 6), np.float32)
+  for i, r in enumerate(rows):
+    dense[i, r] = 1.0
+  want = dense[keep]
+  if with_texts:
+    want = np.concatenate([want, np.eye(6, dtype=np.float32)])
+  np.testing.assert_array_equal(got.to_dense(), want)
+  assert got.num_rows == len(want) and got.nnz == int(want.sum())
+  np.testing.assert_array_equal(got.column_counts(), want.sum(0))
+  np.testing.assert_array_equal(split.validation.test_labels.to_dense(), dense[val])
+
+
+def test_selected_rows_against_a_dense_reference():
+  """Every read of SelectedRows, with and without the complement's shortcut, equals the
+  same reads of the rows picked from a dense matrix by hand."""
+  base = _unweighted(SparseRows.from_lists([[0, 2], [], [1, 2, 3], [3], [0, 1], [2]], 4))
+  dense = base.to_dense()
+  pick = np.array([5, 2, 0, 3])
+  complement = _unweighted(SparseRows.from_lists([[], [0, 1]], 4))  # rows 1 and 4
+  for rows in (SelectedRows(base, pick), SelectedRows(base, pick, complement=complement)):
+    want = dense[pick]
+    np.testing.assert_array_equal(rows.to_dense(), want)
+    assert rows.num_rows == 4 and rows.nnz == 7 and rows.max_row_length() == 3
+    np.testing.assert_array_equal(rows.column_counts(), want.sum(0))
+    np.testing.assert_array_equal(rows.row_lengths(), [1, 3, 2, 1])
+    np.testing.assert_array_equal(rows.row_lengths(np.array([3, 1])), [1, 3])
+    which, ids = rows.entries(np.array([1, 3, 1]))
+    np.testing.assert_array_equal(which, [0, 0, 0, 1, 2, 2, 2])
+    np.testing.assert_array_equal(ids, [1, 2, 3, 3, 1, 2, 3])
+    assert rows.row(2).tolist() == [0, 2]
+    np.testing.assert_array_equal(rows.head(2).to_dense(), want[:2])
+    blocks = list(rows.blocks(3))
+    assert [b.num_rows for b in blocks] == [3, 1]
+    np.testing.assert_array_equal(np.concatenate([b.to_dense() for b in blocks]), want)
+  with pytest.raises(ValueError, match="complement"):
+    SelectedRows(base, pick, complement=complement.head(1))
+  with pytest.raises(ValueError, match="unweighted"):
+    SelectedRows(SparseRows.from_lists([[0]], 1), np.array([0]))

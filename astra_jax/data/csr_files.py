@@ -3,8 +3,9 @@
 The rows a training run holds may be several blocks that are never concatenated (the vote
 memory's training rows, then its validation rows: sparse_rows.StackedRows; the training
 rows, then the label-text rows: sparse_rows.WithLabelRows), each possibly a memmap of a
-label cache; at SS-20M one matrix is 15 GiB. These writers read each block's arrays a slice
-at a time and write `indptr` (int64, each block's shifted past the ones before it) and
+label cache or rows picked from one (the rows a validation split keeps:
+sparse_rows.SelectedRows); at SS-20M one matrix is 15 GiB. These writers read the rows a
+block at a time and write `indptr` (int64, each block's shifted past the ones before it) and
 `indices` (int32) as np.save and np.savez write them.
 """
 
@@ -17,16 +18,16 @@ from typing import BinaryIO
 
 import numpy as np
 
-from astra_jax.data.sparse_rows import SparseRows, StackedRows, WithLabelRows
+from astra_jax.data.sparse_rows import SelectedRows, SparseRows, StackedRows, WithLabelRows
 from astra_jax.runtime import tmpnames
 
 # Elements of an array written at a time.
 WRITE_BLOCK = 1 << 24
 
-Rows = SparseRows | StackedRows | WithLabelRows
+Rows = SparseRows | SelectedRows | StackedRows | WithLabelRows
 
 
-def _indptr_blocks(parts: list[SparseRows]) -> Iterator[np.ndarray]:
+def _indptr_blocks(parts: Iterator[SparseRows]) -> Iterator[np.ndarray]:
   yield np.zeros(1, np.int64)
   offset = 0
   for part in parts:
@@ -35,17 +36,17 @@ def _indptr_blocks(parts: list[SparseRows]) -> Iterator[np.ndarray]:
     offset += part.nnz
 
 
-def _indices_blocks(parts: list[SparseRows]) -> Iterator[np.ndarray]:
+def _indices_blocks(parts: Iterator[SparseRows]) -> Iterator[np.ndarray]:
   for part in parts:
     for start in range(0, part.nnz, WRITE_BLOCK):
       yield np.asarray(part.indices[start : start + WRITE_BLOCK], np.int32)
 
 
 def _arrays(labels: Rows) -> dict[str, tuple[type, int, Iterator[np.ndarray]]]:
-  parts = labels.parts()
+  # Each array walks the rows anew: a SelectedRows block is a copy made for the walk.
   return {
-    "indptr": (np.int64, labels.num_rows + 1, _indptr_blocks(parts)),
-    "indices": (np.int32, labels.nnz, _indices_blocks(parts)),
+    "indptr": (np.int64, labels.num_rows + 1, _indptr_blocks(labels.blocks(WRITE_BLOCK))),
+    "indices": (np.int32, labels.nnz, _indices_blocks(labels.blocks(WRITE_BLOCK))),
   }
 
 

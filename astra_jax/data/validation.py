@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from astra_jax.data.dataset import RowConcat, XCData
-from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
+from astra_jax.data.sparse_rows import SelectedRows, SparseRows, WithLabelRows
 from astra_jax.runtime.errors import InputError
 
 
@@ -107,18 +107,42 @@ def carve(data: XCData, fraction: float, seed: int) -> ValidationSplit:
   kept_tokens = RowSubset(originals, keep)
   if isinstance(tokens, RowConcat):  # the label-text rows stay after the original ones
     kept_tokens = RowConcat(kept_tokens, *tokens.parts[1:])
-  extra = np.arange(n, data.train_labels.num_rows)
+  val_labels = take_rows(data.train_labels, val)
   train = dataclasses.replace(
     data,
     train_tokens=kept_tokens,
-    train_labels=take_rows(data.train_labels, np.concatenate([keep, extra])),
+    train_labels=kept_rows(data.train_labels, keep, n, val_labels),
     num_train_original=len(keep),
     train_self_pairs=rows_pairs(data.train_self_pairs, keep),
   )
   validation = dataclasses.replace(
     data,
     test_tokens=RowSubset(originals, val),
-    test_labels=take_rows(data.train_labels, val),
+    test_labels=val_labels,
     test_filter=rows_pairs(data.train_self_pairs, val),
   )
   return ValidationSplit(train, validation)
+
+
+def kept_rows(
+  labels: SparseRows | WithLabelRows, keep: np.ndarray, num_original: int, held_out: SparseRows
+) -> SelectedRows | WithLabelRows | SparseRows:
+  """The training rows `keep` of the original rows, then the label-text rows if `labels`
+  has them: read in place through their row ids (SelectedRows), or copied (take_rows)
+  where the labels carry values.
+
+  Args:
+    labels: the data's training label rows (the original rows first).
+    keep: the kept original rows, sorted.
+    num_original: the original rows' count; rows after them are label-text rows.
+    held_out: a copy of the other original rows (the validation split's labels).
+  Returns:
+    The kept rows.
+  """
+  extra = np.arange(num_original, labels.num_rows)
+  base = labels.base if isinstance(labels, WithLabelRows) else labels
+  if base.values is not None:
+    return take_rows(labels, np.concatenate([keep, extra]))
+  if isinstance(labels, WithLabelRows):
+    return WithLabelRows(SelectedRows(base, keep, complement=held_out))
+  return SelectedRows(base, np.concatenate([keep, extra]), complement=held_out)

@@ -29,7 +29,7 @@ import numpy as np
 
 from astra_jax.ann import index as index_lib
 from astra_jax.data import csr_files, label_cache, rowsets
-from astra_jax.data.sparse_rows import SparseRows, WithLabelRows
+from astra_jax.data.sparse_rows import SelectedRows, SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
 from astra_jax.negatives import mining
 from astra_jax.runtime import cpu_budget, host_memory, tmpnames
@@ -86,22 +86,40 @@ class RefreshJob:
       json.dump(dataclasses.asdict(self), f)
 
 
-def positives_source(labels: SparseRows | WithLabelRows, directory: str) -> str:
+def positives_source(labels: SparseRows | SelectedRows | WithLabelRows, directory: str) -> str:
   """Where a worker reads the training positives, a small JSON: for rows memory-mapped from
   a label cache, naming the cache (the worker maps the same files: no copy, one page-cache
-  copy per node); for rows held only in RAM (a validation split's), naming .npy files of
-  them written beside it, which the worker maps. Returns its path."""
+  copy per node); for rows picked from a label cache (the rows a validation split keeps),
+  naming the cache and an .npy of the picked row ids written beside it; for rows held only
+  in RAM, naming .npy files of them written beside it. The worker maps every file.
+
+  Args:
+    labels: the training rows' positives.
+    directory: where the JSON (and any .npy) is written.
+  Returns:
+    The JSON's path.
+  """
   base = labels.base if isinstance(labels, WithLabelRows) else labels
   path = os.path.join(directory, "train_labels.json")
-  if base.cache:
-    with atomic_text_writer(path) as f:
-      json.dump({"cache": base.cache, "label_rows": isinstance(labels, WithLabelRows)}, f)
+  view = {"label_rows": isinstance(labels, WithLabelRows)}
+  if isinstance(base, SelectedRows) and base.base.cache:
+    rows_path = os.path.join(directory, "train_label_rows.npy")
+    tmp = f"{rows_path}.tmp-{tmpnames.unique_suffix()}"
+    with open(tmp, "wb") as f:
+      np.save(f, base.rows)
+    os.replace(tmp, rows_path)  # a worker maps whole files only
+    view.update(cache=base.base.cache, rows=rows_path)
+  elif base.cache:
+    view.update(cache=base.cache)
   else:
     save_labels(path, labels)
+    return path
+  with atomic_text_writer(path) as f:
+    json.dump(view, f)
   return path
 
 
-def save_labels(path: str, labels: SparseRows | WithLabelRows) -> None:
+def save_labels(path: str, labels: SparseRows | SelectedRows | WithLabelRows) -> None:
   """`labels` as .npy files beside `path` (written a block at a time, never copied whole)
   and `path`, a JSON naming them."""
   stem = path[: -len(".json")] if path.endswith(".json") else path
@@ -110,12 +128,14 @@ def save_labels(path: str, labels: SparseRows | WithLabelRows) -> None:
     json.dump({"arrays": arrays, "num_cols": labels.num_cols}, f)
 
 
-def load_labels(path: str) -> SparseRows | WithLabelRows:
+def load_labels(path: str) -> SparseRows | SelectedRows | WithLabelRows:
   """The positives `positives_source` or `save_labels` wrote, memory-mapped."""
   with open(path) as f:
     view = json.load(f)
   if "cache" in view:
     rows = label_cache.open_cache(view["cache"])
+    if "rows" in view:
+      rows = SelectedRows(rows, np.load(view["rows"], mmap_mode="r"))
     return WithLabelRows(rows) if view["label_rows"] else rows
   arrays = view["arrays"]
   return SparseRows(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from astra_jax.plan.inputs import padded_rows
-from astra_jax.plan.quantities import Quantities
+from astra_jax.plan.quantities import Quantities, split_rows
 from astra_jax.plan.records import Item, NodeLayout
 
 # Preparation, measured by benchmarks/data_scale.py (docs/results/data.md): the label
@@ -81,6 +81,15 @@ def disk_items(config, q: Quantities) -> list[Item]:
         "label caches (training + test labels)",
         q.label_cache_bytes + test_cache,
         "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'",
+      )
+    )
+  kept, held_out = split_rows(q, config.data.get("validation_fraction", 0.0))
+  if q.nnz and held_out and q.schedule.uses_index:
+    disk.append(
+      Item(
+        f"validation split: the kept rows' ids, for the refresh workers ({per})",
+        Pn * kept * 8,
+        "processes x N kept x 8",
       )
     )
   return disk + [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from astra_jax.plan.quantities import Quantities
+from astra_jax.plan.quantities import Quantities, split_rows
 from astra_jax.plan.records import Item, resident
 
 
@@ -86,8 +86,8 @@ def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
 
   Args:
     q: the plan's quantities.
-    validation_fraction: `data.validation_fraction`: the split copies the training rows'
-      labels into RAM (data/validation.take_rows), the kept rows and the held-out ones.
+    validation_fraction: `data.validation_fraction`: the split keeps the kept rows' ids
+      and a copy of the held-out rows' labels in RAM (data/validation.py).
   """
   rows, T, Pn = q.rows, q.T, q.Pn
   notes = []
@@ -103,22 +103,33 @@ def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
     "(N + 1) x 8 + nnz x 4 + L x 4",
     paged=True,
   )
+  kept, held_out = split_rows(q, validation_fraction)
+  # A validation split's kept rows are read from the label cache through their row ids
+  # (sparse_rows.SelectedRows); a process writes the ids beside its refresh worker's inputs.
+  row_ids = Item(
+    f"validation split: the kept rows' ids, its process's .npy ({kept:,} int64)",
+    kept * 8,
+    "N kept x 8",
+    paged=True,
+  )
   if q.nnz:
     worker.append(
       dataclasses.replace(
         label_cache, name=f"training positives (label cache, ~{q.nnz_file:,} pairs)"
       )
     )
+    if held_out and q.schedule.uses_index:
+      worker.append(row_ids)
     trainer.insert(0, label_cache)
-    if validation_fraction:
-      trainer.insert(
-        1,
+    if held_out:
+      trainer[1:1] = [
+        Item(f"validation split: the kept rows' ids ({kept:,} int64)", kept * 8, "N kept x 8"),
         Item(
-          f"its label rows copied by the validation split (~{q.nnz_file:,} pairs)",
-          (q.label_cache_bytes - q.L * 4) + 8,
-          "(N + 2) x 8 + nnz x 4",
+          f"validation split: the held-out rows' labels, copied (~{int(held_out * q.lpp):,} pairs)",
+          (held_out + 1) * 8 + int(held_out * q.lpp) * 4,
+          "(N held out + 1) x 8 + their nnz x 4",
         ),
-      )
+      ]
   else:
     notes.append(
       "the label matrix is not counted (labels per point unknown): its cache, "
@@ -144,6 +155,12 @@ def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
   if q.nnz:
     node.append(
       Item("label cache (once per node)", q.label_cache_bytes, label_cache.formula, paged=True)
+    )
+  if q.nnz and held_out and q.schedule.uses_index:
+    node.append(
+      dataclasses.replace(
+        row_ids, name=f"validation split: kept rows' ids, .npy ({per})", bytes=Pn * row_ids.bytes
+      )
     )
   node += [
     Item(

@@ -39,6 +39,7 @@ class Quantities:
     negatives_own: bytes of a process's hard negatives.
     collection: bytes of the collected query embeddings.
     nnz_file, label_cache_bytes: the label cache's positives and bytes.
+    num_train: the training rows of the data's files (before any validation split).
   """
 
   enc: object
@@ -78,6 +79,7 @@ class Quantities:
   collection: int
   nnz_file: int
   label_cache_bytes: int
+  num_train: int
 
 
 def quantities(config, data: DataSize, layout: NodeLayout | None) -> tuple[Quantities, NodeLayout]:
@@ -170,5 +172,13 @@ def quantities(config, data: DataSize, layout: NodeLayout | None) -> tuple[Quant
     collection=collection,
     nnz_file=nnz_file,
     label_cache_bytes=label_cache_bytes,
+    num_train=data.num_train,
   )
   return q, layout
+
+
+def split_rows(q: Quantities, validation_fraction: float) -> tuple[int, int]:
+  """(kept, held-out) original training rows of a validation split (data/validation.py);
+  (num_train, 0) without one."""
+  held_out = round(validation_fraction * q.num_train) if validation_fraction else 0
+  return q.num_train - held_out, held_out
