@@ -131,3 +131,16 @@ def test_selected_rows_against_a_dense_reference():
     SelectedRows(base, pick, complement=complement.head(1))
   with pytest.raises(ValueError, match="unweighted"):
     SelectedRows(SparseRows.from_lists([[0]], 1), np.array([0]))
+
+
+@pytest.mark.parametrize("block", [1, 2, 1 << 16])
+def test_take_rows_in_blocks_copies_the_rows_asked(monkeypatch, block):
+  """take_rows reads `block` rows at a time into one copy: the rows a dense reference picks,
+  in the order asked, repeats and label-text rows included."""
+  monkeypatch.setattr(validation, "TAKE_BLOCK_ROWS", block)
+  base = _unweighted(SparseRows.from_lists([[0, 2], [], [1, 2, 3], [3], [0, 1]], 4))
+  labels = WithLabelRows(base)
+  pick = np.array([6, 4, 1, 2, 2, 0, 8])
+  got = validation.take_rows(labels, pick)
+  np.testing.assert_array_equal(got.to_dense(), labels.to_dense()[pick])
+  assert got.indices.dtype == np.int32 and got.values is None
