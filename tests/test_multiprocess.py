@@ -39,6 +39,11 @@ def _overrides(data_dir):
     # every candidate weight.
     "--config.data.validation_fraction=0.2",
     "--config.scoring.neighbour_weight_choices=(0.0,0.5,1.0)",
+    # A warm start first, each step's 64 pairs split over the four devices (one process
+    # with four, or four processes with one each): the classifier stage starts from the
+    # same encoder in both.
+    "--config.warmstart.epochs=1",
+    "--config.warmstart.batch_size=64",
   ]
 
 

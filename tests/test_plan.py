@@ -660,3 +660,25 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   assert t.search_on == "5 host cores"
   assert t.search_s == pytest.approx(queries * scored * 64 * refresh_time.HOST_SEARCH_CORE_S / 5)
   assert t.build_s == pytest.approx(2 * 4_000_000 * 64 * refresh_time.HOST_BUILD_CORE_S / 5)
+
+
+def test_the_warm_start_is_priced_by_hand():
+  """5,000 rows of 2.5 labels (the synthetic default) less a 10% validation split: 4,500
+  rows, 11,250 pairs. A process holds the rows' pair offsets and an epoch's pair order; at
+  1,000 training queries/s a GPU, a pair (two encoder passes) takes 1/500 s of a GPU, and the
+  batch splits over the 8 GPUs when they divide it."""
+  c = small_config(labels=1000, model=4)
+  assert plan.plan_config(c, "v100-32gb", mesh="2x4").warm_start is None
+  c.warmstart.epochs, c.warmstart.batch_size = 3, 64
+  c.data.validation_fraction = 0.1
+  p = plan.plan_config(c, "v100-32gb", mesh="2x4", train_queries_per_s=1000.0)
+  w = p.warm_start
+  assert (w.pairs, w.pairs_per_epoch, w.gpus) == (11_250, 11_250, 8)
+  assert [i.bytes for i in w.items] == [4501 * 8, 11_250 * 8]
+  assert w.epoch_s == pytest.approx(11_250 / (500 * 8)) and not w.estimated
+  assert "11,250 (query, label) pairs" in plan.format_plan(p)
+  c.warmstart.pairs_per_epoch, c.warmstart.batch_size = 2_000, 60  # 8 do not divide 60
+  w = plan.plan_config(c, "v100-32gb", mesh="2x4", train_queries_per_s=1000.0).warm_start
+  assert (w.pairs_per_epoch, w.gpus) == (2_000, 1)
+  assert [i.bytes for i in w.items] == [4501 * 8, 2_000 * 8]
+  assert w.epoch_s == pytest.approx(2_000 / 500)

@@ -32,8 +32,37 @@ def test_loss_by_hand_with_a_shared_label_masked():
 def test_pairs_are_the_original_rows_positives():
   base = SparseRows(np.array([0, 2, 2, 3]), np.array([4, 1, 0]), None, 5)
   pairs = warmstart.training_pairs(WithLabelRows(base), 3)
-  np.testing.assert_array_equal(pairs.rows, [0, 0, 2])
-  np.testing.assert_array_equal(pairs.labels, [4, 1, 0])
+  assert len(pairs) == 3
+  rows, labels = pairs.take(np.arange(3))
+  np.testing.assert_array_equal(rows, [0, 0, 2])
+  np.testing.assert_array_equal(labels, [4, 1, 0])
+  assert labels.dtype == np.int32
+
+
+def test_pairs_taken_in_any_order_match_the_listed_pairs():
+  """Pair p of every (row, positive) pair listed by hand in row order, for any p, through
+  rows without labels and the label-text rows after the original ones (never paired)."""
+  lists = [[3], [], [], [0, 2, 5], [1], [], [4, 0]]
+  base = SparseRows.from_lists(lists, 6)
+  base = SparseRows(base.indptr, base.indices, None, 6)
+  listed = [(r, l) for r, row in enumerate(lists) for l in row]
+  for labels in (base, WithLabelRows(base)):
+    pairs = warmstart.training_pairs(labels, len(lists))
+    assert len(pairs) == len(listed)
+    ids = np.array([6, 0, 3, 3, 1, 5, 2, 4])
+    rows, got = pairs.take(ids)
+    assert list(zip(rows.tolist(), got.tolist())) == [listed[i] for i in ids]
+
+
+def test_an_epoch_takes_every_pair_once_or_the_pairs_asked():
+  rng = np.random.default_rng(0)
+  np.testing.assert_array_equal(np.sort(warmstart.epoch_pairs(10, 0, rng)), np.arange(10))
+  np.testing.assert_array_equal(np.sort(warmstart.epoch_pairs(10, 50, rng)), np.arange(10))
+  drawn = warmstart.epoch_pairs(1000, 300, rng)
+  assert len(drawn) == 300 and drawn.min() >= 0 and drawn.max() < 1000
+  # Uniform: each tenth of 10^6 pairs gets about a tenth of 10^5 draws (sd ~95).
+  counts = np.bincount(warmstart.epoch_pairs(10**6, 100_000, rng) // 10**5, minlength=10)
+  assert np.all(np.abs(counts - 10_000) < 500), counts
 
 
 def _problem(n_labels=40, per_label=6, seed=0):
@@ -95,7 +124,7 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
 
     def run_step(*a):
       calls.append(1)
-      if len(calls) > 2 * (len(pairs.rows) // 32):
+      if len(calls) > 2 * (len(pairs) // 32):
         raise KeyboardInterrupt("killed")
       return step(*a)
 
@@ -162,3 +191,47 @@ def test_no_label_texts_is_a_config_error(tmp_path):
       warmstart.training_pairs(rows, rows.num_rows),
       str(tmp_path),
     )
+
+
+def test_pairs_per_epoch_sets_the_steps_and_still_learns(tmp_path, monkeypatch):
+  """With warmstart.pairs_per_epoch, an epoch is that many drawn pairs (here 2/3 of them:
+  5 steps of 32 instead of 7), and the stage still places queries nearest their texts."""
+  queries, texts, rows = _problem()
+  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  assert len(pairs) // 32 == 7
+  make_step, calls = warmstart._make_step, []
+
+  def counted(*args):
+    step = make_step(*args)
+    return lambda *a: calls.append(1) or step(*a)
+
+  monkeypatch.setattr(warmstart, "_make_step", counted)
+  config = _config(6)
+  config.warmstart.pairs_per_epoch = 160
+  graphdef, start = _encoder()
+  trained = warmstart.run(config, graphdef, start, queries, texts, pairs, str(tmp_path))
+  assert len(calls) == 6 * 5
+  assert _positive_rank_accuracy(graphdef, trained, queries, texts, rows) > 0.9
+
+
+def test_a_mesh_splits_the_pairs_and_trains_as_one_device(tmp_path):
+  """On a 4 x 2 mesh each of the 8 devices encodes 4 of a step's 32 pairs: the stage ends
+  where the one-device stage does (up to float reassociation), its parameters replicated
+  over the mesh; a batch the devices do not divide runs on one device."""
+  from astra_jax.parallel import sharding
+
+  queries, texts, rows = _problem()
+  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  graphdef, start = _encoder()
+  alone = warmstart.run(_config(2), graphdef, start, queries, texts, pairs, str(tmp_path / "a"))
+  mesh = sharding.make_mesh(4, 2)
+  graphdef, start = _encoder()
+  split = warmstart.run(
+    _config(2), graphdef, start, queries, texts, pairs, str(tmp_path / "b"), mesh
+  )
+  for (path, a), (_, b) in zip(nnx.to_flat_state(alone), nnx.to_flat_state(split)):
+    assert b.get_value().sharding.is_fully_replicated and len(b.get_value().devices()) == 8
+    np.testing.assert_allclose(
+      np.asarray(a.get_value()), np.asarray(b.get_value()), rtol=2e-4, atol=2e-5, err_msg=path
+    )
+  assert warmstart._batch_placement(mesh, 36) is None

@@ -43,6 +43,9 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.warmstart.lr = 1e-3  # Adam, linear warmup then cosine decay to 0
   c.warmstart.warmup_steps = 100
   c.warmstart.inverse_temperature = 20.0  # logits = this x cosine similarity
+  # Pairs an epoch: 0 takes every (query, positive) pair once in a random order; N > 0 draws
+  # N pairs uniformly with replacement each epoch (for datasets whose pairs are too many).
+  c.warmstart.pairs_per_epoch = 0
 
   c.train = ml_collections.ConfigDict()
   c.train.epochs = 10
@@ -183,6 +186,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
   require(c.train.hang_timeout_s >= 0, "train.hang_timeout_s", "must be >= 0 (0: no watchdog)")
   require(c.warmstart.epochs >= 0, "warmstart.epochs", "must be >= 0 (0: no warm start)")
   require(c.warmstart.batch_size >= 2, "warmstart.batch_size", "must be >= 2 (in-batch negatives)")
+  require(
+    c.warmstart.get("pairs_per_epoch", 0) >= 0,
+    "warmstart.pairs_per_epoch",
+    "must be >= 0 (0: every pair once an epoch)",
+  )
   require(
     c.warmstart.lr > 0 and c.warmstart.inverse_temperature > 0,
     "warmstart",

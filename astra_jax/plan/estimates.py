@@ -38,6 +38,7 @@ from astra_jax.plan.records import GPUS, USABLE_FRACTION, DataSize, GiB, NodeLay
 from astra_jax.plan.refresh_time import refresh_times
 from astra_jax.plan.score_extras import score_extras
 from astra_jax.plan.vote_time import vote_time
+from astra_jax.plan.warm_start import warm_start_cost
 from astra_jax.runtime.errors import InputError
 
 
@@ -80,6 +81,13 @@ def make_plan(
       f"the vote's exact search takes ~{votes.search_s / 3600:.1f} h on {votes.search_on} here; "
       "scoring.neighbour_search=scann searches through a ScaNN index instead, its recall "
       "at this size unmeasured (docs/results/vote_search.md)"
+    )
+  warm = warm_start_cost(config, q, gpu, train_queries_per_s)
+  if warm and warm.epoch_s * warm.epochs > 24 * 3600:
+    notes.append(
+      f"the warm start takes ~{warm.epoch_s * warm.epochs / 3600:,.0f} h "
+      f"({warm.epochs} epochs of {warm.pairs_per_epoch:,} pairs on {warm.gpus} GPU(s)); "
+      "warmstart.pairs_per_epoch bounds an epoch's pairs"
     )
   enc = q.enc
   return Plan(
@@ -137,6 +145,7 @@ def make_plan(
     score_device_items=extras.device,
     vote_search=extras.vote_search,
     vote_time=votes,
+    warm_start=warm,
   )
 
 

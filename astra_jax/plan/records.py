@@ -99,6 +99,32 @@ class VoteTime:
   search_on: str
 
 
+@dataclasses.dataclass(frozen=True)
+class WarmStartCost:
+  """The warm start's pairs, a process's memory during the stage, and its seconds
+  (warm_start.py).
+
+  Attributes:
+    pairs: the (query, positive) pairs of the kept training rows.
+    pairs_per_epoch: those an epoch takes.
+    epochs: `warmstart.epochs`.
+    items: host RAM of each process during the stage.
+    gpus: the GPUs a step's pairs are split over.
+    pairs_per_s: pairs a second over those GPUs (0: the GPU kind has no rates).
+    epoch_s: an epoch's seconds (0 without a rate).
+    estimated: whether the rate is the plan's estimate rather than a given one.
+  """
+
+  pairs: int
+  pairs_per_epoch: int
+  epochs: int
+  items: list[Item]
+  gpus: int
+  pairs_per_s: float
+  epoch_s: float
+  estimated: bool
+
+
 @dataclasses.dataclass
 class Plan:
   config_name: str
@@ -126,6 +152,8 @@ class Plan:
   score_device_items: list[Item] = dataclasses.field(default_factory=list)
   vote_search: VoteSearchCost | None = None
   vote_time: VoteTime | None = None
+  # Before W exists: the warm start's pairs, memory and hours (warm_start.WarmStartCost).
+  warm_start: WarmStartCost | None = None
 
   @property
   def node_total(self) -> int:

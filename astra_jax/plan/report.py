@@ -70,6 +70,7 @@ def format_plan(p: Plan) -> str:
       p.prep_items,
       ("peak", p.prep_peak),
     ),
+    ("host RAM, each process in the warm start (before W)", _warm_items(p), None),
     ("host RAM, each refresh worker", p.worker_items, None),
     ("host RAM, each training process", p.trainer_items, None),
     ("host RAM, the node in training", p.node_items, ("total, every memmap hot", p.node_total)),
@@ -95,12 +96,30 @@ def format_plan(p: Plan) -> str:
       lines.append(f"    {label:<72}{_gib(resident(items))}")
     if items is p.score_items and p.vote_search:
       lines += _vote_search_lines(p.vote_search, p.vote_time)
+    if p.warm_start and items and items[0] is p.warm_start.items[0]:
+      lines += _warm_start_lines(p.warm_start)
   lines += refresh_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
   if p.suggestions:
     lines += ["", "  to make it fit:"] + [f"    - {x}" for x in p.suggestions]
   return "\n".join(lines)
+
+
+def _warm_items(p: Plan) -> list:
+  return p.warm_start.items if p.warm_start else []
+
+
+def _warm_start_lines(w) -> list[str]:
+  """The warm start's pairs and hours (warm_start.WarmStartCost) in the plan's words."""
+  lines = [f"    {w.pairs:,} (query, label) pairs; an epoch takes {w.pairs_per_epoch:,}"]
+  if w.epoch_s:
+    lines.append(
+      f"    {'estimated' if w.estimated else 'at the given rate'}: {w.pairs_per_s:,.0f} pairs/s "
+      f"on {w.gpus} GPU{'s' if w.gpus > 1 else ''}, {w.epoch_s / 3600:,.2f} h an epoch, "
+      f"{w.epochs * w.epoch_s / 3600:,.2f} h for {w.epochs}"
+    )
+  return lines
 
 
 def _vote_search_lines(v: VoteSearchCost, t: VoteTime | None) -> list[str]:

@@ -7,18 +7,20 @@ classifier stage then starts from that encoder, and with `classifier.init=label_
 w_l starts at E(z_l), which the stage made meaningful: a label with one or no training
 point scores queries by their similarity to its text from the first step.
 
-The stage runs for `warmstart.epochs` passes over the training pairs, before W exists. An
+The stage runs for `warmstart.epochs` passes over the training pairs, before W exists (or,
+with `warmstart.pairs_per_epoch`, epochs of that many pairs drawn at random: SS-20M's 3.8e9
+pairs make one full pass thousands of GPU-hours). An
 epoch ends with a checkpoint in WORKDIR/warmstart (orbax, the encoder and its optimizer
 state) when `checkpoint.every_minutes` have passed since the last one, and the last epoch
 always does, so a killed run resumes at its last saved epoch, and a run whose stage is done
-restores its result instead of training it again. The stage is replicated: on a mesh every
-device (and process) computes the same step, which is cheap next to the classifier stage
-and keeps the stage free of sharding rules.
+restores its result instead of training it again. The stage is data parallel: each device
+of the mesh encodes its slice of a step's pairs with a replicated encoder, and the in-batch
+softmax sees the whole batch (XLA gathers the embeddings), so a step equals the one-device
+step and the stage's pairs per second grow with the devices.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 
@@ -29,30 +31,69 @@ import optax
 import orbax.checkpoint as ocp
 from absl import logging
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 
+from astra_jax.parallel import sharding
 from astra_jax.runtime.errors import InputError
 
 
-@dataclasses.dataclass(frozen=True)
-class Pairs:
-  """Every (training row, positive label) pair of the original training rows."""
+class TrainingPairs:
+  """Every (training row, positive label) pair of the original training rows, in row order,
+  read from the label rows a batch at a time rather than held: SS-20M has 3.8e9 pairs, 45 GB
+  as int64 rows and int32 labels, where the rows' pair offsets are 1.2 GB."""
 
-  rows: np.ndarray  # (n,) int64 training-row index
-  labels: np.ndarray  # (n,) int32 label id
+  def __init__(self, train_labels, num_rows: int):
+    """
+    Args:
+      train_labels: the training label rows (SparseRows, SelectedRows or WithLabelRows).
+      num_rows: how many leading rows are training points (label-text rows would pair a
+        text with itself).
+    """
+    self.labels = train_labels
+    self.offsets = np.zeros(num_rows + 1, np.int64)
+    np.cumsum(train_labels.row_lengths(np.arange(num_rows, dtype=np.int64)), out=self.offsets[1:])
+
+  def __len__(self) -> int:
+    return int(self.offsets[-1])
+
+  def take(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs numbered `ids` (0 .. len - 1, in row order).
+
+    Args:
+      ids: (n,) pair numbers.
+    Returns:
+      (rows (n,) int64, labels (n,) int32).
+    """
+    ids = np.asarray(ids, np.int64)
+    # The row holding pair p is the last whose offset is <= p (rows without labels share
+    # their offset with the next row, which holds the pair).
+    rows = np.searchsorted(self.offsets, ids, side="right") - 1
+    lengths = self.offsets[rows + 1] - self.offsets[rows]
+    _, labels = self.labels.entries(rows)
+    first = np.cumsum(lengths) - lengths  # each row's first entry among `labels`
+    return rows, labels[first + ids - self.offsets[rows]].astype(np.int32)
 
 
-def training_pairs(train_labels, num_rows: int) -> Pairs:
-  """The (row, label) pairs of the first `num_rows` rows of `train_labels` (the original
-  training rows; label-text rows would pair a text with itself).
+def training_pairs(train_labels, num_rows: int) -> TrainingPairs:
+  """The (row, label) pairs of the first `num_rows` rows of `train_labels` (TrainingPairs)."""
+  return TrainingPairs(train_labels, num_rows)
+
+
+def epoch_pairs(num_pairs: int, per_epoch: int, rng: np.random.Generator) -> np.ndarray:
+  """The pair numbers of one epoch, in the order its batches take them: every pair once in
+  a random order, or, with `per_epoch` in (0, num_pairs), that many drawn uniformly with
+  replacement (O(per_epoch) memory; a permutation of SS-20M's pairs would be 30 GB).
 
   Args:
-    train_labels: the training label rows (SparseRows or WithLabelRows).
-    num_rows: how many leading rows are training points.
+    num_pairs: the pairs there are.
+    per_epoch: `warmstart.pairs_per_epoch` (0: all).
+    rng: the epoch's generator.
   Returns:
-    The pairs, in row order.
+    (n,) int64 pair numbers.
   """
-  rows, labels = train_labels.entries(np.arange(num_rows, dtype=np.int64))
-  return Pairs(rows.astype(np.int64), labels.astype(np.int32))
+  if not per_epoch or per_epoch >= num_pairs:
+    return rng.permutation(num_pairs)
+  return rng.integers(0, num_pairs, per_epoch, dtype=np.int64)
 
 
 def in_batch_softmax_loss(
@@ -94,14 +135,32 @@ def _make_step(graphdef, optimizer: optax.GradientTransformation, inverse_temper
   return step
 
 
+def _batch_placement(mesh: jax.sharding.Mesh | None, batch: int):
+  """A function placing a host batch array on the mesh split by rows over every device, or
+  None where the stage runs on one device (no mesh, one device, or a batch the devices do
+  not divide: the in-batch softmax takes no padding). Every process builds the same batch
+  and hands over the slices of its own devices."""
+  if mesh is None or mesh.size == 1 or batch % mesh.size:
+    if mesh is not None and mesh.size > 1:
+      logging.info(
+        "warm start: batch %d is not a multiple of the %d devices; one device runs it",
+        batch,
+        mesh.size,
+      )
+    return None
+  split = NamedSharding(mesh, P(sharding.ALL))
+  return lambda x: jax.make_array_from_callback(x.shape, split, lambda idx: x[idx])
+
+
 def run(
   config,
   graphdef,
   enc_params: nnx.State,
   train_tokens,
   label_tokens: np.ndarray | None,
-  pairs: Pairs,
+  pairs: TrainingPairs,
   workdir: str,
+  mesh: jax.sharding.Mesh | None = None,
 ) -> nnx.State:
   """Trains the encoder for `config.warmstart.epochs` siamese epochs (resuming, or restoring
   a finished stage, from WORKDIR/warmstart) and returns its parameters.
@@ -110,12 +169,15 @@ def run(
     config: the run's config (`warmstart.*`, `train.seed`).
     graphdef: the encoder's NNX graph definition.
     enc_params: its starting parameters.
-    train_tokens: (N, T) token rows, indexed by `pairs.rows`.
+    train_tokens: (N, T) token rows, indexed by the pairs' rows.
     label_tokens: (L, T) label-text tokens.
-    pairs: the (row, label) pairs to train on.
+    pairs: the (row, label) pairs to train on (`warmstart.pairs_per_epoch` of them an
+      epoch, or all).
     workdir: the run's directory.
+    mesh: the run's mesh; when its devices divide the batch, each takes its slice of the
+      pairs (data parallel), the encoder replicated. None: the default device.
   Returns:
-    The warm-started encoder parameters.
+    The warm-started encoder parameters (replicated over the mesh when it split the batch).
   Raises:
     InputError: the dataset has no label texts, or too few pairs for one batch.
   """
@@ -126,11 +188,16 @@ def run(
       f"with label texts, and {config.data.dir} has none"
     )
   batch = ws.batch_size
-  steps_per_epoch = len(pairs.rows) // batch
+  per_epoch = ws.get("pairs_per_epoch", 0)
+  steps_per_epoch = min(per_epoch or len(pairs), len(pairs)) // batch
   if steps_per_epoch < 1:
     raise InputError(
-      f"config.warmstart.batch_size={batch}: only {len(pairs.rows)} (query, label) pairs"
+      f"config.warmstart.batch_size={batch}: only {len(pairs)} (query, label) pairs"
+      + (f" and warmstart.pairs_per_epoch={per_epoch}" if per_epoch else "")
     )
+  put = _batch_placement(mesh, batch)
+  if put is not None:
+    enc_params = jax.device_put(enc_params, NamedSharding(mesh, P()))
   total = steps_per_epoch * ws.epochs
   schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, min(ws.warmup_steps, total // 2), total)
   optimizer = optax.adam(schedule)
@@ -159,18 +226,21 @@ def run(
   every_s = 60.0 * config.checkpoint.every_minutes if "checkpoint" in config else 0.0
   last_save = time.time()
   for epoch in range(done, ws.epochs):
-    order = np.random.default_rng([config.train.seed, epoch]).permutation(len(pairs.rows))
+    rng = np.random.default_rng([config.train.seed, epoch])
+    order = epoch_pairs(len(pairs), per_epoch, rng)
     start, losses = time.time(), []
     for s in range(steps_per_epoch):
-      take = np.sort(order[s * batch : (s + 1) * batch])
-      q = np.asarray(train_tokens[pairs.rows[take]], np.int32)
-      z = np.asarray(label_tokens[pairs.labels[take]], np.int32)
+      rows, labels = pairs.take(np.sort(order[s * batch : (s + 1) * batch]))
+      q = np.asarray(train_tokens[rows], np.int32)
+      z = np.asarray(label_tokens[labels], np.int32)
+      if put is not None:
+        q, z, labels = put(q), put(z), put(labels)
       enc_params, opt_state, loss = step(
         enc_params,
         opt_state,
         q,
         z,
-        pairs.labels[take],
+        labels,
         jax.random.fold_in(key, epoch * steps_per_epoch + s),
       )
       losses.append(loss)
