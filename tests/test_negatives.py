@@ -836,3 +836,25 @@ def test_device_refresh_mines_what_the_host_exact_refresh_mines(tmp_path):
   stats = refresh.wait()
   np.testing.assert_array_equal(np.load(device.out_path), np.load(job.out_path))
   assert stats["recall"] == 1.0 and stats["in_process"] and not refresh.busy
+
+
+def test_a_synchronous_refresh_embeds_its_queries_a_block_at_a_time(tmp_path, monkeypatch):
+  """With nothing pipelined (tau_s = 0) the queries are embedded EMBED_BLOCK_ROWS rows at a
+  time into the refresh's file (not all at once in RAM): every row, in order."""
+  from astra_jax.negatives import manager as manager_lib
+
+  monkeypatch.setattr(manager_lib, "EMBED_BLOCK_ROWS", 3)
+  labels = _ten_queries()
+  schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=0, tau_r=1, epochs=2)
+  rng = np.random.default_rng(0)
+  w, q = rng.normal(size=(12, 4)), rng.normal(size=(10, 4)).astype(np.float32)
+  asked = []
+
+  def embed(rows):
+    asked.append(len(rows))
+    return q[rows]
+
+  hard = manager_lib.HardNegatives(schedule, str(tmp_path), labels, 4, EXACT)
+  hard.start_epoch(0, lambda: w, embed)
+  assert asked == [3, 3, 3, 1]
+  np.testing.assert_array_equal(np.load(hard._paths(0).queries), q)
