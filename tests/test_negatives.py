@@ -841,9 +841,9 @@ def test_device_refresh_mines_what_the_host_exact_refresh_mines(tmp_path):
 def test_a_synchronous_refresh_embeds_its_queries_a_block_at_a_time(tmp_path, monkeypatch):
   """With nothing pipelined (tau_s = 0) the queries are embedded EMBED_BLOCK_ROWS rows at a
   time into the refresh's file (not all at once in RAM): every row, in order."""
-  from astra_jax.negatives import manager as manager_lib
+  from astra_jax.negatives import manager as manager_lib, mining
 
-  monkeypatch.setattr(manager_lib, "EMBED_BLOCK_ROWS", 3)
+  monkeypatch.setattr(mining, "EMBED_BLOCK_ROWS", 3)
   labels = _ten_queries()
   schedule = NegativeSchedule(strategy("random+w_hard"), k_h=2, k_r=4, tau_s=0, tau_r=1, epochs=2)
   rng = np.random.default_rng(0)

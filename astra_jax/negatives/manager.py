@@ -41,12 +41,10 @@ from astra_jax.negatives.refresh import (
   run_job,
 )
 from astra_jax.negatives.schedule import NegativeSchedule, NegativeSplit
-from astra_jax.runtime import distributed, tmpnames
+from astra_jax.runtime import distributed
 
 DEFAULT_INDEX = IndexKnobs()  # "auto", the ScaNN knobs scaled to L
 VectorsFn = Callable[[], np.ndarray]  # (L, d) label vectors to index, now
-# Training rows embedded at a time where a refresh's queries are embedded in place.
-EMBED_BLOCK_ROWS = 1 << 20
 EmbedFn = Callable[[np.ndarray], np.ndarray]  # training row ids -> (n, d) embeddings, now
 
 
@@ -368,16 +366,7 @@ class HardNegatives:
     paths = self._paths(epoch)
     mining.save_atomic(paths.vectors, np.asarray(vectors, np.float32))
     if self.writes_queries:
-      # A block of rows at a time into the file: all of them at once would be N x d x 4
-      # bytes of RAM (42 GB at SS-20M's d = 64).
-      tmp = f"{paths.queries}.tmp-{tmpnames.unique_suffix()}.npy"
-      out = np.lib.format.open_memmap(tmp, "w+", np.float32, (self.num_rows, self.dim))
-      for lo in range(0, self.num_rows, EMBED_BLOCK_ROWS):
-        hi = min(lo + EMBED_BLOCK_ROWS, self.num_rows)
-        out[lo:hi] = embed_fn(np.arange(lo, hi))
-      out.flush()
-      del out
-      os.replace(tmp, paths.queries)
+      mining.save_embedded(paths.queries, self.num_rows, self.dim, embed_fn)
     distributed.barrier(f"negatives: queries of refresh {epoch} written")
 
   def _load(self, epoch: int) -> np.ndarray:

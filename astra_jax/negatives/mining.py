@@ -6,6 +6,7 @@ No jax here: this module runs inside the refresh worker process."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 
@@ -121,6 +122,32 @@ def overlap_at_k(found: np.ndarray, truth: np.ndarray) -> float:
     y = y[y >= 0]
     shares.append(len(np.intersect1d(x[x >= 0], y)) / len(y) if len(y) else 1.0)
   return float(np.mean(shares)) if shares else 1.0
+
+
+# Rows save_embedded embeds at a time.
+EMBED_BLOCK_ROWS = 1 << 20
+
+
+def save_embedded(
+  path: str, num_rows: int, dim: int, embed_fn: Callable[[np.ndarray], np.ndarray]
+) -> None:
+  """The (num_rows, dim) float32 embeddings of rows 0 .. num_rows - 1 as an .npy, embedded
+  EMBED_BLOCK_ROWS at a time into a memmap under a temporary name, then renamed: all rows
+  at once would be N x d x 4 bytes of RAM (42 GB at SS-20M's d = 64).
+
+  Args:
+    path: the .npy to write.
+    num_rows, dim: its shape.
+    embed_fn: row ids -> (n, dim) embeddings.
+  """
+  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npy"
+  out = np.lib.format.open_memmap(tmp, "w+", np.float32, (num_rows, dim))
+  for lo in range(0, num_rows, EMBED_BLOCK_ROWS):
+    hi = min(lo + EMBED_BLOCK_ROWS, num_rows)
+    out[lo:hi] = embed_fn(np.arange(lo, hi))
+  out.flush()
+  del out
+  os.replace(tmp, path)
 
 
 def save_atomic(path: str, array: np.ndarray) -> None:
