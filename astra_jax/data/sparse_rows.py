@@ -220,13 +220,6 @@ class WithLabelRows:
     yield from self.base.blocks(max_rows)
     yield from identity.blocks(max_rows)
 
-  def stacked(self) -> SparseRows:
-    """The rows as one SparseRows in RAM (a copy: for small matrices held in RAM anyway)."""
-    L = self.num_cols
-    return self.base.vstack(
-      SparseRows(np.arange(L + 1, dtype=np.int64), np.arange(L, dtype=np.int32), None, L)
-    )
-
 
 class StackedRows:
   """The rows of `first`, then those of `second`, without copying either: the neighbour
