@@ -42,8 +42,8 @@ class RowSubset:
     return out if dtype is None else out.astype(dtype)
 
 
-# Rows take_rows reads at a time: its int64 temporaries are a block's, not the copy's
-# (4 x 8 bytes a positive for all of a split's rows would be ~12 GB at SS-20M's 10%).
+# Rows take_rows reads at a time: its int64 temporaries (four arrays of 8 bytes a positive)
+# are a block's, not the whole copy's.
 TAKE_BLOCK_ROWS = 1 << 16
 
 

@@ -133,7 +133,7 @@ def save_embedded(
 ) -> None:
   """The (num_rows, dim) float32 embeddings of rows 0 .. num_rows - 1 as an .npy, embedded
   EMBED_BLOCK_ROWS at a time into a memmap under a temporary name, then renamed: all rows
-  at once would be N x d x 4 bytes of RAM (42 GB at SS-20M's d = 64).
+  at once would be N x d x 4 bytes of one process's RAM.
 
   Args:
     path: the .npy to write.

@@ -8,8 +8,8 @@ w_l starts at E(z_l), which the stage made meaningful: a label with one or no tr
 point scores queries by their similarity to its text from the first step.
 
 The stage runs for `warmstart.epochs` passes over the training pairs, before W exists (or,
-with `warmstart.pairs_per_epoch`, epochs of that many pairs drawn at random: SS-20M's 3.8e9
-pairs make one full pass thousands of GPU-hours). An
+with `warmstart.pairs_per_epoch`, epochs of that many pairs drawn at random, for datasets
+whose pairs are too many to take every one each epoch). An
 epoch ends with a checkpoint in WORKDIR/warmstart (orbax, the encoder and its optimizer
 state) when `checkpoint.every_minutes` have passed since the last one, and the last epoch
 always does, so a killed run resumes at its last saved epoch, and a run whose stage is done
@@ -39,8 +39,8 @@ from astra_jax.runtime.errors import InputError
 
 class TrainingPairs:
   """Every (training row, positive label) pair of the original training rows, in row order,
-  read from the label rows a batch at a time rather than held: SS-20M has 3.8e9 pairs, 45 GB
-  as int64 rows and int32 labels, where the rows' pair offsets are 1.2 GB."""
+  read from the label rows a batch at a time rather than held (12 bytes a pair): only the
+  rows' pair offsets are kept, 8 bytes a row."""
 
   def __init__(self, train_labels, num_rows: int):
     """
@@ -82,7 +82,7 @@ def training_pairs(train_labels, num_rows: int) -> TrainingPairs:
 def epoch_pairs(num_pairs: int, per_epoch: int, rng: np.random.Generator) -> np.ndarray:
   """The pair numbers of one epoch, in the order its batches take them: every pair once in
   a random order, or, with `per_epoch` in (0, num_pairs), that many drawn uniformly with
-  replacement (O(per_epoch) memory; a permutation of SS-20M's pairs would be 30 GB).
+  replacement (8 bytes a drawn pair, where a permutation is 8 bytes a pair of the data).
 
   Args:
     num_pairs: the pairs there are.
