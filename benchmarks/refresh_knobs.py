@@ -56,7 +56,7 @@ from absl import app, flags
 
 from astra_jax.ann import grouped_index, index as index_lib
 from astra_jax.config import base as config_base
-from astra_jax.data import rowsets, xc_format
+from astra_jax.data import sparse_rows, xc_format
 from astra_jax.negatives import mining
 from astra_jax.runtime import cpu_budget
 
@@ -176,7 +176,7 @@ def label_sets(rng: np.random.Generator):
     timed = np.sort(drawn[FLAGS.num_queries :])
     positives = None
     if FLAGS.labels:
-      positives = rowsets.row_subset(xc_format.read_sparse(FLAGS.labels, len(w)), pick)
+      positives = sparse_rows.row_subset(xc_format.read_sparse(FLAGS.labels, len(w)), pick)
     w = np.ascontiguousarray(w, np.float32)
     q = np.asarray(all_queries[pick], np.float32)
     yield len(w), w, q, np.asarray(all_queries[timed], np.float32), positives

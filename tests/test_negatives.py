@@ -741,15 +741,15 @@ def test_overlap_at_k_by_hand():
 
 
 def test_row_subset_keeps_the_rows_in_the_order_asked():
-  from astra_jax.data import rowsets
+  from astra_jax.data import sparse_rows
   from astra_jax.data.sparse_rows import WithLabelRows
 
   labels = SparseRows.from_lists([[1, 2], [3], [], [4, 5, 6]], 7)
-  sub = rowsets.row_subset(labels, np.array([3, 0, 2]))
+  sub = sparse_rows.row_subset(labels, np.array([3, 0, 2]))
   assert [sub.row(i).tolist() for i in range(3)] == [[4, 5, 6], [1, 2], []]
   assert sub.num_cols == 7
   # Rows past the training rows of a WithLabelRows are the labels' own rows (label j: [j]).
-  both = rowsets.row_subset(WithLabelRows(labels), np.array([5, 1]))
+  both = sparse_rows.row_subset(WithLabelRows(labels), np.array([5, 1]))
   assert [both.row(i).tolist() for i in range(2)] == [[1], [3]]
 
 

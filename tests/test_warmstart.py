@@ -31,7 +31,7 @@ def test_loss_by_hand_with_a_shared_label_masked():
 
 def test_pairs_are_the_original_rows_positives():
   base = SparseRows(np.array([0, 2, 2, 3]), np.array([4, 1, 0]), None, 5)
-  pairs = warmstart.training_pairs(WithLabelRows(base), 3)
+  pairs = warmstart.TrainingPairs(WithLabelRows(base), 3)
   assert len(pairs) == 3
   rows, labels = pairs.take(np.arange(3))
   np.testing.assert_array_equal(rows, [0, 0, 2])
@@ -47,7 +47,7 @@ def test_pairs_taken_in_any_order_match_the_listed_pairs():
   base = SparseRows(base.indptr, base.indices, None, 6)
   listed = [(r, l) for r, row in enumerate(lists) for l in row]
   for labels in (base, WithLabelRows(base)):
-    pairs = warmstart.training_pairs(labels, len(lists))
+    pairs = warmstart.TrainingPairs(labels, len(lists))
     assert len(pairs) == len(listed)
     ids = np.array([6, 0, 3, 3, 1, 5, 2, 4])
     rows, got = pairs.take(ids)
@@ -108,7 +108,7 @@ def _positive_rank_accuracy(graphdef, params, queries, texts, rows):
 
 def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
   queries, texts, rows = _problem()
-  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  pairs = warmstart.TrainingPairs(rows, rows.num_rows)
   graphdef, start = _encoder()
   before = _positive_rank_accuracy(graphdef, start, queries, texts, rows)
   straight = warmstart.run(
@@ -145,7 +145,7 @@ def test_stage_learns_and_resumes_exactly(tmp_path, monkeypatch):
 
 def test_stage_saves_on_the_checkpoint_clock_and_always_at_its_end(tmp_path, monkeypatch):
   queries, texts, rows = _problem()
-  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  pairs = warmstart.TrainingPairs(rows, rows.num_rows)
   saved, save = [], warmstart.ocp.CheckpointManager.save
   monkeypatch.setattr(
     warmstart.ocp.CheckpointManager,
@@ -188,7 +188,7 @@ def test_no_label_texts_is_a_config_error(tmp_path):
       start,
       queries,
       None,
-      warmstart.training_pairs(rows, rows.num_rows),
+      warmstart.TrainingPairs(rows, rows.num_rows),
       str(tmp_path),
     )
 
@@ -197,7 +197,7 @@ def test_pairs_per_epoch_sets_the_steps_and_still_learns(tmp_path, monkeypatch):
   """With warmstart.pairs_per_epoch, an epoch is that many drawn pairs (here 2/3 of them:
   5 steps of 32 instead of 7), and the stage still places queries nearest their texts."""
   queries, texts, rows = _problem()
-  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  pairs = warmstart.TrainingPairs(rows, rows.num_rows)
   assert len(pairs) // 32 == 7
   make_step, calls = warmstart._make_step, []
 
@@ -221,7 +221,7 @@ def test_a_mesh_splits_the_pairs_and_trains_as_one_device(tmp_path):
   from astra_jax.parallel import sharding
 
   queries, texts, rows = _problem()
-  pairs = warmstart.training_pairs(rows, rows.num_rows)
+  pairs = warmstart.TrainingPairs(rows, rows.num_rows)
   graphdef, start = _encoder()
   alone = warmstart.run(_config(2), graphdef, start, queries, texts, pairs, str(tmp_path / "a"))
   mesh = sharding.make_mesh(4, 2)

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from astra_jax.ann.exact_topk import merge_topk, tile_score
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.parallel import mesh_embedding
-from astra_jax.parallel.sharding import ALL
+from astra_jax.parallel.sharding import ALL, from_host
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
 
@@ -361,4 +361,4 @@ def unit_rows(x: np.ndarray, mesh: jax.sharding.Mesh) -> jax.Array:
     x = x.astype(jnp.float32)
     return x / jnp.maximum(jnp.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
-  return unit(jax.make_array_from_callback(x.shape, sharding, lambda index: x[index]))
+  return unit(from_host(x, sharding))

@@ -122,15 +122,6 @@ def rows_of(labels: SparseRows, rows: np.ndarray) -> tuple[np.ndarray, np.ndarra
   return labels.entries(rows)
 
 
-def row_subset(labels: SparseRows, rows: np.ndarray) -> SparseRows:
-  """The given rows of a sparse matrix (SparseRows or WithLabelRows), in that order, as a
-  SparseRows of len(rows) rows."""
-  which, ids = rows_of(labels, rows)
-  indptr = np.zeros(len(rows) + 1, np.int64)
-  np.cumsum(np.bincount(which, minlength=len(rows)), out=indptr[1:])
-  return SparseRows(indptr, ids.astype(np.int32), None, labels.num_cols)
-
-
 def drop_and_compact(ranked: np.ndarray, drop: np.ndarray, k: int) -> np.ndarray:
   """Removes the dropped entries of each row (and -1s), keeps the order of the rest, returns
   the first k per row padded with -1."""

@@ -282,6 +282,23 @@ class StackedRows:
     yield from self.second.blocks(max_rows)
 
 
+def row_subset(labels, rows: np.ndarray) -> SparseRows:
+  """The given rows of a sparse matrix (SparseRows, WithLabelRows, SelectedRows or
+  StackedRows), in that order, as a SparseRows in RAM of len(rows) rows (a copy of those
+  rows only).
+
+  Args:
+    labels: the matrix.
+    rows: (n,) row ids of it.
+  Returns:
+    The rows.
+  """
+  which, ids = labels.entries(rows)
+  indptr = np.zeros(len(rows) + 1, np.int64)
+  np.cumsum(np.bincount(which, minlength=len(rows)), out=indptr[1:])
+  return SparseRows(indptr, ids.astype(np.int32), None, labels.num_cols)
+
+
 # Rows a SelectedRows materialises at a time where it must (counts, to_dense, blocks).
 _SELECTED_BLOCK = 1 << 20
 
@@ -327,11 +344,13 @@ class SelectedRows:
       if self.complement is not None:
         self._nnz = self.base.nnz - self.complement.nnz
       else:
-        self._nnz = sum(
-          int(self.base.row_lengths(self.rows[s : s + _SELECTED_BLOCK]).sum())
-          for s in range(0, self.num_rows, _SELECTED_BLOCK)
-        )
+        self._nnz = sum(int(n.sum()) for n in self._length_blocks())
     return self._nnz
+
+  def _length_blocks(self) -> Iterator[np.ndarray]:
+    """The selected rows' lengths, _SELECTED_BLOCK rows at a time."""
+    for s in range(0, self.num_rows, _SELECTED_BLOCK):
+      yield self.base.row_lengths(self.rows[s : s + _SELECTED_BLOCK])
 
   def row(self, i: int) -> np.ndarray:
     return self.base.row(int(self.rows[i]))
@@ -345,13 +364,7 @@ class SelectedRows:
     return self.base.row_lengths(picked)
 
   def max_row_length(self) -> int:
-    return max(
-      (
-        int(self.base.row_lengths(self.rows[s : s + _SELECTED_BLOCK]).max(initial=0))
-        for s in range(0, self.num_rows, _SELECTED_BLOCK)
-      ),
-      default=0,
-    )
+    return max((int(n.max(initial=0)) for n in self._length_blocks()), default=0)
 
   def column_counts(self) -> np.ndarray:
     """(num_cols,) int64 positives per label of the selected rows."""
@@ -370,19 +383,12 @@ class SelectedRows:
     """The first n rows (a view)."""
     return self if n == self.num_rows else SelectedRows(self.base, self.rows[:n])
 
-  def take(self, lo: int, hi: int) -> SparseRows:
-    """Rows [lo, hi) as a SparseRows in RAM (a copy of those rows only)."""
-    which, labels = self.entries(np.arange(lo, hi, dtype=np.int64))
-    indptr = np.zeros(hi - lo + 1, np.int64)
-    np.cumsum(np.bincount(which, minlength=hi - lo), out=indptr[1:])
-    return SparseRows(indptr, labels.astype(np.int32), None, self.num_cols)
-
   def blocks(self, max_rows: int) -> Iterator[SparseRows]:
     """The rows as consecutive matrices in RAM of at most `max_rows` rows each (and never
     more than 2^20: each is a copy)."""
     step = min(max_rows, _SELECTED_BLOCK)
     for lo in range(0, self.num_rows, step):
-      yield self.take(lo, min(lo + step, self.num_rows))
+      yield row_subset(self.base, self.rows[lo : lo + step])
 
   def to_dense(self) -> np.ndarray:
-    return self.take(0, self.num_rows).to_dense()
+    return row_subset(self.base, self.rows).to_dense()

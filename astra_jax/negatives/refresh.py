@@ -28,7 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from astra_jax.ann import index as index_lib
-from astra_jax.data import csr_files, label_cache, rowsets
+from astra_jax.data import csr_files, label_cache, sparse_rows
 from astra_jax.data.sparse_rows import SelectedRows, SparseRows, WithLabelRows
 from astra_jax.data.xc_format import atomic_text_writer
 from astra_jax.negatives import mining
@@ -104,10 +104,7 @@ def positives_source(labels: SparseRows | SelectedRows | WithLabelRows, director
   view = {"label_rows": isinstance(labels, WithLabelRows)}
   if isinstance(base, SelectedRows) and base.base.cache:
     rows_path = os.path.join(directory, "train_label_rows.npy")
-    tmp = f"{rows_path}.tmp-{tmpnames.unique_suffix()}"
-    with open(tmp, "wb") as f:
-      np.save(f, base.rows)
-    os.replace(tmp, rows_path)  # a worker maps whole files only
+    mining.save_atomic(rows_path, base.rows)  # a worker maps whole files only
     view.update(cache=base.base.cache, rows=rows_path)
   elif base.cache:
     view.update(cache=base.cache)
@@ -239,7 +236,7 @@ def _mine_shards(
       exact_top, exact_negatives = _exact_sample(
         rows,
         np.asarray(queries[sample]),
-        rowsets.row_subset(labels, sample + query_offset),
+        sparse_rows.row_subset(labels, sample + query_offset),
         job.k,
         lo,
       )

@@ -68,13 +68,24 @@ def padded_rows(num_labels: int, mesh: jax.sharding.Mesh) -> int:
   return -(-num_labels // m) * m
 
 
+def from_host(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
+  """A host array that every process holds whole, as a global array split by `sharding`;
+  each process reads only the slices its devices hold.
+
+  Args:
+    x: the host array (the same on every process).
+    sharding: its layout over the devices.
+  Returns:
+    The global array.
+  """
+  return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
 def shard_batch(batch: TrainBatch, mesh: jax.sharding.Mesh) -> TrainBatch:
   """Host arrays -> global arrays; each process only reads the slices its devices hold."""
-
-  def put(x, spec):
-    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda idx: x[idx])
-
-  return jax.tree.map(put, batch, batch_specs(batch))
+  return jax.tree.map(
+    lambda x, spec: from_host(x, NamedSharding(mesh, spec)), batch, batch_specs(batch)
+  )
 
 
 def process_token_rows(mesh: jax.sharding.Mesh, micro_batches: int, micro_batch: int) -> np.ndarray:

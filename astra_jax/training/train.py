@@ -405,7 +405,7 @@ def _train_and_evaluate(
   score_fusion.check_label_texts(config, data.label_tokens is not None, data.data_dir)
   stages.mark("data_and_encoder")
   if config.warmstart.epochs:
-    pairs = warmstart.training_pairs(data.train_labels, data.num_train_original)
+    pairs = warmstart.TrainingPairs(data.train_labels, data.num_train_original)
     enc_params = warmstart.run(
       config, graphdef, enc_params, data.train_tokens, data.label_tokens, pairs, workdir, mesh
     )

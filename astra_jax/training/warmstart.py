@@ -74,11 +74,6 @@ class TrainingPairs:
     return rows, labels[first + ids - self.offsets[rows]].astype(np.int32)
 
 
-def training_pairs(train_labels, num_rows: int) -> TrainingPairs:
-  """The (row, label) pairs of the first `num_rows` rows of `train_labels` (TrainingPairs)."""
-  return TrainingPairs(train_labels, num_rows)
-
-
 def epoch_pairs(num_pairs: int, per_epoch: int, rng: np.random.Generator) -> np.ndarray:
   """The pair numbers of one epoch, in the order its batches take them: every pair once in
   a random order, or, with `per_epoch` in (0, num_pairs), that many drawn uniformly with
@@ -149,7 +144,7 @@ def _batch_placement(mesh: jax.sharding.Mesh | None, batch: int):
       )
     return None
   split = NamedSharding(mesh, P(sharding.ALL))
-  return lambda x: jax.make_array_from_callback(x.shape, split, lambda idx: x[idx])
+  return lambda x: sharding.from_host(x, split)
 
 
 def run(
