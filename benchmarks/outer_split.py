@@ -27,11 +27,6 @@ from astra_jax.data import xc_format
 from astra_jax.evaluation import baselines
 from astra_jax.runtime.errors import InputError
 
-flags.DEFINE_string("data", None, "source dataset directory (any layout the trainer reads)")
-flags.DEFINE_string("out", None, "directory to write")
-flags.DEFINE_float("fraction", 0.1, "share of the source's training rows held out as test rows")
-flags.DEFINE_integer("seed", 12345, "the held-out rows' seed (as data.validation_seed)")
-
 
 def write_outer_split(src: str, out: str, fraction: float, seed: int) -> tuple[int, int]:
   """Writes `out` (module docstring); returns (training rows, test rows).
@@ -58,5 +53,11 @@ def main(_):
 
 
 if __name__ == "__main__":
+  # Defined here, not on import, so that tests importing `write_outer_split` beside other
+  # benchmark scripts define no flag twice.
+  flags.DEFINE_string("data", None, "source dataset directory (any layout the trainer reads)")
+  flags.DEFINE_string("out", None, "directory to write")
+  flags.DEFINE_float("fraction", 0.1, "share of the source's training rows held out as test rows")
+  flags.DEFINE_integer("seed", 12345, "the held-out rows' seed (as data.validation_seed)")
   flags.mark_flags_as_required(["data", "out"])
   app.run(main)
