@@ -132,8 +132,9 @@ def save_embedded(
   path: str, num_rows: int, dim: int, embed_fn: Callable[[np.ndarray], np.ndarray]
 ) -> None:
   """The (num_rows, dim) float32 embeddings of rows 0 .. num_rows - 1 as an .npy, embedded
-  EMBED_BLOCK_ROWS at a time into a memmap under a temporary name, then renamed: all rows
-  at once would be N x d x 4 bytes of one process's RAM.
+  EMBED_BLOCK_ROWS at a time into a memmap under a temporary name, synced to disk and then
+  renamed like `save_atomic`'s files: all rows at once would be N x d x 4 bytes of one
+  process's RAM.
 
   Args:
     path: the .npy to write.
@@ -147,6 +148,9 @@ def save_embedded(
     out[lo:hi] = embed_fn(np.arange(lo, hi))
   out.flush()
   del out
+  # The header went through an ordinary write before the memmap: fsync covers both.
+  with open(tmp, "rb+") as f:
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 
