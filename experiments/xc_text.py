@@ -14,12 +14,13 @@ filter_labels_test.txt. Variants:
 - `tiny`: a small randomly initialised BERT over the same vocabulary (fast on a CPU).
 - `ngram`: the CPU recipe for short texts: a hashed token n-gram bag encoder
   (`encoder.arch=ngram_bag`, 2^17 buckets), a 5-epoch siamese warm start on (query, label
-  text) pairs, W from the warm-started label texts, a 5-epoch classifier stage (the
-  table's Adam on the rows a batch reads) with hard negatives from its third epoch and
-  4,096 random negatives a step shared by the batch, embedding dropout 0.5, and the
-  score's label-text weight, then its neighbour-vote weight, chosen after training on a
-  validation split of 10% of the training rows (`scoring.label_text_weight_choices`,
-  `scoring.neighbour_weight_choices`), which W then does not train on.
+  text) pairs (inverse temperature 10), W from the warm-started label texts, a 5-epoch
+  classifier stage (the table's Adam on the rows a batch reads) with hard negatives from
+  its third epoch and 4,096 random negatives a step shared by the batch, embedding
+  dropout 0.5, and the score's label-text weight, then its neighbour-vote weight, chosen
+  after training on a validation split of 10% of the training rows
+  (`scoring.label_text_weight_choices`, `scoring.neighbour_weight_choices`), which W then
+  does not train on.
 
 All variants set `data.filter_self=auto` (each test row's own item filtered where the
 training labels show items never list themselves; astra_jax/data/self_filter.py). Set the
@@ -71,6 +72,9 @@ def get_config(variant: str = "minilm"):
     c.warmstart.epochs = 5
     c.warmstart.batch_size = 1024
     c.warmstart.lr = 3e-3
+    # A softer in-batch softmax than the base config's 20: higher on the held-out reads of
+    # both datasets (docs/results/builddeps.md, "The warm start's softmax").
+    c.warmstart.inverse_temperature = 10.0
     c.classifier.init = "label_text"
     # A third of the warm start's rate: the classifier stage moves E(x) less, and the
     # neighbour vote reads the training rows' E(x) (docs/results/builddeps.md).
