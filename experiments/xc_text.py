@@ -82,9 +82,9 @@ def get_config(variant: str = "minilm"):
     c.optim.classifier_lr = 0.3
     # Adam on the table rows a batch reads: half the step (training/table_rows.py).
     c.optim.encoder_table_update = "rows"
-    # 4 epochs of the classifier stage, hard negatives refreshed for the third: 5 and 10
-    # epochs read no higher on the held-out reads of both datasets, in more time
-    # (docs/results/builddeps.md).
+    # 4 epochs of the classifier stage, hard negatives refreshed for the third: 5 read no
+    # higher on the held-out reads of both datasets (and 10 no higher than 5 on their
+    # validation splits), in more time (docs/results/builddeps.md).
     c.train.epochs = 4
     c.negatives.tau_s = c.negatives.tau_r = 2
     # 4,096 draws shared by the batch, each weighted L / 4096, instead of 400 per query at

@@ -141,24 +141,33 @@ def save_embedded(
     num_rows, dim: its shape.
     embed_fn: row ids -> (n, dim) embeddings.
   """
-  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npy"
+  tmp = _temporary_path(path)
   out = np.lib.format.open_memmap(tmp, "w+", np.float32, (num_rows, dim))
   for lo in range(0, num_rows, EMBED_BLOCK_ROWS):
     hi = min(lo + EMBED_BLOCK_ROWS, num_rows)
     out[lo:hi] = embed_fn(np.arange(lo, hi))
   out.flush()
   del out
-  # The header went through an ordinary write before the memmap: fsync covers both.
-  with open(tmp, "rb+") as f:
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  _publish(tmp, path)
 
 
 def save_atomic(path: str, array: np.ndarray) -> None:
   """np.save to a temporary name, fsync, rename: a reader never sees a half-written file."""
-  tmp = f"{path}.tmp-{tmpnames.unique_suffix()}.npy"
+  tmp = _temporary_path(path)
   with open(tmp, "wb") as f:
     np.save(f, array)
-    f.flush()
+  _publish(tmp, path)
+
+
+def _temporary_path(path: str) -> str:
+  """A name beside `path` no other writer uses, still ending in .npy."""
+  return f"{path}.tmp-{tmpnames.unique_suffix()}.npy"
+
+
+def _publish(tmp: str, path: str) -> None:
+  """Syncs `tmp` to disk, however it was written (a write or a memmap: fsync covers the
+  file's every dirty page), then renames it to `path`, so that a reader, or a run resumed
+  after a crash, sees the whole file or none."""
+  with open(tmp, "rb+") as f:
     os.fsync(f.fileno())
   os.replace(tmp, path)
