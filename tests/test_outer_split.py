@@ -3,25 +3,18 @@ disjoint parts, rows keep their labels, the held-out part is the trainer's valid
 and the source's test split is not read."""
 
 import os
-import sys
 
 import pytest
+from benchmark_import import benchmark_module
 
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.data.validation import split_rows
 from astra_jax.runtime.errors import InputError
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def _outer_split():
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-  try:
-    import outer_split
-  finally:
-    sys.path.pop(0)
-  return outer_split
+  return benchmark_module("outer_split")
 
 
 def _write_source(d, label_texts=True):

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from benchmark_import import benchmark_module
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,11 +87,7 @@ def test_scale_run_records_every_phase_and_a_resume_equal_to_an_uninterrupted_ru
 
 
 def test_near_ties_classes_by_hand():
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-  try:
-    import near_ties
-  finally:
-    sys.path.pop(0)
+  near_ties = benchmark_module("near_ties")
   # Groups of 2 labels, topics of 4. The query's positives 0, 1 (group 0, topic 0); its
   # tokens {10, 11}. Label 1 positive, 0 positive, 3 topic, 8 shares token 11, 9 shares
   # bucket 7 (token 13 -> 7 = token 10's bucket), 12 neither.
