@@ -5,7 +5,7 @@ r"""Two real extreme-classification datasets from the Python Package Index's met
 
 `crawl` draws `--sample` project names from PyPI's simple index (seeded), fetches each
 project's JSON metadata (`https://pypi.org/pypi/NAME/json`) and appends its name, summary,
-keywords, requirements and classifiers to `RAW/projects.jsonl`; then it fetches the
+keywords and requirements to `RAW/projects.jsonl`; then it fetches the
 packages those projects require, for their summaries (the label texts), into
 `RAW/labels.jsonl`. Both files are appended to line by line, so an interrupted crawl
 resumes where it stopped. PyPI changes every day: a dataset is the crawl it was built from.
@@ -40,13 +40,13 @@ from absl import app, flags
 from astra_jax.data import xc_format
 from astra_jax.data.sparse_rows import SparseRows
 
-_FIELDS = ("name", "summary", "keywords", "requires_dist", "classifiers")
+_FIELDS = ("name", "summary", "keywords", "requires_dist")
 _LIST_PUNCTUATION = " \"'[](){}"
 _REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
 def normalise(name: str) -> str:
-  """A project name as PEP 503 compares them."""
+  """A project name as PEP 503 compares them (the PEP's own function)."""
   return re.sub(r"[-_.]+", "-", name).lower()
 
 

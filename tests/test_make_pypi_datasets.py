@@ -8,13 +8,10 @@ from benchmark_import import benchmark_module
 
 from astra_jax.data import xc_format
 
-
-def _tool():
-  return benchmark_module("make_pypi_datasets")
+tool = benchmark_module("make_pypi_datasets")
 
 
 def test_requirement_name_normalises_and_drops_extras():
-  tool = _tool()
   assert tool.requirement_name("Requests (>=2.0)") == "requests"
   assert tool.requirement_name("zope.interface>=5; python_version < '3.8'") == "zope-interface"
   assert tool.requirement_name("typing_extensions") == "typing-extensions"
@@ -23,7 +20,6 @@ def test_requirement_name_normalises_and_drops_extras():
 
 
 def test_keyword_labels_split_on_commas_else_spaces():
-  tool = _tool()
   assert tool.keyword_labels("Machine Learning, NLP ,nlp") == ["machine learning", "nlp"]
   assert tool.keyword_labels("cli  Tools") == ["cli", "tools"]
   assert tool.keyword_labels(None) == []
@@ -61,7 +57,6 @@ def _dataset(d):
 
 
 def test_build_writes_both_datasets(tmp_path):
-  tool = _tool()
   raw = str(tmp_path / "raw")
   _write_crawl(raw)
   tool.build(raw, str(tmp_path))
@@ -76,3 +71,19 @@ def test_build_writes_both_datasets(tmp_path):
     "beta: second tool": ["web"],
     "delta: fourth tool": ["cli"],
   }
+
+
+def test_build_holds_out_30_percent_of_the_rows_as_the_test_split(tmp_path):
+  raw = tmp_path / "raw"
+  os.makedirs(raw)
+  with open(raw / "projects.jsonl", "w") as f:
+    for i in range(10):
+      info = {"name": f"p{i}", "summary": f"tool {i}", "keywords": "web", "requires_dist": []}
+      f.write(json.dumps({"query": f"p{i}", "info": info}) + "\n")
+  (raw / "labels.jsonl").write_text("")
+  tool.build(str(raw), str(tmp_path))
+  d = tmp_path / "pypi-keywords" / "raw_data"
+  train = xc_format.read_texts(d / "train.raw.txt")
+  test = xc_format.read_texts(d / "test.raw.txt")
+  assert (len(train), len(test)) == (7, 3)
+  assert sorted(train + test) == sorted(f"p{i}: tool {i}" for i in range(10))
