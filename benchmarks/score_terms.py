@@ -15,7 +15,10 @@ under the run's own filter (`data.filter_self`). One JSON line per (workdir, sco
   query (`eval.knn_diagnostic` is the t = 0 case);
 - `W+knn a=a k=K tau=t`: a W + (1 - a) knn;
 - `W on training rows`: P@k of W on a sample of the rows it trained on (unfiltered): how
-  far W fits them beyond the held-out rows.
+  far W fits them beyond the held-out rows;
+- with --mix, `mix beta=b a=a`: (1 - a) fused(beta, s = 5) + a knn(k = 50, tau = 0.1), the
+  shipped score, for every pair of --mix_betas and --mix_alphas (what
+  `scoring.choose_jointly` reads).
 
 Each line holds P@1/3/5 and PSP@1/3/5 (x100, propensities of the run's config). The exact
 scores are dense (n_validation, L): for datasets of up to ~10^5 labels.
@@ -41,6 +44,9 @@ flags.DEFINE_list("knn_ks", ["10", "20", "50"], "knn: neighbours")
 flags.DEFINE_list("taus", ["0", "0.1", "0.05"], "knn: temperatures (0: cosine weights)")
 flags.DEFINE_list("alphas", ["0.2", "0.3", "0.5"], "W+knn: W's weight")
 flags.DEFINE_integer("train_sample", 2000, "training rows for `W on training rows`")
+flags.DEFINE_bool("mix", False, "also the shipped score for every (beta, a) pair")
+flags.DEFINE_list("mix_betas", ["0", "0.1", "0.3", "0.5", "0.7", "0.9"], "mix: label-text weights")
+flags.DEFINE_list("mix_alphas", ["0", "0.3", "0.5", "0.7", "0.9"], "mix: neighbour weights")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -117,6 +123,12 @@ def measure(workdir: str):
       yield row(f"knn k={k} tau={tau}", score(votes))
       for a in map(float, flags.FLAGS.alphas):
         yield row(f"W+knn a={a} k={k} tau={tau}", score(a * classifier + (1 - a) * votes))
+  if flags.FLAGS.mix and texts.label_texts is not None:
+    votes = knn_votes(sims, texts.train_labels, 50, 0.1)
+    for b in map(float, flags.FLAGS.mix_betas):
+      fused = (1 - b) * classifier + b * _sigmoid(5.0 * cos)
+      for a in map(float, flags.FLAGS.mix_alphas):
+        yield row(f"mix beta={b} a={a}", score((1 - a) * fused + a * votes))
   rng = np.random.default_rng(0)
   sample = rng.choice(len(texts.train_texts), flags.FLAGS.train_sample, replace=False)
   fit = encode([texts.train_texts[i] for i in sample]) @ w.T

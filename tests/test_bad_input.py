@@ -130,6 +130,9 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
     ({"eval.batch_size": 0}, "eval.batch_size: must be >= 1"),
     ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote
     ({"optim.classifier_momentum": 1.0}, r"optim.classifier_momentum: must be in \[0, 1\)"),
+    ({"optim.warmup_max_fraction": 0.0}, r"optim.warmup_max_fraction: must be in \(0, 1\]"),
+    ({"scoring.choose_by": ("P@1", "recall")}, r"scoring.choose_by: names metrics such as P@1"),
+    ({"scoring.choose_by": ()}, r"scoring.choose_by: names metrics"),
     ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
     (
       {"optim.classifier_momentum": 0.9, "optim.classifier_weight_decay": 0.01},

@@ -30,6 +30,18 @@ def test_schedule_warmup_then_cosine():
   assert float(s(110)) == pytest.approx(0.0, abs=1e-7)
 
 
+def test_warmup_capped_by_the_share_of_a_short_run():
+  # 500 warmup steps in a 310-step run at most 10% of it: 31 steps, so the classifier's rate
+  # peaks at step 31 and is half-way down the cosine at 31 + 279 / 2.
+  c = cfg(warmup_steps=500, warmup_max_fraction=0.1)
+  assert optim.warmup_steps(c, 310) == 31
+  assert optim.warmup_steps(c, 10_000) == 500  # a long run keeps warmup_steps
+  assert optim.warmup_steps(cfg(warmup_steps=500), 310) == 310  # no cap but the run itself
+  enc, clf = optim.learning_rates(c, 310, 31)
+  assert (enc, clf) == (pytest.approx(1e-3), pytest.approx(0.1))
+  assert optim.learning_rates(c, 310, 31 + 279 // 2)[1] == pytest.approx(0.05, rel=0.02)
+
+
 def test_encoder_weight_decay_spares_biases_and_layer_norm():
   tx = optim.encoder_optimizer(cfg(encoder_weight_decay=0.1, warmup_steps=0), total_steps=100)
   params = {"kernel": jnp.ones((2, 3)), "bias": jnp.ones((3,)), "norm_scale": jnp.ones((3,))}

@@ -164,3 +164,60 @@ def _dense_votes(queries, keys, labels, k, tau):
     w = np.exp((row[nb] - row[nb[0]]) / tau)
     out[i] = (w[:, None] * labels[nb]).sum(0) / w.sum()
   return out
+
+
+def test_both_weights_chosen_jointly(tmp_path, ngame_dataset, load_config):
+  """With scoring.choose_jointly every (label-text weight, neighbour weight) pair is read on
+  the validation split: each pair's P@1 + P@5 (scoring.choose_by) as a dense numpy
+  reference computes it from the exported model, and the first best pair is the exported
+  score."""
+  d = tmp_path / "ds"
+  ngame_dataset(d, n_train=400, n_test=80)
+  c = load_config("experiments/xc_text.py", "tiny")
+  c.data.dir, c.data.max_len = str(d), 12
+  c.data.validation_fraction = 0.25
+  c.classifier.init = "label_text"
+  c.scoring.label_text_weight = 0.5
+  c.scoring.label_text_weight_choices = (0.0, 0.5, 1.0)
+  c.scoring.neighbour_weight_choices = (0.3, 1.0)  # no 0: the vote is exported either way
+  c.scoring.choose_jointly = True
+  c.scoring.choose_by = ("P@1", "P@5")
+  c.scoring.neighbours, c.scoring.neighbour_temperature = 5, 0.2
+  c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 1, 32, 1
+  c.train.profile_steps = 0
+  c.negatives.k_r, c.negatives.k_h = 16, 4
+  c.optim.warmup_steps = 5
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  data, val = train.load_splits(c)
+  model = export.load_model(str(tmp_path / "wd"))
+  p = Predictor(model, index="exact")
+  q = p.encode(np.asarray(val.test_tokens))
+  z = p.encode(np.asarray(data.label_tokens))
+  keys = p.encode(data.train_tokens[np.arange(300)])
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sigmoid = lambda x: 1 / (1 + np.exp(-x))
+  w_term = sigmoid(q @ np.asarray(model.classifier).T)
+  text_term = sigmoid(5.0 * unit(q) @ unit(z).T)
+  votes = _dense_votes(q, keys, data.train_labels.head(300).to_dense(), 5, 0.2)
+  # In float32, as the kernel scores: W's sigmoids saturate to ties there, which float64
+  # would order differently at rank 5.
+  w_term, text_term, votes = (x.astype(np.float32) for x in (w_term, text_term, votes))
+  reference = {}
+  for t in (0.0, 0.5, 1.0):
+    for a in (0.3, 1.0):
+      mixed = (1 - a) * ((1 - t) * w_term + t * text_term) + a * votes
+      top = np.argsort(-mixed, axis=1, kind="stable")
+      m = ranking.rank_filter_score(
+        lambda k, top=top: top[:, :k], val.test_labels, val.test_filter, None, (1, 5)
+      )
+      reference[(t, a)] = m["P@1"] + m["P@5"]
+  choice = r["score_choice"]
+  assert choice["by"] == "P@1+P@5"
+  got = {(x["label_text_weight"], x["neighbour_weight"]): x["P@1+P@5"] for x in choice["pairs"]}
+  assert list(got) == list(reference)  # the label-text weights outer, in the config's order
+  assert got == pytest.approx(reference, abs=1e-3)
+  best = max(reference.values())
+  chosen = next(pair for pair, m in reference.items() if m == best)
+  assert (choice["label_text_weight"], choice["neighbour_weight"]) == chosen
+  scoring = model.meta["scoring"]
+  assert (scoring["label_text_weight"], scoring["neighbour_weight"]) == chosen

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import ml_collections
 
 from astra_jax.ann import memory_search
@@ -78,6 +80,11 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.scoring.neighbour_memory = "auto"
   # Candidates for neighbour_weight, chosen after label_text_weight, as it is.
   c.scoring.neighbour_weight_choices = ()
+  # True: with both lists given, every (label_text_weight, neighbour_weight) pair is read on
+  # the validation split and the best pair taken, instead of one weight after the other.
+  c.scoring.choose_jointly = False
+  # The validation metrics whose sum the choices maximise (names as results.json has them).
+  c.scoring.choose_by = ("P@1",)
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -124,6 +131,12 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"must be >= 1, got {sc.neighbour_search_rows}",
   )
   _require_choices(c, "neighbour_weight_choices")
+  by = tuple(c.scoring.choose_by)
+  require(
+    bool(by) and all(re.fullmatch(r"(P|nDCG|PSP|PSnDCG)@[1-9][0-9]*", m) for m in by),
+    "scoring.choose_by",
+    f"names metrics such as P@1 or PSP@5, got {by}",
+  )
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   require(
     c.encoder.arch in architectures.names(),

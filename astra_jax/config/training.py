@@ -19,6 +19,9 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.optim.encoder_lr = 1e-4
   c.optim.classifier_lr = 0.05
   c.optim.warmup_steps = 3000
+  # At most this share of the run's steps warms up (1.0: warmup_steps as given, capped only
+  # by the run's length): a recipe meant for any dataset size sets it below 1.
+  c.optim.warmup_max_fraction = 1.0
   c.optim.encoder_weight_decay = 0.0
   c.optim.encoder_adam_eps = 1e-8  # the paper configs take Renee's 1e-6 (paper_configs.py)
   c.optim.classifier_weight_decay = 1e-4
@@ -117,6 +120,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"must be in [0, 1) (0: no momentum), got {c.optim.classifier_momentum}",
   )
   require(c.train.epochs >= 1, "train.epochs", "must be >= 1")
+  require(
+    0 < c.optim.warmup_max_fraction <= 1,
+    "optim.warmup_max_fraction",
+    f"must be in (0, 1], got {c.optim.warmup_max_fraction}",
+  )
   dense = c.optim.classifier_update == "dense" or strategy.dense_update_only
   require(
     c.optim.encoder_table_update in ("dense", "rows"),

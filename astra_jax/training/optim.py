@@ -28,8 +28,22 @@ def schedule(peak: float, warmup_steps: int, total_steps: int, end_fraction: flo
   )
 
 
+def warmup_steps(optim_cfg, total_steps: int) -> int:
+  """The warmup of both schedules: optim.warmup_steps, but at most optim.warmup_max_fraction
+  of the run, so that a small dataset's few steps still reach the peak rates.
+
+  Args:
+    optim_cfg: the config's `optim` section.
+    total_steps: the run's optimizer steps.
+  Returns:
+    The number of warmup steps.
+  """
+  fraction = optim_cfg.get("warmup_max_fraction", 1.0)
+  return min(optim_cfg.warmup_steps, round(fraction * total_steps))
+
+
 def encoder_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
-  enc_lr = schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)
+  enc_lr = schedule(optim_cfg.encoder_lr, warmup_steps(optim_cfg, total_steps), total_steps)
   # Decay on matrices only, as in BERT fine-tuning: not on biases or LayerNorm (1-d).
   # eps: 1e-8 unless the config sets it (configs written before the key had 1e-8).
   encoder = optax.adamw(
@@ -46,7 +60,7 @@ def encoder_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformati
 
 
 def classifier_schedule(optim_cfg, total_steps: int):
-  return schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)
+  return schedule(optim_cfg.classifier_lr, warmup_steps(optim_cfg, total_steps), total_steps)
 
 
 def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
@@ -71,8 +85,10 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
 
 def learning_rates(optim_cfg, total_steps: int, step: int) -> tuple[float, float]:
   return (
-    float(schedule(optim_cfg.encoder_lr, optim_cfg.warmup_steps, total_steps)(step)),
-    float(schedule(optim_cfg.classifier_lr, optim_cfg.warmup_steps, total_steps)(step)),
+    float(schedule(optim_cfg.encoder_lr, warmup_steps(optim_cfg, total_steps), total_steps)(step)),
+    float(
+      schedule(optim_cfg.classifier_lr, warmup_steps(optim_cfg, total_steps), total_steps)(step)
+    ),
   )
 
 

@@ -88,6 +88,9 @@ ADDED_KEYS = {
   "scoring.neighbour_memory": "auto",
   "scoring.neighbour_weight_choices": (),
   "optim.encoder_table_update": "dense",
+  "optim.warmup_max_fraction": 1.0,
+  "scoring.choose_jointly": False,
+  "scoring.choose_by": ("P@1",),
 }
 
 

@@ -10,16 +10,20 @@ like it, the texts alone rank at 16 and beta 0.5 costs 4 points against W alone
 debian-builddeps, where W cannot draw a head label's boundary, and costs P@1 on
 debian-recommends at any weight. With `scoring.label_text_weight_choices`, the trained
 model is scored on the validation split (`data.validation_fraction`) once per candidate
-weight, and the one with the highest P@1 (the first listed on a tie) is the model's score
-from then on; then, with that weight, likewise for `scoring.neighbour_weight_choices`,
-the vote's memory holding the training rows only. The final evaluation on the test split,
-the export and the Predictor use both. Nothing is retrained, and the test split is never
-read to choose.
+weight, and the one with the highest P@1 (the first listed on a tie; `scoring.choose_by`
+names other metrics, summed) is the model's score from then on; then, with that weight,
+likewise for `scoring.neighbour_weight_choices`, the vote's memory holding the training
+rows only. With `scoring.choose_jointly`, every
+pair of the two lists is read instead, and the first best pair is taken: the two terms
+interact (where W is weak, the vote wants a larger label-text weight than W alone does,
+docs/results/pypi.md), which one weight at a time cannot see. The final evaluation on the
+test split, the export and the Predictor use both. Nothing is retrained, and the test split
+is never read to choose.
 
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
-validation split per candidate, exact over all L as the periodic evaluations: for the
-small real datasets these scores are for.
+validation split per candidate (per pair when chosen jointly), exact over all L as the
+periodic evaluations: for the small real datasets these scores are for.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from astra_jax.evaluation import ranking
 from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
 
-CHOSEN_BY = "P@1"
+DEFAULT_CHOOSE_BY = ("P@1",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,13 +46,15 @@ class ScoreChoice:
   """What the choice read and chose.
 
   Attributes:
-    by: the validation metric it maximised.
+    by: the validation metric it maximised (a sum of metrics is named by them joined by +).
     candidates: ((label-text weight, that metric on the validation split), ...) in the
       config's order; () when the config lists none.
     chosen: the label-text weight the model now ranks by.
     neighbour_candidates: ((neighbour weight, that metric), ...), read with `chosen`;
       () when the config lists none.
     neighbour_weight: the neighbour weight the model now ranks by.
+    pairs: ((label-text weight, neighbour weight, that metric), ...) when chosen jointly,
+      the label-text weights outer; () otherwise.
   """
 
   by: str
@@ -56,6 +62,7 @@ class ScoreChoice:
   chosen: float
   neighbour_candidates: tuple[tuple[float, float], ...] = ()
   neighbour_weight: float = 0.0
+  pairs: tuple[tuple[float, float, float], ...] = ()
 
   def to_json(self) -> dict:
     out = {
@@ -67,6 +74,11 @@ class ScoreChoice:
     if self.neighbour_candidates:
       out["neighbour_candidates"] = [
         {"neighbour_weight": w, self.by: m} for w, m in self.neighbour_candidates
+      ]
+      out["neighbour_weight"] = self.neighbour_weight
+    if self.pairs:
+      out["pairs"] = [
+        {"label_text_weight": t, "neighbour_weight": v, self.by: m} for t, v, m in self.pairs
       ]
       out["neighbour_weight"] = self.neighbour_weight
     return out
@@ -95,15 +107,17 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
   vote_weights = tuple(float(w) for w in sc.get("neighbour_weight_choices", ()))
   if not text_weights and not vote_weights:
     return None
+  by = tuple(sc.get("choose_by", DEFAULT_CHOOSE_BY))
+  by_name = "+".join(by)
   params = trainer.state.params
   # E(z_l) depends on the encoder only: embedded once for every candidate.
   texts = None
   if any(text_weights) or sc.label_text_weight:
     texts = ranking.embed_label_texts(p.mesh, p.embed_fn, params, p.eval_data, p.config)
 
-  def read(field: str, weight: float, cache: VoteCache | None = None) -> float:
+  def read(weights: dict[str, float], cache: VoteCache | None = None) -> float:
     cfg = copy.deepcopy(p.config)
-    cfg.scoring[field] = weight
+    cfg.scoring.update(weights)
     metrics = ranking.evaluate_model(
       p.mesh,
       p.embed_fn,
@@ -115,25 +129,61 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
       memory=memories.choice if cache is not None else None,
       vote_cache=cache,
     )
-    logging.info("%s %.2f: validation %s %.2f", field, weight, CHOSEN_BY, metrics[CHOSEN_BY])
-    return float(metrics[CHOSEN_BY])
+    named = ", ".join(f"{k} {v:.2f}" for k, v in weights.items())
+    value = float(sum(metrics[m] for m in by))
+    logging.info("%s: validation %s %.2f", named, by_name, value)
+    return value
 
-  text_read = [(w, read("label_text_weight", w)) for w in text_weights]
+  if sc.get("choose_jointly", False) and text_weights and vote_weights:
+    return _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories)
+  text_read = [(w, read({"label_text_weight": w})) for w in text_weights]
   if text_read:
     sc.label_text_weight = _first_best(text_read)
     logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
   vote_read = []
   if vote_weights:
-    if memories is None or not memories.has_validation:
-      raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
+    _require_validation_memory(memories)
     # The validation rows' votes are the same for every weight: taken by the first read.
-    vote_read = [(w, read("neighbour_weight", w, memories.validation_cache)) for w in vote_weights]
+    vote_read = [
+      (w, read({"neighbour_weight": w}, memories.validation_cache)) for w in vote_weights
+    ]
     sc.neighbour_weight = _first_best(vote_read)
     logging.info("scoring.neighbour_weight=%.2f chosen on validation", sc.neighbour_weight)
   return ScoreChoice(
-    CHOSEN_BY,
+    by_name,
     tuple(text_read),
     float(sc.label_text_weight),
     tuple(vote_read),
     float(sc.get("neighbour_weight", 0.0)),
+  )
+
+
+def _require_validation_memory(memories: VoteMemories | None) -> None:
+  if memories is None or not memories.has_validation:
+    raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
+
+
+def _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories) -> ScoreChoice:
+  """Reads every (label-text weight, neighbour weight) pair and sets the first best."""
+  _require_validation_memory(memories)
+  # The validation rows' votes are the same for every pair: taken by the first read.
+  pairs = [
+    (t, v, read({"label_text_weight": t, "neighbour_weight": v}, memories.validation_cache))
+    for t in text_weights
+    for v in vote_weights
+  ]
+  best = max(m for _, _, m in pairs)
+  sc.label_text_weight, sc.neighbour_weight = next((t, v) for t, v, m in pairs if m == best)
+  logging.info(
+    "scoring.label_text_weight=%.2f, scoring.neighbour_weight=%.2f chosen jointly on validation",
+    sc.label_text_weight,
+    sc.neighbour_weight,
+  )
+  return ScoreChoice(
+    by_name,
+    (),
+    float(sc.label_text_weight),
+    (),
+    float(sc.neighbour_weight),
+    tuple(pairs),
   )
