@@ -19,25 +19,32 @@ from astra_jax.xc import neighbour_vote
 pytestmark = pytest.mark.e2e
 
 
-def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):
+def _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs: int):
+  """xc_text.py:tiny on 400 training rows (a quarter held out for validation), W from the
+  label texts, both score weights to choose, the vote over 5 neighbours at tau 0.2."""
   d = tmp_path / "ds"
   ngame_dataset(d, n_train=400, n_test=80)
   c = load_config("experiments/xc_text.py", "tiny")
   c.data.dir, c.data.max_len = str(d), 12
   c.data.validation_fraction = 0.25
   c.classifier.init = "label_text"
-  c.eval.knn_diagnostic = 5
-  c.eval.tfidf_baseline = True
   c.scoring.label_text_weight = 0.5
   c.scoring.label_text_weight_choices = (0.0, 0.5, 1.0)
-  # No 0 among them: the vote is in the exported model whichever is chosen.
-  c.scoring.neighbour_weight_choices = (0.5, 1.0)
   c.scoring.neighbours, c.scoring.neighbour_temperature = 5, 0.2
-  c.eval.classifier_alone = True
-  c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 2, 32, 1
+  c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = epochs, 32, 1
   c.train.profile_steps = 0
   c.negatives.k_r, c.negatives.k_h = 16, 4
   c.optim.warmup_steps = 5
+  return c
+
+
+def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):
+  c = _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs=2)
+  c.eval.knn_diagnostic = 5
+  c.eval.tfidf_baseline = True
+  # No 0 among them: the vote is in the exported model whichever is chosen.
+  c.scoring.neighbour_weight_choices = (0.5, 1.0)
+  c.eval.classifier_alone = True
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   assert r["num_train"] == 300  # 100 of the 400 rows held out
   splits = [(e["epoch"], e["split"]) for e in r["evaluations"]]
@@ -171,22 +178,10 @@ def test_both_weights_chosen_jointly(tmp_path, ngame_dataset, load_config):
   the validation split: each pair's P@1 + P@5 (scoring.choose_by) as a dense numpy
   reference computes it from the exported model, and the first best pair is the exported
   score."""
-  d = tmp_path / "ds"
-  ngame_dataset(d, n_train=400, n_test=80)
-  c = load_config("experiments/xc_text.py", "tiny")
-  c.data.dir, c.data.max_len = str(d), 12
-  c.data.validation_fraction = 0.25
-  c.classifier.init = "label_text"
-  c.scoring.label_text_weight = 0.5
-  c.scoring.label_text_weight_choices = (0.0, 0.5, 1.0)
+  c = _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs=1)
   c.scoring.neighbour_weight_choices = (0.3, 1.0)  # no 0: the vote is exported either way
   c.scoring.choose_jointly = True
   c.scoring.choose_by = ("P@1", "P@5")
-  c.scoring.neighbours, c.scoring.neighbour_temperature = 5, 0.2
-  c.train.epochs, c.train.batch_size, c.train.eval_every_epochs = 1, 32, 1
-  c.train.profile_steps = 0
-  c.negatives.k_r, c.negatives.k_h = 16, 4
-  c.optim.warmup_steps = 5
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
   data, val = train.load_splits(c)
   model = export.load_model(str(tmp_path / "wd"))
