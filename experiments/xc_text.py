@@ -102,8 +102,8 @@ def get_config(variant: str = "minilm"):
     # Both at once: where W is weak the vote wants more of the label texts than W alone does
     # (docs/results/pypi.md, "The score's two weights, chosen together").
     c.scoring.choose_jointly = True
-    # By P@1 + P@5, the two precisions users read: by P@1 alone, a pair 0.04 above the rest
-    # on debian-builddeps' validation split read 0.6 lower P@5 (docs/results/pypi.md).
+    # By P@1 + P@5, the two precisions users read: by P@1 alone, one validation row can
+    # decide among 25 pairs (docs/results/pypi.md).
     c.scoring.choose_by = ("P@1", "P@5")
   else:
     # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).

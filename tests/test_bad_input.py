@@ -133,6 +133,14 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
     ({"optim.warmup_max_fraction": 0.0}, r"optim.warmup_max_fraction: must be in \(0, 1\]"),
     ({"scoring.choose_by": ("P@1", "recall")}, r"scoring.choose_by: names metrics such as P@1"),
     ({"scoring.choose_by": ()}, r"scoring.choose_by: names metrics"),
+    (
+      {
+        "scoring.choose_by": ("P@10",),
+        "scoring.neighbour_weight_choices": (0.0, 0.5),
+        "data.validation_fraction": 0.1,
+      },
+      r"scoring.choose_by: .* must be one of eval.ks",
+    ),
     ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
     (
       {"optim.classifier_momentum": 0.9, "optim.classifier_weight_decay": 0.01},

@@ -137,6 +137,13 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "scoring.choose_by",
     f"names metrics such as P@1 or PSP@5, got {by}",
   )
+  ks = tuple(c.eval.ks)
+  chooses = bool(sc.label_text_weight_choices) or bool(sc.neighbour_weight_choices)
+  require(
+    not chooses or all(int(m.split("@")[1]) in ks for m in by),
+    "scoring.choose_by",
+    f"{by}: each metric's cut-off must be one of eval.ks = {ks}",
+  )
   require(0 <= c.encoder.embedding_dropout < 1, "encoder.embedding_dropout", "must be in [0, 1)")
   require(
     c.encoder.arch in architectures.names(),
