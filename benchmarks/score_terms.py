@@ -16,9 +16,9 @@ under the run's own filter (`data.filter_self`). One JSON line per (workdir, sco
 - `W+knn a=a k=K tau=t`: a W + (1 - a) knn;
 - `W on training rows`: P@k of W on a sample of the rows it trained on (unfiltered): how
   far W fits them beyond the held-out rows;
-- with --mix, `mix beta=b a=a`: (1 - a) fused(beta, s = 5) + a knn(k = 50, tau = 0.1), the
-  shipped score, for every pair of --mix_betas and --mix_alphas (what
-  `scoring.choose_jointly` reads).
+- with --mix, `mix beta=b a=a`: (1 - a) fused(beta) + a knn, the run's own score (its
+  label-text scale, neighbours and temperature) for every pair of --mix_betas and
+  --mix_alphas (what `scoring.choose_jointly` reads).
 
 Each line holds P@1/3/5 and PSP@1/3/5 (x100, propensities of the run's config). The exact
 scores are dense (n_validation, L): for datasets of up to ~10^5 labels.
@@ -124,9 +124,10 @@ def measure(workdir: str):
       for a in map(float, flags.FLAGS.alphas):
         yield row(f"W+knn a={a} k={k} tau={tau}", score(a * classifier + (1 - a) * votes))
   if flags.FLAGS.mix and texts.label_texts is not None:
-    votes = knn_votes(sims, texts.train_labels, 50, 0.1)
+    sc = cfg["scoring"]
+    votes = knn_votes(sims, texts.train_labels, sc["neighbours"], sc["neighbour_temperature"])
     for b in map(float, flags.FLAGS.mix_betas):
-      fused = (1 - b) * classifier + b * _sigmoid(5.0 * cos)
+      fused = (1 - b) * classifier + b * _sigmoid(sc["label_text_scale"] * cos)
       for a in map(float, flags.FLAGS.mix_alphas):
         yield row(f"mix beta={b} a={a}", score((1 - a) * fused + a * votes))
   rng = np.random.default_rng(0)

@@ -1,3 +1,5 @@
+import math
+
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -32,14 +34,15 @@ def test_schedule_warmup_then_cosine():
 
 def test_warmup_capped_by_the_share_of_a_short_run():
   # 500 warmup steps in a 310-step run at most 10% of it: 31 steps, so the classifier's rate
-  # peaks at step 31 and is half-way down the cosine at 31 + 279 / 2.
+  # peaks at step 31, then follows the cosine over the remaining 279.
   c = cfg(warmup_steps=500, warmup_max_fraction=0.1)
   assert optim.warmup_steps(c, 310) == 31
   assert optim.warmup_steps(c, 10_000) == 500  # a long run keeps warmup_steps
   assert optim.warmup_steps(cfg(warmup_steps=500), 310) == 310  # no cap but the run itself
   enc, clf = optim.learning_rates(c, 310, 31)
   assert (enc, clf) == (pytest.approx(1e-3), pytest.approx(0.1))
-  assert optim.learning_rates(c, 310, 31 + 279 // 2)[1] == pytest.approx(0.05, rel=0.02)
+  cosine = 0.1 * 0.5 * (1 + math.cos(math.pi * 139 / 279))
+  assert optim.learning_rates(c, 310, 31 + 139)[1] == pytest.approx(cosine, rel=1e-5)
 
 
 def test_encoder_weight_decay_spares_biases_and_layer_norm():

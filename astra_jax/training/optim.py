@@ -42,8 +42,12 @@ def warmup_steps(optim_cfg, total_steps: int) -> int:
   return min(optim_cfg.warmup_steps, round(fraction * total_steps))
 
 
+def encoder_schedule(optim_cfg, total_steps: int):
+  return schedule(optim_cfg.encoder_lr, warmup_steps(optim_cfg, total_steps), total_steps)
+
+
 def encoder_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
-  enc_lr = schedule(optim_cfg.encoder_lr, warmup_steps(optim_cfg, total_steps), total_steps)
+  enc_lr = encoder_schedule(optim_cfg, total_steps)
   # Decay on matrices only, as in BERT fine-tuning: not on biases or LayerNorm (1-d).
   # eps: 1e-8 unless the config sets it (configs written before the key had 1e-8).
   encoder = optax.adamw(
@@ -85,10 +89,8 @@ def make_optimizer(optim_cfg, total_steps: int) -> optax.GradientTransformation:
 
 def learning_rates(optim_cfg, total_steps: int, step: int) -> tuple[float, float]:
   return (
-    float(schedule(optim_cfg.encoder_lr, warmup_steps(optim_cfg, total_steps), total_steps)(step)),
-    float(
-      schedule(optim_cfg.classifier_lr, warmup_steps(optim_cfg, total_steps), total_steps)(step)
-    ),
+    float(encoder_schedule(optim_cfg, total_steps)(step)),
+    float(classifier_schedule(optim_cfg, total_steps)(step)),
   )
 
 

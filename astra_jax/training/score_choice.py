@@ -75,16 +75,17 @@ class ScoreChoice:
       out["neighbour_candidates"] = [
         {"neighbour_weight": w, self.by: m} for w, m in self.neighbour_candidates
       ]
-      out["neighbour_weight"] = self.neighbour_weight
     if self.pairs:
       out["pairs"] = [
         {"label_text_weight": t, "neighbour_weight": v, self.by: m} for t, v, m in self.pairs
       ]
+    if self.neighbour_candidates or self.pairs:
       out["neighbour_weight"] = self.neighbour_weight
     return out
 
 
-def _first_best(read: list[tuple[float, float]]) -> float:
+def _first_best(read: list[tuple]) -> tuple | float:
+  """The candidate of the first (candidate, metric) with the highest metric."""
   best = max(m for _, m in read)
   return next(w for w, m in read if m == best)
 
@@ -172,8 +173,7 @@ def _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories) -> Sc
     for t in text_weights
     for v in vote_weights
   ]
-  best = max(m for _, _, m in pairs)
-  sc.label_text_weight, sc.neighbour_weight = next((t, v) for t, v, m in pairs if m == best)
+  sc.label_text_weight, sc.neighbour_weight = _first_best([((t, v), m) for t, v, m in pairs])
   logging.info(
     "scoring.label_text_weight=%.2f, scoring.neighbour_weight=%.2f chosen jointly on validation",
     sc.label_text_weight,
