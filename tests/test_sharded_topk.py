@@ -211,7 +211,8 @@ def test_compiled_search_gathers_candidates_and_queries_never_w(shape):
   kernel = search.kernel(k)
   emb = jax.device_put(jnp.zeros((q, d)), NamedSharding(mesh, P(sharding.ALL)))
   w = jax.device_put(jnp.zeros((num_labels, d)), NamedSharding(mesh, P("model")))
-  hlo = kernel.lower(emb, None, w).compile().as_text()
+  # kernel binds the score's weights (its first argument) to the compiled function.
+  hlo = kernel.func.lower(*kernel.args, emb, None, w).compile().as_text()
   sizes = _all_gather_sizes(hlo)
   assert sizes, "the candidates must cross the model axis"
   # Only queries (q x d) and candidates (q x M k) are gathered; a gather of W or a shard

@@ -140,7 +140,9 @@ class ShardedSearch:
     label_block: W rows scored per tile on each device.
     fusion: the label-text fusion, or None for <w_l, E(x)>.
     vote: the neighbour vote mixed into the score (`search_rows` then takes each row's
-      votes), or None.
+      votes), or None; with lexical terms, their fold with it (xc/lexical.fold).
+    memory_vote_share: the factor on the votes a memory casts (xc/lexical.fold_votes);
+      1 without lexical terms.
   """
 
   mesh: jax.sharding.Mesh
@@ -148,6 +150,7 @@ class ShardedSearch:
   label_block: int = 32768
   fusion: LabelTextFusion | None = None
   vote: NeighbourVote | None = None
+  memory_vote_share: float = 1.0
 
   @property
   def devices(self) -> int:
@@ -161,8 +164,22 @@ class ShardedSearch:
     """jit((embeddings (Q, d) split over all devices, votes ((Q, S) ids, (Q, S) values)
     split likewise or None, W (L', d) split over 'model' [, unit label texts (L', d)]) ->
     (scores, ids) (Q, k), split like the embeddings). One per (search, k) for the
-    process's life: every evaluation of a run reuses it."""
-    return _kernel(self, k)
+    process's life, the score's weights an argument: every evaluation of a run reuses it,
+    and a choice among weights (training/score_choice.py) compiles it once."""
+    unweighted = dataclasses.replace(
+      self,
+      fusion=None if self.fusion is None else dataclasses.replace(self.fusion, text_weight=0.0),
+      vote=None if self.vote is None else dataclasses.replace(self.vote, weight=0.0),
+      memory_vote_share=1.0,
+    )
+    weights = np.array(
+      [
+        0.0 if self.fusion is None else self.fusion.text_weight,
+        0.0 if self.vote is None else self.vote.weight,
+      ],
+      np.float32,
+    )
+    return functools.partial(_kernel(unweighted, k), weights)
 
   def encoder(self, encode: EncodeFn):
     """jit((encoder params, ids (Q, T) split over all devices) -> embeddings (Q, d) split
@@ -194,6 +211,7 @@ class ShardedSearch:
     votes: Votes | None = None,
     memory: VoteMemory | None = None,
     vote_cache: VoteCache | None = None,
+    extra_votes: Votes | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
@@ -212,6 +230,8 @@ class ShardedSearch:
         ranks, from the embeddings it ranks them by.
       vote_cache: where those votes are kept for, or read from, another search of the same
         rows from the same memory (None: taken anew).
+      extra_votes: with a memory, entries added beside each row's votes from it, rows
+        [lo, hi) (row lo first): the lexical terms (xc/lexical.py).
     Returns:
       [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
       in row order (padding rows past `hi` dropped).
@@ -241,7 +261,7 @@ class ShardedSearch:
       if self.vote is None:
         voted = [None] * len(group)
       elif votes is None:
-        voted = self._own_votes(embs, memory, group, hi, vote_cache)
+        voted = self._own_votes(embs, memory, group, hi, vote_cache, extra_votes, lo)
       for start, emb, block_votes in zip(group, embs, voted):
         stop = min(start + q, hi)
         _, top = kernel(emb, block_votes, *label_parts)
@@ -259,11 +279,15 @@ class ShardedSearch:
     starts: list[int],
     hi: int,
     cache: VoteCache | None,
+    extra: Votes | None = None,
+    lo: int = 0,
   ) -> list[tuple[jax.Array, jax.Array]]:
     """The votes of the rows of encoded blocks `embs` (global rows from `starts`) this
     process's devices hold, each split like its block; rows at or past `hi` vote for
     nothing. One search of the memory for all the blocks `cache` does not hold (every
-    process holds the same blocks: they are searched in step)."""
+    process holds the same blocks: they are searched in step). The memory's votes are
+    scaled by `memory_vote_share`, and `extra`'s entries of the same rows (global row
+    lo + i at row i) set beside them."""
     held, keys, mine = [], [], []
     for emb, start in zip(embs, starts):
       shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
@@ -278,7 +302,29 @@ class ShardedSearch:
       found = memory.own_votes_blocks([(embs[i], held[i]) for i in todo], self.vote)
       for i, votes in zip(todo, found):
         mine[i] = votes if cache is None else cache.put(keys[i], votes)
+    if extra is not None or self.memory_vote_share != 1.0:
+      mine = [
+        self._with_extra(emb, start, votes, counts, extra, lo)
+        for emb, start, votes, counts in zip(embs, starts, mine, held)
+      ]
     return [self._placed(emb, votes, counts) for emb, votes, counts in zip(embs, mine, held)]
+
+  def _with_extra(
+    self, emb: jax.Array, start: int, votes: Votes, held: list[int], extra: Votes | None, lo: int
+  ) -> Votes:
+    """`votes` (this process's held rows of the block at `start`) times
+    `memory_vote_share`, with `extra`'s entries of the same global rows beside them."""
+    shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
+    parts = [Votes(votes.ids, votes.values * np.float32(self.memory_vote_share))]
+    if extra is not None:
+      rows = np.concatenate(
+        [start + (x.index[0].start or 0) + np.arange(n) for x, n in zip(shards, held)]
+      ).astype(np.int64)
+      parts.append(Votes(extra.ids[rows - lo], extra.values[rows - lo]))
+    return Votes(
+      np.concatenate([p.ids for p in parts], axis=1),
+      np.concatenate([p.values for p in parts], axis=1).astype(np.float32),
+    )
 
   def _placed(self, emb: jax.Array, votes: Votes, held: list[int]) -> tuple[jax.Array, jax.Array]:
     """This process's `votes` for its held rows of block `emb`, as (ids, values) split like
@@ -290,7 +336,7 @@ class ShardedSearch:
       ids.append(jax.device_put(i, x.device))
       values.append(jax.device_put(v, x.device))
       first += n
-    shape = (emb.shape[0], self.vote.max_votes)
+    shape = (emb.shape[0], votes.ids.shape[1])
     return (
       jax.make_array_from_single_device_arrays(shape, emb.sharding, ids),
       jax.make_array_from_single_device_arrays(shape, emb.sharding, values),
@@ -307,9 +353,12 @@ def _kernel(search: ShardedSearch, k: int):
     search.num_labels,
     search.label_block,
   )
-  score = tile_score(fusion, vote)
 
-  def body(emb, voted, *label_parts):
+  def body(weights, emb, voted, *label_parts):
+    # The weights are traced: the dataclasses carry them into the tile score as values.
+    fusion_w = None if fusion is None else dataclasses.replace(fusion, text_weight=weights[0])
+    vote_w = None if vote is None else dataclasses.replace(vote, weight=weights[1])
+    score = tile_score(fusion_w, vote_w)
     group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
     if fusion is not None:
       group = fusion.device_query_rows(group)
@@ -317,7 +366,9 @@ def _kernel(search: ShardedSearch, k: int):
       voted = tuple(jax.lax.all_gather(x, "model", tiled=True) for x in voted)
     rows = label_parts[0].shape[0]
     first_id = jax.lax.axis_index("model") * rows
-    s, i = _tile_topk(group, label_parts, k, label_block, first_id, num_labels, score, vote, voted)
+    s, i = _tile_topk(
+      group, label_parts, k, label_block, first_id, num_labels, score, vote_w, voted
+    )
     # The group's (q, M k) candidates -> its best k, then this device's own queries.
     cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
     cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
@@ -335,7 +386,7 @@ def _kernel(search: ShardedSearch, k: int):
   sharded = jax.shard_map(
     body,
     mesh=mesh,
-    in_specs=(P(ALL), voted_spec) + (P("model"),) * parts,
+    in_specs=(P(), P(ALL), voted_spec) + (P("model"),) * parts,
     out_specs=(P(ALL), P(ALL)),
     check_vma=False,
   )
