@@ -18,7 +18,12 @@ under the run's own filter (`data.filter_self`). One JSON line per (workdir, sco
   far W fits them beyond the held-out rows;
 - with --mix, `mix beta=b a=a`: (1 - a) fused(beta) + a knn, the run's own score (its
   label-text scale, neighbours and temperature) for every pair of --mix_betas and
-  --mix_alphas (what `scoring.choose_jointly` reads).
+  --mix_alphas (what `scoring.choose_jointly` reads);
+- with --lexical, the lexical terms (xc/lexical.py) built as training builds them for the
+  choice: `lexical text` (t, the TF-IDF cosine with the label texts) and `lexical knn` (u,
+  the TF-IDF neighbour vote) alone, and `mix beta=b a=a g=g h=h`: (1 - g - h) mix + g t +
+  h u for every (beta, a) pair above and every (g, h) of --lexical_gs x --lexical_hs with
+  g + h < 1 (what the choice reads, with (beta, a) then fixed at the chosen pair).
 
 Each line holds P@1/3/5 and PSP@1/3/5 (x100, propensities of the run's config). The exact
 scores are dense (n_validation, L): for datasets of up to ~10^5 labels.
@@ -47,6 +52,9 @@ flags.DEFINE_integer("train_sample", 2000, "training rows for `W on training row
 flags.DEFINE_bool("mix", False, "also the shipped score for every (beta, a) pair")
 flags.DEFINE_list("mix_betas", ["0", "0.1", "0.3", "0.5", "0.7", "0.9"], "mix: label-text weights")
 flags.DEFINE_list("mix_alphas", ["0", "0.3", "0.5", "0.7", "0.9"], "mix: neighbour weights")
+flags.DEFINE_bool("lexical", False, "also the lexical terms, alone and over every mix")
+flags.DEFINE_list("lexical_gs", ["0", "0.1", "0.3", "0.5"], "lexical: label-text weights")
+flags.DEFINE_list("lexical_hs", ["0", "0.1", "0.3", "0.5"], "lexical: neighbour weights")
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -86,6 +94,23 @@ def knn_votes(sims: np.ndarray, train_labels, k: int, tau: float) -> np.ndarray:
   return (votes @ y).toarray() / np.maximum(w.sum(1, keepdims=True), 1e-12)
 
 
+def _lexical_terms(texts: baselines.TextData, sc: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(t, u) dense (n_validation, L): the lexical terms over the training rows, as the choice
+  builds them (each query's 256 best labels of each term; the rest 0)."""
+  from astra_jax.xc import lexical
+
+  index = lexical.LexicalIndex.build(texts.train_texts, texts.label_texts, texts.train_labels)
+  terms = index.votes(texts.test_texts, sc["neighbours"], sc["neighbour_temperature"])
+  out = []
+  for v in (terms.label_text, terms.neighbours):
+    dense = np.zeros((len(texts.test_texts), texts.num_labels), np.float32)
+    rows = np.broadcast_to(np.arange(len(v.ids))[:, None], v.ids.shape)
+    keep = v.ids >= 0
+    dense[rows[keep], v.ids[keep]] = v.values[keep]
+    out.append(dense)
+  return out[0], out[1]
+
+
 def measure(workdir: str):
   """Yields one row per score of `workdir`'s run (module docstring)."""
   with open(os.path.join(workdir, "config.json")) as f:
@@ -123,13 +148,22 @@ def measure(workdir: str):
       yield row(f"knn k={k} tau={tau}", score(votes))
       for a in map(float, flags.FLAGS.alphas):
         yield row(f"W+knn a={a} k={k} tau={tau}", score(a * classifier + (1 - a) * votes))
-  if flags.FLAGS.mix and texts.label_texts is not None:
+  if (flags.FLAGS.mix or flags.FLAGS.lexical) and texts.label_texts is not None:
     sc = cfg["scoring"]
     votes = knn_votes(sims, texts.train_labels, sc["neighbours"], sc["neighbour_temperature"])
+    terms = _lexical_terms(texts, sc) if flags.FLAGS.lexical else None
+    if terms is not None:
+      yield row("lexical text", score(terms[0]))
+      yield row("lexical knn", score(terms[1]))
     for b in map(float, flags.FLAGS.mix_betas):
       fused = (1 - b) * classifier + b * _sigmoid(sc["label_text_scale"] * cos)
       for a in map(float, flags.FLAGS.mix_alphas):
-        yield row(f"mix beta={b} a={a}", score((1 - a) * fused + a * votes))
+        mixed = (1 - a) * fused + a * votes
+        yield row(f"mix beta={b} a={a}", score(mixed))
+        for g in map(float, flags.FLAGS.lexical_gs if terms is not None else ()):
+          for h in (h for h in map(float, flags.FLAGS.lexical_hs) if g + h < 1):
+            lexical = (1 - g - h) * mixed + g * terms[0] + h * terms[1]
+            yield row(f"mix beta={b} a={a} g={g} h={h}", score(lexical))
   rng = np.random.default_rng(0)
   sample = rng.choice(len(texts.train_texts), flags.FLAGS.train_sample, replace=False)
   fit = encode([texts.train_texts[i] for i in sample]) @ w.T

@@ -20,7 +20,8 @@ filter_labels_test.txt. Variants:
   dropout 0.5, and the score's label-text and neighbour-vote weights, chosen together
   after training on a validation split of 10% of the training rows
   (`scoring.label_text_weight_choices` x `scoring.neighbour_weight_choices`), which W then
-  does not train on.
+  does not train on; then, likewise, the weights of two lexical terms (TF-IDF similarity to
+  the label texts and a TF-IDF neighbour vote, `scoring.lexical_*`).
 
 All variants set `data.filter_self=auto` (each test row's own item filtered where the
 training labels show items never list themselves; astra_jax/data/self_filter.py). Set the
@@ -105,6 +106,11 @@ def get_config(variant: str = "minilm"):
     # By P@1 + P@5, the two precisions users read: by P@1 alone, one validation row can
     # decide among 25 pairs (docs/results/pypi.md).
     c.scoring.choose_by = ("P@1", "P@5")
+    # Then the lexical terms' two weights (xc/lexical.py), with the model's weights fixed:
+    # where a label follows from one exact token of the text, TF-IDF keeps what E(x) blurs
+    # (docs/results/lexical.md).
+    c.scoring.lexical_label_text_weight_choices = (0.0, 0.1, 0.3)
+    c.scoring.lexical_neighbour_weight_choices = (0.0, 0.1, 0.3, 0.5)
   else:
     # The tiny random BERT is the base config's encoder (hidden 64, 2 layers).
     c.encoder.embedding_dropout = 0.2

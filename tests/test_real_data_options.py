@@ -216,3 +216,82 @@ def test_both_weights_chosen_jointly(tmp_path, ngame_dataset, load_config):
   assert (choice["label_text_weight"], choice["neighbour_weight"]) == chosen
   scoring = model.meta["scoring"]
   assert (scoring["label_text_weight"], scoring["neighbour_weight"]) == chosen
+
+
+def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_config):
+  """With lexical choices every (g, h) pair is read on the validation split after the
+  model's weights: each pair's P@1 + P@5 as a dense reference computes it (the exported
+  model's terms, TF-IDF straight from scikit-learn) is what the choice read, the first best
+  pair is exported, and the Predictor ranks the test rows by that score over the training
+  and validation rows."""
+  from sklearn.feature_extraction.text import TfidfVectorizer
+
+  c = _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs=1)
+  c.scoring.label_text_weight_choices = (0.5,)
+  c.scoring.neighbour_weight_choices = (0.3,)
+  c.scoring.lexical_label_text_weight_choices = (0.0, 0.2, 0.4)
+  c.scoring.lexical_neighbour_weight_choices = (0.0, 0.3)
+  c.scoring.choose_by = ("P@1", "P@5")
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  data, val = train.load_splits(c)
+  texts = baselines.load_texts(c.data.dir, validation_fraction=0.25)
+  everything = baselines.load_texts(c.data.dir)
+  model = export.load_model(str(tmp_path / "wd"))
+  p = Predictor(model, index="exact")
+  unit = lambda x: x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+  sigmoid = lambda x: 1 / (1 + np.exp(-x))
+
+  def tfidf(fit, *texts):
+    blocks = [[] for _ in texts]
+    for analyzer, ngrams in (("word", (1, 2)), ("char_wb", (2, 4))):
+      v = TfidfVectorizer(analyzer=analyzer, ngram_range=ngrams, sublinear_tf=True).fit(fit)
+      for b, t in zip(blocks, texts):
+        b.append(v.transform(t).toarray())
+    return [unit(np.concatenate(b, axis=1)) for b in blocks]
+
+  def model_terms(tokens, keys, key_labels, label_tokens):
+    q, z = p.encode(np.asarray(tokens)), p.encode(np.asarray(label_tokens))
+    w_term = sigmoid(q @ np.asarray(model.classifier).T)
+    mixed = 0.5 * w_term + 0.5 * sigmoid(5.0 * unit(q) @ unit(z).T)
+    return 0.7 * mixed + 0.3 * _dense_votes(q, p.encode(keys), key_labels, 5, 0.2)
+
+  def lexical_terms(rows, queries, row_labels):
+    xr, xq, xz = tfidf(rows, rows, queries, everything.label_texts)
+    return xq @ xz.T, _dense_votes(xq, xr, row_labels, 5, 0.2)
+
+  m = model_terms(
+    val.test_tokens,
+    data.train_tokens[np.arange(300)],
+    data.train_labels.head(300).to_dense(),
+    data.label_tokens,
+  )
+  t, u = lexical_terms(texts.train_texts, texts.test_texts, texts.train_labels.to_dense())
+  reference = {}
+  for g in (0.0, 0.2, 0.4):
+    for h in (0.0, 0.3):
+      mixed = ((1 - g - h) * m + g * t + h * u).astype(np.float32)
+      top = np.argsort(-mixed, axis=1, kind="stable")
+      s = ranking.rank_filter_score(
+        lambda k, top=top: top[:, :k], val.test_labels, val.test_filter, None, (1, 5)
+      )
+      reference[(g, h)] = s["P@1"] + s["P@5"]
+  choice = r["score_choice"]
+  got = {
+    (x["lexical_label_text_weight"], x["lexical_neighbour_weight"]): x["P@1+P@5"]
+    for x in choice["lexical_pairs"]
+  }
+  assert list(got) == list(reference)
+  assert got == pytest.approx(reference, abs=1e-3)
+  chosen = next(pair for pair, v in reference.items() if v == max(reference.values()))
+  assert chosen != (0.0, 0.0), "the tiny problem should want a lexical term"
+  assert (choice["lexical_label_text_weight"], choice["lexical_neighbour_weight"]) == chosen
+  # The export: the final rows (training, then validation) vote, the features refitted on them.
+  g, h = chosen
+  rows = texts.train_texts + texts.test_texts
+  row_labels = np.concatenate([texts.train_labels.to_dense(), texts.test_labels.to_dense()])
+  all_tokens = np.concatenate([data.train_tokens[np.arange(300)], val.test_tokens])
+  m = model_terms(data.test_tokens, all_tokens, row_labels, data.label_tokens)
+  t, u = lexical_terms(rows, everything.test_texts, row_labels)
+  dense = (1 - g - h) * m + g * t + h * u
+  pred = p.predict(everything.test_texts, k=5)
+  np.testing.assert_allclose(pred.scores, -np.sort(-dense, axis=1)[:, :5], rtol=1e-4, atol=1e-5)

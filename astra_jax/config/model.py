@@ -85,6 +85,17 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.scoring.choose_jointly = False
   # The validation metrics whose sum the choices maximise (names as results.json has them).
   c.scoring.choose_by = ("P@1",)
+  # Lexical terms (xc/lexical.py; scikit-learn's TF-IDF over the dataset's texts): the score
+  # becomes (1 - g - h) m + g t + h u, m the score above, t the TF-IDF cosine of the query
+  # and the label's text (g = lexical_label_text_weight), u the neighbour vote over the
+  # training rows' TF-IDF vectors (h = lexical_neighbour_weight; its k and temperature are
+  # neighbours and neighbour_temperature). The model then keeps the training rows' TF-IDF.
+  c.scoring.lexical_label_text_weight = 0.0
+  c.scoring.lexical_neighbour_weight = 0.0
+  # Candidates for both, every (g, h) pair with g + h < 1 read on the validation split after
+  # the weights above are chosen (training/score_choice.py). (): the weight as set.
+  c.scoring.lexical_label_text_weight_choices = ()
+  c.scoring.lexical_neighbour_weight_choices = ()
 
 
 def validate(c: ml_collections.ConfigDict) -> None:
@@ -131,6 +142,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"must be >= 1, got {sc.neighbour_search_rows}",
   )
   _require_choices(c, "neighbour_weight_choices")
+  _require_lexical(c)
   by = tuple(c.scoring.choose_by)
   require(
     bool(by) and all(re.fullmatch(r"(P|nDCG|PSP|PSnDCG)@[1-9][0-9]*", m) for m in by),
@@ -138,7 +150,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     f"names metrics such as P@1 or PSP@5, got {by}",
   )
   ks = tuple(c.eval.ks)
-  chooses = bool(sc.label_text_weight_choices) or bool(sc.neighbour_weight_choices)
+  chooses = any(bool(sc[f]) for f in sc if f.endswith("_choices"))
   require(
     not chooses or all(int(m.split("@")[1]) in ks for m in by),
     "scoring.choose_by",
@@ -157,6 +169,26 @@ def validate(c: ml_collections.ConfigDict) -> None:
   )
   require(c.encoder.ngram.buckets_per_token >= 0, "encoder.ngram.buckets_per_token", "must be >= 0")
   require(c.encoder.ngram.normalize_scale >= 0, "encoder.ngram.normalize_scale", "must be >= 0")
+
+
+def _require_lexical(c: ml_collections.ConfigDict) -> None:
+  """The lexical weights: each in [0, 1], and g + h < 1 for the pair set, or for one pair of
+  the choices (the choice skips the others)."""
+  sc = c.scoring
+  _require_choices(c, "lexical_label_text_weight_choices")
+  _require_choices(c, "lexical_neighbour_weight_choices")
+  gs = tuple(sc.lexical_label_text_weight_choices) or (sc.lexical_label_text_weight,)
+  hs = tuple(sc.lexical_neighbour_weight_choices) or (sc.lexical_neighbour_weight,)
+  for field, w in (
+    ("label_text", sc.lexical_label_text_weight),
+    ("neighbour", sc.lexical_neighbour_weight),
+  ):
+    require(0 <= w <= 1, f"scoring.lexical_{field}_weight", f"must be in [0, 1], got {w}")
+  require(
+    min(gs) + min(hs) < 1,
+    "scoring.lexical_label_text_weight",
+    f"with lexical_neighbour_weight must leave the model a share: {min(gs)} + {min(hs)} >= 1",
+  )
 
 
 def _require_choices(c: ml_collections.ConfigDict, field: str) -> None:

@@ -25,6 +25,7 @@ from absl import logging
 
 from astra_jax.runtime import cpu_budget
 from astra_jax.runtime.errors import InputError
+from astra_jax.xc import lexical
 
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_runner.py")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -76,23 +77,13 @@ class PeerRanking:
 def features(train_texts: list[str], test_texts: list[str]):
   """The peers' shared features: [word 1-2-gram TF-IDF | char_wb 2-4-gram TF-IDF] of each
   text, each block L2-normalised, then the row (scipy CSR float32; vocabularies from the
-  training texts).
+  training texts): the lexical score terms' (xc/lexical.TfidfFeatures).
 
   Returns:
     (X_train, X_test).
   """
-  import scipy.sparse as sp
-  from sklearn.feature_extraction.text import TfidfVectorizer
-  from sklearn.preprocessing import normalize
-
-  vectorizers = (
-    TfidfVectorizer(analyzer="word", ngram_range=(1, 2), sublinear_tf=True, dtype=np.float32),
-    TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 4), sublinear_tf=True, dtype=np.float32),
-  )
-  train = [v.fit_transform(train_texts) for v in vectorizers]
-  test = [v.transform(test_texts) for v in vectorizers]
-  join = lambda blocks: normalize(sp.hstack(blocks).tocsr()).astype(np.float32)
-  return join(train), join(test)
+  fitted, train = lexical.TfidfFeatures.fit_transform(train_texts)
+  return train, fitted(test_texts)
 
 
 def peers_python(explicit: str = "") -> str:

@@ -25,7 +25,8 @@ from astra_jax.evaluation import knn, metrics
 from astra_jax.model.embedding import EmbedFn
 from astra_jax.parallel.mesh_embedding import embed_on_mesh
 from astra_jax.runtime import distributed
-from astra_jax.xc import neighbour_vote, score_fusion
+from astra_jax.xc import lexical, neighbour_vote, score_fusion
+from astra_jax.xc.neighbour_vote import Votes
 
 Ranker = Callable[[int], np.ndarray]  # k -> (n, >= k) label ids, best first (-1: none)
 
@@ -122,6 +123,8 @@ class ModelEvaluator:
     vote_cache: where this process's votes from `memory` are kept for another evaluation
       of the same rows (they depend on the encoder, the memory and the vote's k and tau,
       not on its weight); None: taken anew.
+    lexical_votes: the lexical terms' entries of every test row (xc/lexical.py), already
+      weighted and folded: beside the memory's votes, or the rows' only votes without one.
   """
 
   search: sharded_topk.ShardedSearch
@@ -136,6 +139,7 @@ class ModelEvaluator:
   batch_size: int
   memory: VoteMemory | None = None
   vote_cache: sharded_topk.VoteCache | None = None
+  lexical_votes: Votes | None = None
 
   @classmethod
   def for_model(
@@ -150,6 +154,7 @@ class ModelEvaluator:
     label_text_embeddings: np.ndarray | None = None,
     memory: VoteMemory | None = None,
     vote_cache: sharded_topk.VoteCache | None = None,
+    lexical_terms: lexical.TermVotes | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
@@ -157,17 +162,32 @@ class ModelEvaluator:
     encoder unless `label_text_embeddings` (L, d) already holds them. The neighbour vote
     (`scoring.neighbour_weight`) is in the score only with a `memory` to vote from: the
     periodic evaluations have none and score without it; `vote_cache`: where the votes
-    from it are kept between evaluations of the same rows."""
+    from it are kept between evaluations of the same rows. The lexical terms
+    (`scoring.lexical_*`) are in the score only with `lexical_terms`, the test rows'."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     vote = neighbour_vote.from_config(config) if fused and memory is not None else None
+    weights = lexical.from_scoring(config.scoring)
+    lexical_votes, share = None, 1.0
+    if fused and lexical_terms is not None and weights.total:
+      model_weight = vote.weight if vote is not None else 0.0
+      # The lexical entries over a'; the memory's votes (if the model votes) are scaled
+      # by the search (`memory_vote_share`), so that they may come from its cache.
+      lexical_votes = lexical.fold_votes(
+        None, model_weight, lexical_terms.weighted(weights), weights
+      )
+      folded = lexical.fold(vote, weights, neighbour_vote.search_settings(config.scoring))
+      share = (1.0 - weights.total) * model_weight / folded.weight
+      vote = folded
+      if not model_weight:  # the model does not vote: the lexical entries are all
+        memory = None
     texts = None
     if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
       texts = label_text_embeddings
       if texts is None:
         texts = embed_label_texts(mesh, embed_fn, params, data, config)
     search = sharded_topk.ShardedSearch(
-      mesh, data.num_labels, config.eval.label_block, fusion, vote
+      mesh, data.num_labels, config.eval.label_block, fusion, vote, share
     )
     return cls(
       search,
@@ -182,6 +202,7 @@ class ModelEvaluator:
       config.eval.batch_size,
       memory if vote is not None else None,
       vote_cache if vote is not None else None,
+      lexical_votes,
     )
 
   def block_sums(self, lo: int, hi: int) -> dict[str, float]:
@@ -201,11 +222,20 @@ class ModelEvaluator:
       self.batch_size,
       memory=self.memory,
       vote_cache=self.vote_cache,
+      **self._lexical_rows(lo, hi),
     ):
       sums = metrics.add_sums(
         sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
       )
     return distributed.sum_over_processes(sums)
+
+  def _lexical_rows(self, lo: int, hi: int) -> dict:
+    """search_rows' arguments for the lexical entries of rows [lo, hi): beside the
+    memory's votes, or the rows' only votes."""
+    if self.lexical_votes is None:
+      return {}
+    rows = Votes(self.lexical_votes.ids[lo:hi], self.lexical_votes.values[lo:hi])
+    return {"extra_votes": rows} if self.memory is not None else {"votes": rows}
 
   def score(self, num_rows: int | None = None) -> dict[str, float]:
     """Metrics x100 of the first `num_rows` test rows (all of them by default)."""
@@ -239,13 +269,7 @@ def vote_memory(
   enc, bs, sc = params["encoder"], config.eval.batch_size, config.scoring
   rows, d, devices = labels.num_rows, params["classifier"].shape[1], mesh.devices.size
   # The search's settings alone decide; the vote's weight may be chosen later.
-  search = neighbour_vote.NeighbourVote(
-    0.0,
-    int(sc.get("neighbours", 50)),
-    float(sc.get("neighbour_temperature", 0.1)),
-    search=sc.get("neighbour_search", "auto"),
-    search_rows=int(sc.get("neighbour_search_rows", memory_search.SCANN_ROWS_PER_QUERY)),
-  )
+  search = neighbour_vote.search_settings(sc)
   if searches_with_scann(rows, search):
     keys = [embed_on_mesh(mesh, embed_fn, enc, s.tokens, bs, s.rows) for s in sources]
     return Memory.from_embeddings(np.concatenate(keys), labels)
@@ -278,13 +302,24 @@ def evaluate_model(
   label_text_embeddings: np.ndarray | None = None,
   memory: VoteMemory | None = None,
   vote_cache: sharded_topk.VoteCache | None = None,
+  lexical_terms: lexical.TermVotes | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by
   the config's score (by W alone when `fused` is False; `label_text_embeddings`, `memory`,
-  `vote_cache`: as `ModelEvaluator.for_model`)."""
+  `vote_cache`, `lexical_terms`: as `ModelEvaluator.for_model`)."""
   n = data.test_labels.num_rows if not max_rows else min(max_rows, data.test_labels.num_rows)
   evaluator = ModelEvaluator.for_model(
-    mesh, embed_fn, params, data, config, inv_prop, fused, label_text_embeddings, memory, vote_cache
+    mesh,
+    embed_fn,
+    params,
+    data,
+    config,
+    inv_prop,
+    fused,
+    label_text_embeddings,
+    memory,
+    vote_cache,
+    lexical_terms,
   )
   return evaluator.score(n)
 

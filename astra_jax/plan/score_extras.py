@@ -7,7 +7,12 @@ host (ann/process_memory.py); its labels, views of the data's label rows (no byt
 training's); and the FLOP of the vote's search (exact, or through a ScaNN index:
 ann/memory_search.py).
 
-Both terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
+And the lexical terms (`scoring.lexical_*`, xc/lexical.py): the TF-IDF vectors of every
+label text and of every voting row, held by each process on its host, at
+LEXICAL_NNZ_PER_TEXT non-zeros a text (an assumption: the Debian datasets' texts of about
+60 characters have 156-159).
+
+These terms are for datasets of up to a few million rows; at SS-20M's 146M training rows
 the plan shows what turning them on would take rather than refusing it.
 """
 
@@ -22,6 +27,8 @@ from astra_jax.plan.records import Item, VoteSearchCost
 # neighbour_vote.MAX_VOTES, the labels a query's vote keeps: that module imports jax, which
 # the planner never does (tests/test_plan.py checks both).
 VOTE_SLOTS = 256
+# TF-IDF non-zeros of one short text (word 1-2-grams and character 2-4-grams), assumed.
+LEXICAL_NNZ_PER_TEXT = 160
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,4 +171,22 @@ def score_extras(
     else:
       flop = 2.0 * queries * n * d
       search = VoteSearchCost(False, n, flop, 0.0, n, q.num_test, validation, on_devices)
+  if _uses(config, "lexical_label_text_weight") or _uses(config, "lexical_neighbour_weight"):
+    nnz = LEXICAL_NNZ_PER_TEXT
+    lexical = [
+      Item(
+        f"lexical terms: TF-IDF of {q.L:,} label texts (CSR, ~{nnz} non-zeros each)",
+        q.L * nnz * 8 + (q.L + 1) * 8,
+        "L x nnz x (4 + 4) + (L + 1) x 8",
+      ),
+      Item(
+        f"lexical terms: TF-IDF of {num_train:,} voting rows (CSR, ~{nnz} non-zeros each)",
+        num_train * nnz * 8 + (num_train + 1) * 8,
+        "N x nnz x (4 + 4) + (N + 1) x 8",
+      ),
+    ]
+    items += lexical
+    disk += [
+      Item(f"export: lexical/{x.name.split(':', 1)[1]}", x.bytes, x.formula) for x in lexical
+    ]
   return ScoreExtras(items, device, disk, search)

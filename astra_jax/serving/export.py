@@ -11,6 +11,9 @@
                         voting rows' unit embeddings (N, d) float32 (memory-mappable)
   vote_memory.npz       their labels as CSR `indptr`, `indices` (format 1 held the keys
                         here too, as `keys`; both are read)
+  lexical/              when the score holds lexical terms (xc/lexical.py): the TF-IDF
+                        vocabularies and IDF, the label texts' and voting rows' vectors,
+                        the rows' labels
   config.json           the training config
 
 Encoder parameters go to safetensors rather than an orbax checkpoint: it is one flat file
@@ -46,12 +49,14 @@ from astra_jax.model.factory import encoder_for_shape
 from astra_jax.model.interface import EncoderShape
 from astra_jax.runtime import distributed, tmpnames
 from astra_jax.runtime.errors import InputError
+from astra_jax.xc.lexical import LexicalIndex
 
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: the vote memory's keys inside vote_memory.npz
 MODEL_DIR = "model"
 CLASSIFIER_ROWS_FILE = ".classifier-rows.npy"  # W written by every process, then moved in
 VOTE_MEMORY_FILE = "vote_memory.npz"
+LEXICAL_DIR = "lexical"
 VOTE_MEMORY_KEYS_FILE = "vote_memory_keys.npy"
 MEMORY_KEYS_ROWS_FILE = ".vote-memory-keys.npy"  # written by every process, then moved in
 
@@ -78,6 +83,7 @@ class Model:
   label_texts: list[str] | None
   meta: dict
   memory: Memory | None = None
+  lexical: LexicalIndex | None = None  # the lexical terms' index (xc/lexical.py)
 
   @property
   def trained_labels(self) -> int:
@@ -152,11 +158,13 @@ def save_model(
   extra: dict | None = None,
   memory: Memory | None = None,
   memory_keys_file: str | None = None,
+  lexical_index: LexicalIndex | None = None,
 ) -> str:
   """Writes WORKDIR/model atomically; returns its path. `classifier`: W[:L] as an array, or
   the path of a finished float32 .npy of it (write_classifier_rows), moved into the model;
   `memory`: the neighbour vote's rows, when the score votes; `memory_keys_file`: a finished
-  .npy of its keys (write_memory_keys), moved into the model instead of writing them."""
+  .npy of its keys (write_memory_keys), moved into the model instead of writing them;
+  `lexical_index`: the lexical terms' (xc/lexical.py), when the score holds them."""
   from safetensors.numpy import save as safetensors_save
 
   rows_file = classifier if isinstance(classifier, str) else None
@@ -192,6 +200,8 @@ def save_model(
         np.save(keys_path, np.asarray(memory.keys, np.float32))
       # Streamed: the memory's labels are views of the data's, never copied whole.
       csr_files.save_npz(memory.labels, os.path.join(tmp, VOTE_MEMORY_FILE))
+    if lexical_index is not None:
+      lexical_index.save(os.path.join(tmp, LEXICAL_DIR))
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(train_config or {}, f, indent=1)
     meta = {
@@ -289,6 +299,7 @@ def save_trained_model(
   data: dataset.XCData,
   metrics: dict | None = None,
   memory: VoteMemory | None = None,
+  lexical_index: LexicalIndex | None = None,
 ) -> str | None:
   """What train_and_evaluate exports: its encoder, W[:L] (padded mesh rows dropped), the
   tokenizer and label texts of its dataset, and the neighbour vote's `memory` when the
@@ -330,6 +341,7 @@ def save_trained_model(
     },
     memory=host_memory,
     memory_keys_file=keys_file if memory is not None else None,
+    lexical_index=lexical_index,
   )
 
 
@@ -418,7 +430,19 @@ def load_model(workdir: str) -> Model:
     labels,
     meta,
     _load_memory(path, len(w), cfg.embed_dim),
+    _load_lexical(path, len(w)),
   )
+
+
+def _load_lexical(path: str, num_labels: int) -> LexicalIndex | None:
+  """The lexical terms' index of a model directory, or None when it has none."""
+  directory = os.path.join(path, LEXICAL_DIR)
+  if not os.path.isdir(directory):
+    return None
+  try:
+    return LexicalIndex.load(directory, num_labels)
+  except (OSError, ValueError, KeyError) as e:
+    raise InputError(f"{directory}: cannot read: {e}") from None
 
 
 def _load_memory(path: str, num_labels: int, dim: int) -> Memory | None:

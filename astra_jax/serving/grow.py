@@ -13,7 +13,8 @@ a new exported model (serving/export.py's layout) that `Predictor` serves at onc
 ScaNN index built on first use; a model that mixes label-text similarity into its scores
 (scoring.label_text_weight) ranks the new labels by it too. A model with a neighbour vote
 (scoring.neighbour_weight) keeps its memory: its rows vote for old labels only until a
-retrain puts new ones in their label rows.
+retrain puts new ones in their label rows. Lexical terms (scoring.lexical_*) likewise: the
+new labels' texts join the TF-IDF label-text term, under the trained vocabularies.
 
 Every check runs before anything is written: an empty text, a text that repeats an existing
 label's (or another new one's), a retired id outside the grown label set, or a model this
@@ -242,5 +243,8 @@ def grow_model(
     train_config=_train_config(model.path),
     extra=extra,
     memory=_grown_memory(model.memory, total),
+    lexical_index=None
+    if model.lexical is None
+    else model.lexical.with_labels(list(model.label_texts) + new_texts, total),
   )
   return GrowReport(path, old_l, len(new_texts), retired, fit_n, r2, round(time.time() - t0, 3))

@@ -20,7 +20,7 @@ from astra_jax.ann.index import scann_available, warn_scann_missing
 from astra_jax.data import tokenize
 from astra_jax.runtime.errors import InputError
 from astra_jax.serving import export, serve_index
-from astra_jax.xc import neighbour_vote, score_fusion
+from astra_jax.xc import lexical, neighbour_vote, score_fusion
 
 # Batch sizes the encoder is compiled for: a call pads its texts to the next one (bigger
 # calls go in chunks of the last). Sequence lengths likewise go up in powers of two to
@@ -237,6 +237,13 @@ class Predictor:
     if self.vote is not None:
       store = serve_index.MemoryIndexStore(model.path, model.model_id)
       self.memory = model.memory.with_index_store(store)
+    # The lexical terms (xc/lexical.py) enter as votes beside the memory's.
+    self.lexical = lexical.from_scoring(scoring) if model.lexical is not None else None
+    if self.lexical is not None and not self.lexical.total:
+      self.lexical = None
+    self.model_vote_weight = self.vote.weight if self.vote is not None else 0.0
+    if self.lexical is not None:
+      self.vote = lexical.fold(self.vote, self.lexical, neighbour_vote.search_settings(scoring))
     if self.vote is not None and index == "scann":
       logging.info(
         "the model mixes the neighbour vote into its scores "
@@ -336,7 +343,7 @@ class Predictor:
       for t in self.seq_buckets:
         tokens = np.full((b, self.model.max_len), self.model.pad_id, np.int32)
         tokens[:, :t] = self.model.pad_id + 1  # a batch whose longest row has t tokens
-        self._search(self.encode(tokens), k)
+        self._search(self.encode(tokens), k, [""] * b)
 
   def predict(self, texts: Sequence[str | bytes], k: int = 10) -> Predictions:
     """Top-k labels for each text; bad inputs get an error in their row and never stop the
@@ -372,7 +379,7 @@ class Predictor:
     emb = self.encode(tokens)
     t2 = time.perf_counter()
     extra = max((len(v) for v in self.own_items.values()), default=0) + len(self.retired)
-    s, i = self._search(emb, min(k + extra, self.num_labels))
+    s, i = self._search(emb, min(k + extra, self.num_labels), [checked[j][0] for j in ok])
     if extra:
       s, i = self._without_own_items([checked[j][0] for j in ok], s, i, k)
     t3 = time.perf_counter()
@@ -385,11 +392,19 @@ class Predictor:
     self.timings = {"tokenize_s": t1 - t0, "encode_s": t2 - t1, "search_s": t3 - t2}
     return Predictions(ids, scores, labels, errors, warnings)
 
-  def _search(self, emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The index's top k of the embedded queries, with their votes when the score votes."""
+  def _search(self, emb: np.ndarray, k: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The index's top k of the embedded queries (`texts`), with their votes when the score
+    votes."""
     if self.vote is None:
       return self.index.search(emb, k)
-    return self.index.search(emb, k, self.memory.votes(emb, self.vote))
+    own = None
+    if self.memory is not None:
+      own = self.memory.votes(emb, dataclasses.replace(self.vote, weight=self.model_vote_weight))
+    if self.lexical is None:
+      return self.index.search(emb, k, own)
+    w = self.lexical
+    terms = self.model.lexical.votes(texts, w.k, w.temperature).weighted(w)
+    return self.index.search(emb, k, lexical.fold_votes(own, self.model_vote_weight, terms, w))
 
   def _without_own_items(
     self, texts: list[str], scores: np.ndarray, ids: np.ndarray, k: int

@@ -17,9 +17,10 @@ from astra_jax.evaluation import ann_eval, baselines, ranking
 from astra_jax.model import encoder_source
 from astra_jax.runtime import distributed, faults
 from astra_jax.serving.export import save_trained_model
+from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
-from astra_jax.xc import neighbour_vote
+from astra_jax.xc import lexical, neighbour_vote
 
 
 @dataclasses.dataclass
@@ -38,7 +39,10 @@ class StageClock:
 
 
 def evaluate_and_export(
-  trainer: Trainer, encoder_cfg, memories: VoteMemories | None = None
+  trainer: Trainer,
+  encoder_cfg,
+  memories: VoteMemories | None = None,
+  lexical_indexes: LexicalIndexes | None = None,
 ) -> tuple[dict, dict | None, dict]:
   """After training: the final evaluation, the export, the ANN evaluation when asked for
   and the validation split's; each recorded in the progress log.
@@ -48,6 +52,8 @@ def evaluate_and_export(
     encoder_cfg: the encoder's shape (the export's record of it).
     memories: the neighbour vote's memories (neighbour_memory.py) when the score votes:
       the test split and the export read `final`, the validation split `choice`.
+    lexical_indexes: the lexical terms' (lexical_terms.py) when the score may hold them:
+      likewise.
   Returns:
     (final test metrics, the ANN evaluation's report or None, wall-clock spans of these
     phases {name: [start, end]}).
@@ -56,8 +62,11 @@ def evaluate_and_export(
   config, workdir, data, eval_data = p.config, p.workdir, p.data, p.eval_data
   params = trainer.state.params
   votes = memories is not None and neighbour_vote.from_config(config) is not None
+  lexical_on = lexical_indexes is not None and lexical.from_scoring(config.scoring).total > 0
   t_eval = time.time()
-  final = trainer.final_evaluation(memories.final if votes else None)
+  final = trainer.final_evaluation(
+    memories.final if votes else None, lexical_indexes.test if lexical_on else None
+  )
   final.update(
     ranking.diagnostics(
       p.mesh, p.embed_fn, params, data, data, config, p.inv_prop, trainer.final_rows
@@ -68,7 +77,14 @@ def evaluate_and_export(
     os.path.join(workdir, "model"), sum(x.nbytes for x in jax.tree.leaves(params))
   ):
     save_trained_model(
-      workdir, config, encoder_cfg, params, data, final, memories.final if votes else None
+      workdir,
+      config,
+      encoder_cfg,
+      params,
+      data,
+      final,
+      memories.final if votes else None,
+      lexical_index=lexical_indexes.final if lexical_on else None,
     )
   # Wall-clock spans of this process's last phases (a resumed run's: its own), so that a
   # driver sampling the process's memory can attribute it to them (benchmarks/scale_run.py).
@@ -91,6 +107,7 @@ def evaluate_and_export(
       p.inv_prop,
       memory=memories.choice if votes else None,
       vote_cache=memories.validation_cache if votes else None,
+      lexical_terms=lexical_indexes.choice if lexical_on else None,
     )
     val.update(ranking.diagnostics(p.mesh, p.embed_fn, params, data, eval_data, config, p.inv_prop))
     trainer.record_eval(config.train.epochs, "validation", val)

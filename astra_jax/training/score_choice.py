@@ -1,5 +1,6 @@
 """The score's weights, chosen after training on the validation split: the label texts'
-(xc/score_fusion.py), then the neighbour vote's (xc/neighbour_vote.py).
+(xc/score_fusion.py), then the neighbour vote's (xc/neighbour_vote.py), then the lexical
+terms' (xc/lexical.py).
 
 How much the label texts should weigh in the score is a property of the dataset, not of
 the method: on debian-recommends-20k, where items recommend items whose texts they
@@ -16,9 +17,14 @@ likewise for `scoring.neighbour_weight_choices`, the vote's memory holding the t
 rows only. With `scoring.choose_jointly`, every
 pair of the two lists is read instead, and the first best pair is taken: the two terms
 interact (where W is weak, the vote wants a larger label-text weight than W alone does,
-docs/results/pypi.md), which one weight at a time cannot see. The final evaluation on the
-test split, the export and the Predictor use both. Nothing is retrained, and the test split
-is never read to choose.
+docs/results/pypi.md), which one weight at a time cannot see. Then, with those fixed, every
+(g, h) pair of `scoring.lexical_label_text_weight_choices` and
+`scoring.lexical_neighbour_weight_choices` (g + h < 1) is read, and the first best taken:
+reading them with the model's weights fixed, 12 pairs instead of 25 x 12 quadruples, costs
+about 1.5 P@1 on pypi-keywords' validation split and keeps the choice's time within the
+issue's bar (docs/results/lexical.md). The final evaluation on the test split, the export
+and the Predictor use every chosen weight. Nothing is retrained, and the test split is
+never read to choose.
 
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
@@ -31,12 +37,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+import numpy as np
 from absl import logging
 
 from astra_jax.ann.sharded_topk import VoteCache
 from astra_jax.evaluation import ranking
+from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
+from astra_jax.xc.lexical import TermVotes
 
 DEFAULT_CHOOSE_BY = ("P@1",)
 
@@ -55,6 +64,9 @@ class ScoreChoice:
     neighbour_weight: the neighbour weight the model now ranks by.
     pairs: ((label-text weight, neighbour weight, that metric), ...) when chosen jointly,
       the label-text weights outer; () otherwise.
+    lexical_pairs: ((lexical label-text weight, lexical neighbour weight, that metric),
+      ...), read with the weights above; () when the config lists none.
+    lexical: the lexical weights (g, h) the model now ranks by.
   """
 
   by: str
@@ -63,6 +75,8 @@ class ScoreChoice:
   neighbour_candidates: tuple[tuple[float, float], ...] = ()
   neighbour_weight: float = 0.0
   pairs: tuple[tuple[float, float, float], ...] = ()
+  lexical_pairs: tuple[tuple[float, float, float], ...] = ()
+  lexical: tuple[float, float] = (0.0, 0.0)
 
   def to_json(self) -> dict:
     out = {
@@ -81,6 +95,12 @@ class ScoreChoice:
       ]
     if self.neighbour_candidates or self.pairs:
       out["neighbour_weight"] = self.neighbour_weight
+    if self.lexical_pairs:
+      out["lexical_pairs"] = [
+        {"lexical_label_text_weight": g, "lexical_neighbour_weight": h, self.by: m}
+        for g, h, m in self.lexical_pairs
+      ]
+      out["lexical_label_text_weight"], out["lexical_neighbour_weight"] = self.lexical
     return out
 
 
@@ -90,31 +110,71 @@ def _first_best(read: list[tuple]) -> tuple | float:
   return next(w for w, m in read if m == best)
 
 
-def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> ScoreChoice | None:
+def choose_weights(
+  trainer: Trainer,
+  memories: VoteMemories | None = None,
+  lexical_indexes: LexicalIndexes | None = None,
+) -> ScoreChoice | None:
   """Scores the trained model on the validation split with each candidate weight and sets
-  `config.scoring.label_text_weight`, then `config.scoring.neighbour_weight` (in memory),
-  to the best ones.
+  `config.scoring.label_text_weight`, then `config.scoring.neighbour_weight`, then the
+  lexical weights (in memory), to the best ones.
 
   Args:
     trainer: the finished trainer (its parts' config, validation data and state).
     memories: the neighbour vote's memories (neighbour_memory.py), needed when the config
       lists neighbour weights: the validation rows' votes from the training rows.
+    lexical_indexes: the lexical terms' (lexical_terms.py), needed when the config lists
+      lexical weights: the validation rows' terms from the training rows.
   Returns:
     The choice, or None when the config lists no candidates.
   """
-  p = trainer.parts
-  sc = p.config.scoring
-  text_weights = tuple(float(w) for w in sc.get("label_text_weight_choices", ()))
-  vote_weights = tuple(float(w) for w in sc.get("neighbour_weight_choices", ()))
-  if not text_weights and not vote_weights:
+  lexical_weights = _lexical_candidates(trainer.parts.config.scoring)
+  sc = trainer.parts.config.scoring
+  if not lexical_weights and not (
+    sc.get("label_text_weight_choices") or sc.get("neighbour_weight_choices")
+  ):
     return None
-  by = tuple(sc.get("choose_by", DEFAULT_CHOOSE_BY))
-  by_name = "+".join(by)
-  params = trainer.state.params
   # E(z_l) depends on the encoder only: embedded once for every candidate.
-  texts = None
-  if any(text_weights) or sc.label_text_weight:
-    texts = ranking.embed_label_texts(p.mesh, p.embed_fn, params, p.eval_data, p.config)
+  texts = _label_texts(trainer)
+  choice = _choose_model_weights(trainer, memories, texts)
+  if not lexical_weights:
+    return choice
+  if choice is None:
+    choice = ScoreChoice(
+      "+".join(_by(trainer.parts.config.scoring)),
+      (),
+      float(trainer.parts.config.scoring.label_text_weight),
+    )
+  return _choose_lexical(trainer, memories, texts, lexical_indexes, choice, lexical_weights)
+
+
+def _by(sc) -> tuple[str, ...]:
+  return tuple(sc.get("choose_by", DEFAULT_CHOOSE_BY))
+
+
+def _lexical_candidates(sc) -> list[tuple[float, float]]:
+  """Every (g, h) of the config's lexical choices (a list left empty: its weight alone)
+  that leaves the model a share, g + h < 1."""
+  gs = tuple(float(w) for w in sc.get("lexical_label_text_weight_choices", ()))
+  hs = tuple(float(w) for w in sc.get("lexical_neighbour_weight_choices", ()))
+  if not gs and not hs:
+    return []
+  gs = gs or (float(sc.get("lexical_label_text_weight", 0.0)),)
+  hs = hs or (float(sc.get("lexical_neighbour_weight", 0.0)),)
+  return [(g, h) for g in gs for h in hs if g + h < 1]
+
+
+def _reader(
+  trainer: Trainer,
+  memories: VoteMemories | None,
+  texts: np.ndarray | None,
+  lexical_terms: TermVotes | None = None,
+):
+  """read(weights, cache) -> the validation metric with `weights` set in the score
+  (`texts`: E(z_l); `lexical_terms`: the validation rows')."""
+  p = trainer.parts
+  by = _by(p.config.scoring)
+  params = trainer.state.params
 
   def read(weights: dict[str, float], cache: VoteCache | None = None) -> float:
     cfg = copy.deepcopy(p.config)
@@ -129,11 +189,72 @@ def choose_weights(trainer: Trainer, memories: VoteMemories | None = None) -> Sc
       label_text_embeddings=texts,
       memory=memories.choice if cache is not None else None,
       vote_cache=cache,
+      lexical_terms=lexical_terms,
     )
     named = ", ".join(f"{k} {v:.2f}" for k, v in weights.items())
     value = float(sum(metrics[m] for m in by))
-    logging.info("%s: validation %s %.2f", named, by_name, value)
+    logging.info("%s: validation %s %.2f", named, "+".join(by), value)
     return value
+
+  return read
+
+
+def _label_texts(trainer: Trainer) -> np.ndarray | None:
+  """E(z_l), embedded once for every candidate, when the score may read it."""
+  p = trainer.parts
+  sc = p.config.scoring
+  if any(sc.get("label_text_weight_choices", ())) or sc.label_text_weight:
+    return ranking.embed_label_texts(
+      p.mesh, p.embed_fn, trainer.state.params, p.eval_data, p.config
+    )
+  return None
+
+
+def _choose_lexical(
+  trainer: Trainer,
+  memories: VoteMemories | None,
+  texts: np.ndarray | None,
+  indexes: LexicalIndexes | None,
+  choice: ScoreChoice,
+  candidates: list[tuple[float, float]],
+) -> ScoreChoice:
+  """Reads every (g, h) with the model's weights chosen, and sets the first best."""
+  sc = trainer.parts.config.scoring
+  if indexes is None or indexes.choice is None:
+    raise ValueError("choosing the lexical weights needs the validation rows' lexical terms")
+  votes = bool(sc.get("neighbour_weight", 0.0))
+  if votes:
+    _require_validation_memory(memories)
+  read = _reader(trainer, memories, texts, indexes.choice)
+  cache = memories.validation_cache if votes else None
+  pairs = [
+    (g, h, read({"lexical_label_text_weight": g, "lexical_neighbour_weight": h}, cache))
+    for g, h in candidates
+  ]
+  g, h = _first_best([((g, h), m) for g, h, m in pairs])
+  sc.lexical_label_text_weight, sc.lexical_neighbour_weight = g, h
+  logging.info(
+    "scoring.lexical_label_text_weight=%.2f, scoring.lexical_neighbour_weight=%.2f chosen on "
+    "validation",
+    g,
+    h,
+  )
+  return dataclasses.replace(choice, lexical_pairs=tuple(pairs), lexical=(float(g), float(h)))
+
+
+def _choose_model_weights(
+  trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None
+) -> ScoreChoice | None:
+  """The label-text and neighbour weights (module docstring), or None when the config
+  lists neither."""
+  p = trainer.parts
+  sc = p.config.scoring
+  text_weights = tuple(float(w) for w in sc.get("label_text_weight_choices", ()))
+  vote_weights = tuple(float(w) for w in sc.get("neighbour_weight_choices", ()))
+  if not text_weights and not vote_weights:
+    return None
+  by_name = "+".join(_by(sc))
+  read = _reader(trainer, memories, texts)
 
   if sc.get("choose_jointly", False) and text_weights and vote_weights:
     return _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories)

@@ -38,6 +38,7 @@ from astra_jax.runtime.watchdog import HangWatchdog
 from astra_jax.serving import export
 from astra_jax.training import checkpoint, export_start, optim, run_config, steps, warmstart
 from astra_jax.training.encoder_init import start_encoder
+from astra_jax.training.lexical_terms import lexical_indexes
 from astra_jax.training.neighbour_memory import vote_memories
 from astra_jax.training.pipeline import TrainBatches, data_group_bounds
 from astra_jax.training.results import StageClock, evaluate_and_export, results_record, write_json
@@ -481,10 +482,11 @@ def _train_and_evaluate(
 
   # ---- evaluate and export
   memories = vote_memories(trainer)
-  choice = choose_weights(trainer, memories)
+  indexes = lexical_indexes(trainer)
+  choice = choose_weights(trainer, memories, indexes)
   if choice is not None:
     stages.mark("score_choice")
-  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg, memories)
+  final, ann, phase_spans = evaluate_and_export(trainer, encoder.cfg, memories, indexes)
   results = results_record(trainer, final, ann, phase_spans, t_start, n_params, stages)
   if choice is not None:
     results["score_choice"] = choice.to_json()

@@ -321,13 +321,23 @@ class Trainer:
     n, limit = self.parts.data.test_labels.num_rows, self.config.eval.final_max_rows
     return min(n, limit) if limit > 0 else n
 
-  def final_evaluation(self, memory: MeshMemory | Memory | None = None) -> dict[str, float]:
+  def final_evaluation(
+    self, memory: MeshMemory | Memory | None = None, lexical_terms=None
+  ) -> dict[str, float]:
     """The whole test set's metrics (final_eval.py): resumed from its progress record, and
     stopped by SIGTERM / SIGINT after recording it (checkpoint.Preempted). `memory`: the
-    rows the neighbour vote reads, when the score votes."""
+    rows the neighbour vote reads, when the score votes; `lexical_terms`: the test rows'
+    lexical terms (xc/lexical.TermVotes), when the score holds them."""
     p, cfg = self.parts, self.config
     evaluator = ranking.ModelEvaluator.for_model(
-      p.mesh, p.embed_fn, self.state.params, p.data, cfg, p.inv_prop, memory=memory
+      p.mesh,
+      p.embed_fn,
+      self.state.params,
+      p.data,
+      cfg,
+      p.inv_prop,
+      memory=memory,
+      lexical_terms=lexical_terms,
     )
     n = self.final_rows
     if n < p.data.test_labels.num_rows:

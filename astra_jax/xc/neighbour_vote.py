@@ -180,10 +180,16 @@ def from_scoring(scoring: Mapping) -> NeighbourVote | None:
   weight = scoring.get("neighbour_weight", 0.0)
   if not weight:
     return None
+  return dataclasses.replace(search_settings(scoring), weight=float(weight))
+
+
+def search_settings(scoring: Mapping) -> NeighbourVote:
+  """The vote of a `scoring` section at weight 0: how its neighbours are found and weighed
+  (a record without the keys reads as the defaults)."""
   return NeighbourVote(
-    float(weight),
-    int(scoring["neighbours"]),
-    float(scoring["neighbour_temperature"]),
+    0.0,
+    int(scoring.get("neighbours", 50)),
+    float(scoring.get("neighbour_temperature", 0.1)),
     search=str(scoring.get("neighbour_search", "auto")),
     search_rows=int(scoring.get("neighbour_search_rows", SEARCH_ROWS)),
   )

@@ -1,0 +1,110 @@
+"""The lexical terms' indexes of a trained model (xc/lexical.py), built after training from
+the dataset's texts.
+
+Like the neighbour vote's memories (neighbour_memory.py), the choice of the weights and the
+validation split read an index over the training rows alone; the final evaluation and the
+export read one over the training rows and then the validation rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from absl import logging
+
+from astra_jax.data.sparse_rows import SparseRows, StackedRows
+from astra_jax.evaluation import baselines
+from astra_jax.runtime.errors import InputError
+from astra_jax.training.trainer import Trainer
+from astra_jax.xc import lexical
+
+
+def wanted(scoring) -> bool:
+  """Whether a `scoring` section's score may hold a lexical term: a weight or a choice
+  above 0."""
+  return any(
+    scoring.get(f"lexical_{term}_weight", 0.0)
+    or any(scoring.get(f"lexical_{term}_weight_choices", ()))
+    for term in ("label_text", "neighbour")
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class LexicalIndexes:
+  """Attributes:
+  choice: the terms of the validation rows from the training rows (None without a
+    validation split).
+  row_texts, row_labels: the rows the final index votes with: the training rows, then the
+    validation rows.
+  label_texts: every label's text.
+  test_texts: the test split's texts, in its row order.
+  k, temperature: the row vote's settings.
+  """
+
+  choice: lexical.TermVotes | None
+  row_texts: list[str]
+  row_labels: SparseRows | StackedRows
+  label_texts: list[str]
+  test_texts: list[str]
+  k: int
+  temperature: float
+
+  @functools.cached_property
+  def final(self) -> lexical.LexicalIndex:
+    """The index the test split and the export read, built on first use (a choice of
+    weights 0 never builds it)."""
+    return lexical.LexicalIndex.build(self.row_texts, self.label_texts, self.row_labels)
+
+  @functools.cached_property
+  def test(self) -> lexical.TermVotes:
+    """The terms of the test rows from `final`, taken on first use."""
+    return self.final.votes(self.test_texts, self.k, self.temperature)
+
+
+def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
+  """The indexes, or None when the config's score never holds a lexical term.
+
+  Args:
+    trainer: the finished trainer.
+  Returns:
+    The indexes.
+  Raises:
+    InputError: the dataset has no label texts, or its texts do not match the rows the
+      trainer read.
+  """
+  p = trainer.parts
+  cfg = p.config
+  if not wanted(cfg.scoring):
+    return None
+  read = functools.partial(
+    baselines.load_texts, cfg.data.dir, cfg.data.layout, cfg.data.get("use_content", False)
+  )
+  everything = read()
+  if everything.label_texts is None:
+    raise InputError(f"{cfg.data.dir}: scoring.lexical_* needs the labels' texts")
+  if len(everything.test_texts) != p.data.test_labels.num_rows:
+    raise InputError(
+      f"{cfg.data.dir}: {len(everything.test_texts)} test texts for "
+      f"{p.data.test_labels.num_rows} test rows"
+    )
+  k, tau = int(cfg.scoring.neighbours), float(cfg.scoring.neighbour_temperature)
+  choice = None
+  rows, labels = everything.train_texts, everything.train_labels
+  if p.eval_data is not p.data:
+    split = read(
+      validation_fraction=cfg.data.validation_fraction, validation_seed=cfg.data.validation_seed
+    )
+    index = lexical.LexicalIndex.build(
+      split.train_texts, everything.label_texts, split.train_labels
+    )
+    choice = index.votes(split.test_texts, k, tau)
+    logging.info(
+      "lexical terms: %d training rows vote for %d validation rows",
+      len(split.train_texts),
+      len(split.test_texts),
+    )
+    # Then the training rows, then the validation rows, as the vote's final memory.
+    rows = split.train_texts + split.test_texts
+    labels = StackedRows(split.train_labels, split.test_labels)
+  return LexicalIndexes(choice, rows, labels, everything.label_texts, everything.test_texts, k, tau)
