@@ -3,13 +3,17 @@ the dataset's texts.
 
 Like the neighbour vote's memories (neighbour_memory.py), the choice of the weights and the
 validation split read an index over the training rows alone; the final evaluation and the
-export read one over the training rows and then the validation rows.
+export read one over the training rows and then the validation rows. The choice's index is
+built in a background thread while the vote's memory is embedded and the model's weights
+are read: it is host work (scikit-learn's analysers, scipy's products) that the device's
+work leaves room for.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from absl import logging
 
@@ -33,8 +37,8 @@ def wanted(scoring) -> bool:
 @dataclasses.dataclass(frozen=True)
 class LexicalIndexes:
   """Attributes:
-  choice: the terms of the validation rows from the training rows (None without a
-    validation split).
+  pending_choice: the terms of the validation rows from the training rows, being taken in
+    a background thread (None without a validation split); `choice` waits for them.
   row_texts, row_labels: the rows the final index votes with: the training rows, then the
     validation rows.
   label_texts: every label's text.
@@ -42,13 +46,18 @@ class LexicalIndexes:
   k, temperature: the row vote's settings.
   """
 
-  choice: lexical.TermVotes | None
+  pending_choice: Future | None
   row_texts: list[str]
   row_labels: SparseRows | StackedRows
   label_texts: list[str]
   test_texts: list[str]
   k: int
   temperature: float
+
+  @property
+  def choice(self) -> lexical.TermVotes | None:
+    """The validation rows' terms, once taken (an error in taking them is raised here)."""
+    return None if self.pending_choice is None else self.pending_choice.result()
 
   @functools.cached_property
   def final(self) -> lexical.LexicalIndex:
@@ -89,22 +98,31 @@ def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
       f"{p.data.test_labels.num_rows} test rows"
     )
   k, tau = int(cfg.scoring.neighbours), float(cfg.scoring.neighbour_temperature)
-  choice = None
+  pending = None
   rows, labels = everything.train_texts, everything.train_labels
   if p.eval_data is not p.data:
     split = read(
       validation_fraction=cfg.data.validation_fraction, validation_seed=cfg.data.validation_seed
     )
-    index = lexical.LexicalIndex.build(
-      split.train_texts, everything.label_texts, split.train_labels
-    )
-    choice = index.votes(split.test_texts, k, tau)
-    logging.info(
-      "lexical terms: %d training rows vote for %d validation rows",
-      len(split.train_texts),
-      len(split.test_texts),
-    )
+
+    def choice_terms() -> lexical.TermVotes:
+      index = lexical.LexicalIndex.build(
+        split.train_texts, everything.label_texts, split.train_labels
+      )
+      terms = index.votes(split.test_texts, k, tau)
+      logging.info(
+        "lexical terms: %d training rows vote for %d validation rows",
+        len(split.train_texts),
+        len(split.test_texts),
+      )
+      return terms
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="lexical")
+    pending = pool.submit(choice_terms)
+    pool.shutdown(wait=False)
     # Then the training rows, then the validation rows, as the vote's final memory.
     rows = split.train_texts + split.test_texts
     labels = StackedRows(split.train_labels, split.test_labels)
-  return LexicalIndexes(choice, rows, labels, everything.label_texts, everything.test_texts, k, tau)
+  return LexicalIndexes(
+    pending, rows, labels, everything.label_texts, everything.test_texts, k, tau
+  )

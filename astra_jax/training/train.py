@@ -481,8 +481,8 @@ def _train_and_evaluate(
   stages.mark("training")
 
   # ---- evaluate and export
+  indexes = lexical_indexes(trainer)  # its choice's index builds while the memory embeds
   memories = vote_memories(trainer)
-  indexes = lexical_indexes(trainer)
   choice = choose_weights(trainer, memories, indexes)
   if choice is not None:
     stages.mark("score_choice")
