@@ -1,7 +1,8 @@
 """Four local CPU processes (jax.distributed over gloo, one device each, a 2 x 2 mesh)
 train exactly like one process with the same 4 devices: the same batches, per-host token
 reads, per-host mining of each host's W shard for its data group's queries only, the same
-metrics (the final ones with the neighbour vote, each process voting for its own rows)."""
+metrics (the final ones with the neighbour vote and the lexical terms, each process voting
+for its own rows)."""
 
 import json
 import os
@@ -39,6 +40,11 @@ def _overrides(data_dir):
     # every candidate weight.
     "--config.data.validation_fraction=0.2",
     "--config.scoring.neighbour_weight_choices=(0.0,0.5,1.0)",
+    # And the lexical terms after it: each process takes every row's terms and sets beside
+    # its memory's votes those of the rows it ranks (g is 0.3 whatever is chosen, so the
+    # test split is ranked with them too).
+    "--config.scoring.lexical_label_text_weight_choices=(0.3,)",
+    "--config.scoring.lexical_neighbour_weight_choices=(0.0,0.5)",
     # A warm start first, each step's 64 pairs split over the four devices (one process
     # with four, or four processes with one each): the classifier stage starts from the
     # same encoder in both.
@@ -110,6 +116,14 @@ def test_four_processes_train_like_one(tmp_path):
   assert candidates[0].keys() == candidates[1].keys() == {0.0, 0.5, 1.0}
   for w, p1 in candidates[0].items():
     assert abs(p1 - candidates[1][w]) <= 0.5, (w, candidates)
+  lexical = [
+    {(x["lexical_label_text_weight"], x["lexical_neighbour_weight"]): x["P@1"] for x in pairs}
+    for pairs in (r["score_choice"]["lexical_pairs"] for r in (a, b))
+  ]
+  assert list(lexical[0]) == list(lexical[1]) == [(0.3, 0.0), (0.3, 0.5)]
+  assert os.path.isdir(tmp_path / "two" / "model" / "lexical")
+  for pair, p1 in lexical[0].items():
+    assert abs(p1 - lexical[1][pair]) <= 0.5, (pair, lexical)
   # The vote's memory was split over the four processes' devices; each wrote its own rows
   # of the exported keys: the one process's keys, every row written (unit norm).
   keys = [np.load(tmp_path / run / "model" / "vote_memory_keys.npy") for run in ("one", "two")]
