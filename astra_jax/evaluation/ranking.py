@@ -176,9 +176,8 @@ class ModelEvaluator:
       lexical_votes = lexical.fold_votes(
         None, model_weight, lexical_terms.weighted(weights), weights
       )
-      folded = lexical.fold(vote, weights, neighbour_vote.search_settings(config.scoring))
-      share = (1.0 - weights.total) * model_weight / folded.weight
-      vote = folded
+      share = lexical.model_vote_share(model_weight, weights)
+      vote = lexical.fold(vote, weights, neighbour_vote.search_settings(config.scoring))
       if not model_weight:  # the model does not vote: the lexical entries are all
         memory = None
     texts = None

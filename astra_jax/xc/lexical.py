@@ -301,6 +301,12 @@ def fold(
   return dataclasses.replace(base, weight=1.0 - (1.0 - weights.total) * (1.0 - a))
 
 
+def model_vote_share(model_weight: float, weights: LexicalWeights) -> float:
+  """The factor on the model's own votes in v': (1 - g - h) a / a' (`fold`)."""
+  folded = 1.0 - (1.0 - weights.total) * (1.0 - model_weight)
+  return (1.0 - weights.total) * model_weight / folded if folded else 0.0
+
+
 def fold_votes(
   model_votes: Votes | None, model_weight: float, lexical: Votes, weights: LexicalWeights
 ) -> Votes:
@@ -309,7 +315,7 @@ def fold_votes(
   folded = 1.0 - (1.0 - weights.total) * (1.0 - model_weight)
   parts = [Votes(lexical.ids, lexical.values / folded)]
   if model_votes is not None and model_weight:
-    share = (1.0 - weights.total) * model_weight / folded
+    share = model_vote_share(model_weight, weights)
     parts.insert(0, Votes(model_votes.ids, model_votes.values * share))
   return Votes(
     np.concatenate([p.ids for p in parts], axis=1),
