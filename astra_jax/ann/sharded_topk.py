@@ -321,10 +321,7 @@ class ShardedSearch:
         [start + (x.index[0].start or 0) + np.arange(n) for x, n in zip(shards, held)]
       ).astype(np.int64)
       parts.append(Votes(extra.ids[rows - lo], extra.values[rows - lo]))
-    return Votes(
-      np.concatenate([p.ids for p in parts], axis=1),
-      np.concatenate([p.values for p in parts], axis=1).astype(np.float32),
-    )
+    return Votes.beside(parts)
 
   def _placed(self, emb: jax.Array, votes: Votes, held: list[int]) -> tuple[jax.Array, jax.Array]:
     """This process's `votes` for its held rows of block `emb`, as (ids, values) split like

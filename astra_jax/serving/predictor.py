@@ -399,7 +399,7 @@ class Predictor:
       return self.index.search(emb, k)
     own = None
     if self.memory is not None:
-      own = self.memory.votes(emb, dataclasses.replace(self.vote, weight=self.model_vote_weight))
+      own = self.memory.votes(emb, self.vote)  # the votes; their weight is the fold's
     if self.lexical is None:
       return self.index.search(emb, k, own)
     w = self.lexical

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from absl import logging
 
+from astra_jax.data import validation
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
 from astra_jax.evaluation import baselines
 from astra_jax.runtime.errors import InputError
@@ -86,10 +87,9 @@ def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
   cfg = p.config
   if not wanted(cfg.scoring):
     return None
-  read = functools.partial(
-    baselines.load_texts, cfg.data.dir, cfg.data.layout, cfg.data.get("use_content", False)
+  everything = baselines.load_texts(
+    cfg.data.dir, cfg.data.layout, cfg.data.get("use_content", False)
   )
-  everything = read()
   if everything.label_texts is None:
     raise InputError(f"{cfg.data.dir}: scoring.lexical_* needs the labels' texts")
   if len(everything.test_texts) != p.data.test_labels.num_rows:
@@ -101,19 +101,22 @@ def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
   pending = None
   rows, labels = everything.train_texts, everything.train_labels
   if p.eval_data is not p.data:
-    split = read(
-      validation_fraction=cfg.data.validation_fraction, validation_seed=cfg.data.validation_seed
+    # The rows data.validation_fraction holds out, as the trainer's split takes them.
+    keep, val = validation.split_rows(
+      len(everything.train_texts), cfg.data.validation_fraction, cfg.data.validation_seed
     )
+    train_texts = [everything.train_texts[i] for i in keep]
+    val_texts = [everything.train_texts[i] for i in val]
+    train_labels = validation.take_rows(everything.train_labels, keep)
+    val_labels = validation.take_rows(everything.train_labels, val)
 
     def choice_terms() -> lexical.TermVotes:
-      index = lexical.LexicalIndex.build(
-        split.train_texts, everything.label_texts, split.train_labels
-      )
-      terms = index.votes(split.test_texts, k, tau)
+      index = lexical.LexicalIndex.build(train_texts, everything.label_texts, train_labels)
+      terms = index.votes(val_texts, k, tau)
       logging.info(
         "lexical terms: %d training rows vote for %d validation rows",
-        len(split.train_texts),
-        len(split.test_texts),
+        len(train_texts),
+        len(val_texts),
       )
       return terms
 
@@ -121,8 +124,8 @@ def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
     pending = pool.submit(choice_terms)
     pool.shutdown(wait=False)
     # Then the training rows, then the validation rows, as the vote's final memory.
-    rows = split.train_texts + split.test_texts
-    labels = StackedRows(split.train_labels, split.test_labels)
+    rows = train_texts + val_texts
+    labels = StackedRows(train_labels, val_labels)
   return LexicalIndexes(
     pending, rows, labels, everything.label_texts, everything.test_texts, k, tau
   )

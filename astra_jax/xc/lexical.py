@@ -155,20 +155,12 @@ class TermVotes:
 
   def weighted(self, weights: LexicalWeights) -> Votes:
     """g t and h u side by side (n, 2 top): the kernels add a label's entries."""
-    return Votes(
-      np.concatenate([self.label_text.ids, self.neighbours.ids], axis=1),
-      np.concatenate(
-        [weights.label_text * self.label_text.values, weights.neighbours * self.neighbours.values],
-        axis=1,
-      ).astype(np.float32),
+    return Votes.beside(
+      [
+        Votes(self.label_text.ids, weights.label_text * self.label_text.values),
+        Votes(self.neighbours.ids, weights.neighbours * self.neighbours.values),
+      ]
     )
-
-  def rows(self, lo: int, hi: int) -> TermVotes:
-    return TermVotes(_rows(self.label_text, lo, hi), _rows(self.neighbours, lo, hi))
-
-
-def _rows(v: Votes, lo: int, hi: int) -> Votes:
-  return Votes(v.ids[lo:hi], v.values[lo:hi])
 
 
 @dataclasses.dataclass
@@ -286,24 +278,28 @@ def _top_labels(scores: np.ndarray, top: int) -> Votes:
   return Votes(out_ids, out_vals)
 
 
+def folded_weight(model_weight: float, weights: LexicalWeights) -> float:
+  """a' = 1 - (1 - g - h)(1 - a): the share of the one sparse term the kernels mix in."""
+  return 1.0 - (1.0 - weights.total) * (1.0 - model_weight)
+
+
 def fold(
   vote: NeighbourVote | None, weights: LexicalWeights, defaults: NeighbourVote
 ) -> NeighbourVote | None:
   """The one sparse term the kernels mix in, (1 - a') p + a' v', for the model's vote
-  `vote` (weight a, or None) and the lexical `weights`:
-  a' = 1 - (1 - g - h)(1 - a), so that p keeps its share (1 - g - h)(1 - a); `fold_votes`
-  scales the entries to match. None when neither votes. `defaults`: the search's settings
-  where the model itself does not vote."""
+  `vote` (weight a, or None) and the lexical `weights`: a' = `folded_weight`, so that p
+  keeps its share (1 - g - h)(1 - a); `fold_votes` scales the entries to match. None when
+  neither votes. `defaults`: the search's settings where the model itself does not vote."""
   if not weights.total:
     return vote
   a = vote.weight if vote is not None else 0.0
   base = vote if vote is not None else defaults
-  return dataclasses.replace(base, weight=1.0 - (1.0 - weights.total) * (1.0 - a))
+  return dataclasses.replace(base, weight=folded_weight(a, weights))
 
 
 def model_vote_share(model_weight: float, weights: LexicalWeights) -> float:
   """The factor on the model's own votes in v': (1 - g - h) a / a' (`fold`)."""
-  folded = 1.0 - (1.0 - weights.total) * (1.0 - model_weight)
+  folded = folded_weight(model_weight, weights)
   return (1.0 - weights.total) * model_weight / folded if folded else 0.0
 
 
@@ -312,12 +308,8 @@ def fold_votes(
 ) -> Votes:
   """v' of `fold`: the model's votes times (1 - g - h) a / a' beside the lexical entries
   (already times g and h, `TermVotes.weighted`) over a'."""
-  folded = 1.0 - (1.0 - weights.total) * (1.0 - model_weight)
-  parts = [Votes(lexical.ids, lexical.values / folded)]
+  parts = [Votes(lexical.ids, lexical.values / folded_weight(model_weight, weights))]
   if model_votes is not None and model_weight:
     share = model_vote_share(model_weight, weights)
     parts.insert(0, Votes(model_votes.ids, model_votes.values * share))
-  return Votes(
-    np.concatenate([p.ids for p in parts], axis=1),
-    np.concatenate([p.values for p in parts], axis=1).astype(np.float32),
-  )
+  return Votes.beside(parts)

@@ -84,6 +84,15 @@ class Votes:
     """n queries that vote for nothing."""
     return cls(np.full((n, slots), -1, np.int32), np.zeros((n, slots), np.float32))
 
+  @classmethod
+  def beside(cls, parts: list[Votes]) -> Votes:
+    """The parts' slots side by side (n, sum of S): a label in several parts gets the sum
+    of its entries in the kernels (`add_votes`)."""
+    return cls(
+      np.concatenate([p.ids for p in parts], axis=1),
+      np.concatenate([p.values for p in parts], axis=1).astype(np.float32),
+    )
+
   def padded(self, lo: int, hi: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """(ids, values) of rows [lo, hi) padded to `rows` rows that vote for nothing (a
     kernel's fixed query block)."""
