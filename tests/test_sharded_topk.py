@@ -121,6 +121,103 @@ def test_voted_sharded_topk_equals_the_dense_mixed_ranking(fused):
   np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
 
 
+@pytest.mark.parametrize("shape,label_block", [((2, 2), 4), ((1, 4), 64), ((4, 1), 7)])
+def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
+  """search_rows with (G, 2) weights ranks every row by each (beta, a) from one pass over
+  W: the dense (1 - a)((1 - beta) p + beta t) + a v of numpy for each, W's own logits where
+  both are 0."""
+  mesh = _mesh(*shape)
+  num_labels, n, S = 30, 20, 4
+  table, tokens, w = _problem(num_labels, sharding.padded_rows(num_labels, mesh), n=n)
+  rng = np.random.default_rng(5)
+  texts = rng.normal(size=(num_labels, 8)).astype(np.float32)
+  vote_ids = np.stack([rng.choice(num_labels, S, replace=False) for _ in range(n)]).astype(np.int32)
+  values = rng.uniform(0.1, 1.0, (n, S)).astype(np.float32)
+  # The search's own weights are placeholders: the rows of `weights` replace them.
+  search = ShardedSearch(
+    mesh,
+    num_labels,
+    label_block,
+    score_fusion.LabelTextFusion(0.5, 5.0, 8),
+    neighbour_vote.NeighbourVote(0.5, 10, 0.1, S),
+  )
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), texts)
+  weights = np.array([[0, 0], [0.3, 0], [0, 0.7], [0.3, 0.5], [1, 0], [0.9, 0.9]], np.float32)
+  found = search.search_rows(
+    ENCODE,
+    table,
+    tokens,
+    0,
+    n,
+    5,
+    parts,
+    8,
+    neighbour_vote.Votes(vote_ids, values),
+    weights=weights,
+  )
+  got = np.concatenate([x for _, x in found])
+  assert got.shape == (n, len(weights), 5)
+  emb = table[tokens].sum(1).astype(np.float64)
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  logits = emb @ w[:num_labels].T
+  p = 1 / (1 + np.exp(-logits))
+  t = 1 / (1 + np.exp(-5.0 * unit(emb) @ unit(texts.astype(np.float64)).T))
+  v = np.zeros((n, num_labels))
+  np.add.at(v, (np.repeat(np.arange(n), S), vote_ids.ravel()), values.ravel())
+  for g, (beta, a) in enumerate(weights):
+    dense = logits if beta == a == 0 else (1 - a) * ((1 - beta) * p + beta * t) + a * v
+    want = np.argsort(-dense, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(got[:, g], want, err_msg=f"beta {beta}, a {a}")
+
+
+def test_both_weights_zero_rank_by_the_logits_where_the_sigmoid_saturates():
+  """Logits 42 and 30 both have sigmoid 1.0 in float32: at weights (0, 0) the search ranks
+  them apart, as a search without the terms does, not by label id."""
+  mesh = _mesh(1, 2)
+  table = np.zeros((4, 2), np.float32)
+  table[0, 0] = 1.0
+  tokens = np.zeros((2, 3), np.int32)  # E(x) = (3, 0) for both rows
+  w = np.array([[10.0, 0], [14.0, 0], [-1.0, 0], [0.0, 0]], np.float32)
+  search = ShardedSearch(
+    mesh,
+    4,
+    2,
+    score_fusion.LabelTextFusion(0.5, 5.0, 2),
+    neighbour_vote.NeighbourVote(0.5, 5, 0.1, 1),
+  )
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), np.eye(4, 2))
+  votes = neighbour_vote.Votes(np.full((2, 1), -1, np.int32), np.zeros((2, 1), np.float32))
+  weights = np.array([[0, 0], [0, 0.5]], np.float32)
+  got = np.concatenate(
+    [
+      x
+      for _, x in search.search_rows(
+        ENCODE, table, tokens, 0, 2, 2, parts, 2, votes, weights=weights
+      )
+    ]
+  )
+  plain = np.concatenate(
+    [
+      x
+      for _, x in ShardedSearch(mesh, 4, 2).search_rows(
+        ENCODE, table, tokens, 0, 2, 2, parts[:1], 2
+      )
+    ]
+  )
+  np.testing.assert_array_equal(plain, [[1, 0], [1, 0]])
+  np.testing.assert_array_equal(got[:, 0], plain)
+  np.testing.assert_array_equal(got[:, 1], [[0, 1], [0, 1]])  # 0.5 x 1.0 each: the lower id
+
+
+def test_a_weight_for_a_term_the_search_lacks_is_refused():
+  mesh = _mesh(1, 2)
+  search = ShardedSearch(mesh, 10, 4)
+  with pytest.raises(ValueError, match="label-text fusion"):
+    search.kernel(5, np.array([[0.3, 0.0]]))
+  with pytest.raises(ValueError, match="neighbour vote"):
+    search.kernel(5, np.array([[0.0, 0.3]]))
+
+
 @pytest.mark.parametrize("shape,lo,batch_size", [((2, 2), 3, 8), ((1, 4), 0, 12), ((4, 1), 5, 4)])
 def test_votes_from_a_memory_equal_the_votes_taken_beforehand(shape, lo, batch_size):
   """With a memory, the search votes for each row from the embedding it ranks: the same

@@ -24,6 +24,11 @@ the devices like the queries and gathered over 'model' with them; each tile adds
 that fall inside it. Unless they were taken before, each process takes the votes of the
 rows its devices hold from the embeddings of step 1, so a row is encoded once and voted for
 by one process.
+
+The score's weights are an argument of the compiled kernel, not constants in it, and it
+takes a (G, 2) array of them: the products of a tile and its votes are taken once and
+each of the G weightings merges into its own running top-k, so a choice among weights
+(training/score_choice.py) reads all of them from one pass over W.
 """
 
 from __future__ import annotations
@@ -39,30 +44,65 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from astra_jax.ann.exact_topk import merge_topk, tile_score
+from astra_jax.ann.exact_topk import dot_scores, merge_topk
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL, from_host
-from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, add_votes
+from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, tile_votes
 from astra_jax.xc.score_fusion import LabelTextFusion
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
 
 
+def _tile_scorer(
+  fusion: LabelTextFusion | None,
+  vote: NeighbourVote | None,
+  queries: jax.Array,
+  tile: jax.Array,
+  votes: tuple[jax.Array, jax.Array] | None,
+  first_id: jax.Array,
+):
+  """at(w) -> (q, t) a tile's score at weights w = (beta, a), for every w from one pass
+  of the products and one scatter of the votes (`fusion`, `vote`: which terms the score
+  has; their weights come from w)."""
+  tile = tile.astype(jnp.float32)
+  d = fusion.dim if fusion is not None else tile.shape[1]
+  logits = dot_scores(queries[:, :d], tile[:, :d])
+  if fusion is None and vote is None:
+    return lambda w: logits
+  p = jax.nn.sigmoid(logits)
+  text = fusion.text_probabilities(queries, tile) if fusion is not None else None
+  voted = tile_votes(votes[0], votes[1], first_id, tile.shape[0]) if vote is not None else None
+
+  def at(w: jax.Array) -> jax.Array:
+    s = p
+    if fusion is not None:
+      s = dataclasses.replace(fusion, text_weight=w[0]).mix(s, text)
+    if vote is not None:
+      s = dataclasses.replace(vote, weight=w[1]).mix(s, voted)
+    # With both weights 0 the score is W's alone, ranked by its logits as a search without
+    # the terms ranks it: the sigmoid would tie the labels where it saturates.
+    return jnp.where((w[0] == 0) & (w[1] == 0), logits, s)
+
+  return at
+
+
 def _tile_topk(
+  weights: jax.Array,
   queries: jax.Array,
   label_parts: tuple[jax.Array, ...],
   k: int,
   label_block: int,
   first_id: jax.Array,
   num_labels: int,
-  score,
+  fusion: LabelTextFusion | None = None,
   vote: NeighbourVote | None = None,
   votes: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
-  label arrays (each (R, .)), one tile of `label_block` rows at a time; with `vote`, each
-  tile's scores mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
+  label arrays (each (R, .)), one tile of `label_block` rows at a time, for each row of
+  `weights` (G, 2) (beta, a): (scores, ids) (G, q, k). With `vote`, each tile's scores are
+  mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
   rows = label_parts[0].shape[0]
   lb = min(label_block, rows)
   tiles = -(-rows // lb)
@@ -70,22 +110,28 @@ def _tile_topk(
   local = jnp.arange(lb, dtype=jnp.int32)
 
   def body(t, carry):
-    best_s, best_i = carry
     nominal = t * lb
     start = jnp.minimum(nominal, rows - lb)  # the last tile is moved back inside the shard
     tile = jnp.concatenate(
       [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
     )
-    s = score(queries, tile)
-    if vote is not None:
-      s = add_votes(s, vote, votes[0], votes[1], first_id + start)
+    at = _tile_scorer(fusion, vote, queries, tile, votes, first_id + start)
     ids = first_id + start + local
     # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
     keep = (start + local >= nominal) & (ids < num_labels)
-    s = jnp.where(keep[None, :], s, -jnp.inf)
-    return merge_topk(best_s, best_i, s, ids, k)
 
-  init = (jnp.full((q, k), -jnp.inf, jnp.float32), jnp.full((q, k), -1, jnp.int32))
+    def merged(args):
+      w, best_s, best_i = args
+      return merge_topk(best_s, best_i, jnp.where(keep[None, :], at(w), -jnp.inf), ids, k)
+
+    if weights.shape[0] == 1:  # one score: no loop around it
+      s, i = merged((weights[0], carry[0][0], carry[1][0]))
+      return s[None], i[None]
+    # One weight at a time: the products above are shared, and one (q, t) score is live.
+    return jax.lax.map(merged, (weights, *carry))
+
+  g = weights.shape[0]
+  init = (jnp.full((g, q, k), -jnp.inf, jnp.float32), jnp.full((g, q, k), -1, jnp.int32))
   return jax.lax.fori_loop(0, tiles, body, init)
 
 
@@ -160,25 +206,32 @@ class ShardedSearch:
     """Query rows per call: `batch_size` rounded up to a multiple of the devices."""
     return mesh_embedding.block_rows(self.mesh, batch_size)
 
-  def kernel(self, k: int):
+  def kernel(self, k: int, weights: np.ndarray | None = None):
     """jit((embeddings (Q, d) split over all devices, votes ((Q, S) ids, (Q, S) values)
     split likewise or None, W (L', d) split over 'model' [, unit label texts (L', d)]) ->
-    (scores, ids) (Q, k), split like the embeddings). One per (search, k) for the
-    process's life, the score's weights an argument: every evaluation of a run reuses it,
-    and a choice among weights (training/score_choice.py) compiles it once."""
+    (scores, ids) (Q, G, k), split like the embeddings): the top-k by each of the G rows of
+    `weights` ((G, 2) label-text weight beta and vote weight a; None: the search's own,
+    G = 1), from one pass over W. One per (search, k) for the process's life, the weights
+    an argument: every evaluation of a run reuses it, and a choice among weights
+    (training/score_choice.py) compiles it once for each number of rows it reads."""
     unweighted = dataclasses.replace(
       self,
       fusion=None if self.fusion is None else dataclasses.replace(self.fusion, text_weight=0.0),
       vote=None if self.vote is None else dataclasses.replace(self.vote, weight=0.0),
       memory_vote_share=1.0,
     )
-    weights = np.array(
-      [
-        0.0 if self.fusion is None else self.fusion.text_weight,
-        0.0 if self.vote is None else self.vote.weight,
-      ],
-      np.float32,
-    )
+    if weights is None:
+      weights = [
+        [
+          0.0 if self.fusion is None else self.fusion.text_weight,
+          0.0 if self.vote is None else self.vote.weight,
+        ]
+      ]
+    weights = np.asarray(weights, np.float32).reshape(-1, 2)
+    if weights[:, 0].any() and self.fusion is None:
+      raise ValueError("a label-text weight above 0 needs a search with the label-text fusion")
+    if weights[:, 1].any() and self.vote is None:
+      raise ValueError("a neighbour weight above 0 needs a search with the neighbour vote")
     return functools.partial(_kernel(unweighted, k), weights)
 
   def encoder(self, encode: EncodeFn):
@@ -212,6 +265,7 @@ class ShardedSearch:
     memory: VoteMemory | None = None,
     vote_cache: VoteCache | None = None,
     extra_votes: Votes | None = None,
+    weights: np.ndarray | None = None,
   ) -> list[tuple[int, np.ndarray]]:
     """Top-k label ids of token rows [lo, hi) that this process's devices rank.
 
@@ -232,11 +286,13 @@ class ShardedSearch:
         rows from the same memory (None: taken anew).
       extra_votes: with a memory, entries added beside each row's votes from it, rows
         [lo, hi) (row lo first): the lexical terms (xc/lexical.py).
+      weights: (G, 2) (label-text weight, neighbour weight) rows to rank by, each from the
+        same pass over W (`kernel`); None: the search's own weights.
     Returns:
-      [(first global row, ids (n_i, k) int32)] for this process's contiguous runs of rows,
-      in row order (padding rows past `hi` dropped).
+      [(first global row, ids (n_i, k) int32, or (n_i, G, k) with `weights`)] for this
+      process's contiguous runs of rows, in row order (padding rows past `hi` dropped).
     """
-    kernel, encoder = self.kernel(k), self.encoder(encode)
+    kernel, encoder = self.kernel(k, weights), self.encoder(encode)
     q = self.block_rows(batch_size)
     sharding = NamedSharding(self.mesh, P(ALL))
     if self.vote is not None and (votes is None) == (memory is None):
@@ -269,7 +325,8 @@ class ShardedSearch:
           a = start + (shard.index[0].start or 0)
           n = min(stop - a, shard.data.shape[0])
           if n > 0:
-            out.append((a, np.asarray(shard.data)[:n]))
+            ids = np.asarray(shard.data)[:n]
+            out.append((a, ids if weights is not None else ids[:, 0]))
     return sorted(out, key=lambda x: x[0])
 
   def _own_votes(
@@ -352,10 +409,6 @@ def _kernel(search: ShardedSearch, k: int):
   )
 
   def body(weights, emb, voted, *label_parts):
-    # The weights are traced: the dataclasses carry them into the tile score as values.
-    fusion_w = None if fusion is None else dataclasses.replace(fusion, text_weight=weights[0])
-    vote_w = None if vote is None else dataclasses.replace(vote, weight=weights[1])
-    score = tile_score(fusion_w, vote_w)
     group = jax.lax.all_gather(emb, "model", tiled=True).astype(jnp.float32)
     if fusion is not None:
       group = fusion.device_query_rows(group)
@@ -364,18 +417,18 @@ def _kernel(search: ShardedSearch, k: int):
     rows = label_parts[0].shape[0]
     first_id = jax.lax.axis_index("model") * rows
     s, i = _tile_topk(
-      group, label_parts, k, label_block, first_id, num_labels, score, vote_w, voted
+      weights, group, label_parts, k, label_block, first_id, num_labels, fusion, vote, voted
     )
-    # The group's (q, M k) candidates -> its best k, then this device's own queries.
-    cand_s = jax.lax.all_gather(s, "model", axis=1, tiled=True)  # (q, M k)
-    cand_i = jax.lax.all_gather(i, "model", axis=1, tiled=True)
+    # The group's (G, q, M k) candidates -> its best k, then this device's own queries.
+    cand_s = jax.lax.all_gather(s, "model", axis=2, tiled=True)
+    cand_i = jax.lax.all_gather(i, "model", axis=2, tiled=True)
     top_s, pos = jax.lax.top_k(cand_s, k)
-    top_i = jnp.take_along_axis(cand_i, pos, axis=1)
+    top_i = jnp.take_along_axis(cand_i, pos, axis=2)
     mine = emb.shape[0]
     start = jax.lax.axis_index("model") * mine
     return (
-      jax.lax.dynamic_slice_in_dim(top_s, start, mine),
-      jax.lax.dynamic_slice_in_dim(top_i, start, mine),
+      jnp.swapaxes(jax.lax.dynamic_slice_in_dim(top_s, start, mine, axis=1), 0, 1),
+      jnp.swapaxes(jax.lax.dynamic_slice_in_dim(top_i, start, mine, axis=1), 0, 1),
     )
 
   parts = 1 if fusion is None else 2

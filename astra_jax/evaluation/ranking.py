@@ -9,6 +9,7 @@ metrics.py scores the top max(ks).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -206,10 +207,19 @@ class ModelEvaluator:
 
   def block_sums(self, lo: int, hi: int) -> dict[str, float]:
     """metrics.row_sums of test rows [lo, hi), summed over every process."""
+    return self.block_sums_at(lo, hi)[0]
+
+  def block_sums_at(
+    self, lo: int, hi: int, weights: np.ndarray | None = None
+  ) -> list[dict[str, float]]:
+    """`block_sums` by each row of `weights` ((G, 2) label-text and neighbour weights,
+    ranked from one pass over W: ShardedSearch.kernel); None: by the search's own."""
     rows = self.filter_pairs[:, 0]
     block_filter = self.filter_pairs[(rows >= lo) & (rows < hi)]
     k = max(self.ks) + metrics.max_filtered_per_row(block_filter)
-    sums = zero_sums(self.truth, self.inv_prop, self.ks)  # a process may hold none of the rows
+    count = 1 if weights is None else len(weights)
+    # A process may hold none of the rows.
+    sums = [zero_sums(self.truth, self.inv_prop, self.ks) for _ in range(count)]
     for first, ids in self.search.search_rows(
       self.embed_fn,
       self.encoder,
@@ -221,12 +231,17 @@ class ModelEvaluator:
       self.batch_size,
       memory=self.memory,
       vote_cache=self.vote_cache,
+      weights=weights,
       **self._lexical_rows(lo, hi),
     ):
-      sums = metrics.add_sums(
-        sums, ranked_rows_sums(ids, first, self.truth, block_filter, self.inv_prop, self.ks)
-      )
-    return distributed.sum_over_processes(sums)
+      by_weight = [ids] if weights is None else [ids[:, g] for g in range(count)]
+      sums = [
+        metrics.add_sums(
+          total, ranked_rows_sums(x, first, self.truth, block_filter, self.inv_prop, self.ks)
+        )
+        for total, x in zip(sums, by_weight)
+      ]
+    return [distributed.sum_over_processes(x) for x in sums]
 
   def _lexical_rows(self, lo: int, hi: int) -> dict:
     """search_rows' arguments for the lexical entries of rows [lo, hi): beside the
@@ -240,6 +255,14 @@ class ModelEvaluator:
     """Metrics x100 of the first `num_rows` test rows (all of them by default)."""
     n = self.truth.num_rows if num_rows is None else num_rows
     return metrics.as_percent(metrics.from_sums(self.block_sums(0, n), n, self.ks))
+
+  def score_at(self, weights: np.ndarray) -> list[dict[str, float]]:
+    """`score` of every test row by each row of `weights` (`block_sums_at`)."""
+    n = self.truth.num_rows
+    return [
+      metrics.as_percent(metrics.from_sums(x, n, self.ks))
+      for x in self.block_sums_at(0, n, np.asarray(weights, np.float32))
+    ]
 
 
 def embed_label_texts(
@@ -321,6 +344,42 @@ def evaluate_model(
     lexical_terms,
   )
   return evaluator.score(n)
+
+
+def evaluate_model_at(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  weights: np.ndarray,
+  label_text_embeddings: np.ndarray | None = None,
+  memory: VoteMemory | None = None,
+  vote_cache: sharded_topk.VoteCache | None = None,
+) -> list[dict[str, float]]:
+  """`evaluate_model` on every test row by each row of `weights` ((G, 2) label-text
+  weight and neighbour weight, in place of the config's; no lexical terms), from one pass
+  of the encoder and one over W for all G: the score choice's reads
+  (training/score_choice.py)."""
+  weights = np.asarray(weights, np.float32).reshape(-1, 2)
+  cfg = copy.deepcopy(config)
+  # The largest weights put each term that some row weighs into the search.
+  cfg.scoring.label_text_weight = float(weights[:, 0].max())
+  cfg.scoring.neighbour_weight = float(weights[:, 1].max())
+  evaluator = ModelEvaluator.for_model(
+    mesh,
+    embed_fn,
+    params,
+    data,
+    cfg,
+    inv_prop,
+    True,
+    label_text_embeddings,
+    memory,
+    vote_cache,
+  )
+  return evaluator.score_at(weights)
 
 
 def popularity_baseline(

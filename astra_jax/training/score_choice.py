@@ -28,8 +28,11 @@ never read to choose.
 
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
-validation split per candidate (per pair when chosen jointly), exact over all L as the
-periodic evaluations: for the small real datasets these scores are for.
+validation split per candidate, exact over all L as the periodic evaluations: for the
+small real datasets these scores are for. Chosen jointly, the pairs share one evaluation:
+the encoder's pass over the validation rows, W's and the label texts' products and the
+votes' scatter are taken once, and each pair adds its mix and top-k
+(ShardedSearch.kernel's weights).
 """
 
 from __future__ import annotations
@@ -199,6 +202,40 @@ def _reader(
   return read
 
 
+def _pairs_reader(trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None):
+  """read_pairs(pairs, cache) -> the validation metric of each (label-text weight,
+  neighbour weight) pair, all from one pass over W (ranking.evaluate_model_at)."""
+  p = trainer.parts
+  by = _by(p.config.scoring)
+
+  def read_pairs(pairs: list[tuple[float, float]], cache: VoteCache | None) -> list[float]:
+    votes = any(v for _, v in pairs)
+    read = ranking.evaluate_model_at(
+      p.mesh,
+      p.embed_fn,
+      trainer.state.params,
+      p.eval_data,
+      p.config,
+      p.inv_prop,
+      np.asarray(pairs, np.float32),
+      label_text_embeddings=texts,
+      memory=memories.choice if votes else None,
+      vote_cache=cache if votes else None,
+    )
+    values = [float(sum(m[x] for x in by)) for m in read]
+    for (t, v), value in zip(pairs, values):
+      logging.info(
+        "label_text_weight %.2f, neighbour_weight %.2f: validation %s %.2f",
+        t,
+        v,
+        "+".join(by),
+        value,
+      )
+    return values
+
+  return read_pairs
+
+
 def _label_texts(trainer: Trainer) -> np.ndarray | None:
   """E(z_l), embedded once for every candidate, when the score may read it."""
   p = trainer.parts
@@ -257,7 +294,8 @@ def _choose_model_weights(
   read = _reader(trainer, memories, texts)
 
   if sc.get("choose_jointly", False) and text_weights and vote_weights:
-    return _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories)
+    read_pairs = _pairs_reader(trainer, memories, texts)
+    return _choose_pairs(sc, by_name, text_weights, vote_weights, read_pairs, memories)
   text_read = [(w, read({"label_text_weight": w})) for w in text_weights]
   if text_read:
     sc.label_text_weight = _first_best(text_read)
@@ -285,15 +323,12 @@ def _require_validation_memory(memories: VoteMemories | None) -> None:
     raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
 
 
-def _choose_pairs(sc, by_name, text_weights, vote_weights, read, memories) -> ScoreChoice:
-  """Reads every (label-text weight, neighbour weight) pair and sets the first best."""
+def _choose_pairs(sc, by_name, text_weights, vote_weights, read_pairs, memories) -> ScoreChoice:
+  """Reads every (label-text weight, neighbour weight) pair, in one pass over W, and sets
+  the first best."""
   _require_validation_memory(memories)
-  # The validation rows' votes are the same for every pair: taken by the first read.
-  pairs = [
-    (t, v, read({"label_text_weight": t, "neighbour_weight": v}, memories.validation_cache))
-    for t in text_weights
-    for v in vote_weights
-  ]
+  grid = [(t, v) for t in text_weights for v in vote_weights]
+  pairs = [(t, v, m) for (t, v), m in zip(grid, read_pairs(grid, memories.validation_cache))]
   sc.label_text_weight, sc.neighbour_weight = _first_best([((t, v), m) for t, v, m in pairs])
   logging.info(
     "scoring.label_text_weight=%.2f, scoring.neighbour_weight=%.2f chosen jointly on validation",

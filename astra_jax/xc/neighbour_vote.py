@@ -147,6 +147,29 @@ def label_votes(
   return Votes(out_ids, out_values)
 
 
+def tile_votes(
+  vote_ids: jax.Array, vote_values: jax.Array, first_id: jax.Array, tile: int
+) -> jax.Array:
+  """The queries' votes for a tile of labels [first_id, first_id + tile).
+
+  Args:
+    vote_ids: (q, S) the queries' voted labels (-1: none).
+    vote_values: (q, S) their votes.
+    first_id: the tile's first label id.
+    tile: labels in the tile.
+  Returns:
+    (q, tile) v(x, l), 0 where a query voted for nothing in the tile.
+  """
+  q = vote_ids.shape[0]
+  local = vote_ids - first_id
+  inside = (vote_ids >= 0) & (local >= 0) & (local < tile)
+  votes = jnp.zeros((q, tile), jnp.float32)
+  rows = jnp.broadcast_to(jnp.arange(q)[:, None], local.shape)
+  return votes.at[rows, jnp.where(inside, local, tile)].add(
+    jnp.where(inside, vote_values, 0.0), mode="drop"
+  )
+
+
 def add_votes(
   probabilities: jax.Array,
   vote: NeighbourVote,
@@ -165,14 +188,7 @@ def add_votes(
   Returns:
     (q, t) the mixed scores.
   """
-  q, t = probabilities.shape
-  local = vote_ids - first_id
-  inside = (vote_ids >= 0) & (local >= 0) & (local < t)
-  votes = jnp.zeros((q, t), jnp.float32)
-  rows = jnp.broadcast_to(jnp.arange(q)[:, None], local.shape)
-  votes = votes.at[rows, jnp.where(inside, local, t)].add(
-    jnp.where(inside, vote_values, 0.0), mode="drop"
-  )
+  votes = tile_votes(vote_ids, vote_values, first_id, probabilities.shape[1])
   return vote.mix(probabilities, votes)
 
 

@@ -68,7 +68,15 @@ class LabelTextFusion:
     d = self.dim
     rows = rows.astype(jnp.float32)
     classifier = jax.nn.sigmoid(queries[:, :d] @ rows[:, :d].T)
-    text = jax.nn.sigmoid(self.text_scale * (queries[:, d:] @ rows[:, d:].T))
+    return self.mix(classifier, self.text_probabilities(queries, rows))
+
+  def text_probabilities(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
+    """sigmoid(s cos(E(x), E(z_l))) of query rows against label rows (both 2d wide)."""
+    d = self.dim
+    return jax.nn.sigmoid(self.text_scale * (queries[:, d:] @ rows[:, d:].astype(jnp.float32).T))
+
+  def mix(self, classifier: jax.Array, text: jax.Array) -> jax.Array:
+    """(1 - beta) p + beta t."""
     return (1.0 - self.text_weight) * classifier + self.text_weight * text
 
 
