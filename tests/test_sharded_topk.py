@@ -170,6 +170,46 @@ def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
     np.testing.assert_array_equal(got[:, g], want, err_msg=f"beta {beta}, a {a}")
 
 
+@pytest.mark.parametrize("first_part", [3, 0])
+def test_vote_parts_are_scaled_by_their_own_weights(first_part):
+  """With vote_parts, each weight row's columns after (beta, a) scale the votes' parts:
+  (1 - a) p + a (c_0 V_0 + c_1 V_1 + c_2 V_2), V_j the votes of part j spread densely; the
+  first part (the rest of the columns: a memory's votes) may be empty."""
+  mesh = _mesh(2, 2)
+  num_labels, n, sizes = 30, 20, (first_part, 2, 2)
+  table, tokens, w = _problem(num_labels, 30, n=n)
+  rng = np.random.default_rng(6)
+  S = sum(sizes)
+  ids = np.stack([rng.choice(num_labels, S, replace=True) for _ in range(n)]).astype(np.int32)
+  ids[::4, -1] = -1
+  values = np.where(ids >= 0, rng.uniform(0.1, 1.0, (n, S)), 0.0).astype(np.float32)
+  search = ShardedSearch(
+    mesh, num_labels, 7, None, neighbour_vote.NeighbourVote(0.5, 10, 0.1, S), vote_parts=(2, 2)
+  )
+  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), None)
+  weights = np.array(
+    [[0, 0.6, 1, 1, 1], [0, 0.6, 0.5, 2.0, 0], [0, 0.3, 0, 0, 1.5], [0, 0, 1, 1, 1]], np.float32
+  )
+  found = search.search_rows(
+    ENCODE, table, tokens, 0, n, 5, parts, 8, neighbour_vote.Votes(ids, values), weights=weights
+  )
+  got = np.concatenate([x for _, x in found])
+  logits = table[tokens].sum(1).astype(np.float64) @ w.T
+  p = 1 / (1 + np.exp(-logits))
+  part = np.repeat(np.arange(3), sizes)
+  for g, (_, a, *c) in enumerate(weights):
+    v = np.zeros((n, num_labels))
+    for r in range(n):
+      for j in range(S):
+        if ids[r, j] >= 0:
+          v[r, ids[r, j]] += c[part[j]] * values[r, j]
+    dense = logits if a == 0 else (1 - a) * p + a * v
+    want = np.argsort(-dense, axis=1, kind="stable")[:, :5]
+    np.testing.assert_array_equal(got[:, g], want, err_msg=f"row {g}")
+  with pytest.raises(ValueError, match="columns"):
+    search.kernel(5, np.zeros((1, 4), np.float32))
+
+
 def test_both_weights_zero_rank_by_the_logits_where_the_sigmoid_saturates():
   """Logits 42 and 30 both have sigmoid 1.0 in float32: at weights (0, 0) the search ranks
   them apart, as a search without the terms does, not by label id."""

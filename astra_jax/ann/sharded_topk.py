@@ -61,10 +61,13 @@ def _tile_scorer(
   tile: jax.Array,
   votes: tuple[jax.Array, jax.Array] | None,
   first_id: jax.Array,
+  vote_parts: tuple[int, ...] = (),
 ):
-  """at(w) -> (q, t) a tile's score at weights w = (beta, a), for every w from one pass
-  of the products and one scatter of the votes (`fusion`, `vote`: which terms the score
-  has; their weights come from w)."""
+  """at(w) -> (q, t) a tile's score at weights w = (beta, a, c_0, c_1, ...), for every w
+  from one pass of the products (`fusion`, `vote`: which terms the score has; their
+  weights come from w). The votes' columns fall into parts, `vote_parts` the column counts
+  of the last ones and the first the rest; part j's votes are scaled by c_j. With one part
+  (and c_0 = 1) the votes are scattered once for every w."""
   tile = tile.astype(jnp.float32)
   d = fusion.dim if fusion is not None else tile.shape[1]
   logits = dot_scores(queries[:, :d], tile[:, :d])
@@ -72,14 +75,24 @@ def _tile_scorer(
     return lambda w: logits
   p = jax.nn.sigmoid(logits)
   text = fusion.text_probabilities(queries, tile) if fusion is not None else None
-  voted = tile_votes(votes[0], votes[1], first_id, tile.shape[0]) if vote is not None else None
+  t = tile.shape[0]
+  voted, part = None, None
+  if vote is not None and not vote_parts:
+    voted = tile_votes(votes[0], votes[1], first_id, t)
+  elif vote is not None:
+    columns = votes[0].shape[1]
+    sizes = (columns - sum(vote_parts), *vote_parts)
+    part = jnp.asarray(np.repeat(np.arange(len(sizes)), sizes), jnp.int32)
 
   def at(w: jax.Array) -> jax.Array:
     s = p
     if fusion is not None:
       s = dataclasses.replace(fusion, text_weight=w[0]).mix(s, text)
     if vote is not None:
-      s = dataclasses.replace(vote, weight=w[1]).mix(s, voted)
+      v = voted
+      if v is None:  # each part's votes scaled by this w's factor, then scattered
+        v = tile_votes(votes[0], votes[1] * w[2:][part], first_id, t)
+      s = dataclasses.replace(vote, weight=w[1]).mix(s, v)
     # With both weights 0 the score is W's alone, ranked by its logits as a search without
     # the terms ranks it: the sigmoid would tie the labels where it saturates.
     return jnp.where((w[0] == 0) & (w[1] == 0), logits, s)
@@ -98,11 +111,12 @@ def _tile_topk(
   fusion: LabelTextFusion | None = None,
   vote: NeighbourVote | None = None,
   votes: tuple[jax.Array, jax.Array] | None = None,
+  vote_parts: tuple[int, ...] = (),
 ) -> tuple[jax.Array, jax.Array]:
   """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
   label arrays (each (R, .)), one tile of `label_block` rows at a time, for each row of
-  `weights` (G, 2) (beta, a): (scores, ids) (G, q, k). With `vote`, each tile's scores are
-  mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
+  `weights` (G, 2 + parts) (`_tile_scorer`): (scores, ids) (G, q, k). With `vote`, each
+  tile's scores are mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
   rows = label_parts[0].shape[0]
   lb = min(label_block, rows)
   tiles = -(-rows // lb)
@@ -115,7 +129,7 @@ def _tile_topk(
     tile = jnp.concatenate(
       [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
     )
-    at = _tile_scorer(fusion, vote, queries, tile, votes, first_id + start)
+    at = _tile_scorer(fusion, vote, queries, tile, votes, first_id + start, vote_parts)
     ids = first_id + start + local
     # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
     keep = (start + local >= nominal) & (ids < num_labels)
@@ -189,6 +203,10 @@ class ShardedSearch:
       votes), or None; with lexical terms, their fold with it (xc/lexical.fold).
     memory_vote_share: the factor on the votes a memory casts (xc/lexical.fold_votes);
       1 without lexical terms.
+    vote_parts: the column counts of the votes' last parts, each scaled by a column of
+      the kernel's weights after the first part's (the rest of the columns): the
+      lexical terms' t and u beside a memory's votes when a choice reads several of
+      their weights in one pass; () for one part.
   """
 
   mesh: jax.sharding.Mesh
@@ -197,6 +215,7 @@ class ShardedSearch:
   fusion: LabelTextFusion | None = None
   vote: NeighbourVote | None = None
   memory_vote_share: float = 1.0
+  vote_parts: tuple[int, ...] = ()
 
   @property
   def devices(self) -> int:
@@ -210,10 +229,11 @@ class ShardedSearch:
     """jit((embeddings (Q, d) split over all devices, votes ((Q, S) ids, (Q, S) values)
     split likewise or None, W (L', d) split over 'model' [, unit label texts (L', d)]) ->
     (scores, ids) (Q, G, k), split like the embeddings): the top-k by each of the G rows of
-    `weights` ((G, 2) label-text weight beta and vote weight a; None: the search's own,
-    G = 1), from one pass over W. One per (search, k) for the process's life, the weights
-    an argument: every evaluation of a run reuses it, and a choice among weights
-    (training/score_choice.py) compiles it once for each number of rows it reads."""
+    `weights` ((G, 2) label-text weight beta and vote weight a, then one factor per vote
+    part (`vote_parts`); None: the search's own, G = 1, every factor 1), from one pass over
+    W. One per (search, k) for the process's life, the weights an argument: every
+    evaluation of a run reuses it, and a choice among weights (training/score_choice.py)
+    compiles it once for each number of rows it reads."""
     unweighted = dataclasses.replace(
       self,
       fusion=None if self.fusion is None else dataclasses.replace(self.fusion, text_weight=0.0),
@@ -227,7 +247,12 @@ class ShardedSearch:
           0.0 if self.vote is None else self.vote.weight,
         ]
       ]
-    weights = np.asarray(weights, np.float32).reshape(-1, 2)
+    columns = 3 + len(self.vote_parts) if self.vote_parts else 2
+    weights = np.atleast_2d(np.asarray(weights, np.float32))
+    if weights.shape[1] == 2 and columns > 2:  # every part as it comes
+      weights = np.pad(weights, ((0, 0), (0, columns - 2)), constant_values=1.0)
+    if weights.shape[1] != columns:
+      raise ValueError(f"weights of {weights.shape[1]} columns for a search that takes {columns}")
     if weights[:, 0].any() and self.fusion is None:
       raise ValueError("a label-text weight above 0 needs a search with the label-text fusion")
     if weights[:, 1].any() and self.vote is None:
@@ -287,7 +312,8 @@ class ShardedSearch:
       extra_votes: with a memory, entries added beside each row's votes from it, rows
         [lo, hi) (row lo first): the lexical terms (xc/lexical.py).
       weights: (G, 2) (label-text weight, neighbour weight) rows to rank by, each from the
-        same pass over W (`kernel`); None: the search's own weights.
+        same pass over W, with a factor per vote part after them (`kernel`); None: the
+        search's own weights.
     Returns:
       [(first global row, ids (n_i, k) int32, or (n_i, G, k) with `weights`)] for this
       process's contiguous runs of rows, in row order (padding rows past `hi` dropped).
@@ -400,12 +426,13 @@ class ShardedSearch:
 @functools.lru_cache(maxsize=32)
 def _kernel(search: ShardedSearch, k: int):
   """ShardedSearch.kernel's compiled function."""
-  mesh, fusion, vote, num_labels, label_block = (
+  mesh, fusion, vote, num_labels, label_block, vote_parts = (
     search.mesh,
     search.fusion,
     search.vote,
     search.num_labels,
     search.label_block,
+    search.vote_parts,
   )
 
   def body(weights, emb, voted, *label_parts):
@@ -417,7 +444,17 @@ def _kernel(search: ShardedSearch, k: int):
     rows = label_parts[0].shape[0]
     first_id = jax.lax.axis_index("model") * rows
     s, i = _tile_topk(
-      weights, group, label_parts, k, label_block, first_id, num_labels, fusion, vote, voted
+      weights,
+      group,
+      label_parts,
+      k,
+      label_block,
+      first_id,
+      num_labels,
+      fusion,
+      vote,
+      voted,
+      vote_parts,
     )
     # The group's (G, q, M k) candidates -> its best k, then this device's own queries.
     cand_s = jax.lax.all_gather(s, "model", axis=2, tiled=True)

@@ -9,7 +9,6 @@ metrics.py scores the top max(ks).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -344,42 +343,6 @@ def evaluate_model(
     lexical_terms,
   )
   return evaluator.score(n)
-
-
-def evaluate_model_at(
-  mesh: jax.sharding.Mesh,
-  embed_fn: EmbedFn,
-  params: dict,
-  data: dataset.XCData,
-  config,
-  inv_prop: np.ndarray,
-  weights: np.ndarray,
-  label_text_embeddings: np.ndarray | None = None,
-  memory: VoteMemory | None = None,
-  vote_cache: sharded_topk.VoteCache | None = None,
-) -> list[dict[str, float]]:
-  """`evaluate_model` on every test row by each row of `weights` ((G, 2) label-text
-  weight and neighbour weight, in place of the config's; no lexical terms), from one pass
-  of the encoder and one over W for all G: the score choice's reads
-  (training/score_choice.py)."""
-  weights = np.asarray(weights, np.float32).reshape(-1, 2)
-  cfg = copy.deepcopy(config)
-  # The largest weights put each term that some row weighs into the search.
-  cfg.scoring.label_text_weight = float(weights[:, 0].max())
-  cfg.scoring.neighbour_weight = float(weights[:, 1].max())
-  evaluator = ModelEvaluator.for_model(
-    mesh,
-    embed_fn,
-    params,
-    data,
-    cfg,
-    inv_prop,
-    True,
-    label_text_embeddings,
-    memory,
-    vote_cache,
-  )
-  return evaluator.score_at(weights)
 
 
 def popularity_baseline(

@@ -30,9 +30,9 @@ Cost: one pass of the encoder over the label texts (shared by the candidates), o
 the training rows (the vote's memory, shared likewise), and one evaluation of the
 validation split per candidate, exact over all L as the periodic evaluations: for the
 small real datasets these scores are for. Chosen jointly, the pairs share one evaluation:
-the encoder's pass over the validation rows, W's and the label texts' products and the
-votes' scatter are taken once, and each pair adds its mix and top-k
-(ShardedSearch.kernel's weights).
+the encoder's pass over the validation rows and W's and the label texts' products are
+taken once, and each pair adds its mix and top-k (evaluation/weight_reads.py); so do the
+lexical pairs.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ import numpy as np
 from absl import logging
 
 from astra_jax.ann.sharded_topk import VoteCache
-from astra_jax.evaluation import ranking
+from astra_jax.evaluation import ranking, weight_reads
 from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
 from astra_jax.training.trainer import Trainer
-from astra_jax.xc.lexical import TermVotes
 
 DEFAULT_CHOOSE_BY = ("P@1",)
 
@@ -167,14 +166,9 @@ def _lexical_candidates(sc) -> list[tuple[float, float]]:
   return [(g, h) for g in gs for h in hs if g + h < 1]
 
 
-def _reader(
-  trainer: Trainer,
-  memories: VoteMemories | None,
-  texts: np.ndarray | None,
-  lexical_terms: TermVotes | None = None,
-):
+def _reader(trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None):
   """read(weights, cache) -> the validation metric with `weights` set in the score
-  (`texts`: E(z_l); `lexical_terms`: the validation rows')."""
+  (`texts`: E(z_l))."""
   p = trainer.parts
   by = _by(p.config.scoring)
   params = trainer.state.params
@@ -192,48 +186,47 @@ def _reader(
       label_text_embeddings=texts,
       memory=memories.choice if cache is not None else None,
       vote_cache=cache,
-      lexical_terms=lexical_terms,
     )
-    named = ", ".join(f"{k} {v:.2f}" for k, v in weights.items())
-    value = float(sum(metrics[m] for m in by))
-    logging.info("%s: validation %s %.2f", named, "+".join(by), value)
-    return value
+    return _logged(by, [tuple(weights.items())], [metrics])[0]
 
   return read
 
 
-def _pairs_reader(trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None):
-  """read_pairs(pairs, cache) -> the validation metric of each (label-text weight,
-  neighbour weight) pair, all from one pass over W (ranking.evaluate_model_at)."""
+def _logged(by: tuple[str, ...], named: list[tuple], read: list[dict]) -> list[float]:
+  """The sum of the `by` metrics of each read, logged beside its named weights
+  (((name, weight), ...) per read)."""
+  values = [float(sum(m[x] for x in by)) for m in read]
+  for weights, value in zip(named, values):
+    names = ", ".join(f"{k} {v:.2f}" for k, v in weights)
+    logging.info("%s: validation %s %.2f", names, "+".join(by), value)
+  return values
+
+
+def _read_pairs(
+  trainer: Trainer,
+  memories: VoteMemories,
+  texts: np.ndarray | None,
+  pairs: list[tuple[float, float]],
+) -> list[float]:
+  """The validation metric of each (label-text weight, neighbour weight) pair, all from
+  one pass over W (weight_reads.evaluate_model_at); the validation rows' votes are taken
+  once and kept for the reads after."""
   p = trainer.parts
-  by = _by(p.config.scoring)
-
-  def read_pairs(pairs: list[tuple[float, float]], cache: VoteCache | None) -> list[float]:
-    votes = any(v for _, v in pairs)
-    read = ranking.evaluate_model_at(
-      p.mesh,
-      p.embed_fn,
-      trainer.state.params,
-      p.eval_data,
-      p.config,
-      p.inv_prop,
-      np.asarray(pairs, np.float32),
-      label_text_embeddings=texts,
-      memory=memories.choice if votes else None,
-      vote_cache=cache if votes else None,
-    )
-    values = [float(sum(m[x] for x in by)) for m in read]
-    for (t, v), value in zip(pairs, values):
-      logging.info(
-        "label_text_weight %.2f, neighbour_weight %.2f: validation %s %.2f",
-        t,
-        v,
-        "+".join(by),
-        value,
-      )
-    return values
-
-  return read_pairs
+  votes = any(v for _, v in pairs)
+  read = weight_reads.evaluate_model_at(
+    p.mesh,
+    p.embed_fn,
+    trainer.state.params,
+    p.eval_data,
+    p.config,
+    p.inv_prop,
+    np.asarray(pairs, np.float32),
+    label_text_embeddings=texts,
+    memory=memories.choice if votes else None,
+    vote_cache=memories.validation_cache if votes else None,
+  )
+  named = [(("label_text_weight", t), ("neighbour_weight", v)) for t, v in pairs]
+  return _logged(_by(p.config.scoring), named, read)
 
 
 def _label_texts(trainer: Trainer) -> np.ndarray | None:
@@ -262,12 +255,26 @@ def _choose_lexical(
   votes = bool(sc.get("neighbour_weight", 0.0))
   if votes:
     _require_validation_memory(memories)
-  read = _reader(trainer, memories, texts, indexes.choice)
-  cache = memories.validation_cache if votes else None
-  pairs = [
-    (g, h, read({"lexical_label_text_weight": g, "lexical_neighbour_weight": h}, cache))
-    for g, h in candidates
+  p = trainer.parts
+  # Every pair from one pass over W, the model's weights fixed (weight_reads.py).
+  read = weight_reads.evaluate_lexical_at(
+    p.mesh,
+    p.embed_fn,
+    trainer.state.params,
+    p.eval_data,
+    p.config,
+    p.inv_prop,
+    candidates,
+    indexes.choice,
+    label_text_embeddings=texts,
+    memory=memories.choice if votes else None,
+    vote_cache=memories.validation_cache if votes else None,
+  )
+  named = [
+    (("lexical_label_text_weight", g), ("lexical_neighbour_weight", h)) for g, h in candidates
   ]
+  values = _logged(_by(sc), named, read)
+  pairs = [(g, h, m) for (g, h), m in zip(candidates, values)]
   g, h = _first_best([((g, h), m) for g, h, m in pairs])
   sc.lexical_label_text_weight, sc.lexical_neighbour_weight = g, h
   logging.info(
@@ -294,8 +301,10 @@ def _choose_model_weights(
   read = _reader(trainer, memories, texts)
 
   if sc.get("choose_jointly", False) and text_weights and vote_weights:
-    read_pairs = _pairs_reader(trainer, memories, texts)
-    return _choose_pairs(sc, by_name, text_weights, vote_weights, read_pairs, memories)
+    _require_validation_memory(memories)
+    grid = [(t, v) for t in text_weights for v in vote_weights]
+    read = _read_pairs(trainer, memories, texts, grid)
+    return _choose_pairs(sc, by_name, [(t, v, m) for (t, v), m in zip(grid, read)])
   text_read = [(w, read({"label_text_weight": w})) for w in text_weights]
   if text_read:
     sc.label_text_weight = _first_best(text_read)
@@ -323,12 +332,8 @@ def _require_validation_memory(memories: VoteMemories | None) -> None:
     raise ValueError("choosing scoring.neighbour_weight needs the validation rows' memory")
 
 
-def _choose_pairs(sc, by_name, text_weights, vote_weights, read_pairs, memories) -> ScoreChoice:
-  """Reads every (label-text weight, neighbour weight) pair, in one pass over W, and sets
-  the first best."""
-  _require_validation_memory(memories)
-  grid = [(t, v) for t in text_weights for v in vote_weights]
-  pairs = [(t, v, m) for (t, v), m in zip(grid, read_pairs(grid, memories.validation_cache))]
+def _choose_pairs(sc, by_name: str, pairs: list[tuple[float, float, float]]) -> ScoreChoice:
+  """Sets the first best of the read (label-text weight, neighbour weight, metric) pairs."""
   sc.label_text_weight, sc.neighbour_weight = _first_best([((t, v), m) for t, v, m in pairs])
   logging.info(
     "scoring.label_text_weight=%.2f, scoring.neighbour_weight=%.2f chosen jointly on validation",

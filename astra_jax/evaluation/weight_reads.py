@@ -1,0 +1,150 @@
+"""A trained model's metrics at many weights of its score, all read from one pass of the
+encoder and one over W: the score choice's reads (training/score_choice.py).
+
+`ShardedSearch.kernel` takes a (G, 2 + parts) array of weights: each tile's products
+(W's and the label texts') are taken once, and each row of weights mixes them, with the
+votes scaled part by part, into its own running top-k. The model's (beta, a) pairs need
+only the first two columns. The lexical pairs (g, h) are read with the model's weights
+fixed: their terms t and u enter as two vote parts beside the memory's votes, and each
+row carries the fold of `xc/lexical.fold` as factors, (1 - g - h) a / a' on the memory's
+votes and g / a', h / a' on t's and u's entries, so that every row's score is the one a
+single read with those weights ranks by.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import jax
+import numpy as np
+
+from astra_jax.ann import sharded_topk
+from astra_jax.ann.vote_memory import VoteMemory
+from astra_jax.data import dataset
+from astra_jax.evaluation.ranking import ModelEvaluator, embed_label_texts
+from astra_jax.model.embedding import EmbedFn
+from astra_jax.xc import lexical, neighbour_vote, score_fusion
+from astra_jax.xc.neighbour_vote import Votes
+
+
+def evaluate_model_at(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  weights: np.ndarray,
+  label_text_embeddings: np.ndarray | None = None,
+  memory: VoteMemory | None = None,
+  vote_cache: sharded_topk.VoteCache | None = None,
+) -> list[dict[str, float]]:
+  """`ranking.evaluate_model` on every test row by each row of `weights` ((G, 2)
+  label-text weight and neighbour weight, in place of the config's; no lexical terms).
+
+  Args:
+    mesh, embed_fn, params, data, config, inv_prop: as `ranking.evaluate_model`.
+    weights: (G, 2) the (beta, a) rows to read.
+    label_text_embeddings: E(z_l) when a row weighs the label texts (embedded if None).
+    memory: the voting rows when a row weighs the vote.
+    vote_cache: where the votes from `memory` are kept for another read.
+  Returns:
+    The metrics (x100) of each row of `weights`, in order.
+  """
+  weights = np.asarray(weights, np.float32).reshape(-1, 2)
+  cfg = copy.deepcopy(config)
+  # The largest weights put each term that some row weighs into the search.
+  cfg.scoring.label_text_weight = float(weights[:, 0].max())
+  cfg.scoring.neighbour_weight = float(weights[:, 1].max())
+  evaluator = ModelEvaluator.for_model(
+    mesh,
+    embed_fn,
+    params,
+    data,
+    cfg,
+    inv_prop,
+    True,
+    label_text_embeddings,
+    memory,
+    vote_cache,
+  )
+  return evaluator.score_at(weights)
+
+
+def lexical_rows(
+  beta: float, model_weight: float, pairs: list[tuple[float, float]]
+) -> np.ndarray:
+  """(G, 5) kernel weights of each lexical pair (g, h) at the model's (beta, a): beta, a',
+  then the factors on the memory's votes, t's and u's entries (module docstring)."""
+  rows = []
+  for g, h in pairs:
+    w = lexical.LexicalWeights(g, h)
+    folded = lexical.folded_weight(model_weight, w)
+    scale = 1.0 / folded if folded else 0.0
+    share = lexical.model_vote_share(model_weight, w)
+    rows.append([beta, folded, share, g * scale, h * scale])
+  return np.asarray(rows, np.float32)
+
+
+def evaluate_lexical_at(
+  mesh: jax.sharding.Mesh,
+  embed_fn: EmbedFn,
+  params: dict,
+  data: dataset.XCData,
+  config,
+  inv_prop: np.ndarray,
+  pairs: list[tuple[float, float]],
+  terms: lexical.TermVotes,
+  label_text_embeddings: np.ndarray | None = None,
+  memory: VoteMemory | None = None,
+  vote_cache: sharded_topk.VoteCache | None = None,
+) -> list[dict[str, float]]:
+  """`ranking.evaluate_model` on every test row by the config's model weights (beta, a)
+  and each lexical pair (g, h) of `pairs` in place of the config's, from one pass over W.
+
+  Args:
+    mesh, embed_fn, params, data, config, inv_prop: as `ranking.evaluate_model`.
+    pairs: the (g, h) to read, g + h < 1.
+    terms: the test rows' lexical terms, unweighted.
+    label_text_embeddings: E(z_l) when beta > 0 (embedded if None).
+    memory: the voting rows when a > 0.
+    vote_cache: where the votes from `memory` are kept for another read.
+  Returns:
+    The metrics (x100) of each pair, in order.
+  """
+  sc = config.scoring
+  beta, a = float(sc.label_text_weight), float(sc.get("neighbour_weight", 0.0))
+  rows = lexical_rows(beta, a, pairs)
+  if a and memory is None:
+    raise ValueError("reading lexical weights beside the model's vote needs its memory")
+  w = sharded_topk.on_mesh(params["classifier"], mesh)
+  fusion = score_fusion.from_config(config, w.shape[1])
+  vote = None
+  if rows[:, 1].any():  # a' > 0 for some pair: the search mixes in votes
+    vote = neighbour_vote.search_settings(sc)
+  texts = None
+  if fusion is not None:
+    texts = label_text_embeddings
+    if texts is None:
+      texts = embed_label_texts(mesh, embed_fn, params, data, config)
+  top = terms.label_text.ids.shape[1]
+  search = sharded_topk.ShardedSearch(
+    mesh, data.num_labels, config.eval.label_block, fusion, vote, vote_parts=(top, top)
+  )
+  voting = memory if a and vote is not None else None
+  evaluator = ModelEvaluator(
+    search,
+    embed_fn,
+    params["encoder"],
+    search.label_parts(w, texts),
+    data.test_tokens,
+    data.test_labels,
+    data.test_filter,
+    inv_prop,
+    tuple(config.eval.ks),
+    config.eval.batch_size,
+    voting,
+    vote_cache if voting is not None else None,
+    Votes.beside([terms.label_text, terms.neighbours]) if vote is not None else None,
+  )
+  return evaluator.score_at(rows)
