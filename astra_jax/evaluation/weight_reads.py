@@ -71,9 +71,7 @@ def evaluate_model_at(
   return evaluator.score_at(weights)
 
 
-def lexical_rows(
-  beta: float, model_weight: float, pairs: list[tuple[float, float]]
-) -> np.ndarray:
+def lexical_rows(beta: float, model_weight: float, pairs: list[tuple[float, float]]) -> np.ndarray:
   """(G, 5) kernel weights of each lexical pair (g, h) at the model's (beta, a): beta, a',
   then the factors on the memory's votes, t's and u's entries (module docstring)."""
   rows = []
