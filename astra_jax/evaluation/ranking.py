@@ -180,14 +180,45 @@ class ModelEvaluator:
       vote = lexical.fold(vote, weights, neighbour_vote.search_settings(config.scoring))
       if not model_weight:  # the model does not vote: the lexical entries are all
         memory = None
-    texts = None
-    if fusion is not None:  # E(z_l) of every label: small real datasets only (score_fusion)
-      texts = label_text_embeddings
-      if texts is None:
-        texts = embed_label_texts(mesh, embed_fn, params, data, config)
     search = sharded_topk.ShardedSearch(
       mesh, data.num_labels, config.eval.label_block, fusion, vote, share
     )
+    return cls.on_search(
+      search,
+      embed_fn,
+      params,
+      data,
+      config,
+      inv_prop,
+      label_text_embeddings,
+      memory if vote is not None else None,
+      vote_cache if vote is not None else None,
+      lexical_votes,
+    )
+
+  @classmethod
+  def on_search(
+    cls,
+    search: sharded_topk.ShardedSearch,
+    embed_fn: EmbedFn,
+    params: dict,
+    data: dataset.XCData,
+    config,
+    inv_prop: np.ndarray | None,
+    label_text_embeddings: np.ndarray | None = None,
+    memory: VoteMemory | None = None,
+    vote_cache: sharded_topk.VoteCache | None = None,
+    lexical_votes: Votes | None = None,
+  ) -> ModelEvaluator:
+    """The evaluator of `params` on `data`'s test rows through `search` as it is built
+    (its fusion embeds every label's text unless `label_text_embeddings` holds them;
+    `memory`, `vote_cache`, `lexical_votes`: the attributes)."""
+    texts = None
+    if search.fusion is not None:  # E(z_l) of every label: small real datasets only
+      texts = label_text_embeddings
+      if texts is None:
+        texts = embed_label_texts(search.mesh, embed_fn, params, data, config)
+    w = sharded_topk.on_mesh(params["classifier"], search.mesh)
     return cls(
       search,
       embed_fn,
@@ -199,8 +230,8 @@ class ModelEvaluator:
       inv_prop,
       tuple(config.eval.ks),
       config.eval.batch_size,
-      memory if vote is not None else None,
-      vote_cache if vote is not None else None,
+      memory,
+      vote_cache,
       lexical_votes,
     )
 

@@ -14,6 +14,7 @@ single read with those weights ranks by.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import jax
 import numpy as np
@@ -21,54 +22,93 @@ import numpy as np
 from astra_jax.ann import sharded_topk
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.data import dataset
-from astra_jax.evaluation.ranking import ModelEvaluator, embed_label_texts
+from astra_jax.evaluation.ranking import ModelEvaluator
 from astra_jax.model.embedding import EmbedFn
 from astra_jax.xc import lexical, neighbour_vote, score_fusion
 from astra_jax.xc.neighbour_vote import Votes
 
 
-def evaluate_model_at(
-  mesh: jax.sharding.Mesh,
-  embed_fn: EmbedFn,
-  params: dict,
-  data: dataset.XCData,
-  config,
-  inv_prop: np.ndarray,
-  weights: np.ndarray,
-  label_text_embeddings: np.ndarray | None = None,
-  memory: VoteMemory | None = None,
-  vote_cache: sharded_topk.VoteCache | None = None,
-) -> list[dict[str, float]]:
-  """`ranking.evaluate_model` on every test row by each row of `weights` ((G, 2)
-  label-text weight and neighbour weight, in place of the config's; no lexical terms).
+@dataclasses.dataclass(frozen=True)
+class WeightReads:
+  """A trained model's metrics on `data`'s test rows (the choice's validation rows) at
+  many weights of its score, each set of reads from one pass over W.
 
-  Args:
+  Attributes:
     mesh, embed_fn, params, data, config, inv_prop: as `ranking.evaluate_model`.
-    weights: (G, 2) the (beta, a) rows to read.
-    label_text_embeddings: E(z_l) when a row weighs the label texts (embedded if None).
-    memory: the voting rows when a row weighs the vote.
-    vote_cache: where the votes from `memory` are kept for another read.
-  Returns:
-    The metrics (x100) of each row of `weights`, in order.
+    label_text_embeddings: E(z_l) when a read weighs the label texts (embedded if None).
+    memory: the voting rows, when a read weighs the model's vote.
+    vote_cache: where the votes from `memory` are kept between reads.
   """
-  weights = np.asarray(weights, np.float32).reshape(-1, 2)
-  cfg = copy.deepcopy(config)
-  # The largest weights put each term that some row weighs into the search.
-  cfg.scoring.label_text_weight = float(weights[:, 0].max())
-  cfg.scoring.neighbour_weight = float(weights[:, 1].max())
-  evaluator = ModelEvaluator.for_model(
-    mesh,
-    embed_fn,
-    params,
-    data,
-    cfg,
-    inv_prop,
-    True,
-    label_text_embeddings,
-    memory,
-    vote_cache,
-  )
-  return evaluator.score_at(weights)
+
+  mesh: jax.sharding.Mesh
+  embed_fn: EmbedFn
+  params: dict
+  data: dataset.XCData
+  config: object
+  inv_prop: np.ndarray
+  label_text_embeddings: np.ndarray | None = None
+  memory: VoteMemory | None = None
+  vote_cache: sharded_topk.VoteCache | None = None
+
+  def model_at(self, weights: np.ndarray) -> list[dict[str, float]]:
+    """The metrics (x100) by each row of `weights` ((G, 2) label-text weight and neighbour
+    weight, in place of the config's; no lexical terms), in order."""
+    weights = np.asarray(weights, np.float32).reshape(-1, 2)
+    cfg = copy.deepcopy(self.config)
+    # The largest weights put each term that some row weighs into the search.
+    cfg.scoring.label_text_weight = float(weights[:, 0].max())
+    cfg.scoring.neighbour_weight = float(weights[:, 1].max())
+    evaluator = ModelEvaluator.for_model(
+      self.mesh,
+      self.embed_fn,
+      self.params,
+      self.data,
+      cfg,
+      self.inv_prop,
+      True,
+      self.label_text_embeddings,
+      self.memory,
+      self.vote_cache,
+    )
+    return evaluator.score_at(weights)
+
+  def lexical_at(
+    self, pairs: list[tuple[float, float]], terms: lexical.TermVotes
+  ) -> list[dict[str, float]]:
+    """The metrics (x100) by the config's model weights (beta, a) and each lexical pair
+    (g, h) of `pairs` (g + h < 1) in place of the config's, in order; `terms`: the test
+    rows' lexical terms, unweighted."""
+    sc = self.config.scoring
+    beta, a = float(sc.label_text_weight), float(sc.get("neighbour_weight", 0.0))
+    if a and self.memory is None:
+      raise ValueError("reading lexical weights beside the model's vote needs its memory")
+    rows = lexical_rows(beta, a, pairs)
+    dim = self.params["classifier"].shape[1]
+    # a' > 0 for some pair: the search mixes in votes, the lexical entries at least.
+    vote = neighbour_vote.search_settings(sc) if rows[:, 1].any() else None
+    top = terms.label_text.ids.shape[1]
+    search = sharded_topk.ShardedSearch(
+      self.mesh,
+      self.data.num_labels,
+      self.config.eval.label_block,
+      score_fusion.from_config(self.config, dim),
+      vote,
+      vote_parts=(top, top),
+    )
+    voting = self.memory if a and vote is not None else None
+    evaluator = ModelEvaluator.on_search(
+      search,
+      self.embed_fn,
+      self.params,
+      self.data,
+      self.config,
+      self.inv_prop,
+      self.label_text_embeddings,
+      voting,
+      self.vote_cache if voting is not None else None,
+      Votes.beside([terms.label_text, terms.neighbours]) if vote is not None else None,
+    )
+    return evaluator.score_at(rows)
 
 
 def lexical_rows(beta: float, model_weight: float, pairs: list[tuple[float, float]]) -> np.ndarray:
@@ -82,67 +122,3 @@ def lexical_rows(beta: float, model_weight: float, pairs: list[tuple[float, floa
     share = lexical.model_vote_share(model_weight, w)
     rows.append([beta, folded, share, g * scale, h * scale])
   return np.asarray(rows, np.float32)
-
-
-def evaluate_lexical_at(
-  mesh: jax.sharding.Mesh,
-  embed_fn: EmbedFn,
-  params: dict,
-  data: dataset.XCData,
-  config,
-  inv_prop: np.ndarray,
-  pairs: list[tuple[float, float]],
-  terms: lexical.TermVotes,
-  label_text_embeddings: np.ndarray | None = None,
-  memory: VoteMemory | None = None,
-  vote_cache: sharded_topk.VoteCache | None = None,
-) -> list[dict[str, float]]:
-  """`ranking.evaluate_model` on every test row by the config's model weights (beta, a)
-  and each lexical pair (g, h) of `pairs` in place of the config's, from one pass over W.
-
-  Args:
-    mesh, embed_fn, params, data, config, inv_prop: as `ranking.evaluate_model`.
-    pairs: the (g, h) to read, g + h < 1.
-    terms: the test rows' lexical terms, unweighted.
-    label_text_embeddings: E(z_l) when beta > 0 (embedded if None).
-    memory: the voting rows when a > 0.
-    vote_cache: where the votes from `memory` are kept for another read.
-  Returns:
-    The metrics (x100) of each pair, in order.
-  """
-  sc = config.scoring
-  beta, a = float(sc.label_text_weight), float(sc.get("neighbour_weight", 0.0))
-  rows = lexical_rows(beta, a, pairs)
-  if a and memory is None:
-    raise ValueError("reading lexical weights beside the model's vote needs its memory")
-  w = sharded_topk.on_mesh(params["classifier"], mesh)
-  fusion = score_fusion.from_config(config, w.shape[1])
-  vote = None
-  if rows[:, 1].any():  # a' > 0 for some pair: the search mixes in votes
-    vote = neighbour_vote.search_settings(sc)
-  texts = None
-  if fusion is not None:
-    texts = label_text_embeddings
-    if texts is None:
-      texts = embed_label_texts(mesh, embed_fn, params, data, config)
-  top = terms.label_text.ids.shape[1]
-  search = sharded_topk.ShardedSearch(
-    mesh, data.num_labels, config.eval.label_block, fusion, vote, vote_parts=(top, top)
-  )
-  voting = memory if a and vote is not None else None
-  evaluator = ModelEvaluator(
-    search,
-    embed_fn,
-    params["encoder"],
-    search.label_parts(w, texts),
-    data.test_tokens,
-    data.test_labels,
-    data.test_filter,
-    inv_prop,
-    tuple(config.eval.ks),
-    config.eval.batch_size,
-    voting,
-    vote_cache if voting is not None else None,
-    Votes.beside([terms.label_text, terms.neighbours]) if vote is not None else None,
-  )
-  return evaluator.score_at(rows)

@@ -202,31 +202,24 @@ def _logged(by: tuple[str, ...], named: list[tuple], read: list[dict]) -> list[f
   return values
 
 
-def _read_pairs(
-  trainer: Trainer,
-  memories: VoteMemories,
-  texts: np.ndarray | None,
-  pairs: list[tuple[float, float]],
-) -> list[float]:
-  """The validation metric of each (label-text weight, neighbour weight) pair, all from
-  one pass over W (weight_reads.evaluate_model_at); the validation rows' votes are taken
-  once and kept for the reads after."""
+def _weight_reads(
+  trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None, votes: bool
+) -> weight_reads.WeightReads:
+  """The trained model's reads of the validation split at many weights (`texts`: E(z_l);
+  with `votes`, the choice's memory votes and the validation rows' votes are taken once
+  and kept for the reads after)."""
   p = trainer.parts
-  votes = any(v for _, v in pairs)
-  read = weight_reads.evaluate_model_at(
+  return weight_reads.WeightReads(
     p.mesh,
     p.embed_fn,
     trainer.state.params,
     p.eval_data,
     p.config,
     p.inv_prop,
-    np.asarray(pairs, np.float32),
-    label_text_embeddings=texts,
-    memory=memories.choice if votes else None,
-    vote_cache=memories.validation_cache if votes else None,
+    texts,
+    memories.choice if votes else None,
+    memories.validation_cache if votes else None,
   )
-  named = [(("label_text_weight", t), ("neighbour_weight", v)) for t, v in pairs]
-  return _logged(_by(p.config.scoring), named, read)
 
 
 def _label_texts(trainer: Trainer) -> np.ndarray | None:
@@ -255,21 +248,9 @@ def _choose_lexical(
   votes = bool(sc.get("neighbour_weight", 0.0))
   if votes:
     _require_validation_memory(memories)
-  p = trainer.parts
   # Every pair from one pass over W, the model's weights fixed (weight_reads.py).
-  read = weight_reads.evaluate_lexical_at(
-    p.mesh,
-    p.embed_fn,
-    trainer.state.params,
-    p.eval_data,
-    p.config,
-    p.inv_prop,
-    candidates,
-    indexes.choice,
-    label_text_embeddings=texts,
-    memory=memories.choice if votes else None,
-    vote_cache=memories.validation_cache if votes else None,
-  )
+  reads = _weight_reads(trainer, memories, texts, votes)
+  read = reads.lexical_at(candidates, indexes.choice)
   named = [
     (("lexical_label_text_weight", g), ("lexical_neighbour_weight", h)) for g, h in candidates
   ]
@@ -303,8 +284,11 @@ def _choose_model_weights(
   if sc.get("choose_jointly", False) and text_weights and vote_weights:
     _require_validation_memory(memories)
     grid = [(t, v) for t in text_weights for v in vote_weights]
-    read = _read_pairs(trainer, memories, texts, grid)
-    return _choose_pairs(sc, by_name, [(t, v, m) for (t, v), m in zip(grid, read)])
+    # Every pair from one pass over W (evaluation/weight_reads.py).
+    reads = _weight_reads(trainer, memories, texts, any(v for _, v in grid))
+    named = [(("label_text_weight", t), ("neighbour_weight", v)) for t, v in grid]
+    values = _logged(_by(sc), named, reads.model_at(np.asarray(grid, np.float32)))
+    return _choose_pairs(sc, by_name, [(t, v, m) for (t, v), m in zip(grid, values)])
   text_read = [(w, read({"label_text_weight": w})) for w in text_weights]
   if text_read:
     sc.label_text_weight = _first_best(text_read)
