@@ -10,7 +10,8 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann import vote_memory
-from astra_jax.ann.sharded_topk import ShardedSearch, VoteCache
+from astra_jax.ann.sharded_topk import ShardedSearch
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.parallel import sharding
 from astra_jax.xc import neighbour_vote, score_fusion

@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import shutil
 from collections.abc import Callable
 
 import jax
@@ -45,6 +43,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from astra_jax.ann.exact_topk import dot_scores, merge_topk
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL, from_host
@@ -147,47 +146,6 @@ def _tile_topk(
   g = weights.shape[0]
   init = (jnp.full((g, q, k), -jnp.inf, jnp.float32), jnp.full((g, q, k), -1, jnp.int32))
   return jax.lax.fori_loop(0, tiles, body, init)
-
-
-@dataclasses.dataclass
-class VoteCache:
-  """One process's votes for the rows it ranks, block by block, kept for the next search of
-  the same rows from the same memory: the score choice's candidate weights change the
-  vote's weight, not its neighbours. It holds the process's own rows only, in RAM or, with a
-  `directory`, as .npy files read back memory-mapped (SS-20M's 7.3M validation rows a
-  process: 13.9 GiB that the page cache holds while there is room, not the process).
-
-  Attributes:
-    directory: where the votes are written (None: kept in RAM); emptied by `clear`.
-    blocks: (the vote's settings but its weight, block start, stop, rows per block) ->
-      this process's Votes for the rows of the block its devices hold, in their order.
-  """
-
-  directory: str | None = None
-  blocks: dict = dataclasses.field(default_factory=dict)
-
-  def get(self, key: tuple) -> Votes | None:
-    """The votes kept under `key`, or None."""
-    return self.blocks.get(key)
-
-  def put(self, key: tuple, votes: Votes) -> Votes:
-    """Keeps `votes` under `key`; returns them as kept (memory-mapped with a directory)."""
-    if self.directory is not None:
-      os.makedirs(self.directory, exist_ok=True)
-      stem = os.path.join(self.directory, f"block{len(self.blocks)}")
-      arrays = []
-      for name, array in (("ids", votes.ids), ("values", votes.values)):
-        np.save(f"{stem}.{name}.npy", array)
-        arrays.append(np.load(f"{stem}.{name}.npy", mmap_mode="r"))
-      votes = Votes(*arrays)
-    self.blocks[key] = votes
-    return votes
-
-  def clear(self) -> None:
-    """Forgets every block, and removes the directory."""
-    self.blocks.clear()
-    if self.directory is not None:
-      shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 from absl import logging
 
 from astra_jax.ann import memory_search, mesh_memory, process_memory, sharded_topk
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.ann.vote_memory import Memory, VoteMemory, nearest, searches_with_scann
 from astra_jax.data import dataset
 from astra_jax.data.sparse_rows import SparseRows, StackedRows
@@ -138,7 +139,7 @@ class ModelEvaluator:
   ks: tuple[int, ...]
   batch_size: int
   memory: VoteMemory | None = None
-  vote_cache: sharded_topk.VoteCache | None = None
+  vote_cache: VoteCache | None = None
   lexical_votes: Votes | None = None
 
   @classmethod
@@ -153,7 +154,7 @@ class ModelEvaluator:
     fused: bool = True,
     label_text_embeddings: np.ndarray | None = None,
     memory: VoteMemory | None = None,
-    vote_cache: sharded_topk.VoteCache | None = None,
+    vote_cache: VoteCache | None = None,
     lexical_terms: lexical.TermVotes | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
@@ -207,7 +208,7 @@ class ModelEvaluator:
     inv_prop: np.ndarray | None,
     label_text_embeddings: np.ndarray | None = None,
     memory: VoteMemory | None = None,
-    vote_cache: sharded_topk.VoteCache | None = None,
+    vote_cache: VoteCache | None = None,
     lexical_votes: Votes | None = None,
   ) -> ModelEvaluator:
     """The evaluator of `params` on `data`'s test rows through `search` as it is built
@@ -353,7 +354,7 @@ def evaluate_model(
   fused: bool = True,
   label_text_embeddings: np.ndarray | None = None,
   memory: VoteMemory | None = None,
-  vote_cache: sharded_topk.VoteCache | None = None,
+  vote_cache: VoteCache | None = None,
   lexical_terms: lexical.TermVotes | None = None,
 ) -> dict[str, float]:
   """The trained model's metrics on `data`'s test rows (the first `max_rows` when > 0), by

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from astra_jax.ann import sharded_topk
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.data import dataset
 from astra_jax.evaluation.ranking import ModelEvaluator
@@ -48,7 +49,7 @@ class WeightReads:
   inv_prop: np.ndarray
   label_text_embeddings: np.ndarray | None = None
   memory: VoteMemory | None = None
-  vote_cache: sharded_topk.VoteCache | None = None
+  vote_cache: VoteCache | None = None
 
   def model_at(self, weights: np.ndarray) -> list[dict[str, float]]:
     """The metrics (x100) by each row of `weights` ((G, 2) label-text weight and neighbour

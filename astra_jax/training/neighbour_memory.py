@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from astra_jax.ann.mesh_memory import MemorySource
-from astra_jax.ann.sharded_topk import VoteCache
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.data.sparse_rows import StackedRows
 from astra_jax.evaluation import ranking

@@ -43,7 +43,7 @@ import dataclasses
 import numpy as np
 from absl import logging
 
-from astra_jax.ann.sharded_topk import VoteCache
+from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.evaluation import ranking, weight_reads
 from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
