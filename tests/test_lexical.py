@@ -96,7 +96,7 @@ def test_folded_votes_rank_as_the_mixed_score(model_weight):
   own = vote_memory.Memory.from_embeddings(keys, labels).votes(emb, model) if model else None
   terms = lexical.LexicalIndex.build(train, label_texts, labels).votes(queries, 5, 0.1, top=L)
   folded = lexical.fold(model, weights, neighbour_vote.NeighbourVote(0.0, 5, 0.1))
-  votes = lexical.fold_votes(own, model_weight, terms.weighted(weights), weights)
+  votes = lexical.fold_votes(own, model_weight, terms, weights)
   tiles = {"query_block": 8, "label_block": 4}
   score = exact_topk.tile_score(None, folded)
   scores, ids = exact_topk.topk(emb, w, 5, score=score, vote=folded, votes=votes, **tiles)

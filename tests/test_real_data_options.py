@@ -295,3 +295,9 @@ def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_confi
   dense = (1 - g - h) * m + g * t + h * u
   pred = p.predict(everything.test_texts, k=5)
   np.testing.assert_allclose(pred.scores, -np.sort(-dense, axis=1)[:, :5], rtol=1e-4, atol=1e-5)
+  # The final evaluation ranked the test split by the same score on the mesh.
+  top = np.argsort(-dense.astype(np.float32), axis=1, kind="stable")
+  final = ranking.rank_filter_score(
+    lambda k: top[:, :k], data.test_labels, data.test_filter, None, (1, 5)
+  )
+  assert r["P@1"] + r["P@5"] == pytest.approx(final["P@1"] + final["P@5"], abs=1e-3)

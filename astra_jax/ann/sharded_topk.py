@@ -159,12 +159,11 @@ class ShardedSearch:
     fusion: the label-text fusion, or None for <w_l, E(x)>.
     vote: the neighbour vote mixed into the score (`search_rows` then takes each row's
       votes), or None; with lexical terms, their fold with it (xc/lexical.fold).
-    memory_vote_share: the factor on the votes a memory casts (xc/lexical.fold_votes);
-      1 without lexical terms.
-    vote_parts: the column counts of the votes' last parts, each scaled by a column of
-      the kernel's weights after the first part's (the rest of the columns): the
-      lexical terms' t and u beside a memory's votes when a choice reads several of
-      their weights in one pass; () for one part.
+    vote_parts: the column counts of the votes' last parts (the lexical terms' t and u
+      beside a memory's votes, which are the first part: the rest of the columns); each
+      part is scaled by its own factor, a column of the kernel's weights; () for one part.
+    vote_factors: the search's own factors, one per part (xc/lexical.vote_factors); ()
+      for 1 each.
   """
 
   mesh: jax.sharding.Mesh
@@ -172,8 +171,8 @@ class ShardedSearch:
   label_block: int = 32768
   fusion: LabelTextFusion | None = None
   vote: NeighbourVote | None = None
-  memory_vote_share: float = 1.0
   vote_parts: tuple[int, ...] = ()
+  vote_factors: tuple[float, ...] = ()
 
   @property
   def devices(self) -> int:
@@ -196,19 +195,19 @@ class ShardedSearch:
       self,
       fusion=None if self.fusion is None else dataclasses.replace(self.fusion, text_weight=0.0),
       vote=None if self.vote is None else dataclasses.replace(self.vote, weight=0.0),
-      memory_vote_share=1.0,
+      vote_factors=(),
     )
+    columns = 3 + len(self.vote_parts) if self.vote_parts else 2
     if weights is None:
+      factors = self.vote_factors or (1.0,) * (columns - 2)
       weights = [
         [
           0.0 if self.fusion is None else self.fusion.text_weight,
           0.0 if self.vote is None else self.vote.weight,
+          *factors,
         ]
       ]
-    columns = 3 + len(self.vote_parts) if self.vote_parts else 2
     weights = np.atleast_2d(np.asarray(weights, np.float32))
-    if weights.shape[1] == 2 and columns > 2:  # every part as it comes
-      weights = np.pad(weights, ((0, 0), (0, columns - 2)), constant_values=1.0)
     if weights.shape[1] != columns:
       raise ValueError(f"weights of {weights.shape[1]} columns for a search that takes {columns}")
     if weights[:, 0].any() and self.fusion is None:
@@ -326,9 +325,8 @@ class ShardedSearch:
     """The votes of the rows of encoded blocks `embs` (global rows from `starts`) this
     process's devices hold, each split like its block; rows at or past `hi` vote for
     nothing. One search of the memory for all the blocks `cache` does not hold (every
-    process holds the same blocks: they are searched in step). The memory's votes are
-    scaled by `memory_vote_share`, and `extra`'s entries of the same rows (global row
-    lo + i at row i) set beside them."""
+    process holds the same blocks: they are searched in step). `extra`'s entries of the
+    same rows (global row lo + i at row i) are set beside the memory's votes."""
     held, keys, mine = [], [], []
     for emb, start in zip(embs, starts):
       shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
@@ -343,7 +341,7 @@ class ShardedSearch:
       found = memory.own_votes_blocks([(embs[i], held[i]) for i in todo], self.vote)
       for i, votes in zip(todo, found):
         mine[i] = votes if cache is None else cache.put(keys[i], votes)
-    if extra is not None or self.memory_vote_share != 1.0:
+    if extra is not None:
       mine = [
         self._with_extra(emb, start, votes, counts, extra, lo)
         for emb, start, votes, counts in zip(embs, starts, mine, held)
@@ -351,18 +349,15 @@ class ShardedSearch:
     return [self._placed(emb, votes, counts) for emb, votes, counts in zip(embs, mine, held)]
 
   def _with_extra(
-    self, emb: jax.Array, start: int, votes: Votes, held: list[int], extra: Votes | None, lo: int
+    self, emb: jax.Array, start: int, votes: Votes, held: list[int], extra: Votes, lo: int
   ) -> Votes:
-    """`votes` (this process's held rows of the block at `start`) times
-    `memory_vote_share`, with `extra`'s entries of the same global rows beside them."""
+    """`votes` (this process's held rows of the block at `start`) with `extra`'s entries
+    of the same global rows beside them."""
     shards = sorted(emb.addressable_shards, key=lambda x: x.index[0].start or 0)
-    parts = [Votes(votes.ids, votes.values * np.float32(self.memory_vote_share))]
-    if extra is not None:
-      rows = np.concatenate(
-        [start + (x.index[0].start or 0) + np.arange(n) for x, n in zip(shards, held)]
-      ).astype(np.int64)
-      parts.append(Votes(extra.ids[rows - lo], extra.values[rows - lo]))
-    return Votes.beside(parts)
+    rows = np.concatenate(
+      [start + (x.index[0].start or 0) + np.arange(n) for x, n in zip(shards, held)]
+    ).astype(np.int64)
+    return Votes.beside([votes, Votes(extra.ids[rows - lo], extra.values[rows - lo])])
 
   def _placed(self, emb: jax.Array, votes: Votes, held: list[int]) -> tuple[jax.Array, jax.Array]:
     """This process's `votes` for its held rows of block `emb`, as (ids, values) split like

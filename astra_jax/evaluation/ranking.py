@@ -124,8 +124,9 @@ class ModelEvaluator:
     vote_cache: where this process's votes from `memory` are kept for another evaluation
       of the same rows (they depend on the encoder, the memory and the vote's k and tau,
       not on its weight); None: taken anew.
-    lexical_votes: the lexical terms' entries of every test row (xc/lexical.py), already
-      weighted and folded: beside the memory's votes, or the rows' only votes without one.
+    lexical_votes: the lexical terms' entries of every test row (xc/lexical.py),
+      unweighted (the search's vote factors weigh them): beside the memory's votes, or the
+      rows' only votes without one.
   """
 
   search: sharded_topk.ShardedSearch
@@ -169,20 +170,19 @@ class ModelEvaluator:
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     vote = neighbour_vote.from_config(config) if fused and memory is not None else None
     weights = lexical.from_scoring(config.scoring)
-    lexical_votes, share = None, 1.0
+    lexical_votes, parts, factors = None, (), ()
     if fused and lexical_terms is not None and weights.total:
       model_weight = vote.weight if vote is not None else 0.0
-      # The lexical entries over a'; the memory's votes (if the model votes) are scaled
-      # by the search (`memory_vote_share`), so that they may come from its cache.
-      lexical_votes = lexical.fold_votes(
-        None, model_weight, lexical_terms.weighted(weights), weights
-      )
-      share = lexical.model_vote_share(model_weight, weights)
+      # t's and u's entries enter unweighted beside the memory's votes (kept as they come,
+      # so that they may come from its cache); the search scales each part (`fold`).
+      lexical_votes = lexical_terms.beside()
+      parts = (lexical_terms.label_text.ids.shape[1],) * 2
+      factors = lexical.vote_factors(model_weight, weights)
       vote = lexical.fold(vote, weights, neighbour_vote.search_settings(config.scoring))
       if not model_weight:  # the model does not vote: the lexical entries are all
         memory = None
     search = sharded_topk.ShardedSearch(
-      mesh, data.num_labels, config.eval.label_block, fusion, vote, share
+      mesh, data.num_labels, config.eval.label_block, fusion, vote, parts, factors
     )
     return cls.on_search(
       search,

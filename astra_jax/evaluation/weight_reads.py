@@ -6,9 +6,9 @@ encoder and one over W: the score choice's reads (training/score_choice.py).
 votes scaled part by part, into its own running top-k. The model's (beta, a) pairs need
 only the first two columns. The lexical pairs (g, h) are read with the model's weights
 fixed: their terms t and u enter as two vote parts beside the memory's votes, and each
-row carries the fold of `xc/lexical.fold` as factors, (1 - g - h) a / a' on the memory's
-votes and g / a', h / a' on t's and u's entries, so that every row's score is the one a
-single read with those weights ranks by.
+row carries the fold of `xc/lexical.fold` as factors (`xc/lexical.vote_factors`), as the
+final evaluation's single read carries its own: (1 - g - h) a / a' on the memory's votes
+and g / a', h / a' on t's and u's entries.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from astra_jax.data import dataset
 from astra_jax.evaluation.ranking import ModelEvaluator
 from astra_jax.model.embedding import EmbedFn
 from astra_jax.xc import lexical, neighbour_vote, score_fusion
-from astra_jax.xc.neighbour_vote import Votes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +106,7 @@ class WeightReads:
       self.label_text_embeddings,
       voting,
       self.vote_cache if voting is not None else None,
-      Votes.beside([terms.label_text, terms.neighbours]) if vote is not None else None,
+      terms.beside() if vote is not None else None,
     )
     return evaluator.score_at(rows)
 
@@ -118,8 +117,7 @@ def lexical_rows(beta: float, model_weight: float, pairs: list[tuple[float, floa
   rows = []
   for g, h in pairs:
     w = lexical.LexicalWeights(g, h)
-    folded = lexical.folded_weight(model_weight, w)
-    scale = 1.0 / folded if folded else 0.0
-    share = lexical.model_vote_share(model_weight, w)
-    rows.append([beta, folded, share, g * scale, h * scale])
+    rows.append(
+      [beta, lexical.folded_weight(model_weight, w), *lexical.vote_factors(model_weight, w)]
+    )
   return np.asarray(rows, np.float32)

@@ -403,7 +403,7 @@ class Predictor:
     if self.lexical is None:
       return self.index.search(emb, k, own)
     w = self.lexical
-    terms = self.model.lexical.votes(texts, w.k, w.temperature).weighted(w)
+    terms = self.model.lexical.votes(texts, w.k, w.temperature)
     return self.index.search(emb, k, lexical.fold_votes(own, self.model_vote_weight, terms, w))
 
   def _without_own_items(

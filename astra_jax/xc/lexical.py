@@ -153,14 +153,10 @@ class TermVotes:
   label_text: Votes
   neighbours: Votes
 
-  def weighted(self, weights: LexicalWeights) -> Votes:
-    """g t and h u side by side (n, 2 top): the kernels add a label's entries."""
-    return Votes.beside(
-      [
-        Votes(self.label_text.ids, weights.label_text * self.label_text.values),
-        Votes(self.neighbours.ids, weights.neighbours * self.neighbours.values),
-      ]
-    )
+  def beside(self) -> Votes:
+    """t's and u's entries side by side (n, 2 top), unweighted: the last two vote parts
+    (`vote_factors`)."""
+    return Votes.beside([self.label_text, self.neighbours])
 
 
 @dataclasses.dataclass
@@ -297,19 +293,26 @@ def fold(
   return dataclasses.replace(base, weight=folded_weight(a, weights))
 
 
-def model_vote_share(model_weight: float, weights: LexicalWeights) -> float:
-  """The factor on the model's own votes in v': (1 - g - h) a / a' (`fold`)."""
+def vote_factors(model_weight: float, weights: LexicalWeights) -> tuple[float, float, float]:
+  """The factors of v' (`fold`) on its three parts, the model's own votes, t's entries and
+  u's: (1 - g - h) a / a', g / a', h / a' (all 0 where a' = 0, nothing votes)."""
   folded = folded_weight(model_weight, weights)
-  return (1.0 - weights.total) * model_weight / folded if folded else 0.0
+  if not folded:
+    return (0.0, 0.0, 0.0)
+  share = (1.0 - weights.total) * model_weight / folded
+  return (share, weights.label_text / folded, weights.neighbours / folded)
 
 
 def fold_votes(
-  model_votes: Votes | None, model_weight: float, lexical: Votes, weights: LexicalWeights
+  model_votes: Votes | None, model_weight: float, terms: TermVotes, weights: LexicalWeights
 ) -> Votes:
-  """v' of `fold`: the model's votes times (1 - g - h) a / a' beside the lexical entries
-  (already times g and h, `TermVotes.weighted`) over a'."""
-  parts = [Votes(lexical.ids, lexical.values / folded_weight(model_weight, weights))]
+  """v' of `fold`: the model's votes, t's and u's entries (`terms`, unweighted) side by
+  side, each part times its `vote_factors`."""
+  share, on_text, on_rows = vote_factors(model_weight, weights)
+  parts = [
+    Votes(terms.label_text.ids, terms.label_text.values * np.float32(on_text)),
+    Votes(terms.neighbours.ids, terms.neighbours.values * np.float32(on_rows)),
+  ]
   if model_votes is not None and model_weight:
-    share = model_vote_share(model_weight, weights)
-    parts.insert(0, Votes(model_votes.ids, model_votes.values * share))
+    parts.insert(0, Votes(model_votes.ids, model_votes.values * np.float32(share)))
   return Votes.beside(parts)
