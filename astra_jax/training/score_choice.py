@@ -28,22 +28,20 @@ never read to choose.
 
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
-validation split per candidate, exact over all L as the periodic evaluations: for the
-small real datasets these scores are for. Chosen jointly, the pairs share one evaluation:
-the encoder's pass over the validation rows and W's and the label texts' products are
-taken once, and each pair adds its mix and top-k (evaluation/weight_reads.py); so do the
-lexical pairs.
+validation split per list of candidates read together (the label-text weights, the
+neighbour weights, their pairs, the lexical pairs), exact over all L as the periodic
+evaluations: for the small real datasets these scores are for. In one evaluation the
+encoder's pass over the validation rows and W's and the label texts' products are taken
+once, and each candidate adds its mix and top-k (evaluation/weight_reads.py).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
 from absl import logging
 
-from astra_jax.ann.vote_cache import VoteCache
 from astra_jax.evaluation import ranking, weight_reads
 from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
@@ -130,8 +128,8 @@ def choose_weights(
   Returns:
     The choice, or None when the config lists no candidates.
   """
-  lexical_weights = _lexical_candidates(trainer.parts.config.scoring)
   sc = trainer.parts.config.scoring
+  lexical_weights = _lexical_candidates(sc)
   if not lexical_weights and not (
     sc.get("label_text_weight_choices") or sc.get("neighbour_weight_choices")
   ):
@@ -142,11 +140,7 @@ def choose_weights(
   if not lexical_weights:
     return choice
   if choice is None:
-    choice = ScoreChoice(
-      "+".join(_by(trainer.parts.config.scoring)),
-      (),
-      float(trainer.parts.config.scoring.label_text_weight),
-    )
+    choice = ScoreChoice("+".join(_by(sc)), (), float(sc.label_text_weight))
   return _choose_lexical(trainer, memories, texts, lexical_indexes, choice, lexical_weights)
 
 
@@ -164,32 +158,6 @@ def _lexical_candidates(sc) -> list[tuple[float, float]]:
   gs = gs or (float(sc.get("lexical_label_text_weight", 0.0)),)
   hs = hs or (float(sc.get("lexical_neighbour_weight", 0.0)),)
   return [(g, h) for g in gs for h in hs if g + h < 1]
-
-
-def _reader(trainer: Trainer, memories: VoteMemories | None, texts: np.ndarray | None):
-  """read(weights, cache) -> the validation metric with `weights` set in the score
-  (`texts`: E(z_l))."""
-  p = trainer.parts
-  by = _by(p.config.scoring)
-  params = trainer.state.params
-
-  def read(weights: dict[str, float], cache: VoteCache | None = None) -> float:
-    cfg = copy.deepcopy(p.config)
-    cfg.scoring.update(weights)
-    metrics = ranking.evaluate_model(
-      p.mesh,
-      p.embed_fn,
-      params,
-      p.eval_data,
-      cfg,
-      p.inv_prop,
-      label_text_embeddings=texts,
-      memory=memories.choice if cache is not None else None,
-      vote_cache=cache,
-    )
-    return _logged(by, [tuple(weights.items())], [metrics])[0]
-
-  return read
 
 
 def _logged(by: tuple[str, ...], named: list[tuple], read: list[dict]) -> list[float]:
@@ -220,6 +188,19 @@ def _weight_reads(
     memories.choice if votes else None,
     memories.validation_cache if votes else None,
   )
+
+
+def _read_model(
+  trainer: Trainer,
+  memories: VoteMemories | None,
+  texts: np.ndarray | None,
+  rows: list[tuple[float, float]],
+  named: list[tuple],
+) -> list[float]:
+  """The validation metric of each (label-text weight, neighbour weight) row, all from one
+  pass over W (weight_reads.py), each logged by its `named` weights."""
+  reads = _weight_reads(trainer, memories, texts, any(v for _, v in rows))
+  return _logged(_by(trainer.parts.config.scoring), named, reads.model_at(np.asarray(rows)))
 
 
 def _label_texts(trainer: Trainer) -> np.ndarray | None:
@@ -279,27 +260,26 @@ def _choose_model_weights(
   if not text_weights and not vote_weights:
     return None
   by_name = "+".join(_by(sc))
-  read = _reader(trainer, memories, texts)
 
   if sc.get("choose_jointly", False) and text_weights and vote_weights:
     _require_validation_memory(memories)
     grid = [(t, v) for t in text_weights for v in vote_weights]
-    # Every pair from one pass over W (evaluation/weight_reads.py).
-    reads = _weight_reads(trainer, memories, texts, any(v for _, v in grid))
     named = [(("label_text_weight", t), ("neighbour_weight", v)) for t, v in grid]
-    values = _logged(_by(sc), named, reads.model_at(np.asarray(grid, np.float32)))
+    values = _read_model(trainer, memories, texts, grid, named)
     return _choose_pairs(sc, by_name, [(t, v, m) for (t, v), m in zip(grid, values)])
-  text_read = [(w, read({"label_text_weight": w})) for w in text_weights]
-  if text_read:
+  text_read = []
+  if text_weights:  # without the vote, whose memory is read after
+    rows = [(w, 0.0) for w in text_weights]
+    named = [(("label_text_weight", w),) for w in text_weights]
+    text_read = list(zip(text_weights, _read_model(trainer, memories, texts, rows, named)))
     sc.label_text_weight = _first_best(text_read)
     logging.info("scoring.label_text_weight=%.2f chosen on validation", sc.label_text_weight)
   vote_read = []
   if vote_weights:
     _require_validation_memory(memories)
-    # The validation rows' votes are the same for every weight: taken by the first read.
-    vote_read = [
-      (w, read({"neighbour_weight": w}, memories.validation_cache)) for w in vote_weights
-    ]
+    rows = [(float(sc.label_text_weight), w) for w in vote_weights]
+    named = [(("neighbour_weight", w),) for w in vote_weights]
+    vote_read = list(zip(vote_weights, _read_model(trainer, memories, texts, rows, named)))
     sc.neighbour_weight = _first_best(vote_read)
     logging.info("scoring.neighbour_weight=%.2f chosen on validation", sc.neighbour_weight)
   return ScoreChoice(
