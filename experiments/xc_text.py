@@ -17,11 +17,12 @@ filter_labels_test.txt. Variants:
   text) pairs (inverse temperature 10), W from the warm-started label texts, a 4-epoch
   classifier stage (the table's Adam on the rows a batch reads) with hard negatives from
   its third epoch and 4,096 random negatives a step shared by the batch, embedding
-  dropout 0.5, and the score's label-text and neighbour-vote weights, chosen together
-  after training on a validation split of 10% of the training rows
-  (`scoring.label_text_weight_choices` x `scoring.neighbour_weight_choices`), which W then
-  does not train on; then, likewise, the weights of two lexical terms (TF-IDF similarity to
-  the label texts and a TF-IDF neighbour vote, `scoring.lexical_*`).
+  dropout 0.5, and, after training, on a validation split of 10% of the training rows
+  that W does not train on: the label-text term's shape (`scoring.label_text_shape_choices`),
+  then the score's label-text and neighbour-vote weights together
+  (`scoring.label_text_weight_choices` x `scoring.neighbour_weight_choices`), then,
+  likewise, the weights of two lexical terms (TF-IDF similarity to the label texts and a
+  TF-IDF neighbour vote, `scoring.lexical_*`).
 
 All variants set `data.filter_self=auto` (each test row's own item filtered where the
 training labels show items never list themselves; astra_jax/data/self_filter.py). Set the
@@ -98,6 +99,10 @@ def get_config(variant: str = "minilm"):
     c.scoring.label_text_weight = 0.5  # the periodic evaluations' score
     c.scoring.label_text_weight_choices = (0.0, 0.1, 0.3, 0.5, 0.7)
     c.scoring.label_text_scale = 5.0
+    # And the label-text term's shape, first: sigmoid(s (cos - theta)) with theta 0 lifts
+    # every tail label whose text points the query's way above head labels W holds; a shift
+    # keeps the term for close texts (docs/results/depends.md).
+    c.scoring.label_text_shape_choices = ((5.0, 0.0), (10.0, 0.75), (20.0, 0.75))
     # So is how much the nearest training rows' labels weigh (xc/neighbour_vote.py).
     c.scoring.neighbour_weight_choices = (0.0, 0.3, 0.5, 0.7, 0.9)
     # Both at once: where W is weak the vote wants more of the label texts than W alone does

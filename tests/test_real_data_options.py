@@ -218,6 +218,60 @@ def test_both_weights_chosen_jointly(tmp_path, ngame_dataset, load_config):
   assert (scoring["label_text_weight"], scoring["neighbour_weight"]) == chosen
 
 
+def test_label_text_shape_chosen_then_the_weights(tmp_path, ngame_dataset, load_config):
+  """With scoring.label_text_shape_choices each (scale, shift) is read at the label-text
+  weights above 0 without the vote: each shape's best P@1 + P@5 is what a dense numpy
+  reference computes from the exported model, the first best shape is exported, the
+  weights are then chosen with it, and the Predictor ranks by the shifted score."""
+  c = _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs=1)
+  c.scoring.label_text_weight_choices = (0.3, 0.7)  # no 0: the export mixes in the texts
+  c.scoring.label_text_shape_choices = ((5.0, 0.0), (20.0, 0.6), (10.0, -0.5))
+  c.scoring.choose_by = ("P@1", "P@5")
+  r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  data, val = train.load_splits(c)
+  model = export.load_model(str(tmp_path / "wd"))
+  p = Predictor(model, index="exact")
+  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
+  sigmoid = lambda x: 0.5 * (1.0 + np.tanh(0.5 * x))  # without exp's overflow
+
+  def terms(tokens):
+    q = p.encode(np.asarray(tokens))
+    cos = unit(q) @ unit(p.encode(np.asarray(data.label_tokens))).T
+    return sigmoid(q @ np.asarray(model.classifier).T).astype(np.float32), cos
+
+  def read(score, split):
+    top = np.argsort(-score, axis=1, kind="stable")
+    m = ranking.rank_filter_score(
+      lambda k: top[:, :k], split.test_labels, split.test_filter, None, (1, 5)
+    )
+    return m["P@1"] + m["P@5"]
+
+  w_term, cos = terms(val.test_tokens)
+  reference = {}
+  for scale, shift in c.scoring.label_text_shape_choices:
+    text = sigmoid(scale * (cos - shift)).astype(np.float32)
+    reference[(scale, shift)] = max(read((1 - b) * w_term + b * text, val) for b in (0.3, 0.7))
+  choice = r["score_choice"]
+  got = {(x["label_text_scale"], x["label_text_shift"]): x["P@1+P@5"] for x in choice["shapes"]}
+  assert list(got) == list(reference)
+  assert got == pytest.approx(reference, abs=1e-3)
+  chosen = next(s for s, v in reference.items() if v == max(reference.values()))
+  assert chosen != (5.0, 0.0), "the tiny problem should want another shape"
+  scoring = model.meta["scoring"]
+  assert (choice["label_text_scale"], choice["label_text_shift"]) == chosen
+  assert (scoring["label_text_scale"], scoring["label_text_shift"]) == chosen
+  # The weights were read with the chosen shape.
+  text = sigmoid(chosen[0] * (cos - chosen[1])).astype(np.float32)
+  weights = {x["label_text_weight"]: x["P@1+P@5"] for x in choice["candidates"]}
+  want = {b: read((1 - b) * w_term + b * text, val) for b in (0.3, 0.7)}
+  assert weights == pytest.approx(want, abs=1e-3)
+  b = scoring["label_text_weight"]
+  w_test, cos_test = terms(data.test_tokens[:16])
+  dense = (1 - b) * w_test + b * sigmoid(chosen[0] * (cos_test - chosen[1]))
+  out = p.predict(list(baselines.load_texts(c.data.dir).test_texts[:16]), k=5)
+  np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :5], rtol=1e-4, atol=1e-6)
+
+
 def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_config):
   """With lexical choices every (g, h) pair is read on the validation split after the
   model's weights: each pair's P@1 + P@5 as a dense reference computes it (the exported

@@ -54,10 +54,16 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   c.classifier.init_scale = 1.0
 
   # How the model ranks labels (xc/score_fusion.py): label_text_weight = beta > 0 mixes in
-  # the label text's similarity, beta sigmoid(label_text_scale cos(E(x), E(z_l))); 0: W alone.
+  # the label text's similarity, beta sigmoid(label_text_scale (cos(E(x), E(z_l)) -
+  # label_text_shift)); 0: W alone.
   c.scoring = ml_collections.ConfigDict()
   c.scoring.label_text_weight = 0.0
   c.scoring.label_text_scale = 5.0
+  c.scoring.label_text_shift = 0.0
+  # Candidates for (label_text_scale, label_text_shift), one of which is chosen after
+  # training on the validation split before the weights are (training/score_choice.py).
+  # (): the two as set.
+  c.scoring.label_text_shape_choices = ()
   # Candidates for label_text_weight, one of which is chosen after training by P@1 on the
   # validation split (training/score_choice.py; needs data.validation_fraction > 0): the
   # final evaluation and the export use the chosen one. (): label_text_weight as set.
@@ -113,6 +119,22 @@ def validate(c: ml_collections.ConfigDict) -> None:
   classifier_init.validate(c)
   require(0 <= c.scoring.label_text_weight <= 1, "scoring.label_text_weight", "must be in [0, 1]")
   require(c.scoring.label_text_scale > 0, "scoring.label_text_scale", "must be > 0")
+  require(
+    -1 <= c.scoring.label_text_shift < 1,
+    "scoring.label_text_shift",
+    f"a cosine in [-1, 1), got {c.scoring.label_text_shift}",
+  )
+  shapes = tuple(tuple(x) for x in c.scoring.label_text_shape_choices)
+  require(
+    all(len(x) == 2 and x[0] > 0 and -1 <= x[1] < 1 for x in shapes),
+    "scoring.label_text_shape_choices",
+    f"(scale > 0, shift in [-1, 1)) pairs, got {shapes}",
+  )
+  require(
+    not shapes or c.data.validation_fraction > 0,
+    "scoring.label_text_shape_choices",
+    "chooses on the validation split: set data.validation_fraction > 0",
+  )
   _require_choices(c, "label_text_weight_choices")
   sc = c.scoring
   require(

@@ -222,6 +222,7 @@ class Predictor:
         float(scoring["label_text_weight"]),
         float(scoring["label_text_scale"]),
         model.encoder_cfg.embed_dim,
+        float(scoring.get("label_text_shift", 0.0)),
       )
       if index == "scann":
         logging.info(

@@ -68,6 +68,8 @@ ADDED_KEYS = {
   "warmstart.inverse_temperature": 20.0,
   "scoring.label_text_weight": 0.0,
   "scoring.label_text_scale": 5.0,
+  "scoring.label_text_shift": 0.0,
+  "scoring.label_text_shape_choices": (),
   "negatives.refresh_backend": "host",
   "train.init_from": "",
   "train.freeze_encoder": False,

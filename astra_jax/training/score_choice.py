@@ -1,6 +1,6 @@
-"""The score's weights, chosen after training on the validation split: the label texts'
-(xc/score_fusion.py), then the neighbour vote's (xc/neighbour_vote.py), then the lexical
-terms' (xc/lexical.py).
+"""The score's weights, chosen after training on the validation split: the label-text
+term's shape and weight (xc/score_fusion.py), then the neighbour vote's
+(xc/neighbour_vote.py), then the lexical terms' (xc/lexical.py).
 
 How much the label texts should weigh in the score is a property of the dataset, not of
 the method: on debian-recommends-20k, where items recommend items whose texts they
@@ -26,6 +26,14 @@ issue's bar (docs/results/lexical.md). The final evaluation on the test split, t
 and the Predictor use every chosen weight. Nothing is retrained, and the test split is
 never read to choose.
 
+Before any weight, with `scoring.label_text_shape_choices`, the label-text term's shape
+(scale s, shift theta: sigmoid(s (cos - theta))) is chosen: each shape is read at every
+label-text weight above 0 without the vote, and the shape whose best read is highest is
+kept for the reads after. With theta = 0 the term gives every label whose text points the
+query's way at least half its weight, which on debian-depends crowds head labels out of
+the top 5; a shifted term keeps only close texts (docs/results/depends.md). The shape is
+a constant of the compiled kernel, so each one is a pass over W of its own.
+
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
 validation split per list of candidates read together (the label-text weights, the
@@ -37,6 +45,7 @@ once, and each candidate adds its mix and top-k (evaluation/weight_reads.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -67,6 +76,9 @@ class ScoreChoice:
     lexical_pairs: ((lexical label-text weight, lexical neighbour weight, that metric),
       ...), read with the weights above; () when the config lists none.
     lexical: the lexical weights (g, h) the model now ranks by.
+    shapes: ((label-text scale, shift, that metric), ...): each shape's best read over the
+      label-text weights above 0 without the vote; () when the config lists none.
+    shape: the (scale, shift) the model now ranks by, when shapes were read.
   """
 
   by: str
@@ -77,6 +89,8 @@ class ScoreChoice:
   pairs: tuple[tuple[float, float, float], ...] = ()
   lexical_pairs: tuple[tuple[float, float, float], ...] = ()
   lexical: tuple[float, float] = (0.0, 0.0)
+  shapes: tuple[tuple[float, float, float], ...] = ()
+  shape: tuple[float, float] | None = None
 
   def to_json(self) -> dict:
     out = {
@@ -101,6 +115,11 @@ class ScoreChoice:
         for g, h, m in self.lexical_pairs
       ]
       out["lexical_label_text_weight"], out["lexical_neighbour_weight"] = self.lexical
+    if self.shapes:
+      out["shapes"] = [
+        {"label_text_scale": x, "label_text_shift": t, self.by: m} for x, t, m in self.shapes
+      ]
+      out["label_text_scale"], out["label_text_shift"] = self.shape
     return out
 
 
@@ -131,16 +150,22 @@ def choose_weights(
   sc = trainer.parts.config.scoring
   lexical_weights = _lexical_candidates(sc)
   if not lexical_weights and not (
-    sc.get("label_text_weight_choices") or sc.get("neighbour_weight_choices")
+    sc.get("label_text_weight_choices")
+    or sc.get("neighbour_weight_choices")
+    or sc.get("label_text_shape_choices")
   ):
     return None
   # E(z_l) depends on the encoder only: embedded once for every candidate.
   texts = _label_texts(trainer)
+  shapes = _choose_text_shape(trainer, texts)
   choice = _choose_model_weights(trainer, memories, texts)
+  if choice is None and (shapes or lexical_weights):
+    choice = ScoreChoice("+".join(_by(sc)), (), float(sc.label_text_weight))
+  if shapes:
+    shape = (float(sc.label_text_scale), float(sc.label_text_shift))
+    choice = dataclasses.replace(choice, shapes=shapes, shape=shape)
   if not lexical_weights:
     return choice
-  if choice is None:
-    choice = ScoreChoice("+".join(_by(sc)), (), float(sc.label_text_weight))
   return _choose_lexical(trainer, memories, texts, lexical_indexes, choice, lexical_weights)
 
 
@@ -201,6 +226,43 @@ def _read_model(
   pass over W (weight_reads.py), each logged by its `named` weights."""
   reads = _weight_reads(trainer, memories, texts, any(v for _, v in rows))
   return _logged(_by(trainer.parts.config.scoring), named, reads.model_at(np.asarray(rows)))
+
+
+def _choose_text_shape(
+  trainer: Trainer, texts: np.ndarray | None
+) -> tuple[tuple[float, float, float], ...]:
+  """Reads each (scale, shift) of `scoring.label_text_shape_choices` at every label-text
+  weight above 0 (the config's weight when it lists none), without the vote, and sets the
+  shape of the first best read; returns ((scale, shift, its best metric), ...), or () when
+  nothing is read (no shapes, or no weight above 0)."""
+  p = trainer.parts
+  sc = p.config.scoring
+  shapes = [(float(x), float(t)) for x, t in sc.get("label_text_shape_choices", ())]
+  betas = [float(w) for w in sc.get("label_text_weight_choices", ()) if w > 0]
+  betas = betas or ([float(sc.label_text_weight)] if sc.label_text_weight else [])
+  if not shapes or not betas:
+    return ()
+  # The shape is a constant of the compiled kernel, so each shape is its own pass over W;
+  # without the vote each pass is a plain product and top-k.
+  reads = _weight_reads(trainer, None, texts, False)
+  rows = np.asarray([(b, 0.0) for b in betas], np.float32)
+  read = []
+  for scale, shift in shapes:
+    cfg = copy.deepcopy(p.config)
+    cfg.scoring.label_text_scale, cfg.scoring.label_text_shift = scale, shift
+    named = [
+      (("label_text_scale", scale), ("label_text_shift", shift), ("label_text_weight", b))
+      for b in betas
+    ]
+    values = _logged(_by(sc), named, dataclasses.replace(reads, config=cfg).model_at(rows))
+    read.append(((scale, shift), max(values)))
+  sc.label_text_scale, sc.label_text_shift = _first_best(read)
+  logging.info(
+    "scoring.label_text_scale=%.2f, scoring.label_text_shift=%.2f chosen on validation",
+    sc.label_text_scale,
+    sc.label_text_shift,
+  )
+  return tuple((x, t, m) for (x, t), m in read)
 
 
 def _label_texts(trainer: Trainer) -> np.ndarray | None:

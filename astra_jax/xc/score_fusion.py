@@ -2,15 +2,19 @@
 
 With `scoring.label_text_weight` = beta > 0 a query x ranks label l by
 
-    (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(s cos(E(x), E(z_l))),
+    (1 - beta) sigmoid(<w_l, E(x)>) + beta sigmoid(s (cos(E(x), E(z_l)) - theta)),
 
 the classifier's probability mixed with the similarity of x to the label's own text z_l
-under the same encoder (s = `scoring.label_text_scale`). On tail-heavy data most rows of W
-have seen one or two positives, while E(z_l) exists for every label with a text, the more
-so after the siamese warm start (`warmstart.py`) has placed queries near their labels'
-texts: the second term ranks the tail where W is weakest. Both terms are probabilities, so
-the mix needs no calibration beyond beta and s, chosen on a validation split
-(docs/real_data.md).
+under the same encoder (s = `scoring.label_text_scale`, theta =
+`scoring.label_text_shift`, the cosine at which the term is one half). On tail-heavy data
+most rows of W have seen one or two positives, while E(z_l) exists for every label with a
+text, the more so after the siamese warm start (`warmstart.py`) has placed queries near
+their labels' texts: the second term ranks the tail where W is weakest. Both terms are
+probabilities, so the mix needs no calibration beyond beta, s and theta, chosen on a
+validation split (docs/real_data.md). With theta = 0 every label whose text points the
+query's way gets at least beta / 2, which ranks many tail labels above head labels that W
+holds; a larger shift keeps the term for texts close to the query
+(training/score_choice.py chooses it).
 
 Scoring runs through the exact blocked kernels over rows [w_l | E(z_l)/|E(z_l)|] (L, 2d)
 and queries [E(x) | E(x)/|E(x)|] (n, 2d): exact over all L, in bounded memory; training's
@@ -42,11 +46,13 @@ class LabelTextFusion:
     text_weight: beta, the label-text term's weight in [0, 1].
     text_scale: s, the inverse temperature of the cosine similarity.
     dim: d, the embedding width (the rows carry 2d columns).
+    text_shift: theta, the cosine at which the label-text term is one half.
   """
 
   text_weight: float
   text_scale: float
   dim: int
+  text_shift: float = 0.0
 
   def query_rows(self, embeddings: np.ndarray) -> np.ndarray:
     """(n, 2d) [E(x) | E(x)/|E(x)|]."""
@@ -71,9 +77,11 @@ class LabelTextFusion:
     return self.mix(classifier, self.text_probabilities(queries, rows))
 
   def text_probabilities(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
-    """sigmoid(s cos(E(x), E(z_l))) of query rows against label rows (both 2d wide)."""
+    """sigmoid(s (cos(E(x), E(z_l)) - theta)) of query rows against label rows (both 2d
+    wide)."""
     d = self.dim
-    return jax.nn.sigmoid(self.text_scale * (queries[:, d:] @ rows[:, d:].astype(jnp.float32).T))
+    cos = queries[:, d:] @ rows[:, d:].astype(jnp.float32).T
+    return jax.nn.sigmoid(self.text_scale * (cos - self.text_shift))
 
   def mix(self, classifier: jax.Array, text: jax.Array) -> jax.Array:
     """(1 - beta) p + beta t."""
@@ -101,4 +109,9 @@ def from_config(config, dim: int) -> LabelTextFusion | None:
   sc = config.get("scoring")
   if sc is None or not sc.label_text_weight:
     return None
-  return LabelTextFusion(float(sc.label_text_weight), float(sc.label_text_scale), dim)
+  return LabelTextFusion(
+    float(sc.label_text_weight),
+    float(sc.label_text_scale),
+    dim,
+    float(sc.get("label_text_shift", 0.0)),
+  )
