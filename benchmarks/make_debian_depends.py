@@ -18,14 +18,11 @@ day, so the dataset is the index it was built from.
 
 from __future__ import annotations
 
-import os
-import random
 import re
 
 from absl import app, flags
 
 from astra_jax.data import xc_format
-from astra_jax.data.sparse_rows import SparseRows
 
 _FIELDS = ("Pre-Depends", "Depends")
 _NAME_END = re.compile(r"[\s(:\[<]")
@@ -86,23 +83,9 @@ def build(avail: str, out: str) -> None:
     labels = sorted(d for d in dependencies(packages[name]) if d in packages and d != name)
     if labels:
       points.append((_text(name, packages[name]), labels))
-  random.Random(0).shuffle(points)
-  n_test = int(len(points) * 0.3)
-  labels = sorted({l for _, ls in points for l in ls})
-  lid = {l: i for i, l in enumerate(labels)}
-  os.makedirs(os.path.join(out, "raw_data"), exist_ok=True)
-  for split, short, rows in (("train", "trn", points[n_test:]), ("test", "tst", points[:n_test])):
-    xc_format.write_texts(
-      os.path.join(out, "raw_data", f"{split}.raw.txt"), (t for t, _ in rows), layout="uid"
-    )
-    y = SparseRows.from_lists([[lid[l] for l in ls] for _, ls in rows], len(labels))
-    xc_format.write_sparse(os.path.join(out, f"{short}_X_Y.txt"), y)
-  xc_format.write_texts(
-    os.path.join(out, "raw_data", "label.raw.txt"),
-    (_text(l, packages[l]) for l in labels),
-    layout="uid",
-  )
-  print(f"{out}: {len(points) - n_test} train / {n_test} test points, {len(labels)} labels")
+  labels = {name: _text(name, packages[name]) for _, names in points for name in names}
+  train, test, num_labels = xc_format.write_raw_dataset(out, points, labels)
+  print(f"{out}: {train} train / {test} test points, {num_labels} labels")
 
 
 def main(argv):

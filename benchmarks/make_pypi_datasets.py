@@ -38,7 +38,6 @@ from concurrent.futures import ThreadPoolExecutor
 from absl import app, flags
 
 from astra_jax.data import xc_format
-from astra_jax.data.sparse_rows import SparseRows
 
 _FIELDS = ("name", "summary", "keywords", "requires_dist")
 _LIST_PUNCTUATION = " \"'[](){}"
@@ -128,19 +127,8 @@ def _text(info: dict) -> str | None:
 
 
 def _write(outdir: str, points: list[tuple[str, list[str]]], label_text: dict[str, str]) -> None:
-  random.Random(0).shuffle(points)
-  n_test = int(len(points) * 0.3)
-  labels = sorted({l for _, ls in points for l in ls})
-  lid = {l: i for i, l in enumerate(labels)}
-  os.makedirs(os.path.join(outdir, "raw_data"), exist_ok=True)
-  for split, short, rows in (("train", "trn", points[n_test:]), ("test", "tst", points[:n_test])):
-    raw = os.path.join(outdir, "raw_data", f"{split}.raw.txt")
-    xc_format.write_texts(raw, (t for t, _ in rows), layout="uid")
-    y = SparseRows.from_lists([[lid[l] for l in ls] for _, ls in rows], len(labels))
-    xc_format.write_sparse(os.path.join(outdir, f"{short}_X_Y.txt"), y)
-  label_raw = os.path.join(outdir, "raw_data", "label.raw.txt")
-  xc_format.write_texts(label_raw, (label_text[l] for l in labels), layout="uid")
-  print(f"{outdir}: {len(points) - n_test} train / {n_test} test points, {len(labels)} labels")
+  train, test, labels = xc_format.write_raw_dataset(outdir, points, label_text)
+  print(f"{outdir}: {train} train / {test} test points, {labels} labels")
 
 
 def build(raw: str, out: str) -> None:

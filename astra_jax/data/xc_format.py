@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -209,3 +210,39 @@ def check_same_rows(texts_path: str, num_texts: int, labels_path: str, num_label
     raise XCFormatError(
       texts_path, None, f"{num_texts} texts but {labels_path} has {num_label_rows} label rows"
     )
+
+
+def write_raw_dataset(
+  outdir: str | os.PathLike,
+  points: list[tuple[str, list[str]]],
+  label_texts: dict[str, str],
+  test_fraction: float = 0.3,
+  seed: int = 0,
+) -> tuple[int, int, int]:
+  """Writes (text, label names) points as a dataset in the raw-text layout
+  (`raw_data/{train,test,label}.raw.txt`, `trn_X_Y.txt`, `tst_X_Y.txt`), the points shuffled
+  by `seed` and the first `test_fraction` of them the test split. Labels are the names the
+  points use, sorted, each written with its text.
+
+  Args:
+    outdir: the dataset's folder (made if missing).
+    points: each point's text and its label names; shuffled in place.
+    label_texts: each label name's text.
+    test_fraction: the share of points in the test split.
+    seed: the shuffle's seed.
+  Returns:
+    (training points, test points, labels).
+  """
+  random.Random(seed).shuffle(points)
+  n_test = int(len(points) * test_fraction)
+  labels = sorted({label for _, names in points for label in names})
+  ids = {label: i for i, label in enumerate(labels)}
+  os.makedirs(os.path.join(outdir, "raw_data"), exist_ok=True)
+  for split, short, rows in (("train", "trn", points[n_test:]), ("test", "tst", points[:n_test])):
+    raw = os.path.join(outdir, "raw_data", f"{split}.raw.txt")
+    write_texts(raw, (text for text, _ in rows), layout="uid")
+    y = SparseRows.from_lists([[ids[n] for n in names] for _, names in rows], len(labels))
+    write_sparse(os.path.join(outdir, f"{short}_X_Y.txt"), y)
+  label_raw = os.path.join(outdir, "raw_data", "label.raw.txt")
+  write_texts(label_raw, (label_texts[label] for label in labels), layout="uid")
+  return len(points) - n_test, n_test, len(labels)
