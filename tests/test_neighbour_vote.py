@@ -253,7 +253,7 @@ def test_a_bad_vote_setting_is_one_error(load_config, changes, message):
 def test_choosing_the_vote_needs_a_validation_split(load_config):
   c = load_config("experiments/xc_text.py", "ngram")
   c.data.dir, c.data.validation_fraction = "unused", 0.0
-  c.scoring.label_text_weight_choices = ()
+  c.scoring.label_text_weight_choices = c.scoring.label_text_shape_choices = ()
   with pytest.raises(InputError, match="neighbour_weight_choices: chooses on the validation"):
     config_base.validate(c)
 
