@@ -83,8 +83,8 @@ def build(avail: str, out: str) -> None:
     labels = sorted(d for d in dependencies(packages[name]) if d in packages and d != name)
     if labels:
       points.append((_text(name, packages[name]), labels))
-  labels = {name: _text(name, packages[name]) for _, names in points for name in names}
-  train, test, num_labels = xc_format.write_raw_dataset(out, points, labels)
+  label_texts = {name: _text(name, packages[name]) for _, names in points for name in names}
+  train, test, num_labels = xc_format.write_raw_dataset(out, points, label_texts)
   print(f"{out}: {train} train / {test} test points, {num_labels} labels")
 
 

@@ -142,6 +142,13 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
       r"scoring.choose_by: .* must be one of eval.ks",
     ),
     ({"optim.classifier_momentum": -0.1}, r"optim.classifier_momentum: must be in \[0, 1\)"),
+    ({"scoring.label_text_shift": 1.0}, r"scoring.label_text_shift: a cosine in \[-1, 1\)"),
+    ({"scoring.label_text_shape_choices": ((0.0, 0.5),)}, "label_text_shape_choices: .scale > 0"),
+    ({"scoring.label_text_shape_choices": ((5.0,),)}, "label_text_shape_choices: .scale > 0"),
+    (
+      {"scoring.label_text_shape_choices": ((5.0, 0.0),), "data.validation_fraction": 0.0},
+      "label_text_shape_choices: chooses on the validation split",
+    ),
     (
       {"optim.classifier_momentum": 0.9, "optim.classifier_weight_decay": 0.01},
       r"optim.classifier_weight_decay: classifier_lr x classifier_weight_decay = .* is over "

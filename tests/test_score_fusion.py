@@ -126,28 +126,6 @@ def test_a_score_that_reads_label_texts_needs_them():
     score_fusion.check_label_texts(config(0.0, (0.0, 0.3)), False, "d")
 
 
-@pytest.mark.parametrize(
-  "changes, message",
-  [
-    ({"scoring.label_text_shift": 1.0}, r"label_text_shift: a cosine in \[-1, 1\)"),
-    ({"scoring.label_text_shape_choices": ((0.0, 0.5),)}, "label_text_shape_choices: .scale > 0"),
-    ({"scoring.label_text_shape_choices": ((5.0,),)}, "label_text_shape_choices: .scale > 0"),
-    (
-      {"scoring.label_text_shape_choices": ((5.0, 0.0),), "data.validation_fraction": 0.0},
-      "label_text_shape_choices: chooses on the validation split",
-    ),
-  ],
-)
-def test_a_bad_label_text_shape_is_one_error(load_config, changes, message):
-  c = load_config("experiments/xc_text.py", "ngram")
-  c.data.dir = "unused"
-  for key, value in changes.items():
-    section, field = key.split(".")
-    c[section][field] = value
-  with pytest.raises(InputError, match=message):
-    config_base.validate(c)
-
-
 def test_the_shift_moves_the_text_term_by_hand():
   """sigmoid(s (cos - theta)) at cos = 0.6, 0.8 for s = 10, theta = 0.7: 1 / (1 + e) and
   1 / (1 + 1 / e)."""

@@ -130,11 +130,7 @@ def validate(c: ml_collections.ConfigDict) -> None:
     "scoring.label_text_shape_choices",
     f"(scale > 0, shift in [-1, 1)) pairs, got {shapes}",
   )
-  require(
-    not shapes or c.data.validation_fraction > 0,
-    "scoring.label_text_shape_choices",
-    "chooses on the validation split: set data.validation_fraction > 0",
-  )
+  _require_validation_split(c, "label_text_shape_choices", bool(shapes))
   _require_choices(c, "label_text_weight_choices")
   sc = c.scoring
   require(
@@ -222,8 +218,13 @@ def _require_choices(c: ml_collections.ConfigDict, field: str) -> None:
     f"scoring.{field}",
     f"every candidate must be in [0, 1], got {choices}",
   )
+  _require_validation_split(c, field, bool(choices))
+
+
+def _require_validation_split(c: ml_collections.ConfigDict, field: str, chooses: bool) -> None:
+  """A choice listed in `scoring.<field>` needs a validation split to choose on."""
   require(
-    not choices or c.data.validation_fraction > 0,
+    not chooses or c.data.validation_fraction > 0,
     f"scoring.{field}",
     "chooses on the validation split: set data.validation_fraction > 0",
   )
