@@ -22,6 +22,7 @@ import sys
 from absl import flags
 
 from astra_jax.data import xc_format
+from astra_jax.data.validation import SplitSpec
 from astra_jax.evaluation import baselines, metrics
 from astra_jax.runtime import cli
 
@@ -38,6 +39,9 @@ def define_flags() -> None:
     "--split=validation: the held-out share (as data.validation_fraction)",
   )
   flags.DEFINE_integer("validation_seed", 0, "--split=validation: as data.validation_seed")
+  flags.DEFINE_integer(
+    "validation_max_rows", 0, "--split=validation: as data.validation_max_rows (0: no cap)"
+  )
   flags.DEFINE_enum(
     "filter_self",
     "off",
@@ -66,8 +70,9 @@ def main(argv: list[str]) -> None:
       f.data,
       f.layout,
       f.use_content,
-      f.validation_fraction if f.split == "validation" else 0.0,
-      f.validation_seed,
+      SplitSpec(f.validation_fraction, f.validation_seed, f.validation_max_rows)
+      if f.split == "validation"
+      else None,
       f.filter_self,
     )
     inv_prop = metrics.inverse_propensity(data.train_labels, f.propensity_A, f.propensity_B)

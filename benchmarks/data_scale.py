@@ -242,7 +242,9 @@ def run_phase(phase: str, d: str, rows: int) -> dict:
     from astra_jax.data import validation
 
     t0 = time.time()
-    split = validation.carve(dataset.load(_data_config(d)), VALIDATION_FRACTION, 0)
+    split = validation.carve(
+      dataset.load(_data_config(d)), validation.SplitSpec(VALIDATION_FRACTION)
+    )
     open_s = time.time() - t0
     held_out = split.validation.test_labels
     return {

@@ -24,6 +24,7 @@ import os
 from absl import app, flags
 
 from astra_jax.data import xc_format
+from astra_jax.data.validation import SplitSpec
 from astra_jax.evaluation import baselines
 from astra_jax.runtime.errors import InputError
 
@@ -34,7 +35,7 @@ def write_outer_split(src: str, out: str, fraction: float, seed: int) -> tuple[i
   Raises:
     InputError: `src` has no label texts (the raw-text layout needs them).
   """
-  texts = baselines.load_texts(src, validation_fraction=fraction, validation_seed=seed)
+  texts = baselines.load_texts(src, split=SplitSpec(fraction, seed))
   if texts.label_texts is None:
     raise InputError(f"--data={src}: no label texts; the raw-text layout needs them")
   os.makedirs(os.path.join(out, "raw_data"), exist_ok=True)

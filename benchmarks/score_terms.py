@@ -37,7 +37,7 @@ import numpy as np
 import scipy.sparse as sp
 from absl import app, flags
 
-from astra_jax.data.validation import take_rows
+from astra_jax.data.validation import SplitSpec, take_rows
 from astra_jax.evaluation import baselines, metrics
 from astra_jax.serving.predictor import Predictor
 
@@ -121,8 +121,7 @@ def measure(workdir: str):
   texts = baselines.load_texts(
     data["dir"],
     use_content=data.get("use_content", False),
-    validation_fraction=data["validation_fraction"],
-    validation_seed=data.get("validation_seed", 0),
+    split=SplitSpec.from_config(data),
     filter_self=data.get("filter_self", "off"),
   )
   inv = metrics.inverse_propensity(texts.train_labels, data["propensity_A"], data["propensity_B"])

@@ -96,6 +96,10 @@ def get_config(variant: str = "minilm"):
     c.encoder.embedding_dropout = 0.5
     # How much the label texts weigh is the dataset's: chosen on the held-out 10%.
     c.data.validation_fraction = 0.1
+    # At most 10^5 rows: past that a read is no sharper, and a tenth of a 10^8-row dataset
+    # would be rows W never trains on, each read by every pass of the choice over all
+    # labels (docs/planner.md, "The score choice").
+    c.data.validation_max_rows = 100_000
     c.scoring.label_text_weight = 0.5  # the periodic evaluations' score
     c.scoring.label_text_weight_choices = (0.0, 0.1, 0.3, 0.5, 0.7)
     c.scoring.label_text_scale = 5.0

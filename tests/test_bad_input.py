@@ -126,6 +126,7 @@ def test_main_prints_one_line_for_a_changed_config_in_an_old_workdir(dataset, tm
       "curriculum_final_hard_fraction: must be in",
     ),
     ({"train.grad_accum_steps": 0}, "train.grad_accum_steps: must be >= 1, got 0"),
+    ({"data.validation_max_rows": -1}, r"data.validation_max_rows: must be >= 0 \(0: no cap\)"),
     ({"train.log_every_steps": 0}, "train.log_every_steps: must be >= 1"),
     ({"eval.batch_size": 0}, "eval.batch_size: must be >= 1"),
     ({"checkpoint.keep": 0}, "checkpoint.keep: must be >= 1"),  # would delete the one it wrote

@@ -44,6 +44,7 @@ TOOL_FLAGS = {
     "split",
     "validation_fraction",
     "validation_seed",
+    "validation_max_rows",
     "filter_self",
     "methods",
     "peers_python",

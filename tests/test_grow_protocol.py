@@ -187,10 +187,10 @@ def test_validation_rows_are_the_split_the_runs_hold_out_with_a_held_out_label()
   # evaluates on: validation.carve's, each query's token its row number.
   tokens = np.arange(n, dtype=np.int32)[:, None]
   data = XCData("d", 4, tokens, labels, tokens[:1], labels.head(1), None, np.zeros((0, 2)), 0, 9, n)
-  carved = validation.carve(data, 0.5, seed=3).validation
+  carved = validation.carve(data, validation.SplitSpec(0.5, seed=3)).validation
   held_rows = [int(t[0]) for t in carved.test_tokens[:] if t[0] % 4 == 1]
   assert held_rows  # the draw has some rows of label 1
-  rows = few_shot_choice.validation_rows(texts, labels, is_held, 0.5, seed=3)
+  rows = few_shot_choice.validation_rows(texts, labels, is_held, validation.SplitSpec(0.5, seed=3))
   assert rows.texts == [f"query {r}" for r in held_rows]
   assert [rows.truth.row(i).tolist() for i in range(len(held_rows))] == [[1]] * len(held_rows)
 

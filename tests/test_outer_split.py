@@ -9,7 +9,7 @@ from benchmark_import import benchmark_module
 
 from astra_jax.data import dataset, xc_format
 from astra_jax.data.sparse_rows import SparseRows
-from astra_jax.data.validation import split_rows
+from astra_jax.data.validation import SplitSpec, split_rows
 from astra_jax.runtime.errors import InputError
 
 
@@ -40,7 +40,7 @@ def test_outer_split_partitions_the_training_rows(tmp_path):
   assert (n_train, n_test) == (7, 3)
   read = lambda name: xc_format.read_texts(str(out / "raw_data" / f"{name}.raw.txt"))
   out_train, out_test = read("train"), read("test")
-  keep, held = split_rows(10, 0.3, 7)
+  keep, held = split_rows(10, SplitSpec(0.3, 7))
   assert out_test == [train[i] for i in held] and out_train == [train[i] for i in keep]
   assert dataset.detect_layout(str(out)) == "ngame"
   for texts, labels_file in ((out_train, "trn_X_Y.txt"), (out_test, "tst_X_Y.txt")):

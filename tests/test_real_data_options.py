@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from astra_jax.ann import exact_topk
+from astra_jax.config import choice_reads
+from astra_jax.data.validation import SplitSpec
 from astra_jax.evaluation import baselines, ranking
 from astra_jax.serving import export
 from astra_jax.serving.predictor import Predictor
@@ -36,6 +38,24 @@ def _tiny_run_config(tmp_path, ngame_dataset, load_config, epochs: int):
   c.negatives.k_r, c.negatives.k_h = 16, 4
   c.optim.warmup_steps = 5
   return c
+
+
+def _count_passes(monkeypatch) -> list[int]:
+  """The weight rows of every pass the score choice reads (ModelEvaluator.score_at), in
+  order, as the run makes them."""
+  passes, read = [], ranking.ModelEvaluator.score_at
+
+  def counted(self, weights):
+    passes.append(len(weights))
+    return read(self, weights)
+
+  monkeypatch.setattr(ranking.ModelEvaluator, "score_at", counted)
+  return passes
+
+
+def _planned(scoring) -> list[int]:
+  """The weight rows of each pass config/choice_reads.py lists, which the planner prices."""
+  return [p.weight_rows for p in choice_reads.choice_passes(scoring)]
 
 
 def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_dataset, load_config):
@@ -218,7 +238,9 @@ def test_both_weights_chosen_jointly(tmp_path, ngame_dataset, load_config):
   assert (scoring["label_text_weight"], scoring["neighbour_weight"]) == chosen
 
 
-def test_label_text_shape_chosen_then_the_weights(tmp_path, ngame_dataset, load_config):
+def test_label_text_shape_chosen_then_the_weights(
+  tmp_path, ngame_dataset, load_config, monkeypatch
+):
   """With scoring.label_text_shape_choices each (scale, shift) is read at the label-text
   weights above 0 without the vote: each shape's best P@1 + P@5 is what a dense numpy
   reference computes from the exported model, the first best shape is exported, the
@@ -227,7 +249,10 @@ def test_label_text_shape_chosen_then_the_weights(tmp_path, ngame_dataset, load_
   c.scoring.label_text_weight_choices = (0.3, 0.7)  # no 0: the export mixes in the texts
   c.scoring.label_text_shape_choices = ((5.0, 0.0), (20.0, 0.6), (10.0, -0.5))
   c.scoring.choose_by = ("P@1", "P@5")
+  passes, planned = _count_passes(monkeypatch), _planned(c.scoring)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  # Three shapes at the two weights, then the two weights: what the planner prices.
+  assert passes == planned == [2, 2, 2, 2]
   data, val = train.load_splits(c)
   model = export.load_model(str(tmp_path / "wd"))
   p = Predictor(model, index="exact")
@@ -272,7 +297,7 @@ def test_label_text_shape_chosen_then_the_weights(tmp_path, ngame_dataset, load_
   np.testing.assert_allclose(out.scores, -np.sort(-dense, axis=1)[:, :5], rtol=1e-4, atol=1e-6)
 
 
-def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_config):
+def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_config, monkeypatch):
   """With lexical choices every (g, h) pair is read on the validation split after the
   model's weights: each pair's P@1 + P@5 as a dense reference computes it (the exported
   model's terms, TF-IDF straight from scikit-learn) is what the choice read, the first best
@@ -286,9 +311,12 @@ def test_lexical_weights_chosen_and_exported(tmp_path, ngame_dataset, load_confi
   c.scoring.lexical_label_text_weight_choices = (0.0, 0.2, 0.4)
   c.scoring.lexical_neighbour_weight_choices = (0.0, 0.3)
   c.scoring.choose_by = ("P@1", "P@5")
+  passes, planned = _count_passes(monkeypatch), _planned(c.scoring)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
+  # One label-text weight, one neighbour weight, then the 3 x 2 lexical pairs.
+  assert passes == planned == [1, 1, 6]
   data, val = train.load_splits(c)
-  texts = baselines.load_texts(c.data.dir, validation_fraction=0.25)
+  texts = baselines.load_texts(c.data.dir, split=SplitSpec(0.25))
   everything = baselines.load_texts(c.data.dir)
   model = export.load_model(str(tmp_path / "wd"))
   p = Predictor(model, index="exact")

@@ -68,11 +68,11 @@ def test_dataset_filters_each_test_rows_own_item(tmp_path, load_config, mode, ow
   np.testing.assert_array_equal(texts.test_filter.reshape(-1, 2), np.array(want).reshape(-1, 2))
   if mode == "auto" and not own_is_label:
     # The validation split's rows are training rows: rows 0 and 1 are labels 1 and 2.
-    split = validation.carve(data, 0.5, 0)
-    _, val = validation.split_rows(4, 0.5, 0)
+    split = validation.carve(data, validation.SplitSpec(0.5, 0))
+    _, val = validation.split_rows(4, validation.SplitSpec(0.5, 0))
     own = {0: 1, 1: 2}
     expect = [[i, own[r]] for i, r in enumerate(val) if r in own]
-    keep, _ = validation.split_rows(4, 0.5, 0)
+    keep, _ = validation.split_rows(4, validation.SplitSpec(0.5, 0))
     kept = [[i, own[r]] for i, r in enumerate(keep) if r in own]
     np.testing.assert_array_equal(
       split.train.train_self_pairs.reshape(-1, 2), np.array(kept).reshape(-1, 2)

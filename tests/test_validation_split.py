@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import ml_collections
 import numpy as np
 import pytest
 
@@ -40,18 +41,46 @@ def _data(n=20, labels=6, augmented=True):
 
 
 def test_split_is_a_deterministic_partition():
-  keep, val = validation.split_rows(100, 0.1, seed=3)
+  keep, val = validation.split_rows(100, validation.SplitSpec(0.1, 3))
   assert len(val) == 10 and len(keep) == 90
   assert sorted(np.concatenate([keep, val]).tolist()) == list(range(100))
-  again_keep, again_val = validation.split_rows(100, 0.1, seed=3)
+  again_keep, again_val = validation.split_rows(100, validation.SplitSpec(0.1, 3))
   np.testing.assert_array_equal(val, again_val)
-  assert not np.array_equal(val, validation.split_rows(100, 0.1, seed=4)[1])
+  assert not np.array_equal(val, validation.split_rows(100, validation.SplitSpec(0.1, 4))[1])
+
+
+def test_a_cap_holds_out_the_first_rows_of_the_same_draw():
+  # Uncapped, 0.5 of 40 rows is 20; a cap of 6 holds out 6 of those 20, and every other
+  # row trains.
+  _, uncapped = validation.split_rows(40, validation.SplitSpec(0.5, 5))
+  keep, val = validation.split_rows(40, validation.SplitSpec(0.5, 5, max_rows=6))
+  assert len(uncapped) == 20 and len(val) == 6 and set(val) <= set(uncapped)
+  assert sorted(np.concatenate([keep, val]).tolist()) == list(range(40))
+  # Smaller caps hold out nested sets, so a choice read on fewer rows reads a subset.
+  _, fewer = validation.split_rows(40, validation.SplitSpec(0.5, 5, max_rows=3))
+  assert set(fewer) <= set(val)
+  # At or above the fraction's count (or 0) the cap changes nothing.
+  for cap in (0, 20, 1000):
+    _, same = validation.split_rows(40, validation.SplitSpec(0.5, 5, max_rows=cap))
+    np.testing.assert_array_equal(same, uncapped)
+
+
+def test_the_split_read_from_a_config():
+  c = ml_collections.ConfigDict(
+    {"validation_fraction": 0.2, "validation_seed": 7, "validation_max_rows": 3}
+  )
+  assert validation.SplitSpec.from_config(c) == validation.SplitSpec(0.2, 7, 3)
+  # A config written before the cap existed (a run's config.json) holds out as before.
+  assert validation.SplitSpec.from_config({"validation_fraction": 0.2}).held_out(100) == 20
+  data, tokens, _ = _data()
+  split = validation.carve(data, validation.SplitSpec.from_config(c))
+  assert split.validation.test_labels.num_rows == 3 and split.train.num_train_original == 17
 
 
 def test_carve_holds_out_rows_with_their_labels_and_keeps_label_text_rows():
   data, tokens, rows = _data()
-  split = validation.carve(data, 0.25, seed=0)
-  keep, val = validation.split_rows(20, 0.25, seed=0)
+  split = validation.carve(data, validation.SplitSpec(0.25, 0))
+  keep, val = validation.split_rows(20, validation.SplitSpec(0.25, 0))
   tr, va = split.train, split.validation
   assert tr.num_train_original == 15 and len(tr.train_tokens) == 15 + 6
   np.testing.assert_array_equal(tr.train_tokens[np.arange(15)], tokens[keep])
@@ -69,10 +98,10 @@ def test_carve_holds_out_rows_with_their_labels_and_keeps_label_text_rows():
 
 def test_carve_without_augmentation_and_bad_fractions():
   data, tokens, _ = _data(augmented=False)
-  split = validation.carve(data, 0.5, seed=1)
+  split = validation.carve(data, validation.SplitSpec(0.5, 1))
   assert len(split.train.train_tokens) == 10 and split.validation.test_labels.num_rows == 10
   with pytest.raises(InputError, match="validation_fraction"):
-    validation.carve(data, 0.01, seed=0)  # rounds to no validation row
+    validation.carve(data, validation.SplitSpec(0.01, 0))  # rounds to no validation row
 
 
 def _unweighted(rows: SparseRows) -> SparseRows:
@@ -88,8 +117,8 @@ def test_kept_rows_read_the_label_rows_in_place(with_texts):
   original = _unweighted(data.train_labels)
   labels = WithLabelRows(original) if with_texts else original
   data = dataclasses.replace(data, train_labels=labels)
-  split = validation.carve(data, 0.25, seed=0)
-  keep, val = validation.split_rows(20, 0.25, seed=0)
+  split = validation.carve(data, validation.SplitSpec(0.25, 0))
+  keep, val = validation.split_rows(20, validation.SplitSpec(0.25, 0))
   got = split.train.train_labels
   inner = got.base if with_texts else got
   assert isinstance(inner, SelectedRows) and inner.base is original

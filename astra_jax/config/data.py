@@ -36,6 +36,10 @@ def add_defaults(c: ml_collections.ConfigDict) -> None:
   # validation_seed): periodic evaluations report it, the test split only the final one.
   c.data.validation_fraction = 0.0
   c.data.validation_seed = 0
+  # > 0: at most that many rows held out (the fraction's first ones). Past about 10^5 rows a
+  # choice reads no sharper, while every held-out row is one W does not train on and one
+  # each candidate of the score choice scores against all labels (data/validation.py).
+  c.data.validation_max_rows = 0
   # > 0: train and test on that many labels sampled by label_subset_seed and the queries
   # with a positive among them (astra_jax/data/label_subset.py; the paper's Figure 1).
   c.data.label_subset = 0
@@ -106,5 +110,10 @@ def validate(c: ml_collections.ConfigDict) -> None:
     0 <= c.data.validation_fraction < 1,
     "data.validation_fraction",
     f"must be in [0, 1), got {c.data.validation_fraction}",
+  )
+  require(
+    c.data.validation_max_rows >= 0,
+    "data.validation_max_rows",
+    f"must be >= 0 (0: no cap), got {c.data.validation_max_rows}",
   )
   require(c.data.label_subset >= 0, "data.label_subset", "must be >= 0 (0: all labels)")

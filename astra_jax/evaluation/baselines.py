@@ -61,13 +61,12 @@ def load_texts(
   data_dir: str,
   layout: str = "auto",
   use_content: bool = False,
-  validation_fraction: float = 0.0,
-  validation_seed: int = 0,
+  split: validation.SplitSpec | None = None,
   filter_self: str = "off",
 ) -> TextData:
-  """Reads texts and labels; with validation_fraction > 0 the test set is the validation
-  split that `data.validation_fraction` carves (the same rows); filter_self (off | on |
-  auto) filters each test row's own item as `data.filter_self` does (data/self_filter.py)."""
+  """Reads texts and labels; with a `split` of fraction > 0 the test set is the validation
+  split that `data.validation_*` carve (the same rows); filter_self (off | on | auto)
+  filters each test row's own item as `data.filter_self` does (data/self_filter.py)."""
   layout = layout if layout != "auto" else dataset.detect_layout(data_dir)
   trn_x, tst_x, lbl_x = (os.path.join(data_dir, f) for f in dataset.LAYOUTS[layout])
   read = lambda p: xc_format.read_texts(p, use_content=use_content)
@@ -87,8 +86,8 @@ def load_texts(
     if path
     else np.zeros((0, 2), np.int64)
   )
-  if validation_fraction:
-    keep, val = validation.split_rows(len(train_texts), validation_fraction, validation_seed)
+  if split is not None and split.fraction:
+    keep, val = validation.split_rows(len(train_texts), split)
     test_texts = [train_texts[i] for i in val]
     test_labels = validation.take_rows(train_labels, val)
     train_texts = [train_texts[i] for i in keep]

@@ -83,7 +83,7 @@ def disk_items(config, q: Quantities) -> list[Item]:
         "(N + 1) x 8 + nnz x 4 + L x 4, and the test rows'",
       )
     )
-  kept, held_out = split_rows(q, config.data.get("validation_fraction", 0.0))
+  kept, held_out = split_rows(q, config.data)
   if q.nnz and held_out and q.schedule.uses_index:
     disk.append(
       Item(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from astra_jax.plan.choice_time import CAP_ROWS, choice_note, choice_time
 from astra_jax.plan.device_memory import device_items
 from astra_jax.plan.disk import disk_items, layout_notes, preparation
 from astra_jax.plan.host_memory import host_items
@@ -65,7 +66,7 @@ def make_plan(
     The Plan."""
   data = data or data_size(config)
   q, layout = quantities(config, data, layout)
-  host = host_items(q, config.data.get("validation_fraction", 0.0))
+  host = host_items(q, config.data)
   devices = device_items(config, q)
   # What training leaves free on a GPU (its activations included: a conservative bound).
   room = int(GPUS[gpu] * USABLE_FRACTION) - sum(i.bytes for i in devices) if gpu in GPUS else None
@@ -82,6 +83,12 @@ def make_plan(
       "scoring.neighbour_search=scann searches through a ScaNN index instead, its recall "
       "at this size unmeasured (docs/results/vote_search.md)"
     )
+  times = (layout, host_cores_per_node, train_queries_per_s)
+  choice = choice_time(config, q, gpu, *times)
+  if choice is not None:
+    capped = choice_time(config, q, gpu, *times, validation_rows=CAP_ROWS)
+    if note := choice_note(choice, capped):
+      notes.append(note)
   warm = warm_start_cost(config, q, gpu, train_queries_per_s)
   if warm and warm.epoch_s * warm.epochs > 24 * 3600:
     notes.append(
@@ -146,6 +153,7 @@ def make_plan(
     vote_search=extras.vote_search,
     vote_time=votes,
     warm_start=warm,
+    choice_time=choice,
   )
 
 

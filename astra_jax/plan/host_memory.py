@@ -81,13 +81,14 @@ def _trainer_items(q: Quantities) -> list[Item]:
   ]
 
 
-def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
+def host_items(q: Quantities, data_config=None) -> HostItems:
   """A refresh worker's, a training process's and a node's memory (module docstring).
 
   Args:
     q: the plan's quantities.
-    validation_fraction: `data.validation_fraction`: the split keeps the kept rows' ids
-      and a copy of the held-out rows' labels in RAM (data/validation.py).
+    data_config: the config's `data` (None: no validation split); its validation split
+      keeps the kept rows' ids and a copy of the held-out rows' labels in RAM
+      (data/validation.py).
   """
   rows, T, Pn = q.rows, q.T, q.Pn
   notes = []
@@ -103,7 +104,7 @@ def host_items(q: Quantities, validation_fraction: float = 0.0) -> HostItems:
     "(N + 1) x 8 + nnz x 4 + L x 4",
     paged=True,
   )
-  kept, held_out = split_rows(q, validation_fraction)
+  kept, held_out = split_rows(q, data_config or {})
   # A validation split's kept rows are read from the label cache through their row ids
   # (sparse_rows.SelectedRows); a process writes the ids beside its refresh worker's inputs.
   row_ids = Item(

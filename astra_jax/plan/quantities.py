@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from astra_jax.data import catalog
+from astra_jax.data import catalog, validation
 from astra_jax.model.architectures import DTYPE_BYTES
 from astra_jax.negatives.schedule import NegativeSchedule
 from astra_jax.plan.inputs import encoder_param_count, encoder_shape
@@ -177,8 +177,8 @@ def quantities(config, data: DataSize, layout: NodeLayout | None) -> tuple[Quant
   return q, layout
 
 
-def split_rows(q: Quantities, validation_fraction: float) -> tuple[int, int]:
-  """(kept, held-out) original training rows of a validation split (data/validation.py);
-  (num_train, 0) without one."""
-  held_out = round(validation_fraction * q.num_train) if validation_fraction else 0
+def split_rows(q: Quantities, data_config) -> tuple[int, int]:
+  """(kept, held-out) original training rows of the validation split `data_config` names
+  (`data.validation_*`, data/validation.py); (num_train, 0) without one."""
+  held_out = validation.SplitSpec.from_config(data_config).held_out(q.num_train)
   return q.num_train - held_out, held_out

@@ -100,6 +100,51 @@ class VoteTime:
 
 
 @dataclasses.dataclass(frozen=True)
+class PassTime:
+  """One pass of the score choice over the validation split, in seconds of the run's
+  GPUs (choice_time.py).
+
+  Attributes:
+    name: what it chooses (config/choice_reads.ChoicePass.name).
+    weight_rows: the weight rows it mixes and ranks by.
+    encode_s: the validation rows through the encoder.
+    product_s: W's and the label texts' products.
+    mix_s: each weight row's mix and top-k.
+    host_s: the lexical terms' TF-IDF products on each process's host; 0 without them.
+  """
+
+  name: str
+  weight_rows: int
+  encode_s: float
+  product_s: float
+  mix_s: float
+  host_s: float = 0.0
+
+  @property
+  def total_s(self) -> float:
+    return self.encode_s + self.product_s + self.mix_s + self.host_s
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceTime:
+  """The score choice's seconds after training (choice_time.py).
+
+  Attributes:
+    validation_rows: the rows each pass reads, over all labels.
+    passes: each pass's seconds, in the order the choice reads them.
+    runs_on: where, in words.
+  """
+
+  validation_rows: int
+  passes: tuple[PassTime, ...]
+  runs_on: str
+
+  @property
+  def total_s(self) -> float:
+    return sum(p.total_s for p in self.passes)
+
+
+@dataclasses.dataclass(frozen=True)
 class WarmStartCost:
   """The warm start's pairs, a process's memory during the stage, and its seconds
   (warm_start.py).
@@ -154,6 +199,8 @@ class Plan:
   vote_time: VoteTime | None = None
   # Before W exists: the warm start's pairs, memory and hours (warm_start.WarmStartCost).
   warm_start: WarmStartCost | None = None
+  # After training: the score choice's passes over the validation split (choice_time.py).
+  choice_time: ChoiceTime | None = None
 
   @property
   def node_total(self) -> int:

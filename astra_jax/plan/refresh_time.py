@@ -53,21 +53,23 @@ class GpuRates:
   host_cores_per_gpu: host cores per GPU of the usual node (DGX-1, DGX A100, DGX H100).
   host_to_device: bytes/s from pinned host memory over its PCIe link (3.0, 4.0, 5.0 x16),
     about three quarters of the link's peak: assumed.
+  memory_bandwidth: bytes/s of its own memory (HBM2, HBM2e, HBM3, HBM3e), the spec sheet's.
   """
 
   matmul_flops: float
   step_speedup: float
   host_cores_per_gpu: int
   host_to_device: float = 12e9
+  memory_bandwidth: float = 900e9
 
 
 GPU_RATES = {
   "v100-32gb": GpuRates(15.7e12, 1.0, 5),
   "v100-16gb": GpuRates(15.7e12, 1.0, 5),
-  "a100-40gb": GpuRates(156e12, 312 / 125, 16, 24e9),
-  "a100-80gb": GpuRates(156e12, 312 / 125, 16, 24e9),
-  "h100-80gb": GpuRates(495e12, 989 / 125, 14, 48e9),
-  "h200-141gb": GpuRates(495e12, 989 / 125, 14, 48e9),
+  "a100-40gb": GpuRates(156e12, 312 / 125, 16, 24e9, 1555e9),
+  "a100-80gb": GpuRates(156e12, 312 / 125, 16, 24e9, 2039e9),
+  "h100-80gb": GpuRates(495e12, 989 / 125, 14, 48e9, 3350e9),
+  "h200-141gb": GpuRates(495e12, 989 / 125, 14, 48e9, 4800e9),
 }
 
 

@@ -99,6 +99,7 @@ def format_plan(p: Plan) -> str:
     if p.warm_start and items and items[0] is p.warm_start.items[0]:
       lines += _warm_start_lines(p.warm_start)
   lines += refresh_lines(p)
+  lines += choice_lines(p)
   if p.notes:
     lines += [""] + [f"  note: {x}" for x in p.notes]
   if p.suggestions:
@@ -148,6 +149,30 @@ def _vote_search_lines(v: VoteSearchCost, t: VoteTime | None) -> list[str]:
       f"      on {t.search_on} {t.search_s / 3600:.2f} h"
       + (f", its two index builds {t.build_s / 3600:.2f} h" if v.scann else ""),
     ]
+  return lines
+
+
+def choice_lines(p: Plan) -> list[str]:
+  """The score choice's passes and hours (choice_time.py); nothing without a choice."""
+  t = p.choice_time
+  if t is None:
+    return []
+  lines = [
+    "",
+    f"  {'the score choice after training, each pass over all labels (choice_time.py)':<74}"
+    f"{'hours':>8}",
+    f"    {t.validation_rows:,} validation rows a pass, on {t.runs_on}",
+  ]
+  for x in t.passes:
+    parts = (
+      f"encode {x.encode_s / 3600:.2f} h, products {x.product_s / 3600:.2f} h, "
+      f"mix and top-k {x.mix_s / 3600:.2f} h"
+    )
+    if x.host_s:
+      parts += f", host TF-IDF {x.host_s / 3600:.2f} h"
+    lines.append(f"    {f'{x.name}, {x.weight_rows} weight rows':<72}{_hours(x.total_s)}")
+    lines.append(f"      {parts}")
+  lines.append(f"    {'total (estimated: assumed device rates)':<72}{_hours(t.total_s)}")
   return lines
 
 

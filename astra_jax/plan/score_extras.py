@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from astra_jax.ann import index, memory_search
-from astra_jax.plan.quantities import Quantities
+from astra_jax.plan.quantities import Quantities, split_rows
 from astra_jax.plan.records import Item, VoteSearchCost
 
 # neighbour_vote.MAX_VOTES, the labels a query's vote keeps: that module imports jax, which
@@ -123,7 +123,7 @@ def score_extras(
       Item("export: vote_memory_keys.npy", keys.bytes, "N x d x 4"),
       Item("export: vote_memory.npz (their labels)", labels.bytes, "as in memory"),
     ]
-    validation = round(config.data.get("validation_fraction", 0.0) * n)
+    _, validation = split_rows(q, config.data)
     if validation:
       # Each process's share, taken by the choice's first candidate and kept for the others
       # in the process's vote_cache/ (training/neighbour_memory.py), read back

@@ -22,7 +22,7 @@ def warm_start_cost(
   labels per row.
 
   Args:
-    config: the experiment config (`warmstart`, `data.validation_fraction`).
+    config: the experiment config (`warmstart`, `data.validation_*`).
     q: the plan's quantities.
     gpu: a key of refresh_time.GPU_RATES (other kinds: no seconds).
     train_queries_per_s: training queries a second on one GPU; 0: the plan's estimate.
@@ -32,7 +32,7 @@ def warm_start_cost(
   ws = config.warmstart
   if not ws.epochs or not q.lpp:
     return None
-  kept, _ = split_rows(q, config.data.get("validation_fraction", 0.0))
+  kept, _ = split_rows(q, config.data)
   pairs = int(kept * q.lpp)
   per_epoch = min(ws.get("pairs_per_epoch", 0) or pairs, pairs)
   items = [

@@ -50,13 +50,12 @@ def validation_rows(
   train_texts: list[str],
   train_labels: SparseRows,
   is_held: np.ndarray,
-  fraction: float,
-  seed: int,
+  split: validation.SplitSpec,
 ) -> ValidationRows:
-  """The rows `data.validation_fraction=fraction`, `data.validation_seed=seed` holds out of
-  the training rows (data/validation.py's split), kept where one of a row's labels is held
-  out (`is_held`, (L,) bool)."""
-  _, rows = validation.split_rows(len(train_texts), fraction, seed)
+  """The rows `split` (`data.validation_*`) holds out of the training rows
+  (data/validation.py), kept where one of a row's labels is held out (`is_held`, (L,)
+  bool)."""
+  _, rows = validation.split_rows(len(train_texts), split)
   rows = [int(r) for r in rows if is_held[train_labels.row(int(r))].any()]
   truth = SparseRows.from_lists([train_labels.row(r).tolist() for r in rows], len(is_held))
   return ValidationRows([train_texts[r] for r in rows], truth)

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import ml_collections
 import numpy as np
 
-from astra_jax.data import dataset, synthetic, xc_format
+from astra_jax.data import dataset, synthetic, validation, xc_format
 from astra_jax.data.sparse_rows import SparseRows
 from astra_jax.evaluation import metrics
 from astra_jax.reproduce import few_shot_choice
@@ -204,7 +204,9 @@ class _TestSet(NamedTuple):
   train_texts: list[str]
   train_labels: SparseRows
   optim: ml_collections.ConfigDict  # the config's optimizer, which the settings scale
-  validation_seed: int  # the config's data.validation_seed: the split the candidates hold out
+  # The split the few-shot candidates hold out: the config's data.validation_* at
+  # few_shot_choice.VALIDATION_FRACTION.
+  validation_split: validation.SplitSpec
   inv_prop: np.ndarray
   retrain_pred: np.ndarray  # (n, K) the full retrain's predictions, original ids
 
@@ -240,7 +242,9 @@ def measure(spec: GrowSpec, workdir: str, log: Callable[[str], None] = print) ->
     xc_format.read_texts(files.train_texts),
     train_labels,
     cfg.optim,
-    cfg.data.validation_seed,
+    dataclasses.replace(
+      validation.SplitSpec.from_config(cfg.data), fraction=few_shot_choice.VALIDATION_FRACTION
+    ),
     metrics.inverse_propensity(train_labels, cfg.data.propensity_A, cfg.data.propensity_B),
     retrain_p.predict(test_texts, k=K).ids,
   )
@@ -299,7 +303,7 @@ def _one_share(
   few_shot_extra = {**data.data_overrides, **few_shot.run_overrides(grown_wd, spec.few_shot_epochs)}
   chosen, validation_p5 = spec.few_shot[0], {}
   if len(spec.few_shot) > 1:
-    fraction = few_shot_choice.VALIDATION_FRACTION
+    fraction = data.validation_split.fraction
 
     def train_candidate(c: FewShot) -> str:
       extra = {**few_shot_extra, **c.overrides(data.optim), "data.validation_fraction": fraction}
@@ -308,7 +312,7 @@ def _one_share(
       return run_dir(root, run)
 
     rows = few_shot_choice.validation_rows(
-      data.train_texts, data.train_labels, is_held, fraction, data.validation_seed
+      data.train_texts, data.train_labels, is_held, data.validation_split
     )
     chosen, validation_p5 = few_shot_choice.choose(spec.few_shot, train_candidate, rows, log)
     log(f"grow protocol: few-shot setting {chosen.name}, chosen on validation")

@@ -103,7 +103,7 @@ def lexical_indexes(trainer: Trainer) -> LexicalIndexes | None:
   if p.eval_data is not p.data:
     # The rows data.validation_fraction holds out, as the trainer's split takes them.
     keep, val = validation.split_rows(
-      len(everything.train_texts), cfg.data.validation_fraction, cfg.data.validation_seed
+      len(everything.train_texts), validation.SplitSpec.from_config(cfg.data)
     )
     train_texts = [everything.train_texts[i] for i in keep]
     val_texts = [everything.train_texts[i] for i in val]

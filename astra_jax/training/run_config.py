@@ -69,6 +69,7 @@ ADDED_KEYS = {
   "scoring.label_text_weight": 0.0,
   "scoring.label_text_scale": 5.0,
   "scoring.label_text_shift": 0.0,
+  "data.validation_max_rows": 0,
   "scoring.label_text_shape_choices": (),
   "negatives.refresh_backend": "host",
   "train.init_from": "",

@@ -51,6 +51,7 @@ import dataclasses
 import numpy as np
 from absl import logging
 
+from astra_jax.config import choice_reads
 from astra_jax.evaluation import ranking, weight_reads
 from astra_jax.training.lexical_terms import LexicalIndexes
 from astra_jax.training.neighbour_memory import VoteMemories
@@ -148,7 +149,7 @@ def choose_weights(
     The choice, or None when the config lists no candidates.
   """
   sc = trainer.parts.config.scoring
-  lexical_weights = _lexical_candidates(sc)
+  lexical_weights = choice_reads.lexical_candidates(sc)
   if not lexical_weights and not (
     sc.get("label_text_weight_choices")
     or sc.get("neighbour_weight_choices")
@@ -171,18 +172,6 @@ def choose_weights(
 
 def _by(sc) -> tuple[str, ...]:
   return tuple(sc.get("choose_by", DEFAULT_CHOOSE_BY))
-
-
-def _lexical_candidates(sc) -> list[tuple[float, float]]:
-  """Every (g, h) of the config's lexical choices (a list left empty: its weight alone)
-  that leaves the model a share, g + h < 1."""
-  gs = tuple(float(w) for w in sc.get("lexical_label_text_weight_choices", ()))
-  hs = tuple(float(w) for w in sc.get("lexical_neighbour_weight_choices", ()))
-  if not gs and not hs:
-    return []
-  gs = gs or (float(sc.get("lexical_label_text_weight", 0.0)),)
-  hs = hs or (float(sc.get("lexical_neighbour_weight", 0.0)),)
-  return [(g, h) for g in gs for h in hs if g + h < 1]
 
 
 def _logged(by: tuple[str, ...], named: list[tuple], read: list[dict]) -> list[float]:
@@ -237,9 +226,7 @@ def _choose_text_shape(
   nothing is read (no shapes, or no weight above 0)."""
   p = trainer.parts
   sc = p.config.scoring
-  shapes = [(float(x), float(t)) for x, t in sc.get("label_text_shape_choices", ())]
-  betas = [float(w) for w in sc.get("label_text_weight_choices", ()) if w > 0]
-  betas = betas or ([float(sc.label_text_weight)] if sc.label_text_weight else [])
+  shapes, betas = choice_reads.text_shapes(sc), choice_reads.shape_weights(sc)
   if not shapes or not betas:
     return ()
   # The shape is a constant of the compiled kernel, so each shape is its own pass over W;

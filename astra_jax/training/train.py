@@ -86,7 +86,7 @@ def load_splits(config: ml_collections.ConfigDict) -> tuple[dataset.XCData, data
   data = prepare_data(config)
   if not config.data.validation_fraction:
     return data, data
-  split = validation.carve(data, config.data.validation_fraction, config.data.validation_seed)
+  split = validation.carve(data, validation.SplitSpec.from_config(config.data))
   return split.train, split.validation
 
 
