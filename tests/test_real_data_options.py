@@ -65,8 +65,9 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   # No 0 among them: the vote is in the exported model whichever is chosen.
   c.scoring.neighbour_weight_choices = (0.5, 1.0)
   c.eval.classifier_alone = True
+  c.data.validation_max_rows = 80  # of the 100 a quarter of the 400 rows would be
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
-  assert r["num_train"] == 300  # 100 of the 400 rows held out
+  assert (r["num_train"], r["num_validation"]) == (320, 80)
   splits = [(e["epoch"], e["split"]) for e in r["evaluations"]]
   assert splits == [(1, "validation"), (2, "validation"), (2, "test")]
   for e in r["evaluations"]:
@@ -110,8 +111,8 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   # Then the neighbour vote's weight, with that label-text weight, its memory the training
   # rows alone: each candidate's P@1 as numpy computes it from the exported encoder.
   fused = (1 - chosen) * sigmoid(q @ np.asarray(model.classifier).T) + chosen * sigmoid(5.0 * cos)
-  keys = Predictor(model, index="exact").encode(data.train_tokens[np.arange(300)])
-  votes = _dense_votes(q, keys, data.train_labels.head(300).to_dense(), 5, 0.2)
+  keys = Predictor(model, index="exact").encode(data.train_tokens[np.arange(320)])
+  votes = _dense_votes(q, keys, data.train_labels.head(320).to_dense(), 5, 0.2)
   reference = {}
   for a in (0.5, 1.0):
     top = np.argsort(-((1 - a) * fused + a * votes), axis=1, kind="stable")
@@ -123,14 +124,14 @@ def test_validation_split_label_text_init_and_diagnostics(tmp_path, ngame_datase
   assert got == pytest.approx(reference, abs=1e-3)
   a = 0.5 if reference[0.5] >= reference[1.0] else 1.0
   assert choice["neighbour_weight"] == a == model.meta["scoring"]["neighbour_weight"]
-  # The exported memory holds the training rows, then the 100 validation rows; a Predictor
+  # The exported memory holds the training rows, then the 80 validation rows; a Predictor
   # ranks by the mixed score over it, as numpy does.
   assert len(model.memory.keys) == 400
   assert not (tmp_path / "wd" / "vote_cache").exists()  # the validation votes, once read
-  np.testing.assert_allclose(model.memory.keys[:300], unit(keys), atol=1e-5)
+  np.testing.assert_allclose(model.memory.keys[:320], unit(keys), atol=1e-5)
   np.testing.assert_array_equal(
     model.memory.labels.to_dense(),
-    np.concatenate([data.train_labels.head(300).to_dense(), val.test_labels.to_dense()]),
+    np.concatenate([data.train_labels.head(320).to_dense(), val.test_labels.to_dense()]),
   )
   p = Predictor(model, index="scann")
   assert p.vote == neighbour_vote.NeighbourVote(a, 5, 0.2)

@@ -139,6 +139,8 @@ def results_record(
     "strategy": config.negatives.strategy,
     "num_labels": data.num_labels,
     "num_train": data.num_train_original,
+    # The rows the validation split holds out (data.validation_*), 0 without one.
+    "num_validation": p.eval_data.test_labels.num_rows if p.eval_data is not data else 0,
     "num_train_with_label_texts": data.train_labels.num_rows,
     "num_test": data.test_labels.num_rows,
     "num_test_evaluated": trainer.final_rows,
