@@ -42,6 +42,19 @@ def small_config(labels=1000, model=4):
   return c
 
 
+def timed_small_plan(c):
+  """small_config's plan on 8 V100s, 8 processes on one node with 40 host cores, at 100
+  training queries/s a GPU."""
+  return plan.plan_config(
+    c,
+    "v100-32gb",
+    mesh="2x4",
+    processes_per_node=8,
+    host_cores_per_node=40,
+    train_queries_per_s=100.0,
+  )
+
+
 def item(p, prefix):
   items = p.device_items + p.worker_items + p.trainer_items
   (found,) = [i.bytes for i in items if i.name.startswith(prefix)]
@@ -606,14 +619,7 @@ def test_the_score_beyond_w_is_priced_by_hand(monkeypatch):
   # validation rows searched against the memory split over the 8 V100s, each at half its
   # 15.7 TFLOP/s.
   def timed_plan():
-    return plan.plan_config(
-      c,
-      "v100-32gb",
-      mesh="2x4",
-      processes_per_node=8,
-      host_cores_per_node=40,
-      train_queries_per_s=100.0,
-    )
+    return timed_small_plan(c)
 
   p = timed_plan()
   t = p.vote_time

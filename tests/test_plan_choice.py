@@ -4,6 +4,7 @@
 import os
 
 import pytest
+from test_plan import timed_small_plan
 
 from astra_jax import plan
 from astra_jax.config import base as config_base, choice_reads
@@ -78,20 +79,9 @@ def _small_choice_config():
   return c
 
 
-def _timed(c):
-  return plan.plan_config(
-    c,
-    "v100-32gb",
-    mesh="2x4",
-    processes_per_node=8,
-    host_cores_per_node=40,
-    train_queries_per_s=100.0,
-  )
-
-
 def test_the_choice_is_priced_by_hand():
   c = _small_choice_config()
-  t = _timed(c).choice_time
+  t = timed_small_plan(c).choice_time
   # 500 validation rows against 1,000 labels over 8 V100s: encoded at 3 x 100 queries/s a
   # GPU; W's and E(z_l)'s products, 2 x 500 x 1,000 x 64 flop each, at half of 15.7
   # TFLOP/s; 20 B a score and weight row at 900 GB/s.
@@ -117,20 +107,20 @@ def test_the_choice_is_priced_by_hand():
   assert t.total_s == pytest.approx(
     4 * (encode + product) + mix(10) + 500 * 5500 * 3.2 / 36.4e6 / 5
   )
-  assert "the score choice after training" in plan.format_plan(_timed(c))
+  assert "the score choice after training" in plan.format_plan(timed_small_plan(c))
 
 
 def test_the_cap_holds_out_fewer_rows_everywhere_the_plan_counts_them():
   c = _small_choice_config()
   c.data.validation_max_rows = 120  # below the fraction's 500
-  p = _timed(c)
+  p = timed_small_plan(c)
   assert p.choice_time.validation_rows == 120
   # W trains on the other 4,880 rows: their ids in the training process.
   ids = [i.bytes for i in p.trainer_items if i.name.startswith("validation split: the kept")]
   assert ids == [4880 * 8]
   # Without choices or without a split nothing is priced.
   c.data.validation_fraction = 0.0
-  assert _timed(c).choice_time is None
+  assert timed_small_plan(c).choice_time is None
 
 
 def test_a_long_choice_names_the_cap():
