@@ -19,19 +19,17 @@ def _recipe():
 def test_the_recipes_passes_counted_by_hand():
   c = _recipe()
   passes = choice_reads.choice_passes(c.scoring)
-  # Three shapes at the four label-text weights above 0 (0.1, 0.3, 0.5, 0.7); the 5 x 5
-  # weight pairs together; the lexical pairs of (0, 0.1, 0.3) x (0, 0.1, 0.3, 0.5), every
-  # sum below 1.
+  # Three shapes at the four label-text weights above 0 (0.1, 0.3, 0.5, 0.7) in one pass;
+  # the 5 x 5 weight pairs together; the lexical pairs of (0, 0.1, 0.3) x (0, 0.1, 0.3,
+  # 0.5), every sum below 1.
   assert [(p.name, p.weight_rows) for p in passes] == [
-    ("shape (5, 0)", 4),
-    ("shape (10, 0.75)", 4),
-    ("shape (20, 0.75)", 4),
+    ("label-text shapes x weights", 12),
     ("label-text x neighbour weights", 25),
     ("lexical weights", 12),
   ]
   assert all(p.label_texts for p in passes)
-  assert [p.votes for p in passes] == [False, False, False, True, True]
-  assert [p.lexical for p in passes] == [False] * 4 + [True]
+  assert [p.votes for p in passes] == [False, True, True]
+  assert [p.lexical for p in passes] == [False, False, True]
 
 
 def test_passes_one_list_at_a_time_and_what_is_not_read():
@@ -91,8 +89,7 @@ def test_the_choice_is_priced_by_hand():
   mix = lambda rows: rows * scores * 20 / (8 * 900e9)
   assert t.validation_rows == v and t.runs_on == "all 8 GPUs, 5 host cores a process"
   assert [(p.name, p.weight_rows) for p in t.passes] == [
-    ("shape (5, 0)", 2),
-    ("shape (10, 0.5)", 2),
+    ("label-text shapes x weights", 4),
     ("label-text x neighbour weights", 4),
     ("lexical weights", 2),
   ]
@@ -102,10 +99,10 @@ def test_the_choice_is_priced_by_hand():
     assert p.mix_s == pytest.approx(mix(p.weight_rows))
   # The lexical pass: every process takes the 500 rows' TF-IDF products against the 1,000
   # label texts and the 4,500 training rows, 36.4M pairs in 3.2 core-seconds, on its 5 cores.
-  assert [p.host_s for p in t.passes[:3]] == [0.0] * 3
-  assert t.passes[3].host_s == pytest.approx(500 * 5500 * 3.2 / 36.4e6 / 5)
+  assert [p.host_s for p in t.passes[:2]] == [0.0] * 2
+  assert t.passes[2].host_s == pytest.approx(500 * 5500 * 3.2 / 36.4e6 / 5)
   assert t.total_s == pytest.approx(
-    4 * (encode + product) + mix(10) + 500 * 5500 * 3.2 / 36.4e6 / 5
+    3 * (encode + product) + mix(10) + 500 * 5500 * 3.2 / 36.4e6 / 5
   )
   assert "the score choice after training" in plan.format_plan(timed_small_plan(c))
 

@@ -252,8 +252,9 @@ def test_label_text_shape_chosen_then_the_weights(
   c.scoring.choose_by = ("P@1", "P@5")
   passes, planned = _count_passes(monkeypatch), _planned(c.scoring)
   r = train.train_and_evaluate(c, str(tmp_path / "wd"))
-  # Three shapes at the two weights, then the two weights: what the planner prices.
-  assert passes == planned == [2, 2, 2, 2]
+  # Three shapes at the two weights in one pass, then the two weights: what the planner
+  # prices.
+  assert passes == planned == [6, 2]
   data, val = train.load_splits(c)
   model = export.load_model(str(tmp_path / "wd"))
   p = Predictor(model, index="exact")

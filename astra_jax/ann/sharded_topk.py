@@ -28,7 +28,9 @@ by one process.
 The score's weights are an argument of the compiled kernel, not constants in it, and it
 takes a (G, 2) array of them: the products of a tile and its votes are taken once and
 each of the G weightings merges into its own running top-k, so a choice among weights
-(training/score_choice.py) reads all of them from one pass over W.
+(training/score_choice.py) reads all of them from one pass over W. With `text_shapes`
+each row also carries the label-text term's scale and shift, so one pass reads many shapes
+of the term too.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from astra_jax.ann.vote_memory import VoteMemory
 from astra_jax.parallel import mesh_embedding
 from astra_jax.parallel.sharding import ALL, from_host
 from astra_jax.xc.neighbour_vote import NeighbourVote, Votes, tile_votes
-from astra_jax.xc.score_fusion import LabelTextFusion
+from astra_jax.xc.score_fusion import LabelTextFusion, text_term
 
 EncodeFn = Callable[[object, jax.Array], jax.Array]  # (encoder params, (B, T) ids) -> (B, d)
 
@@ -61,19 +63,25 @@ def _tile_scorer(
   votes: tuple[jax.Array, jax.Array] | None,
   first_id: jax.Array,
   vote_parts: tuple[int, ...] = (),
+  text_shapes: bool = False,
 ):
   """at(w) -> (q, t) a tile's score at weights w = (beta, a, c_0, c_1, ...), for every w
   from one pass of the products (`fusion`, `vote`: which terms the score has; their
   weights come from w). The votes' columns fall into parts, `vote_parts` the column counts
   of the last ones and the first the rest; part j's votes are scaled by c_j. With one part
-  (and c_0 = 1) the votes are scattered once for every w."""
+  (and c_0 = 1) the votes are scattered once for every w. With `text_shapes` w ends in
+  the label-text term's (scale, shift), in place of the fusion's own."""
   tile = tile.astype(jnp.float32)
   d = fusion.dim if fusion is not None else tile.shape[1]
   logits = dot_scores(queries[:, :d], tile[:, :d])
   if fusion is None and vote is None:
     return lambda w: logits
   p = jax.nn.sigmoid(logits)
-  text = fusion.text_probabilities(queries, tile) if fusion is not None else None
+  text = cos = None
+  if fusion is not None and text_shapes:
+    cos = fusion.cosines(queries, tile)
+  elif fusion is not None:
+    text = fusion.text_probabilities(queries, tile)
   t = tile.shape[0]
   voted, part = None, None
   if vote is not None and not vote_parts:
@@ -86,7 +94,8 @@ def _tile_scorer(
   def at(w: jax.Array) -> jax.Array:
     s = p
     if fusion is not None:
-      s = dataclasses.replace(fusion, text_weight=w[0]).mix(s, text)
+      shaped = text if cos is None else text_term(cos, w[-2], w[-1])
+      s = dataclasses.replace(fusion, text_weight=w[0]).mix(s, shaped)
     if vote is not None:
       v = voted
       if v is None:  # each part's votes scaled by this w's factor, then scattered
@@ -111,11 +120,13 @@ def _tile_topk(
   vote: NeighbourVote | None = None,
   votes: tuple[jax.Array, jax.Array] | None = None,
   vote_parts: tuple[int, ...] = (),
+  text_shapes: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """Top-k of `queries` (q, d') against the local rows [first_id, first_id + R) of the
   label arrays (each (R, .)), one tile of `label_block` rows at a time, for each row of
-  `weights` (G, 2 + parts) (`_tile_scorer`): (scores, ids) (G, q, k). With `vote`, each
-  tile's scores are mixed with the queries' `votes` ((q, S) ids, (q, S) values)."""
+  `weights` (G, 2 + parts [+ 2 with `text_shapes`]) (`_tile_scorer`): (scores, ids)
+  (G, q, k). With `vote`, each tile's scores are mixed with the queries' `votes` ((q, S)
+  ids, (q, S) values)."""
   rows = label_parts[0].shape[0]
   lb = min(label_block, rows)
   tiles = -(-rows // lb)
@@ -128,7 +139,7 @@ def _tile_topk(
     tile = jnp.concatenate(
       [jax.lax.dynamic_slice_in_dim(x, start, lb) for x in label_parts], axis=1
     )
-    at = _tile_scorer(fusion, vote, queries, tile, votes, first_id + start, vote_parts)
+    at = _tile_scorer(fusion, vote, queries, tile, votes, first_id + start, vote_parts, text_shapes)
     ids = first_id + start + local
     # Rows the moved-back last tile shares with its predecessor, and padded rows of W.
     keep = (start + local >= nominal) & (ids < num_labels)
@@ -164,6 +175,8 @@ class ShardedSearch:
       part is scaled by its own factor, a column of the kernel's weights; () for one part.
     vote_factors: the search's own factors, one per part (xc/lexical.vote_factors); ()
       for 1 each.
+    text_shapes: the kernel's weight rows end in the label-text term's (scale, shift), so
+      that one pass reads many shapes (the score choice's); False: the fusion's own.
   """
 
   mesh: jax.sharding.Mesh
@@ -173,6 +186,7 @@ class ShardedSearch:
   vote: NeighbourVote | None = None
   vote_parts: tuple[int, ...] = ()
   vote_factors: tuple[float, ...] = ()
+  text_shapes: bool = False
 
   @property
   def devices(self) -> int:
@@ -187,26 +201,32 @@ class ShardedSearch:
     split likewise or None, W (L', d) split over 'model' [, unit label texts (L', d)]) ->
     (scores, ids) (Q, G, k), split like the embeddings): the top-k by each of the G rows of
     `weights` ((G, 2) label-text weight beta and vote weight a, then one factor per vote
-    part (`vote_parts`); None: the search's own, G = 1, every factor 1), from one pass over
-    W. One per (search, k) for the process's life, the weights an argument: every
-    evaluation of a run reuses it, and a choice among weights (training/score_choice.py)
-    compiles it once for each number of rows it reads."""
+    part (`vote_parts`), then with `text_shapes` the term's scale and shift; None: the
+    search's own, G = 1, every factor 1), from one pass over W. One per (search, k) for
+    the process's life, the weights an argument: every evaluation of a run reuses it, and
+    a choice among weights (training/score_choice.py) compiles it once for each number of
+    rows it reads."""
     unweighted = dataclasses.replace(
       self,
       fusion=None if self.fusion is None else dataclasses.replace(self.fusion, text_weight=0.0),
       vote=None if self.vote is None else dataclasses.replace(self.vote, weight=0.0),
       vote_factors=(),
     )
+    if self.text_shapes and self.fusion is None:
+      raise ValueError("text_shapes needs a search with the label-text fusion")
     columns = 3 + len(self.vote_parts) if self.vote_parts else 2
     if weights is None:
       factors = self.vote_factors or (1.0,) * (columns - 2)
+      shape = (self.fusion.text_scale, self.fusion.text_shift) if self.text_shapes else ()
       weights = [
         [
           0.0 if self.fusion is None else self.fusion.text_weight,
           0.0 if self.vote is None else self.vote.weight,
           *factors,
+          *shape,
         ]
       ]
+    columns += 2 if self.text_shapes else 0
     weights = np.atleast_2d(np.asarray(weights, np.float32))
     if weights.shape[1] != columns:
       raise ValueError(f"weights of {weights.shape[1]} columns for a search that takes {columns}")
@@ -269,8 +289,8 @@ class ShardedSearch:
       extra_votes: with a memory, entries added beside each row's votes from it, rows
         [lo, hi) (row lo first): the lexical terms (xc/lexical.py).
       weights: (G, 2) (label-text weight, neighbour weight) rows to rank by, each from the
-        same pass over W, with a factor per vote part after them (`kernel`); None: the
-        search's own weights.
+        same pass over W, with a factor per vote part after them and, with `text_shapes`,
+        the term's scale and shift (`kernel`); None: the search's own weights.
     Returns:
       [(first global row, ids (n_i, k) int32, or (n_i, G, k) with `weights`)] for this
       process's contiguous runs of rows, in row order (padding rows past `hi` dropped).
@@ -379,13 +399,14 @@ class ShardedSearch:
 @functools.lru_cache(maxsize=32)
 def _kernel(search: ShardedSearch, k: int):
   """ShardedSearch.kernel's compiled function."""
-  mesh, fusion, vote, num_labels, label_block, vote_parts = (
+  mesh, fusion, vote, num_labels, label_block, vote_parts, text_shapes = (
     search.mesh,
     search.fusion,
     search.vote,
     search.num_labels,
     search.label_block,
     search.vote_parts,
+    search.text_shapes,
   )
 
   def body(weights, emb, voted, *label_parts):
@@ -408,6 +429,7 @@ def _kernel(search: ShardedSearch, k: int):
       vote,
       voted,
       vote_parts,
+      text_shapes,
     )
     # The group's (G, q, M k) candidates -> its best k, then this device's own queries.
     cand_s = jax.lax.all_gather(s, "model", axis=2, tiled=True)

@@ -2,8 +2,8 @@
 its passes over W in order, and the weight rows each pass mixes. The choice reads them and
 the planner prices them (plan/choice_time.py), so both count from here.
 
-  shapes   one pass per `label_text_shape_choices` entry (the shape is a constant of the
-           compiled kernel), at every label-text weight above 0, without the vote;
+  shapes   one pass of every `label_text_shape_choices` entry at every label-text weight
+           above 0, without the vote (the kernel takes each row's scale and shift);
   model    the label-text and neighbour weights: one pass of every pair with
            `choose_jointly` (and both lists), else one pass per list that has candidates;
   lexical  one pass of every lexical pair (g, h) with g + h < 1, the model's weights fixed.
@@ -67,10 +67,9 @@ def choice_passes(sc) -> list[ChoicePass]:
     The passes; none when the config lists no candidates.
   """
   passes = []
-  betas = shape_weights(sc)
-  if betas:
-    for scale, shift in text_shapes(sc):
-      passes.append(ChoicePass(f"shape ({scale:g}, {shift:g})", len(betas), True))
+  betas, shapes = shape_weights(sc), text_shapes(sc)
+  if betas and shapes:
+    passes.append(ChoicePass("label-text shapes x weights", len(shapes) * len(betas), True))
   texts = tuple(sc.get("label_text_weight_choices", ()))
   votes = tuple(sc.get("neighbour_weight_choices", ()))
   # After a choice, a weight is one of its candidates: the largest bounds what later

@@ -157,6 +157,7 @@ class ModelEvaluator:
     memory: VoteMemory | None = None,
     vote_cache: VoteCache | None = None,
     lexical_terms: lexical.TermVotes | None = None,
+    text_shapes: bool = False,
   ) -> ModelEvaluator:
     """The evaluator of `params` ({"encoder", "classifier"}, W of L' >= L rows laid out on
     `mesh` or on one device) on `data`'s test rows, scored as `config.scoring` says (by W
@@ -165,7 +166,9 @@ class ModelEvaluator:
     (`scoring.neighbour_weight`) is in the score only with a `memory` to vote from: the
     periodic evaluations have none and score without it; `vote_cache`: where the votes
     from it are kept between evaluations of the same rows. The lexical terms
-    (`scoring.lexical_*`) are in the score only with `lexical_terms`, the test rows'."""
+    (`scoring.lexical_*`) are in the score only with `lexical_terms`, the test rows'. With
+    `text_shapes` the weight rows `score_at` takes end in the label-text term's scale and
+    shift (sharded_topk.ShardedSearch.text_shapes)."""
     w = sharded_topk.on_mesh(params["classifier"], mesh)
     fusion = score_fusion.from_config(config, w.shape[1]) if fused else None
     vote = neighbour_vote.from_config(config) if fused and memory is not None else None
@@ -182,7 +185,14 @@ class ModelEvaluator:
       if not model_weight:  # the model does not vote: the lexical entries are all
         memory = None
     search = sharded_topk.ShardedSearch(
-      mesh, data.num_labels, config.eval.label_block, fusion, vote, parts, factors
+      mesh,
+      data.num_labels,
+      config.eval.label_block,
+      fusion,
+      vote,
+      parts,
+      factors,
+      text_shapes and fusion is not None,
     )
     return cls.on_search(
       search,

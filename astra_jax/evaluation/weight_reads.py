@@ -52,8 +52,13 @@ class WeightReads:
 
   def model_at(self, weights: np.ndarray) -> list[dict[str, float]]:
     """The metrics (x100) by each row of `weights` ((G, 2) label-text weight and neighbour
-    weight, in place of the config's; no lexical terms), in order."""
-    weights = np.asarray(weights, np.float32).reshape(-1, 2)
+    weight, in place of the config's, or (G, 4) with the label-text term's scale and shift
+    after them; no lexical terms), in order."""
+    weights = np.atleast_2d(np.asarray(weights, np.float32))
+    if weights.shape[1] not in (2, 4):
+      raise ValueError(f"weight rows of 2 or 4 columns, got {weights.shape}")
+    if weights.shape[1] == 4 and not weights[:, 0].any():
+      raise ValueError("reading the label-text term's shapes needs a label-text weight above 0")
     cfg = copy.deepcopy(self.config)
     # The largest weights put each term that some row weighs into the search.
     cfg.scoring.label_text_weight = float(weights[:, 0].max())
@@ -69,6 +74,7 @@ class WeightReads:
       self.label_text_embeddings,
       self.memory,
       self.vote_cache,
+      text_shapes=weights.shape[1] == 4,
     )
     return evaluator.score_at(weights)
 

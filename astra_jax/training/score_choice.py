@@ -32,7 +32,8 @@ label-text weight above 0 without the vote, and the shape whose best read is hig
 kept for the reads after. With theta = 0 the term gives every label whose text points the
 query's way at least half its weight, which on debian-depends crowds head labels out of
 the top 5; a shifted term keeps only close texts (docs/results/depends.md). The shape is
-a constant of the compiled kernel, so each one is a pass over W of its own.
+read with the weights, as two more columns of each kernel row, so every (shape, weight)
+pair comes from one pass over W.
 
 Cost: one pass of the encoder over the label texts (shared by the candidates), one over
 the training rows (the vote's memory, shared likewise), and one evaluation of the
@@ -45,7 +46,6 @@ once, and each candidate adds its mix and top-k (evaluation/weight_reads.py).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -229,20 +229,16 @@ def _choose_text_shape(
   shapes, betas = choice_reads.text_shapes(sc), choice_reads.shape_weights(sc)
   if not shapes or not betas:
     return ()
-  # The shape is a constant of the compiled kernel, so each shape is its own pass over W;
-  # without the vote each pass is a plain product and top-k.
-  reads = _weight_reads(trainer, None, texts, False)
-  rows = np.asarray([(b, 0.0) for b in betas], np.float32)
-  read = []
-  for scale, shift in shapes:
-    cfg = copy.deepcopy(p.config)
-    cfg.scoring.label_text_scale, cfg.scoring.label_text_shift = scale, shift
-    named = [
-      (("label_text_scale", scale), ("label_text_shift", shift), ("label_text_weight", b))
-      for b in betas
-    ]
-    values = _logged(_by(sc), named, dataclasses.replace(reads, config=cfg).model_at(rows))
-    read.append(((scale, shift), max(values)))
+  # Every (shape, weight) row from one pass over W, without the vote: the kernel takes
+  # each row's scale and shift beside its weights (sharded_topk.ShardedSearch.text_shapes).
+  grid = [(s, b) for s in shapes for b in betas]
+  rows = np.asarray([(b, 0.0, x, t) for (x, t), b in grid], np.float32)
+  named = [
+    (("label_text_scale", x), ("label_text_shift", t), ("label_text_weight", b))
+    for (x, t), b in grid
+  ]
+  values = _logged(_by(sc), named, _weight_reads(trainer, None, texts, False).model_at(rows))
+  read = [(s, max(values[i * len(betas) : (i + 1) * len(betas)])) for i, s in enumerate(shapes)]
   sc.label_text_scale, sc.label_text_shift = _first_best(read)
   logging.info(
     "scoring.label_text_scale=%.2f, scoring.label_text_shift=%.2f chosen on validation",

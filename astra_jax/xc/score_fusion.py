@@ -79,13 +79,21 @@ class LabelTextFusion:
   def text_probabilities(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
     """sigmoid(s (cos(E(x), E(z_l)) - theta)) of query rows against label rows (both 2d
     wide)."""
+    return text_term(self.cosines(queries, rows), self.text_scale, self.text_shift)
+
+  def cosines(self, queries: jax.Array, rows: jax.Array) -> jax.Array:
+    """cos(E(x), E(z_l)) of query rows against label rows (both 2d wide)."""
     d = self.dim
-    cos = queries[:, d:] @ rows[:, d:].astype(jnp.float32).T
-    return jax.nn.sigmoid(self.text_scale * (cos - self.text_shift))
+    return queries[:, d:] @ rows[:, d:].astype(jnp.float32).T
 
   def mix(self, classifier: jax.Array, text: jax.Array) -> jax.Array:
     """(1 - beta) p + beta t."""
     return (1.0 - self.text_weight) * classifier + self.text_weight * text
+
+
+def text_term(cos: jax.Array, scale, shift) -> jax.Array:
+  """The label-text term sigmoid(s (cos - theta)); s and theta may be traced values."""
+  return jax.nn.sigmoid(scale * (cos - shift))
 
 
 def check_label_texts(config, has_label_texts: bool, data_dir: str) -> None:
