@@ -122,11 +122,10 @@ def test_voted_sharded_topk_equals_the_dense_mixed_ranking(fused):
   np.testing.assert_array_equal(got, np.argsort(-scores, axis=1, kind="stable")[:, :5])
 
 
-@pytest.mark.parametrize("shape,label_block", [((2, 2), 4), ((1, 4), 64), ((4, 1), 7)])
-def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
-  """search_rows with (G, 2) weights ranks every row by each (beta, a) from one pass over
-  W: the dense (1 - a)((1 - beta) p + beta t) + a v of numpy for each, W's own logits where
-  both are 0."""
+def _read_many_weights(shape, label_block, weights, text_shapes=False):
+  """One search_rows pass of a fused, voted search at `weights`, and numpy's dense score
+  at a row (beta, a, s, theta): (1 - a)((1 - beta) p + beta sigmoid(s (cos - theta))) +
+  a v, W's own logits where beta = a = 0. Returns (the (n, G, 5) top-k, dense)."""
   mesh = _mesh(*shape)
   num_labels, n, S = 30, 20, 4
   table, tokens, w = _problem(num_labels, sharding.padded_rows(num_labels, mesh), n=n)
@@ -134,16 +133,16 @@ def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
   texts = rng.normal(size=(num_labels, 8)).astype(np.float32)
   vote_ids = np.stack([rng.choice(num_labels, S, replace=False) for _ in range(n)]).astype(np.int32)
   values = rng.uniform(0.1, 1.0, (n, S)).astype(np.float32)
-  # The search's own weights are placeholders: the rows of `weights` replace them.
+  # The search's own weights (and shape) are placeholders: the rows of `weights` replace them.
   search = ShardedSearch(
     mesh,
     num_labels,
     label_block,
     score_fusion.LabelTextFusion(0.5, 5.0, 8),
     neighbour_vote.NeighbourVote(0.5, 10, 0.1, S),
+    text_shapes=text_shapes,
   )
   parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), texts)
-  weights = np.array([[0, 0], [0.3, 0], [0, 0.7], [0.3, 0.5], [1, 0], [0.9, 0.9]], np.float32)
   found = search.search_rows(
     ENCODE,
     table,
@@ -162,72 +161,53 @@ def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
   unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
   logits = emb @ w[:num_labels].T
   p = 1 / (1 + np.exp(-logits))
-  t = 1 / (1 + np.exp(-5.0 * unit(emb) @ unit(texts.astype(np.float64)).T))
+  cos = unit(emb) @ unit(texts.astype(np.float64)).T
   v = np.zeros((n, num_labels))
   np.add.at(v, (np.repeat(np.arange(n), S), vote_ids.ravel()), values.ravel())
+
+  def dense(beta, a, scale=5.0, shift=0.0):
+    t = 1 / (1 + np.exp(-scale * (cos - shift)))
+    return logits if beta == a == 0 else (1 - a) * ((1 - beta) * p + beta * t) + a * v
+
+  return got, dense
+
+
+@pytest.mark.parametrize("shape,label_block", [((2, 2), 4), ((1, 4), 64), ((4, 1), 7)])
+def test_one_pass_at_many_weights_equals_each_dense_ranking(shape, label_block):
+  """search_rows with (G, 2) weights ranks every row by each (beta, a) from one pass over
+  W: the dense (1 - a)((1 - beta) p + beta t) + a v of numpy for each, W's own logits where
+  both are 0."""
+  weights = np.array([[0, 0], [0.3, 0], [0, 0.7], [0.3, 0.5], [1, 0], [0.9, 0.9]], np.float32)
+  got, dense = _read_many_weights(shape, label_block, weights)
   for g, (beta, a) in enumerate(weights):
-    dense = logits if beta == a == 0 else (1 - a) * ((1 - beta) * p + beta * t) + a * v
-    want = np.argsort(-dense, axis=1, kind="stable")[:, :5]
+    want = np.argsort(-dense(beta, a), axis=1, kind="stable")[:, :5]
     np.testing.assert_array_equal(got[:, g], want, err_msg=f"beta {beta}, a {a}")
 
 
 @pytest.mark.parametrize("shape,label_block", [((2, 2), 4), ((1, 4), 64)])
 def test_one_pass_at_many_text_shapes_equals_each_dense_ranking(shape, label_block):
   """With text_shapes each weight row ends in the label-text term's scale and shift: one
-  pass ranks by the dense (1 - a)((1 - beta) p + beta sigmoid(s (cos - theta))) + a v of
-  numpy for each row, whatever the search's own fusion says."""
-  mesh = _mesh(*shape)
-  num_labels, n, S = 30, 20, 4
-  table, tokens, w = _problem(num_labels, sharding.padded_rows(num_labels, mesh), n=n, seed=2)
-  rng = np.random.default_rng(7)
-  texts = rng.normal(size=(num_labels, 8)).astype(np.float32)
-  vote_ids = np.stack([rng.choice(num_labels, S, replace=False) for _ in range(n)]).astype(np.int32)
-  values = rng.uniform(0.1, 1.0, (n, S)).astype(np.float32)
-  search = ShardedSearch(
-    mesh,
-    num_labels,
-    label_block,
-    score_fusion.LabelTextFusion(0.5, 5.0, 8),  # placeholders: the rows replace them
-    neighbour_vote.NeighbourVote(0.5, 10, 0.1, S),
-    text_shapes=True,
-  )
-  parts = search.label_parts(jax.device_put(w, NamedSharding(mesh, P("model"))), texts)
+  pass ranks by numpy's dense score at each row's own shape, whatever the search's own
+  fusion says."""
   weights = np.array(
     [[0.3, 0, 5, 0], [0.3, 0, 20, 0.5], [0.7, 0, 10, -0.5], [0.5, 0.4, 20, 0.5], [0, 0, 20, 0.5]],
     np.float32,
   )
-  found = search.search_rows(
-    ENCODE,
-    table,
-    tokens,
-    0,
-    n,
-    5,
-    parts,
-    8,
-    neighbour_vote.Votes(vote_ids, values),
-    weights=weights,
-  )
-  got = np.concatenate([x for _, x in found])
-  emb = table[tokens].sum(1).astype(np.float64)
-  unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)
-  logits = emb @ w[:num_labels].T
-  p = 1 / (1 + np.exp(-logits))
-  cos = unit(emb) @ unit(texts.astype(np.float64)).T
-  v = np.zeros((n, num_labels))
-  np.add.at(v, (np.repeat(np.arange(n), S), vote_ids.ravel()), values.ravel())
-  for g, (beta, a, s, theta) in enumerate(weights):
-    t = 1 / (1 + np.exp(-s * (cos - theta)))
-    dense = logits if beta == a == 0 else (1 - a) * ((1 - beta) * p + beta * t) + a * v
-    want = np.argsort(-dense, axis=1, kind="stable")[:, :5]
+  got, dense = _read_many_weights(shape, label_block, weights, text_shapes=True)
+  for g, row in enumerate(weights):
+    want = np.argsort(-dense(*row), axis=1, kind="stable")[:, :5]
     np.testing.assert_array_equal(got[:, g], want, err_msg=f"row {g}")
   # The shapes differ in what they rank, so the rows are not read at the fusion's shape.
   assert not np.array_equal(got[:, 0], got[:, 1])
-  # Rows without the two columns, or a search without the fusion, are refused.
+
+
+def test_text_shapes_need_their_columns_and_the_fusion():
+  mesh = _mesh(1, 2)
+  fusion = score_fusion.LabelTextFusion(0.5, 5.0, 8)
   with pytest.raises(ValueError, match="takes 4"):
-    search.kernel(5, weights[:, :2])
+    ShardedSearch(mesh, 10, 4, fusion, text_shapes=True).kernel(5, np.array([[0.3, 0.0]]))
   with pytest.raises(ValueError, match="text_shapes needs"):
-    ShardedSearch(mesh, num_labels, 4, text_shapes=True).kernel(5)
+    ShardedSearch(mesh, 10, 4, text_shapes=True).kernel(5)
 
 
 @pytest.mark.parametrize("first_part", [3, 0])
