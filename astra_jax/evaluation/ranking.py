@@ -192,7 +192,7 @@ class ModelEvaluator:
       vote,
       parts,
       factors,
-      text_shapes and fusion is not None,
+      text_shapes,
     )
     return cls.on_search(
       search,

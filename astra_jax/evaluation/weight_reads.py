@@ -57,8 +57,6 @@ class WeightReads:
     weights = np.atleast_2d(np.asarray(weights, np.float32))
     if weights.shape[1] not in (2, 4):
       raise ValueError(f"weight rows of 2 or 4 columns, got {weights.shape}")
-    if weights.shape[1] == 4 and not weights[:, 0].any():
-      raise ValueError("reading the label-text term's shapes needs a label-text weight above 0")
     cfg = copy.deepcopy(self.config)
     # The largest weights put each term that some row weighs into the search.
     cfg.scoring.label_text_weight = float(weights[:, 0].max())

@@ -92,7 +92,7 @@ def choice_time(
   return ChoiceTime(rows, tuple(timed), f"all {q.G} GPUs, {process_cores} host cores a process")
 
 
-def choice_note(t: ChoiceTime, capped: ChoiceTime | None) -> str:
+def choice_note(t: ChoiceTime, capped: ChoiceTime) -> str:
   """A line for a choice `t` that takes over NOTE_AFTER_S: how long, and what the same
   choice on CAP_ROWS rows (`capped`) would take; "" otherwise."""
   if t.total_s <= NOTE_AFTER_S:
@@ -101,7 +101,7 @@ def choice_note(t: ChoiceTime, capped: ChoiceTime | None) -> str:
     f"the score choice reads {t.validation_rows:,} validation rows in {len(t.passes)} "
     f"passes over all labels: ~{t.total_s / 3600:,.1f} h"
   )
-  if capped is None or t.validation_rows <= capped.validation_rows:
+  if t.validation_rows <= capped.validation_rows:
     return line
   return line + (
     f"; data.validation_max_rows={capped.validation_rows} reads {capped.validation_rows:,} "

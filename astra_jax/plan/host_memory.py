@@ -81,14 +81,13 @@ def _trainer_items(q: Quantities) -> list[Item]:
   ]
 
 
-def host_items(q: Quantities, data_config=None) -> HostItems:
+def host_items(q: Quantities, data_config) -> HostItems:
   """A refresh worker's, a training process's and a node's memory (module docstring).
 
   Args:
     q: the plan's quantities.
-    data_config: the config's `data` (None: no validation split); its validation split
-      keeps the kept rows' ids and a copy of the held-out rows' labels in RAM
-      (data/validation.py).
+    data_config: the config's `data`; its validation split (`data.validation_*`) keeps the
+      kept rows' ids and a copy of the held-out rows' labels in RAM (data/validation.py).
   """
   rows, T, Pn = q.rows, q.T, q.Pn
   notes = []
@@ -104,7 +103,7 @@ def host_items(q: Quantities, data_config=None) -> HostItems:
     "(N + 1) x 8 + nnz x 4 + L x 4",
     paged=True,
   )
-  kept, held_out = split_rows(q, data_config or {})
+  kept, held_out = split_rows(q, data_config)
   # A validation split's kept rows are read from the label cache through their row ids
   # (sparse_rows.SelectedRows); a process writes the ids beside its refresh worker's inputs.
   row_ids = Item(
